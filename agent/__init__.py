@@ -1,0 +1,1 @@
+"""The starpulse node agent: collectors, simulation at the hardware edge, transport."""

@@ -1,0 +1,1 @@
+"""One module per telemetry source; each implements ``agent.collectors.base.Collector``."""

@@ -1,0 +1,166 @@
+from starpulse.v1 import inventory_pb2 as _inventory_pb2
+from starpulse.v1 import telemetry_pb2 as _telemetry_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
+    COMMAND_KIND_CHECKPOINT_REQUEST: _ClassVar[CommandKind]
+    COMMAND_KIND_RUN_DIAGNOSTIC: _ClassVar[CommandKind]
+    COMMAND_KIND_GPU_RESET: _ClassVar[CommandKind]
+    COMMAND_KIND_REBOOT: _ClassVar[CommandKind]
+COMMAND_KIND_UNSPECIFIED: CommandKind
+COMMAND_KIND_CHECKPOINT_REQUEST: CommandKind
+COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
+COMMAND_KIND_GPU_RESET: CommandKind
+COMMAND_KIND_REBOOT: CommandKind
+
+class Hello(_message.Message):
+    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_BUFFERED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    NEXT_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    role: _inventory_pb2.NodeRole
+    inventory: _inventory_pb2.Inventory
+    agent_version: str
+    buffer_epoch: str
+    oldest_buffered_event_seq: int
+    next_event_seq: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "report", "event", "command_result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    report: _telemetry_pb2.Report
+    event: _telemetry_pb2.Event
+    command_result: CommandResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[_telemetry_pb2.Report, _Mapping]] = ..., event: _Optional[_Union[_telemetry_pb2.Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("acked_event_seq", "acked_report_seq", "report_interval_s", "controller_id")
+    ACKED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKED_REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    acked_event_seq: int
+    acked_report_seq: int
+    report_interval_s: float
+    controller_id: str
+    def __init__(self, acked_event_seq: _Optional[int] = ..., acked_report_seq: _Optional[int] = ..., report_interval_s: _Optional[float] = ..., controller_id: _Optional[str] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("event_seq", "report_seq")
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    event_seq: int
+    report_seq: int
+    def __init__(self, event_seq: _Optional[int] = ..., report_seq: _Optional[int] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("id", "kind", "args")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: CommandKind
+    args: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CommandResult(_message.Message):
+    __slots__ = ("id", "ok", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    ok: bool
+    message: str
+    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ControllerMessage(_message.Message):
+    __slots__ = ("welcome", "ack", "command")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    ack: Ack
+    command: Command
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NIC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    OPEN_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    role: _inventory_pb2.NodeRole
+    state: str
+    last_seen_ms: int
+    gpu_count: int
+    nic_count: int
+    open_events: int
+    agent_version: str
+    hostname: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("node_id", "limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    limit: int
+    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class StoredEvent(_message.Message):
+    __slots__ = ("node_id", "event", "received_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    event: _telemetry_pb2.Event
+    received_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., event: _Optional[_Union[_telemetry_pb2.Event, _Mapping]] = ..., received_ms: _Optional[int] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ...) -> None: ...
