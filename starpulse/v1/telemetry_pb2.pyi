@@ -1,3 +1,4 @@
+from starpulse.v1 import inventory_pb2 as _inventory_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -142,7 +143,7 @@ class GpuSample(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., utilization_gpu_pct: _Optional[float] = ..., utilization_memory_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., memory_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkSample, _Mapping]]] = ..., recovery_action: _Optional[int] = ..., lost: _Optional[bool] = ..., reset_required: _Optional[bool] = ..., memory_temperature_c: _Optional[float] = ..., performance_state: _Optional[int] = ...) -> None: ...
 
 class NicSample(_message.Message):
-    __slots__ = ("rdma_device", "port", "netdev", "state_code", "state", "phys_state_code", "phys_state", "rate_gbps", "link_layer", "counters", "hw_counters", "netdev_stats", "netdev_operstate")
+    __slots__ = ("rdma_device", "port", "netdev", "state_code", "state", "phys_state_code", "phys_state", "rate_gbps", "link_layer", "counters", "hw_counters", "netdev_stats", "netdev_operstate", "ethtool_stats")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +165,13 @@ class NicSample(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class EthtoolStatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RDMA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     NETDEV_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +185,7 @@ class NicSample(_message.Message):
     HW_COUNTERS_FIELD_NUMBER: _ClassVar[int]
     NETDEV_STATS_FIELD_NUMBER: _ClassVar[int]
     NETDEV_OPERSTATE_FIELD_NUMBER: _ClassVar[int]
+    ETHTOOL_STATS_FIELD_NUMBER: _ClassVar[int]
     rdma_device: str
     port: int
     netdev: str
@@ -190,7 +199,8 @@ class NicSample(_message.Message):
     hw_counters: _containers.ScalarMap[str, int]
     netdev_stats: _containers.ScalarMap[str, int]
     netdev_operstate: str
-    def __init__(self, rdma_device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., state_code: _Optional[int] = ..., state: _Optional[str] = ..., phys_state_code: _Optional[int] = ..., phys_state: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., link_layer: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., hw_counters: _Optional[_Mapping[str, int]] = ..., netdev_stats: _Optional[_Mapping[str, int]] = ..., netdev_operstate: _Optional[str] = ...) -> None: ...
+    ethtool_stats: _containers.ScalarMap[str, int]
+    def __init__(self, rdma_device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., state_code: _Optional[int] = ..., state: _Optional[str] = ..., phys_state_code: _Optional[int] = ..., phys_state: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., link_layer: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., hw_counters: _Optional[_Mapping[str, int]] = ..., netdev_stats: _Optional[_Mapping[str, int]] = ..., netdev_operstate: _Optional[str] = ..., ethtool_stats: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DiskUsage(_message.Message):
     __slots__ = ("mount", "total_bytes", "used_bytes")
@@ -300,7 +310,7 @@ class JobStepSample(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps")
+    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +319,7 @@ class Report(_message.Message):
     SWITCH_PORTS_FIELD_NUMBER: _ClassVar[int]
     COLLECTORS_FIELD_NUMBER: _ClassVar[int]
     JOB_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LLDP_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
@@ -317,7 +328,14 @@ class Report(_message.Message):
     switch_ports: _containers.RepeatedCompositeFieldContainer[SwitchPortSample]
     collectors: _containers.RepeatedCompositeFieldContainer[CollectorStatus]
     job_steps: _containers.RepeatedCompositeFieldContainer[JobStepSample]
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ...) -> None: ...
+    lldp: LldpUpdate
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ...) -> None: ...
+
+class LldpUpdate(_message.Message):
+    __slots__ = ("neighbors",)
+    NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
+    neighbors: _containers.RepeatedCompositeFieldContainer[_inventory_pb2.LldpNeighbor]
+    def __init__(self, neighbors: _Optional[_Iterable[_Union[_inventory_pb2.LldpNeighbor, _Mapping]]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("seq", "timestamp_ms", "kind", "component", "severity", "message", "source", "xid", "pci", "action", "attributes")
