@@ -1,0 +1,895 @@
+"""GPU collector: NVML inventory, per-cycle samples, transition findings and an event thread.
+
+``nvml`` is a seam: the real ``pynvml`` module in production, ``agent.sim.fake_nvml.FakeNvml``
+in tests and the simulator. Both raise pynvml's own exception classes.
+
+Rules this module keeps:
+- A metric the device or driver does not support (NotSupported, FunctionNotFound, and
+  InvalidArgument for NVLink indices) stays UNSET in the sample: absent, never 0.
+- ``GpuIsLost`` marks the sample ``lost``, ``ResetRequired`` marks ``reset_required``;
+  one GPU failing never stops the others.
+- Findings are returned only on transitions (on the first cycle any already-bad state
+  counts as one), so a steady fault is reported once, and again only after it clears.
+- Findings the event thread already delivered (DBE, recovery action, lost) are not
+  repeated by the next ``collect`` for the same change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml  # imports without a driver: the library is loaded lazily by nvmlInit
+import structlog
+
+from agent.collectors.base import CollectorUnsupported, FindingSink
+from starpulse import xid as xidcat
+from starpulse.findings import Finding
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+SOURCE = "nvml"
+
+# Field ids, with fallbacks for older bindings that lack the constant.
+FI_MEMORY_TEMP = getattr(pynvml, "NVML_FI_DEV_MEMORY_TEMP", 82)
+FI_RECOVERY_ACTION = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
+
+# Clock-event bits that mean the hardware is slowing the GPU down (not idle / power cap).
+SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HwSlowdown | HwThermalSlowdown | HwPowerBrakeSlowdown
+_SLOWDOWN_NAMES = {0x8: "HwSlowdown", 0x40: "HwThermalSlowdown", 0x80: "HwPowerBrakeSlowdown"}
+
+# Event bits the thread registers for (each device: only those it supports).
+EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+EVENT_DBE = 0x2  # nvmlEventTypeDoubleBitEccError
+EVENT_RECOVERY_ACTION = 0x8000  # nvmlEventTypeGpuRecoveryAction
+WANTED_EVENTS = EVENT_XID | EVENT_DBE | EVENT_RECOVERY_ACTION
+
+_BACKOFF_INITIAL_S = 0.2
+_BACKOFF_MAX_S = 5.0
+
+# (GpuSample NvLinkSample field, NVML_NVLINK_ERROR_DL_* counter)
+_NVLINK_COUNTERS = (
+    ("replay_errors", 0),
+    ("recovery_errors", 1),
+    ("crc_flit_errors", 2),
+    ("crc_data_errors", 3),
+    ("ecc_data_errors", 4),
+)
+
+_SEVERITY_FOR_ACTION = {
+    xidcat.ACTION_NONE: "info",
+    xidcat.ACTION_RESTART_APP: "warning",
+    xidcat.ACTION_INVESTIGATE: "warning",
+    xidcat.ACTION_CHECK_LINK: "warning",
+    xidcat.ACTION_RESTART_FABRIC_MANAGER: "critical",
+    xidcat.ACTION_RESET_GPU: "critical",
+    xidcat.ACTION_CONTACT_SUPPORT: "critical",
+    xidcat.ACTION_REBOOT: "fatal",
+}
+
+_INIT_HINTS = {
+    "NVMLError_LibraryNotFound": "is the NVIDIA driver installed?",
+    "NVMLError_DriverNotLoaded": "is the nvidia kernel module loaded?",
+    "NVMLError_NoPermission": "no permission to open the NVIDIA device nodes",
+    "NVMLError_LibRmVersionMismatch": "driver library and kernel module differ; reload the driver or reboot",
+}
+
+
+def _init_error_line(err: BaseException) -> str:
+    """One human line for an nvmlInit failure."""
+    hint = _INIT_HINTS.get(type(err).__name__)
+    return f"NVML unavailable: {err} ({hint})" if hint else f"NVML unavailable: {err}"
+
+
+def nvml_unavailable_reason(nvml: Any) -> str | None:
+    """Why NVML cannot be used on this host, as one line; None when it can.
+
+    Leaves the library's init refcount as it found it.
+    """
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as err:
+        return _init_error_line(err)
+    with contextlib.suppress(nvml.NVMLError):
+        nvml.nvmlShutdown()
+    return None
+
+
+def _cuda_version_str(value: int) -> str:
+    """12040 -> "12.4", the form nvidia-smi prints."""
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def _field_value(fv: Any, nvml: Any) -> float | int | None:
+    """The value of one nvmlFieldValue_t element, picked by its valueType."""
+    member = {
+        nvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    }.get(fv.valueType)
+    if member is None:
+        return None
+    value: float | int = getattr(fv.value, member)
+    return value
+
+
+def _handle_key(handle: Any) -> Any:
+    """A hashable key for a device handle: ctypes pointers compare by address, fakes by value."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
+
+
+@dataclass
+class _Ident:
+    """What identifies a GPU in findings; cached so a lost GPU can still be named."""
+
+    index: int
+    uuid: str = ""
+    pci: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.uuid or f"index-{self.index}"
+
+
+@dataclass
+class _GpuState:
+    """Last-seen values of one GPU, for transition detection (guarded by the collector lock)."""
+
+    seen: bool = False
+    lost: bool = False
+    reset_required: bool = False
+    dbe_volatile: int | None = None
+    dbe_aggregate: int | None = None
+    remap_failure: bool = False
+    links_up: dict[int, bool] = field(default_factory=dict)
+    slowdown_bits: int = 0
+    recovery_action: int = 0
+    # Shared with the event thread so one change is reported once.
+    lost_announced: bool = False
+    dbe_events_unconsumed: int = 0
+    missing_announced: bool = False
+
+
+class _Reader:
+    """Calls NVML for one device and turns the per-metric error rules into None / flags."""
+
+    def __init__(
+        self, nvml: Any, handle: Any, index: int, warn: Callable[[int, str, BaseException], None]
+    ) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self._index = index
+        self._warn = warn
+        self.lost = False
+        self.reset_required = False
+
+    def call(self, fn_name: str, *args: Any, link: bool = False) -> Any:
+        """Result of ``nvml.<fn_name>(handle, *args)``, or None when the value is absent."""
+        if self.lost:
+            return None
+        fn = getattr(self._nvml, fn_name, None)
+        if fn is None:  # older bindings
+            return None
+        nvml = self._nvml
+        absent: tuple[type[BaseException], ...] = (
+            nvml.NVMLError_NotSupported,
+            nvml.NVMLError_FunctionNotFound,
+        )
+        if link:
+            absent = (*absent, nvml.NVMLError_InvalidArgument)
+        try:
+            return fn(self._handle, *args)
+        except nvml.NVMLError_GpuIsLost:
+            self.lost = True
+        except nvml.NVMLError_ResetRequired:
+            self.reset_required = True
+        except absent:
+            pass
+        except nvml.NVMLError as err:
+            self._warn(self._index, fn_name, err)
+        return None
+
+
+class NvmlGpuCollector:
+    """Collector for NVIDIA GPUs through NVML (name "gpu")."""
+
+    name = "gpu"
+
+    def __init__(
+        self, nvml: Any = pynvml, sink: FindingSink | None = None, event_timeout_ms: int = 1000
+    ) -> None:
+        self._nvml = nvml
+        self._sink = sink
+        self._event_timeout_ms = event_timeout_ms
+        self.unavailable_reason: str | None = None
+        self._init_tried = False
+        self._initialized = False
+        self._closed = False
+        self._lock = threading.Lock()  # guards state shared with the event thread
+        self._idents: dict[int, _Ident] = {}  # by NVML index
+        self._inventory: dict[str, _Ident] = {}  # by key, as described
+        self._inventory_links: dict[str, set[int]] = {}
+        self._state: dict[str, _GpuState] = {}
+        self._pending: list[Finding] = []  # event findings when there is no sink
+        self._warned: set[tuple[int, str, int]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: Any = None
+        self._event_handles: dict[Any, int] = {}
+        self._event_lost_unknown_announced = False
+
+    # ---- Collector protocol ---------------------------------------------------------
+
+    def supported(self) -> bool:
+        """Initialise NVML once; False (with ``unavailable_reason``) when it cannot be used."""
+        if self._init_tried:
+            return self._initialized
+        self._init_tried = True
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as err:
+            self.unavailable_reason = _init_error_line(err)
+            log.info("nvml_unavailable", reason=self.unavailable_reason)
+            return False
+        self._initialized = True
+        return True
+
+    def describe(self, inventory: ipb.Inventory) -> None:
+        """Driver versions into host facts, one GpuInfo per enumerated device."""
+        self._require_init()
+        nvml = self._nvml
+        host = inventory.host
+        host.driver_version = self._system_str("nvmlSystemGetDriverVersion")
+        host.nvml_version = self._system_str("nvmlSystemGetNVMLVersion")
+        cuda = self._system_int("nvmlSystemGetCudaDriverVersion_v2")
+        if cuda is None:
+            cuda = self._system_int("nvmlSystemGetCudaDriverVersion")
+        if cuda is not None:
+            host.cuda_driver_version = _cuda_version_str(cuda)
+
+        count = nvml.nvmlDeviceGetCount()
+        for index in range(count):
+            info = inventory.gpus.add(index=index)
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except nvml.NVMLError as err:
+                log.warning("nvml_gpu_describe_failed", gpu=index, error=str(err))
+                continue
+            reader = _Reader(nvml, handle, index, self._warn_once)
+            ident = _Ident(index, reader.call("nvmlDeviceGetUUID") or "", self._pci(reader))
+            info.uuid = ident.uuid
+            info.pci_bus_id = ident.pci
+            info.serial = reader.call("nvmlDeviceGetSerial") or ""
+            info.model = reader.call("nvmlDeviceGetName") or ""
+            info.vbios_version = reader.call("nvmlDeviceGetVbiosVersion") or ""
+            mem = reader.call("nvmlDeviceGetMemoryInfo")
+            if mem is not None:
+                info.memory_total_bytes = int(mem.total)
+            links = {
+                link
+                for link in range(nvml.NVML_NVLINK_MAX_LINKS)
+                if reader.call("nvmlDeviceGetNvLinkState", link, link=True) is not None
+            }
+            info.nvlink_count = len(links)
+            with self._lock:
+                self._idents[index] = ident
+                self._inventory[ident.key] = ident
+                self._inventory_links[ident.key] = links
+
+    def collect(self, report: tpb.Report) -> list[Finding]:
+        """One GpuSample per enumerated GPU; findings for what changed since the last cycle."""
+        self._require_init()
+        nvml = self._nvml
+        findings: list[Finding] = []
+        count = nvml.nvmlDeviceGetCount()
+        seen: set[str] = set()
+        for index in range(count):
+            try:
+                sample, ident = self._sample(index)
+            except Exception as err:  # one GPU's surprise must not cost the others
+                log.exception("nvml_gpu_sample_failed", gpu=index, error=str(err))
+                continue
+            report.gpus.append(sample)
+            seen.add(ident.key)
+            findings.extend(self._transitions(sample, ident))
+        findings.extend(self._missing(count, seen))
+        with self._lock:
+            findings.extend(self._pending)
+            self._pending.clear()
+        return findings
+
+    def close(self) -> None:
+        """Stop the event thread, free its event set, shut NVML down. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=self._event_timeout_ms / 1000.0 + 5.0)
+            if thread.is_alive():
+                log.warning("nvml_event_thread_did_not_stop")
+        if self._event_set is not None and (thread is None or not thread.is_alive()):
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        if self._initialized:
+            self._initialized = False
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError as err:
+                log.warning("nvml_shutdown_failed", error=str(err))
+
+    # ---- event thread -----------------------------------------------------------------
+
+    def start_events(self) -> bool:
+        """Register for Xid / DBE / recovery-action events and start the daemon thread.
+
+        Registration happens here, in the caller's thread, so an event raised after this
+        returns True is delivered. False when no device supports any wanted event.
+        """
+        if self._thread is not None:
+            return True
+        self._require_init()
+        nvml = self._nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as err:
+            log.warning("nvml_event_set_create_failed", error=str(err))
+            return False
+        handles: dict[Any, int] = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                mask = nvml.nvmlDeviceGetSupportedEventTypes(handle) & WANTED_EVENTS
+                if mask:
+                    nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+                    handles[_handle_key(handle)] = index
+                    self._remember_ident(index, handle)
+            except nvml.NVMLError as err:
+                log.warning("nvml_event_register_failed", gpu=index, error=str(err))
+        if not handles:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(event_set)
+            log.warning("nvml_events_unavailable", reason="no device supports Xid/DBE/recovery events")
+            return False
+        self._event_set = event_set
+        self._event_handles = handles
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._event_loop, name="nvml-events", daemon=True)
+        self._thread.start()
+        return True
+
+    @property
+    def events_running(self) -> bool:
+        """True while the event thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _event_loop(self) -> None:
+        """Wait for NVML events until stopped; errors are logged and backed off, never fatal."""
+        nvml = self._nvml
+        backoff = _BACKOFF_INITIAL_S
+        log.info("nvml_event_thread_started", devices=len(self._event_handles))
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait(self._event_set, self._event_timeout_ms)
+                except nvml.NVMLError_Timeout:
+                    backoff = _BACKOFF_INITIAL_S
+                    continue
+                except nvml.NVMLError_GpuIsLost:
+                    self._on_event_gpu_lost()
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                    continue
+                except Exception as err:
+                    log.warning("nvml_event_wait_failed", error=str(err), backoff_s=backoff)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                    continue
+                backoff = _BACKOFF_INITIAL_S
+                try:
+                    self._on_event(data)
+                except Exception as err:
+                    log.exception("nvml_event_handling_failed", error=str(err))
+        finally:
+            log.info("nvml_event_thread_stopped")
+
+    def _on_event(self, data: Any) -> None:
+        """Turn one NVML event into findings."""
+        ident = self._event_ident(data.device)
+        event_type = int(data.eventType)
+        event_data = int(data.eventData)
+        if event_type & EVENT_XID:
+            info = xidcat.lookup(event_data)
+            self._emit(
+                self._finding(
+                    "xid",
+                    ident,
+                    info.severity,
+                    info.action,
+                    f"Xid {event_data} ({info.mnemonic}): {info.description}",
+                    xid=event_data,
+                    mnemonic=info.mnemonic,
+                    nvidia_resolution=info.immediate,
+                )
+            )
+        if event_type & EVENT_DBE:
+            with self._lock:
+                self._state_for(ident).dbe_events_unconsumed += 1
+            self._emit(self._dbe_finding(ident, "NVML double-bit ECC event"))
+        if event_type & EVENT_RECOVERY_ACTION:
+            value = self._recovery_action_now(data.device)
+            if value is None:
+                value = event_data
+            with self._lock:
+                state = self._state_for(ident)
+                changed = value != state.recovery_action
+                state.recovery_action = value
+            if changed and value:
+                self._emit(self._recovery_finding(ident, value))
+
+    def _on_event_gpu_lost(self) -> None:
+        """nvmlEventSetWait said a GPU is lost: find which, report each once."""
+        nvml = self._nvml
+        lost: list[_Ident] = []
+        for index in sorted(set(self._event_handles.values())):
+            try:
+                nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+            except nvml.NVMLError_GpuIsLost:
+                with self._lock:
+                    lost.append(self._idents.get(index) or _Ident(index))
+            except nvml.NVMLError:
+                continue
+        if not lost:
+            with self._lock:
+                if self._event_lost_unknown_announced:
+                    return
+                self._event_lost_unknown_announced = True
+            log.warning("nvml_event_gpu_lost_unidentified")
+            self._emit(
+                Finding(
+                    kind="gpu_lost",
+                    component="gpu",
+                    severity="fatal",
+                    action=xidcat.ACTION_REBOOT,
+                    message="NVML event wait reports a GPU is lost (device not identified)",
+                    source=SOURCE,
+                    xid=79,
+                    attributes={"xid": "79", "nvml_error": "GPU is lost"},
+                )
+            )
+            return
+        for ident in lost:
+            with self._lock:
+                state = self._state_for(ident)
+                if state.lost_announced:
+                    continue
+                state.lost_announced = True
+            self._emit(self._lost_finding(ident, "NVML event wait: GPU is lost"))
+
+    def _event_ident(self, device: Any) -> _Ident:
+        index = self._event_handles.get(_handle_key(device))
+        if index is None:
+            try:
+                index = int(self._nvml.nvmlDeviceGetIndex(device))
+            except self._nvml.NVMLError:
+                return _Ident(-1)
+        with self._lock:
+            return self._idents.get(index) or _Ident(index)
+
+    def _recovery_action_now(self, handle: Any) -> int | None:
+        try:
+            values = self._nvml.nvmlDeviceGetFieldValues(handle, [FI_RECOVERY_ACTION])
+        except self._nvml.NVMLError:
+            return None
+        for fv in values:
+            if fv.nvmlReturn == self._nvml.NVML_SUCCESS:
+                value = _field_value(fv, self._nvml)
+                return None if value is None else int(value)
+        return None
+
+    def _emit(self, finding: Finding) -> None:
+        """Deliver an event-thread finding to the sink, or queue it for the next collect."""
+        log.info("nvml_event_finding", kind=finding.kind, component=finding.component, action=finding.action)
+        if self._sink is not None:
+            try:
+                self._sink(finding)
+                return
+            except Exception as err:
+                log.exception("finding_sink_failed", error=str(err))
+        with self._lock:
+            self._pending.append(finding)
+
+    # ---- sampling -----------------------------------------------------------------------
+
+    def _sample(self, index: int) -> tuple[tpb.GpuSample, _Ident]:
+        """Read every GpuSample field of one GPU, leaving unsupported ones unset."""
+        nvml = self._nvml
+        sample = tpb.GpuSample(index=index)
+        with self._lock:
+            ident = self._idents.get(index) or _Ident(index)
+        sample.uuid = ident.uuid
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError_GpuIsLost:
+            sample.lost = True
+            return sample, ident
+        except nvml.NVMLError_ResetRequired:
+            sample.reset_required = True
+            return sample, ident
+
+        r = _Reader(nvml, handle, index, self._warn_once)
+        uuid = r.call("nvmlDeviceGetUUID")
+        if uuid:
+            ident = _Ident(index, uuid, self._pci(r) or ident.pci)
+            with self._lock:
+                self._idents[index] = ident
+            sample.uuid = uuid
+
+        temp = r.call("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
+        if temp is not None:
+            sample.temperature_c = float(temp)
+        power = r.call("nvmlDeviceGetPowerUsage")
+        if power is not None:
+            sample.power_w = power / 1000.0
+        limit = r.call("nvmlDeviceGetEnforcedPowerLimit")
+        if limit is not None:
+            sample.power_limit_w = limit / 1000.0
+        util = r.call("nvmlDeviceGetUtilizationRates")
+        if util is not None:
+            sample.utilization_gpu_pct = float(util.gpu)
+            sample.utilization_memory_pct = float(util.memory)
+        mem = r.call("nvmlDeviceGetMemoryInfo")
+        if mem is not None:
+            sample.memory_used_bytes = int(mem.used)
+            sample.memory_total_bytes = int(mem.total)
+        sm = r.call("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)
+        if sm is not None:
+            sample.sm_clock_mhz = int(sm)
+        mclk = r.call("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)
+        if mclk is not None:
+            sample.memory_clock_mhz = int(mclk)
+        reasons = r.call("nvmlDeviceGetCurrentClocksEventReasons")
+        if reasons is not None:
+            sample.clock_event_reasons = int(reasons)
+        pstate = r.call("nvmlDeviceGetPerformanceState")
+        if pstate is not None:
+            sample.performance_state = int(pstate)
+
+        self._read_ecc(r, sample)
+        self._read_nvlinks(r, sample, ident)
+        self._read_fields(r, sample)
+
+        sample.lost = r.lost
+        sample.reset_required = r.reset_required
+        return sample, ident
+
+    def _read_ecc(self, r: _Reader, sample: tpb.GpuSample) -> None:
+        """ECC counters, row remapping, page retirement, PCIe replays."""
+        nvml = self._nvml
+        corrected = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        uncorrected = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        for attr, err_type, counter in (
+            ("ecc_sbe_volatile", corrected, nvml.NVML_VOLATILE_ECC),
+            ("ecc_dbe_volatile", uncorrected, nvml.NVML_VOLATILE_ECC),
+            ("ecc_sbe_aggregate", corrected, nvml.NVML_AGGREGATE_ECC),
+            ("ecc_dbe_aggregate", uncorrected, nvml.NVML_AGGREGATE_ECC),
+        ):
+            value = r.call("nvmlDeviceGetTotalEccErrors", err_type, counter)
+            if value is not None:
+                setattr(sample, attr, int(value))
+        rows = r.call("nvmlDeviceGetRemappedRows")
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            sample.remapped_rows_correctable = int(corr)
+            sample.remapped_rows_uncorrectable = int(unc)
+            sample.remap_pending = bool(pending)
+            sample.remap_failure = bool(failure)
+        for attr, cause in (
+            ("retired_pages_sbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+            ("retired_pages_dbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+        ):
+            pages = r.call("nvmlDeviceGetRetiredPages", cause)
+            if pages is not None:
+                setattr(sample, attr, len(pages))
+        retired_pending = r.call("nvmlDeviceGetRetiredPagesPendingStatus")
+        if retired_pending is not None:
+            sample.retired_pages_pending = bool(retired_pending)
+        replay = r.call("nvmlDeviceGetPcieReplayCounter")
+        if replay is not None:
+            sample.pcie_replay_count = int(replay)
+
+    def _read_nvlinks(self, r: _Reader, sample: tpb.GpuSample, ident: _Ident) -> None:
+        """State and DL error counters of each present link (the inventory's, else all probed)."""
+        nvml = self._nvml
+        with self._lock:
+            known = self._inventory_links.get(ident.key)
+        links = sorted(known) if known else range(nvml.NVML_NVLINK_MAX_LINKS)
+        for link in links:
+            state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
+            if state is None:
+                if r.lost:
+                    return
+                continue
+            nl = sample.nvlinks.add(link=link, up=state == nvml.NVML_FEATURE_ENABLED)
+            for attr, counter in _NVLINK_COUNTERS:
+                value = r.call("nvmlDeviceGetNvLinkErrorCounter", link, counter, link=True)
+                if value is not None:
+                    setattr(nl, attr, int(value))
+
+    def _read_fields(self, r: _Reader, sample: tpb.GpuSample) -> None:
+        """Recovery action and memory temperature via the field-values API (per-element status)."""
+        values = r.call("nvmlDeviceGetFieldValues", [FI_RECOVERY_ACTION, FI_MEMORY_TEMP])
+        if values is None:
+            return
+        for fv in values:
+            if fv.nvmlReturn != self._nvml.NVML_SUCCESS:
+                continue
+            value = _field_value(fv, self._nvml)
+            if value is None:
+                continue
+            if fv.fieldId == FI_RECOVERY_ACTION:
+                sample.recovery_action = int(value)
+            elif fv.fieldId == FI_MEMORY_TEMP:
+                sample.memory_temperature_c = float(value)
+
+    # ---- transitions ----------------------------------------------------------------------
+
+    def _transitions(self, s: tpb.GpuSample, ident: _Ident) -> list[Finding]:
+        """Findings for what got worse since this GPU's previous sample (or, first time, is bad)."""
+        out: list[Finding] = []
+        with self._lock:
+            st = self._state_for(ident)
+            first = not st.seen
+            st.seen = True
+            st.missing_announced = False
+
+            if s.lost and not st.lost_announced:
+                out.append(self._lost_finding(ident, "NVML: GPU is lost"))
+            st.lost_announced = s.lost
+            st.lost = s.lost
+            if s.lost:
+                return out  # nothing else was readable
+
+            if s.reset_required and not st.reset_required:
+                out.append(
+                    self._finding(
+                        "gpu_reset_required",
+                        ident,
+                        "critical",
+                        xidcat.ACTION_RESET_GPU,
+                        "NVML: GPU requires reset",
+                        nvml_error="GPU requires restart",
+                    )
+                )
+            st.reset_required = s.reset_required
+
+            dbe_new = self._dbe_increase(st, s, first)
+            if dbe_new:
+                if st.dbe_events_unconsumed > 0:
+                    st.dbe_events_unconsumed = 0  # the event thread already reported it
+                else:
+                    out.append(
+                        self._dbe_finding(
+                            ident,
+                            "ECC double-bit error count rose",
+                            dbe_volatile=str(s.ecc_dbe_volatile) if s.HasField("ecc_dbe_volatile") else "",
+                            dbe_aggregate=str(s.ecc_dbe_aggregate) if s.HasField("ecc_dbe_aggregate") else "",
+                        )
+                    )
+
+            if s.HasField("remap_failure"):
+                if s.remap_failure and not st.remap_failure:
+                    out.append(
+                        self._finding(
+                            "row_remap_failure",
+                            ident,
+                            "critical",
+                            xidcat.ACTION_CONTACT_SUPPORT,
+                            "Row remapping failed: no spare rows left for an uncorrectable error",
+                            remapped_rows_uncorrectable=str(s.remapped_rows_uncorrectable),
+                        )
+                    )
+                st.remap_failure = s.remap_failure
+
+            inventory_links = self._inventory_links.get(ident.key, set())
+            for nl in s.nvlinks:
+                was_up = st.links_up.get(nl.link, first and nl.link in inventory_links)
+                if was_up and not nl.up:
+                    out.append(
+                        self._finding(
+                            "nvlink_down",
+                            ident,
+                            "critical",
+                            xidcat.ACTION_RESET_GPU,
+                            f"NVLink {nl.link} is down",
+                            link=str(nl.link),
+                        )
+                    )
+                st.links_up[nl.link] = nl.up
+
+            if s.HasField("clock_event_reasons"):
+                bits = s.clock_event_reasons & SLOWDOWN_BITS
+                appeared = bits & ~st.slowdown_bits
+                if appeared:
+                    names = ",".join(n for b, n in _SLOWDOWN_NAMES.items() if bits & b)
+                    out.append(
+                        self._finding(
+                            "thermal_slowdown",
+                            ident,
+                            "warning",
+                            xidcat.ACTION_INVESTIGATE,
+                            f"Hardware clock slowdown: {names}",
+                            clock_event_reasons=hex(s.clock_event_reasons),
+                            reasons=names,
+                        )
+                    )
+                st.slowdown_bits = bits
+
+            if s.HasField("recovery_action"):
+                value = s.recovery_action
+                if value and value != st.recovery_action:
+                    out.append(self._recovery_finding(ident, value))
+                st.recovery_action = value
+        return out
+
+    @staticmethod
+    def _dbe_increase(st: _GpuState, s: tpb.GpuSample, first: bool) -> bool:
+        """True when a DBE counter rose (first sample: when it is non-zero); updates baselines."""
+        rose = False
+        for attr in ("dbe_volatile", "dbe_aggregate"):
+            pb_attr = "ecc_" + attr
+            if not s.HasField(pb_attr):
+                continue
+            now = int(getattr(s, pb_attr))
+            prev = getattr(st, attr)
+            if (prev is None and first and now > 0) or (prev is not None and now > prev):
+                rose = True
+            setattr(st, attr, now)
+        return rose
+
+    def _missing(self, count: int, seen: set[str]) -> list[Finding]:
+        """gpu_lost for inventory GPUs NVML no longer enumerates."""
+        out: list[Finding] = []
+        with self._lock:
+            if count >= len(self._inventory):
+                return out
+            for key, ident in self._inventory.items():
+                if key in seen:
+                    continue
+                st = self._state_for(ident)
+                if st.missing_announced or st.lost_announced:
+                    continue
+                st.missing_announced = True
+                st.lost_announced = True
+                out.append(
+                    self._lost_finding(
+                        ident,
+                        f"GPU no longer enumerated: NVML reports {count} devices, inventory has "
+                        f"{len(self._inventory)}",
+                        device_count=str(count),
+                        inventory_count=str(len(self._inventory)),
+                    )
+                )
+        return out
+
+    # ---- finding builders -------------------------------------------------------------
+
+    def _finding(
+        self,
+        kind: str,
+        ident: _Ident,
+        severity: str,
+        action: str,
+        message: str,
+        *,
+        xid: int | None = None,
+        **attributes: str,
+    ) -> Finding:
+        attrs = {k: v for k, v in attributes.items() if v}
+        if ident.uuid:
+            attrs["uuid"] = ident.uuid
+        return Finding(
+            kind=kind,
+            component=f"gpu-{ident.index}" if ident.index >= 0 else "gpu",
+            severity=severity,
+            action=action,
+            message=message,
+            source=SOURCE,
+            xid=xid,
+            pci=ident.pci or None,
+            attributes=attrs,
+        )
+
+    def _lost_finding(self, ident: _Ident, message: str, **attributes: str) -> Finding:
+        finding = self._finding(
+            "gpu_lost",
+            ident,
+            "fatal",
+            xidcat.ACTION_REBOOT,
+            message,
+            xid=79,
+            xid_mnemonic=xidcat.lookup(79).mnemonic,
+            nvml_error="GPU is lost",
+        )
+        finding.attributes.update(attributes)
+        return finding
+
+    def _dbe_finding(self, ident: _Ident, message: str, **attributes: str) -> Finding:
+        finding = self._finding("ecc_dbe", ident, "critical", xidcat.ACTION_RESET_GPU, message)
+        finding.attributes.update({k: v for k, v in attributes.items() if v})
+        return finding
+
+    def _recovery_finding(self, ident: _Ident, value: int) -> Finding:
+        name, action = xidcat.recovery_action(value)
+        return self._finding(
+            "gpu_recovery_action",
+            ident,
+            _SEVERITY_FOR_ACTION.get(action, "warning"),
+            action,
+            f"NVML recovery action {value} ({name})",
+            recovery_action=str(value),
+            recovery_action_name=name,
+        )
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _require_init(self) -> None:
+        if not self.supported():
+            raise CollectorUnsupported(self.unavailable_reason or "NVML unavailable")
+        if self._closed:
+            raise CollectorUnsupported("GPU collector is closed")
+
+    def _state_for(self, ident: _Ident) -> _GpuState:
+        """Transition state of one GPU (lock held)."""
+        return self._state.setdefault(ident.key, _GpuState())
+
+    def _remember_ident(self, index: int, handle: Any) -> None:
+        r = _Reader(self._nvml, handle, index, self._warn_once)
+        uuid = r.call("nvmlDeviceGetUUID")
+        if uuid:
+            with self._lock:
+                self._idents[index] = _Ident(index, uuid, self._pci(r))
+
+    @staticmethod
+    def _pci(r: _Reader) -> str:
+        info = r.call("nvmlDeviceGetPciInfo")
+        if info is None:
+            return ""
+        bus_id = info.busId
+        return bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
+
+    def _system_str(self, fn_name: str) -> str:
+        try:
+            return str(getattr(self._nvml, fn_name)())
+        except (self._nvml.NVMLError, AttributeError) as err:
+            log.info("nvml_system_query_failed", function=fn_name, error=str(err))
+            return ""
+
+    def _system_int(self, fn_name: str) -> int | None:
+        try:
+            return int(getattr(self._nvml, fn_name)())
+        except (self._nvml.NVMLError, AttributeError):
+            return None
+
+    def _warn_once(self, index: int, fn_name: str, err: BaseException) -> None:
+        """Log an unexpected per-metric NVML error once per (GPU, function, code)."""
+        code = int(getattr(err, "value", -1))
+        key = (index, fn_name, code)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        log.warning("nvml_query_failed", gpu=index, function=fn_name, error=str(err), code=code)

@@ -1,0 +1,712 @@
+"""A fake NVML with the same surface as ``pynvml``, plus fault injection.
+
+The GPU collector takes its NVML as a parameter, so tests, the simulator and demo
+clusters run the real collector against this object. Names, error classes and
+constants are pynvml's own (imported from it: pynvml imports fine without a driver),
+so ``except pynvml.NVMLError_GpuIsLost`` catches the fake's errors and the fake cannot
+drift from the real bindings unnoticed (a test checks every name it exposes).
+
+Behaviour matched to the real bindings: calls before ``nvmlInit`` raise
+``NVMLError_Uninitialized``; init/shutdown are refcounted; ``nvmlEventSetWait`` blocks
+up to its timeout and raises ``NVMLError_Timeout``; a lost GPU raises
+``NVMLError_GpuIsLost`` from every call that touches it, including
+``nvmlDeviceGetHandleByIndex``. Everything is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+# Bus numbers of the eight H100 SXM GPUs in a DGX/HGX H100 (nvidia-smi order).
+H100_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+H100_MODEL = "NVIDIA H100 80GB HBM3"
+H100_MEMORY_TOTAL = 85_520_809_984  # 81559 MiB, as nvidia-smi shows it
+H100_NVLINKS = 18
+H100_POWER_LIMIT_MW = 700_000
+H100_SM_CLOCK_MAX_MHZ = 1980
+H100_MEM_CLOCK_MHZ = 2619
+
+_NVLINK_COUNTERS = 5  # NVML_NVLINK_ERROR_DL_REPLAY .. NVML_NVLINK_ERROR_DL_ECC_DATA
+
+# Bits set by inject_thermal_slowdown.
+_THERMAL_BITS = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown
+
+_SUPPORTED_EVENTS = (
+    pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypePState
+    | pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeClock
+    | pynvml.nvmlEventTypeDramRetirementEvent
+    | pynvml.nvmlEventTypeDramRetirementFailure
+    | pynvml.nvmlEventTypeGpuRecoveryAction
+)
+
+# NVML's "no instance" value for gpuInstanceId / computeInstanceId outside MIG.
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class FakeHandle:
+    """Opaque device handle; ``gpu`` is the physical slot, stable across enumeration changes."""
+
+    gpu: int
+
+
+@dataclass(frozen=True)
+class FakePciInfo:
+    """The fields of pynvml's ``nvmlPciInfo_t`` a caller reads (strings already decoded)."""
+
+    busId: str
+    busIdLegacy: str
+    domain: int
+    bus: int
+    device: int
+    pciDeviceId: int
+    pciSubSystemId: int
+
+
+@dataclass(frozen=True)
+class FakeMemoryInfo:
+    total: int
+    free: int
+    used: int
+
+
+@dataclass(frozen=True)
+class FakeUtilization:
+    gpu: int
+    memory: int
+
+
+@dataclass
+class FakeValue:
+    """``c_nvmlValue_t``: only the member named by ``valueType`` means anything."""
+
+    dVal: float = 0.0
+    uiVal: int = 0
+    ulVal: int = 0
+    ullVal: int = 0
+    sllVal: int = 0
+    siVal: int = 0
+    usVal: int = 0
+
+
+@dataclass
+class FakeFieldValue:
+    """``c_nvmlFieldValue_t``; check ``nvmlReturn`` before reading ``value``."""
+
+    fieldId: int
+    scopeId: int = 0
+    timestamp: int = 0
+    latencyUsec: int = 0
+    valueType: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    nvmlReturn: int = pynvml.NVML_SUCCESS
+    value: FakeValue = field(default_factory=FakeValue)
+
+
+@dataclass(frozen=True)
+class FakeEventData:
+    """``c_nvmlEventData_t``."""
+
+    device: FakeHandle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = _NO_INSTANCE
+    computeInstanceId: int = _NO_INSTANCE
+
+
+@dataclass
+class FakeEventSet:
+    """An event set: per-GPU registered masks and a queue of pending events."""
+
+    registrations: dict[int, int] = field(default_factory=dict)
+    queue: collections.deque[FakeEventData] = field(default_factory=collections.deque)
+    freed: bool = False
+
+
+@dataclass
+class SimGpu:
+    """One simulated H100: identity, a load profile, and the fault state injected into it."""
+
+    index: int
+    uuid: str
+    serial: str
+    bus: int
+    model: str = H100_MODEL
+    vbios: str = "96.00.99.00.01"
+    memory_total: int = H100_MEMORY_TOTAL
+    nvlink_count: int = H100_NVLINKS
+    # Load profile (a busy training job).
+    base_temp_c: float = 62.0
+    base_mem_temp_c: float = 72.0
+    base_power_mw: float = 610_000.0
+    base_util_pct: float = 97.0
+    base_mem_util_pct: float = 38.0
+    memory_used: int = 72 * 1024**3
+    # Faults and counters.
+    slow_factor: float = 1.0
+    lost: bool = False
+    reset_required: bool = False
+    removed: bool = False
+    thermal: bool = False
+    clock_reasons: int = 0
+    ecc: dict[tuple[int, int], int] = field(default_factory=dict)  # (errType, counterType) -> count
+    remap_corr: int = 0
+    remap_unc: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    retired: dict[int, list[int]] = field(default_factory=dict)  # cause -> page addresses
+    retired_pending: bool = False
+    pcie_replay: int = 0
+    nvlink_up: list[bool] = field(default_factory=list)
+    nvlink_errors: list[list[int]] = field(default_factory=list)
+    recovery_action: int = 0
+
+    @classmethod
+    def build(cls, index: int, seed: int) -> SimGpu:
+        """A healthy GPU whose identity and load profile depend only on (seed, index)."""
+        rng = random.Random(f"starpulse-sim:{seed}:{index}")
+        gpu_uuid = uuidlib.UUID(int=rng.getrandbits(128), version=4)
+        serial = f"1654{rng.randrange(10**9):09d}"
+        bus = H100_PCI_BUSES[index] if index < len(H100_PCI_BUSES) else (0x100 + index * 0x10) % 0xFF
+        return cls(
+            index=index,
+            uuid=f"GPU-{gpu_uuid}",
+            serial=serial,
+            bus=bus,
+            base_temp_c=rng.uniform(55.0, 68.0),
+            base_mem_temp_c=rng.uniform(66.0, 78.0),
+            base_power_mw=rng.uniform(560_000.0, 660_000.0),
+            base_util_pct=rng.uniform(94.0, 99.5),
+            base_mem_util_pct=rng.uniform(30.0, 45.0),
+            memory_used=int(rng.uniform(0.80, 0.92) * H100_MEMORY_TOTAL),
+            ecc={
+                (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): 0,
+                (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 0,
+                (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): 0,
+                (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): 0,
+            },
+            retired={
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: [],
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [],
+            },
+            nvlink_up=[True] * H100_NVLINKS,
+            nvlink_errors=[[0] * _NVLINK_COUNTERS for _ in range(H100_NVLINKS)],
+        )
+
+    @property
+    def pci_bus_id(self) -> str:
+        return f"00000000:{self.bus:02X}:00.0"
+
+
+def _error(code: int) -> pynvml.NVMLError:
+    """The pynvml exception instance for an NVML return code."""
+    return pynvml.NVMLError(code)
+
+
+class FakeNvml:
+    """pynvml look-alike over ``gpu_count`` simulated H100s, with fault injection.
+
+    ``unsupported`` names pynvml functions (``"nvmlDeviceGetPowerUsage"``) that raise
+    ``NVMLError_NotSupported`` on every GPU, and field ids (``82``) whose element in
+    ``nvmlDeviceGetFieldValues`` comes back with ``NVML_ERROR_NOT_SUPPORTED``.
+    """
+
+    # Error classes and the code -> class map: pynvml's own objects.
+    NVMLError = pynvml.NVMLError
+    NVMLError_Uninitialized = pynvml.NVMLError_Uninitialized
+    NVMLError_InvalidArgument = pynvml.NVMLError_InvalidArgument
+    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+    NVMLError_NoPermission = pynvml.NVMLError_NoPermission
+    NVMLError_NotFound = pynvml.NVMLError_NotFound
+    NVMLError_DriverNotLoaded = pynvml.NVMLError_DriverNotLoaded
+    NVMLError_Timeout = pynvml.NVMLError_Timeout
+    NVMLError_LibraryNotFound = pynvml.NVMLError_LibraryNotFound
+    NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound
+    NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
+    NVMLError_ResetRequired = pynvml.NVMLError_ResetRequired
+    NVMLError_LibRmVersionMismatch = pynvml.NVMLError_LibRmVersionMismatch
+    NVMLError_Unknown = pynvml.NVMLError_Unknown
+    nvmlExceptionClass = staticmethod(pynvml.nvmlExceptionClass)
+
+    # Constants the collector uses.
+    NVML_SUCCESS = pynvml.NVML_SUCCESS
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_FEATURE_DISABLED = pynvml.NVML_FEATURE_DISABLED
+    NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+    NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
+    NVML_NVLINK_ERROR_DL_REPLAY = pynvml.NVML_NVLINK_ERROR_DL_REPLAY
+    NVML_NVLINK_ERROR_DL_RECOVERY = pynvml.NVML_NVLINK_ERROR_DL_RECOVERY
+    NVML_NVLINK_ERROR_DL_CRC_FLIT = pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
+    NVML_NVLINK_ERROR_DL_CRC_DATA = pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA
+    NVML_NVLINK_ERROR_DL_ECC_DATA = pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA
+    NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
+    NVML_FI_DEV_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    NVML_VALUE_TYPE_DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
+    NVML_VALUE_TYPE_UNSIGNED_INT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    NVML_VALUE_TYPE_UNSIGNED_LONG = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    NVML_VALUE_TYPE_SIGNED_LONG_LONG = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG
+    NVML_VALUE_TYPE_SIGNED_INT = pynvml.NVML_VALUE_TYPE_SIGNED_INT
+    NVML_VALUE_TYPE_UNSIGNED_SHORT = pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = (
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    )
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+
+    nvmlEventTypeSingleBitEccError = pynvml.nvmlEventTypeSingleBitEccError
+    nvmlEventTypeDoubleBitEccError = pynvml.nvmlEventTypeDoubleBitEccError
+    nvmlEventTypePState = pynvml.nvmlEventTypePState
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    nvmlEventTypeClock = pynvml.nvmlEventTypeClock
+    nvmlEventTypeDramRetirementEvent = pynvml.nvmlEventTypeDramRetirementEvent
+    nvmlEventTypeDramRetirementFailure = pynvml.nvmlEventTypeDramRetirementFailure
+    nvmlEventTypeGpuRecoveryAction = pynvml.nvmlEventTypeGpuRecoveryAction
+    nvmlEventTypeNone = pynvml.nvmlEventTypeNone
+    nvmlEventTypeAll = pynvml.nvmlEventTypeAll
+
+    nvmlClocksEventReasonGpuIdle = pynvml.nvmlClocksEventReasonGpuIdle
+    nvmlClocksEventReasonSwPowerCap = pynvml.nvmlClocksEventReasonSwPowerCap
+    nvmlClocksEventReasonHwSlowdown = pynvml.nvmlClocksEventReasonHwSlowdown
+    nvmlClocksEventReasonSwThermalSlowdown = pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    nvmlClocksEventReasonHwThermalSlowdown = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    nvmlClocksEventReasonHwPowerBrakeSlowdown = pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    nvmlClocksEventReasonNone = pynvml.nvmlClocksEventReasonNone
+
+    def __init__(
+        self,
+        gpu_count: int = 8,
+        *,
+        seed: int = 0,
+        driver_missing: bool = False,
+        unsupported: Iterable[str | int] = frozenset(),
+        driver_version: str = "550.90.07",
+        cuda_driver_version: int = 12040,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._gpus = [SimGpu.build(i, seed) for i in range(gpu_count)]
+        self._driver_missing = driver_missing
+        self._unsupported = frozenset(unsupported)
+        self._driver_version = driver_version
+        self._cuda_driver_version = cuda_driver_version
+        self._refcount = 0
+        self._event_sets: list[FakeEventSet] = []
+        self.calls: collections.Counter[str] = collections.Counter()  # per function, for tests
+
+    # ---- library lifecycle -------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        with self._lock:
+            self.calls["nvmlInit"] += 1
+            if self._driver_missing:
+                raise _error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+            self._refcount += 1
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            self._check_init("nvmlShutdown")
+            self._refcount -= 1
+            if self._refcount == 0:
+                self._cond.notify_all()
+
+    @property
+    def initialized(self) -> bool:
+        """True between a successful nvmlInit and its matching nvmlShutdown."""
+        with self._lock:
+            return self._refcount > 0
+
+    # ---- system queries --------------------------------------------------------
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        with self._lock:
+            self._check_init("nvmlSystemGetDriverVersion")
+            return self._driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        with self._lock:
+            self._check_init("nvmlSystemGetNVMLVersion")
+            return f"{self._cuda_driver_version // 1000}.{self._driver_version}"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        with self._lock:
+            self._check_init("nvmlSystemGetCudaDriverVersion")
+            return self._cuda_driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        with self._lock:
+            self._check_init("nvmlSystemGetCudaDriverVersion_v2")
+            return self._cuda_driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        with self._lock:
+            self._check_init("nvmlDeviceGetCount")
+            return len(self._visible())
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        with self._lock:
+            self._check_init("nvmlDeviceGetHandleByIndex")
+            visible = self._visible()
+            if not 0 <= index < len(visible):
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            gpu = visible[index]
+            if gpu.lost:
+                raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return FakeHandle(gpu.index)
+
+    # ---- device identity ---------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetUUID", identity=True).uuid
+
+    def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetName", identity=True).model
+
+    def nvmlDeviceGetSerial(self, handle: FakeHandle) -> str:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetSerial", identity=True).serial
+
+    def nvmlDeviceGetIndex(self, handle: FakeHandle) -> int:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetIndex", identity=True)
+            return self._visible().index(gpu)
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> FakePciInfo:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetPciInfo", identity=True)
+            return FakePciInfo(
+                busId=gpu.pci_bus_id,
+                busIdLegacy=f"0000:{gpu.bus:02X}:00.0",
+                domain=0,
+                bus=gpu.bus,
+                device=0,
+                pciDeviceId=0x233010DE,  # H100 SXM5 80GB
+                pciSubSystemId=0x16C110DE,
+            )
+
+    def nvmlDeviceGetVbiosVersion(self, handle: FakeHandle) -> str:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetVbiosVersion", identity=True).vbios
+
+    # ---- device metrics --------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> FakeMemoryInfo:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetMemoryInfo")
+            return FakeMemoryInfo(
+                total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used, used=gpu.memory_used
+            )
+
+    def nvmlDeviceGetTemperature(self, handle: FakeHandle, sensor: int) -> int:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetTemperature")
+            if sensor != pynvml.NVML_TEMPERATURE_GPU:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            temp = gpu.base_temp_c + self._noise(1.0) + (28.0 if gpu.thermal else 0.0)
+            return round(temp)
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetPowerUsage")
+            power = gpu.base_power_mw * gpu.slow_factor * (0.7 if gpu.thermal else 1.0)
+            return max(70_000, round(power + self._noise(8_000.0)))
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
+        with self._lock:
+            self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")
+            return H100_POWER_LIMIT_MW
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> FakeUtilization:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetUtilizationRates")
+            util = gpu.base_util_pct * gpu.slow_factor + self._noise(0.5)
+            mem = gpu.base_mem_util_pct * gpu.slow_factor + self._noise(1.0)
+            return FakeUtilization(gpu=_clamp_pct(util), memory=_clamp_pct(mem))
+
+    def nvmlDeviceGetClockInfo(self, handle: FakeHandle, clock_type: int) -> int:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetClockInfo")
+            if clock_type == pynvml.NVML_CLOCK_MEM:
+                return H100_MEM_CLOCK_MHZ
+            if clock_type != pynvml.NVML_CLOCK_SM:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            clock = H100_SM_CLOCK_MAX_MHZ * gpu.slow_factor * (0.55 if gpu.thermal else 1.0)
+            return max(345, round(clock - abs(self._noise(15.0))))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_reasons
+
+    def nvmlDeviceGetPerformanceState(self, handle: FakeHandle) -> int:
+        with self._lock:
+            self._device(handle, "nvmlDeviceGetPerformanceState")
+            return 0
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, error_type: int, counter_type: int) -> int:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetTotalEccErrors")
+            try:
+                return gpu.ecc[(error_type, counter_type)]
+            except KeyError:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetRemappedRows")
+            return (gpu.remap_corr, gpu.remap_unc, int(gpu.remap_pending), int(gpu.remap_failure))
+
+    def nvmlDeviceGetRetiredPages(self, handle: FakeHandle, source_filter: int) -> list[int]:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetRetiredPages")
+            try:
+                return list(gpu.retired[source_filter])
+            except KeyError:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeHandle) -> int:
+        with self._lock:
+            return int(self._device(handle, "nvmlDeviceGetRetiredPagesPendingStatus").retired_pending)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeHandle) -> int:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay
+
+    def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetNvLinkState")
+            self._check_link(gpu, link)
+            return pynvml.NVML_FEATURE_ENABLED if gpu.nvlink_up[link] else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: FakeHandle, link: int, counter: int) -> int:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetNvLinkErrorCounter")
+            self._check_link(gpu, link)
+            if not 0 <= counter < _NVLINK_COUNTERS:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            return gpu.nvlink_errors[link][counter]
+
+    def nvmlDeviceGetFieldValues(
+        self, handle: FakeHandle, field_ids: Sequence[int | tuple[int, int]]
+    ) -> list[FakeFieldValue]:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetFieldValues")
+            now_us = int(time.time() * 1_000_000)
+            out = []
+            for fid in field_ids:
+                field_id, scope = fid if isinstance(fid, tuple) else (fid, 0)
+                fv = FakeFieldValue(fieldId=field_id, scopeId=scope, timestamp=now_us, latencyUsec=0)
+                if field_id in self._unsupported:
+                    fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                elif field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                    fv.value.uiVal = gpu.recovery_action
+                elif field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+                    temp = gpu.base_mem_temp_c + self._noise(1.0) + (20.0 if gpu.thermal else 0.0)
+                    fv.value.uiVal = round(temp)
+                else:
+                    fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                out.append(fv)
+            return out
+
+    # ---- events ------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        with self._lock:
+            self._check_init("nvmlEventSetCreate")
+            es = FakeEventSet()
+            self._event_sets.append(es)
+            return es
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: FakeHandle) -> int:
+        with self._lock:
+            self._device(handle, "nvmlDeviceGetSupportedEventTypes")
+            return _SUPPORTED_EVENTS
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, event_types: int, event_set: FakeEventSet) -> None:
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceRegisterEvents")
+            self._check_event_set(event_set)
+            if event_types & ~_SUPPORTED_EVENTS:
+                raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            event_set.registrations[gpu.index] = event_set.registrations.get(gpu.index, 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: FakeEventSet, timeoutms: int) -> FakeEventData:
+        """Next event; raises Timeout after ``timeoutms``, GpuIsLost when a registered GPU is lost."""
+        deadline = time.monotonic() + max(0, timeoutms) / 1000.0
+        with self._cond:
+            while True:
+                self._check_init("nvmlEventSetWait")
+                self._check_event_set(event_set)
+                if event_set.queue:
+                    return event_set.queue.popleft()
+                if any(self._gpus[i].lost for i in event_set.registrations):
+                    raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _error(pynvml.NVML_ERROR_TIMEOUT)
+                self._cond.wait(remaining)
+
+    def nvmlEventSetWait_v2(self, event_set: FakeEventSet, timeoutms: int) -> FakeEventData:
+        return self.nvmlEventSetWait(event_set, timeoutms)
+
+    def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
+        with self._lock:
+            self._check_init("nvmlEventSetFree")
+            self._check_event_set(event_set)
+            event_set.freed = True
+            self._event_sets.remove(event_set)
+            self._cond.notify_all()
+
+    # ---- fault injection -------------------------------------------------------
+
+    def gpu(self, index: int) -> SimGpu:
+        """The simulated GPU in physical slot ``index`` (for assertions; do not mutate)."""
+        return self._gpus[index]
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """Deliver an Xid critical-error event for the GPU."""
+        with self._lock:
+            self._post(index, pynvml.nvmlEventTypeXidCriticalError, xid)
+
+    def inject_ecc_dbe(self, index: int) -> None:
+        """An uncorrectable (double-bit) ECC error: counters +1, DBE event, a row remap pending."""
+        with self._lock:
+            gpu = self._gpus[index]
+            for counter in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+                gpu.ecc[(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter)] += 1
+            gpu.remap_unc += 1
+            gpu.remap_pending = True
+            self._post(index, pynvml.nvmlEventTypeDoubleBitEccError, 0)
+
+    def inject_row_remap_failure(self, index: int) -> None:
+        """Row remapping failed (no spare rows left): the GPU needs replacing."""
+        with self._lock:
+            self._gpus[index].remap_failure = True
+            self._post(index, pynvml.nvmlEventTypeDramRetirementFailure, 0)
+
+    def inject_gpu_lost(self, index: int) -> None:
+        """The GPU fell off the bus: Xid 79, then every call for it raises GpuIsLost."""
+        with self._lock:
+            self._post(index, pynvml.nvmlEventTypeXidCriticalError, 79)
+            self._gpus[index].lost = True
+
+    def inject_reset_required(self, index: int) -> None:
+        """Metric queries for the GPU raise ResetRequired (identity queries still work)."""
+        with self._lock:
+            self._gpus[index].reset_required = True
+
+    def inject_nvlink_down(self, index: int, link: int = 0) -> None:
+        """One NVLink goes down (after a recovery attempt, counted in DL_RECOVERY)."""
+        with self._lock:
+            gpu = self._gpus[index]
+            gpu.nvlink_up[link] = False
+            gpu.nvlink_errors[link][pynvml.NVML_NVLINK_ERROR_DL_RECOVERY] += 1
+
+    def inject_thermal_slowdown(self, index: int) -> None:
+        """Hardware thermal slowdown: HwThermalSlowdown | HwSlowdown set, SM clock drops, hotter."""
+        with self._lock:
+            gpu = self._gpus[index]
+            gpu.thermal = True
+            gpu.clock_reasons |= _THERMAL_BITS
+
+    def set_slow(self, index: int, factor: float) -> None:
+        """A fail-slow straggler: SM clock, power and utilization scaled by ``factor`` (0 < f <= 1)."""
+        if not 0 < factor <= 1:
+            raise ValueError(f"slow factor must be in (0, 1], got {factor}")
+        with self._lock:
+            self._gpus[index].slow_factor = factor
+
+    def set_recovery_action(self, index: int, value: int) -> None:
+        """Set NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and deliver a GpuRecoveryAction event."""
+        with self._lock:
+            self._gpus[index].recovery_action = value
+            self._post(index, pynvml.nvmlEventTypeGpuRecoveryAction, value)
+
+    def remove_gpu(self, index: int) -> None:
+        """The GPU disappears from enumeration (device count drops), as after a failed reset."""
+        with self._lock:
+            self._gpus[index].removed = True
+
+    def clear(self, index: int) -> None:
+        """Undo every fault on the GPU: back to the healthy state it was built in."""
+        with self._lock:
+            self._gpus[index] = SimGpu.build(index, self._seed)
+            self._cond.notify_all()
+
+    # ---- internals (call with the lock held) -------------------------------------
+
+    def _check_init(self, name: str) -> None:
+        self.calls[name] += 1
+        if self._refcount <= 0:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        if name in self._unsupported:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _device(self, handle: FakeHandle, name: str, identity: bool = False) -> SimGpu:
+        self._check_init(name)
+        if not isinstance(handle, FakeHandle) or not 0 <= handle.gpu < len(self._gpus):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._gpus[handle.gpu]
+        if gpu.lost:
+            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.removed:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.reset_required and not identity:
+            raise _error(pynvml.NVML_ERROR_RESET_REQUIRED)
+        return gpu
+
+    @staticmethod
+    def _check_link(gpu: SimGpu, link: int) -> None:
+        if not 0 <= link < pynvml.NVML_NVLINK_MAX_LINKS:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if link >= gpu.nvlink_count:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _check_event_set(self, event_set: FakeEventSet) -> None:
+        if not isinstance(event_set, FakeEventSet) or event_set.freed:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _visible(self) -> list[SimGpu]:
+        return [g for g in self._gpus if not g.removed]
+
+    def _post(self, index: int, event_type: int, data: int) -> None:
+        event = FakeEventData(device=FakeHandle(index), eventType=event_type, eventData=data)
+        for es in self._event_sets:
+            if es.registrations.get(index, 0) & event_type:
+                es.queue.append(event)
+        self._cond.notify_all()
+
+    def _noise(self, scale: float) -> float:
+        return self._rng.uniform(-scale, scale)
+
+
+def _clamp_pct(value: float) -> int:
+    return max(0, min(100, round(value)))
+
+
+def fake_exports() -> dict[str, Any]:
+    """Every pynvml-style public name FakeNvml exposes (for the surface test)."""
+    return {name: getattr(FakeNvml, name) for name in dir(FakeNvml) if name.startswith(("nvml", "NVML"))}
