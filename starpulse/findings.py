@@ -41,9 +41,9 @@ class Finding:
         return tpb.Event(
             seq=seq,
             timestamp_ms=self.timestamp_ms,
-            kind=event_kind_value(self.kind),
+            kind=tpb.EventKind.Name(event_kind_value(self.kind)),
             component=self.component,
-            severity=tpb.Severity.Value("SEVERITY_" + self.severity.upper()),
+            severity="SEVERITY_" + self.severity.upper(),
             message=self.message,
             source=self.source,
             xid=self.xid or 0,

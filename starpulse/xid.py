@@ -115,7 +115,9 @@ CATALOG: dict[int, XidInfo] = {
 }
 
 # Xid 48 (DBE) is always at least critical even though its bucket is a workflow.
-CATALOG[48] = XidInfo(48, "GPU_ECC_DBE", "Double-bit ECC error", "WORKFLOW_XID_48", ACTION_RESET_GPU, "critical")
+CATALOG[48] = XidInfo(
+    48, "GPU_ECC_DBE", "Double-bit ECC error", "WORKFLOW_XID_48", ACTION_RESET_GPU, "critical"
+)
 
 
 def lookup(xid: int) -> XidInfo:
@@ -123,7 +125,9 @@ def lookup(xid: int) -> XidInfo:
     info = CATALOG.get(xid)
     if info is not None:
         return info
-    return XidInfo(xid, "UNKNOWN", f"Xid {xid} (not in the catalog)", "UNKNOWN", ACTION_INVESTIGATE, "warning")
+    return XidInfo(
+        xid, "UNKNOWN", f"Xid {xid} (not in the catalog)", "UNKNOWN", ACTION_INVESTIGATE, "warning"
+    )
 
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values -> our action.

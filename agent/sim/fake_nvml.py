@@ -173,12 +173,13 @@ class SimGpu:
     recovery_action: int = 0
 
     @classmethod
-    def build(cls, index: int, seed: int) -> SimGpu:
+    def build(cls, index: int, seed: int, bus: int | None = None) -> SimGpu:
         """A healthy GPU whose identity and load profile depend only on (seed, index)."""
         rng = random.Random(f"starpulse-sim:{seed}:{index}")
         gpu_uuid = uuidlib.UUID(int=rng.getrandbits(128), version=4)
         serial = f"1654{rng.randrange(10**9):09d}"
-        bus = H100_PCI_BUSES[index] if index < len(H100_PCI_BUSES) else (0x100 + index * 0x10) % 0xFF
+        if bus is None:
+            bus = H100_PCI_BUSES[index] if index < len(H100_PCI_BUSES) else (0x100 + index * 0x10) % 0xFF
         return cls(
             index=index,
             uuid=f"GPU-{gpu_uuid}",
@@ -299,12 +300,17 @@ class FakeNvml:
         unsupported: Iterable[str | int] = frozenset(),
         driver_version: str = "550.90.07",
         cuda_driver_version: int = 12040,
+        pci_buses: Sequence[int] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._rng = random.Random(seed)
         self._seed = seed
-        self._gpus = [SimGpu.build(i, seed) for i in range(gpu_count)]
+        if pci_buses is not None and len(pci_buses) < gpu_count:
+            raise ValueError("pci_buses needs one bus number per GPU")
+        # pci_buses lets a simulated node put its GPUs where its fake sysfs tree has them.
+        self._buses = list(pci_buses) if pci_buses is not None else None
+        self._gpus = [SimGpu.build(i, seed, self._bus(i)) for i in range(gpu_count)]
         self._driver_missing = driver_missing
         self._unsupported = frozenset(unsupported)
         self._driver_version = driver_version
@@ -314,6 +320,9 @@ class FakeNvml:
         self.calls: collections.Counter[str] = collections.Counter()  # per function, for tests
 
     # ---- library lifecycle -------------------------------------------------------
+
+    def _bus(self, index: int) -> int | None:
+        return self._buses[index] if self._buses is not None else None
 
     def nvmlInit(self) -> None:
         self.nvmlInitWithFlags(0)
@@ -653,7 +662,7 @@ class FakeNvml:
     def clear(self, index: int) -> None:
         """Undo every fault on the GPU: back to the healthy state it was built in."""
         with self._lock:
-            self._gpus[index] = SimGpu.build(index, self._seed)
+            self._gpus[index] = SimGpu.build(index, self._seed, self._bus(index))
             self._cond.notify_all()
 
     # ---- internals (call with the lock held) -------------------------------------

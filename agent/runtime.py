@@ -1,0 +1,277 @@
+"""The agent's main loop: collect on an interval, turn findings into durable events, stream.
+
+Collection runs in a worker thread (NVML and sysfs reads block); findings from
+event-driven collectors arrive from their own threads through a thread-safe sink.
+Every collector is isolated: one that raises is reported in the report's collector
+status and the others carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from agent.collectors.base import Collector
+from agent.transport.buffer import EventBuffer
+from agent.transport.link import ControllerLink
+from agent.transport.storm import StormSuppressor
+from starpulse import __version__
+from starpulse.findings import Finding
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class CollectorState:
+    collector: Collector
+    supported: bool = False
+    reason: str = ""
+
+
+@dataclass
+class CycleResult:
+    report: tpb.Report
+    findings: list[Finding] = field(default_factory=list)
+
+
+def normalise_pci(bus_id: str) -> str:
+    """Reduce any PCI bus id form to 'bus:device' lower case for matching.
+
+    NVML says '00000000:9B:00.0', the kernel log 'PCI:0000:9b:00' or '0000:9b:00.0'.
+    """
+    text = bus_id.lower().removeprefix("pci:")
+    parts = text.split(":")
+    if len(parts) >= 3:
+        return f"{parts[-2]}:{parts[-1].split('.')[0]}"
+    if len(parts) == 2:
+        return f"{parts[0]}:{parts[1].split('.')[0]}"
+    return text
+
+
+class CollectorSet:
+    """The agent's collectors with isolation around every call."""
+
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        names = [c.name for c in collectors]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ValueError(f"duplicate collector names: {sorted(duplicates)}")
+        self.states = [CollectorState(c) for c in collectors]
+        self.inventory = ipb.Inventory()
+        self._gpu_by_pci: dict[str, int] = {}
+
+    def probe(self) -> None:
+        for st in self.states:
+            try:
+                st.supported = bool(st.collector.supported())
+                if not st.supported:
+                    st.reason = str(getattr(st.collector, "unavailable_reason", "") or "not supported here")
+            except Exception as exc:
+                st.supported = False
+                st.reason = f"{type(exc).__name__}: {exc}"
+            log.info("collector_probe", collector=st.collector.name, supported=st.supported, reason=st.reason)
+
+    def describe(self) -> ipb.Inventory:
+        inv = ipb.Inventory()
+        for st in self.states:
+            if not st.supported:
+                continue
+            try:
+                st.collector.describe(inv)
+            except Exception:
+                log.exception("collector_describe_failed", collector=st.collector.name)
+        self.inventory = inv
+        self._gpu_by_pci = {normalise_pci(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id}
+        return inv
+
+    def collect(self, seq: int) -> CycleResult:
+        report = tpb.Report(seq=seq, timestamp_ms=int(time.time() * 1000))
+        findings: list[Finding] = []
+        for st in self.states:
+            status = report.collectors.add(name=st.collector.name, supported=st.supported)
+            if not st.supported:
+                status.error = st.reason
+                continue
+            started = time.perf_counter()
+            try:
+                findings.extend(st.collector.collect(report))
+                status.ok = True
+            except Exception as exc:
+                status.ok = False
+                status.error = f"{type(exc).__name__}: {exc}"
+                log.warning("collector_failed", collector=st.collector.name, error=status.error)
+            status.duration_s = time.perf_counter() - started
+        return CycleResult(report, [self.localise(f) for f in findings])
+
+    def localise(self, finding: Finding) -> Finding:
+        """Name a GPU the kernel log knows only by PCI address by its index ('gpu-3')."""
+        if finding.component.startswith("gpu@") and finding.pci:
+            index = self._gpu_by_pci.get(normalise_pci(finding.pci))
+            if index is not None:
+                finding.component = f"gpu-{index}"
+        return finding
+
+    def close(self) -> None:
+        for st in self.states:
+            try:
+                st.collector.close()
+            except Exception:
+                log.exception("collector_close_failed", collector=st.collector.name)
+
+
+@dataclass
+class AgentConfig:
+    node_id: str
+    controllers: list[str]
+    role: int = ipb.NODE_ROLE_COMPUTE
+    interval_s: float = 5.0
+    buffer_path: str = "/var/lib/starpulse/agent-buffer.db"
+    buffer_max_events: int = 100_000
+    storm_window_s: float = 60.0
+    storm_burst: int = 5
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        collectors: Sequence[Collector],
+        before_collect: Callable[[float], None] | None = None,
+        starters: Sequence[Callable[[], object]] = (),
+    ) -> None:
+        self.config = config
+        self.collectors = CollectorSet(collectors)
+        self.buffer = EventBuffer(config.buffer_path, max_events=config.buffer_max_events)
+        self.storms = StormSuppressor(window_s=config.storm_window_s, burst=config.storm_burst)
+        self._findings: queue.SimpleQueue[Finding] = queue.SimpleQueue()
+        self._before_collect = before_collect
+        self._starters = starters
+        self.link = ControllerLink(config.controllers, self._hello, self.buffer)
+        self._report_seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self.cycles = 0
+        self.events_emitted = 0
+        self._last_cycle = time.monotonic()
+
+    # Thread-safe: event-driven collectors call this from their own threads.
+    def sink(self, finding: Finding) -> None:
+        self._findings.put(finding)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake.set)
+
+    def _hello(self) -> spb.Hello:
+        return spb.Hello(
+            node_id=self.config.node_id,
+            role=self.config.role,  # type: ignore[arg-type]
+            inventory=self.collectors.inventory,
+            agent_version=__version__,
+        )
+
+    def emit(self, finding: Finding) -> None:
+        """Suppress storms, number durably, and tell the link."""
+        admitted = self.storms.admit(self.collectors.localise(finding))
+        if admitted is None:
+            return
+        event = self.buffer.append(admitted.to_event())
+        self.events_emitted += 1
+        log.info(
+            "event",
+            seq=event.seq,
+            kind=admitted.kind,
+            component=admitted.component,
+            severity=admitted.severity,
+            action=admitted.action,
+            message=admitted.message,
+        )
+        self.link.wake()
+
+    def _drain_findings(self) -> None:
+        while True:
+            try:
+                finding = self._findings.get_nowait()
+            except queue.Empty:
+                break
+            self.emit(finding)
+        for summary in self.storms.flush():
+            event = self.buffer.append(summary.to_event())
+            self.events_emitted += 1
+            log.info("event_storm_summary", seq=event.seq, kind=summary.kind, component=summary.component)
+            self.link.wake()
+
+    def _cycle(self) -> CycleResult:
+        now = time.monotonic()
+        if self._before_collect is not None:
+            self._before_collect(now - self._last_cycle)
+        self._last_cycle = now
+        self._report_seq += 1
+        return self.collectors.collect(self._report_seq)
+
+    def start_collectors(self) -> None:
+        self.collectors.probe()
+        self.collectors.describe()
+        for start in self._starters:
+            try:
+                start()
+            except Exception:
+                log.exception("collector_start_failed", starter=getattr(start, "__qualname__", repr(start)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Collect and stream until stop is set; unsent events stay buffered on disk."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.start_collectors)
+        link_task = asyncio.create_task(self.link.run())
+        log.info(
+            "agent_started",
+            node=self.config.node_id,
+            controllers=self.config.controllers,
+            interval_s=self.config.interval_s,
+            buffered=self.buffer.depth(),
+        )
+        try:
+            next_at = time.monotonic()
+            while not stop.is_set():
+                result = await asyncio.to_thread(self._cycle)
+                self.cycles += 1
+                for finding in result.findings:
+                    self.emit(finding)
+                self._drain_findings()
+                self.link.offer_report(result.report)
+                next_at += self.interval_s
+                while not stop.is_set():
+                    remaining = next_at - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._wake.clear()
+                    waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
+                    await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                    for task in waiters:
+                        task.cancel()
+                    self._drain_findings()
+                if time.monotonic() - next_at > self.interval_s:
+                    next_at = time.monotonic()  # fell behind: do not burst to catch up
+        finally:
+            self._drain_findings()
+            await self.link.stop()
+            link_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await link_task
+            await asyncio.to_thread(self.collectors.close)
+            self.buffer.close()
+            log.info("agent_stopped", node=self.config.node_id)
+
+    @property
+    def interval_s(self) -> float:
+        hint = self.link.report_interval_hint_s
+        return hint if hint > 0 else self.config.interval_s

@@ -1,0 +1,267 @@
+"""The agent's half of the stream: connect, say Hello, replay the buffer, stream, reconnect.
+
+One long-lived bidirectional gRPC stream per agent. Events come from the on-disk
+buffer and are forgotten only when acked; after any disconnect the agent resumes from
+what the controller says it holds (Welcome.acked_event_seq), so a restart on either
+side neither loses nor repeats an event. Reports are state, not history: only the
+newest unsent one is kept while the controller is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from agent.transport.buffer import EventBuffer
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import service_pb2_grpc as sgrpc
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+CommandHandler = Callable[[spb.Command], Awaitable[spb.CommandResult]]
+
+CLIENT_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_send_message_length", 4 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+]
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter, so 10,000 agents do not reconnect in step."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    multiplier: float = 2.0
+    attempt: int = 0
+
+    def next_delay(self, rng: random.Random) -> float:
+        ceiling = min(self.max_s, self.initial_s * (self.multiplier**self.attempt))
+        self.attempt += 1
+        return rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class ControllerLink:
+    """Keeps one stream to the controller open and moves buffered events and reports over it."""
+
+    def __init__(
+        self,
+        targets: Sequence[str],
+        hello: Callable[[], spb.Hello],
+        buffer: EventBuffer,
+        on_command: CommandHandler | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        backoff: Backoff | None = None,
+        max_in_flight: int = 1000,
+        seed: int | None = None,
+    ) -> None:
+        if not targets:
+            raise ValueError("at least one controller address is needed")
+        self.targets = list(targets)
+        self._hello = hello
+        self.buffer = buffer
+        self._on_command = on_command
+        self._credentials = credentials
+        self.backoff = backoff or Backoff()
+        self.max_in_flight = max_in_flight
+        self._rng = random.Random(seed)
+        self._wake = asyncio.Event()
+        self._latest_report: tpb.Report | None = None
+        self._stopping = False
+        self._blocked = False
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._target_index = 0
+        self._command_tasks: set[asyncio.Task[None]] = set()
+        self.connected = asyncio.Event()
+        self.acked_event_seq = 0
+        self.acked_report_seq = 0
+        self.reports_sent = 0
+        self.reports_replaced = 0
+        self.connects = 0
+        self.report_interval_hint_s = 0.0
+
+    # -- producer side -------------------------------------------------------------
+    def wake(self) -> None:
+        """New events are in the buffer."""
+        self._wake.set()
+
+    def offer_report(self, report: tpb.Report) -> None:
+        """Queue a report; an older unsent one is replaced (reports are state, not history)."""
+        if self._latest_report is not None:
+            self.reports_replaced += 1
+            # LLDP updates are sent only on change: carry one forward rather than lose it.
+            if self._latest_report.HasField("lldp") and not report.HasField("lldp"):
+                report.lldp.CopyFrom(self._latest_report.lldp)
+        self._latest_report = report
+        self._wake.set()
+
+    def set_blocked(self, blocked: bool) -> None:
+        """Simulate a cut network (sim and scenarios): drop the stream and stay away."""
+        self._blocked = blocked
+        if blocked and self._call is not None:
+            self._call.cancel()
+        self._wake.set()
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def run(self) -> None:
+        """Connect and stream until stop(); reconnect with backoff on any failure."""
+        while not self._stopping:
+            if self._blocked:
+                await self._sleep_or_wake(0.2)
+                continue
+            target = self.targets[self._target_index % len(self.targets)]
+            try:
+                await self._session(target)
+            except asyncio.CancelledError:
+                if self._stopping:
+                    break
+                raise
+            except grpc.aio.AioRpcError as err:
+                log.warning(
+                    "controller_stream_failed", target=target, code=err.code().name, detail=err.details()
+                )
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
+                    self._target_index += 1
+            except Exception:
+                log.exception("controller_stream_error", target=target)
+            finally:
+                self.connected.clear()
+                self._call = None
+            if self._stopping:
+                break
+            delay = self.backoff.next_delay(self._rng)
+            log.info("controller_reconnect_wait", delay_s=round(delay, 2))
+            await self._sleep_or_wake(delay, wake_on_event=False)
+
+    async def stop(self) -> None:
+        """Stop streaming; unsent events stay in the buffer for the next start."""
+        self._stopping = True
+        if self._call is not None:
+            self._call.cancel()
+        self._wake.set()
+
+    async def _sleep_or_wake(self, delay: float, wake_on_event: bool = True) -> None:
+        if not wake_on_event:
+            await asyncio.sleep(delay)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=delay)
+
+    # -- one stream -----------------------------------------------------------------
+    async def _session(self, target: str) -> None:
+        channel = (
+            grpc.aio.secure_channel(target, self._credentials, options=CLIENT_CHANNEL_OPTIONS)
+            if self._credentials is not None
+            else grpc.aio.insecure_channel(target, options=CLIENT_CHANNEL_OPTIONS)
+        )
+        try:
+            stub = sgrpc.TelemetryStub(channel)
+            call = stub.Connect()
+            self._call = call
+            hello = self._hello()
+            hello.buffer_epoch = self.buffer.epoch
+            hello.oldest_buffered_event_seq = self.buffer.oldest_seq()
+            hello.next_event_seq = self.buffer.next_seq
+            await call.write(spb.AgentMessage(hello=hello))
+            first = await asyncio.wait_for(call.read(), timeout=30)
+            if first is grpc.aio.EOF or not first.HasField("welcome"):
+                raise ConnectionError("controller closed the stream without a Welcome")
+            welcome = first.welcome
+            self._apply_ack(welcome.acked_event_seq, welcome.acked_report_seq)
+            self.report_interval_hint_s = welcome.report_interval_s
+            self.connects += 1
+            self.backoff.reset()
+            self.connected.set()
+            log.info(
+                "controller_connected",
+                target=target,
+                acked_event_seq=welcome.acked_event_seq,
+                buffered=self.buffer.depth(),
+            )
+            reader = asyncio.create_task(self._read_loop(call))
+            try:
+                await self._write_loop(call, reader)
+            finally:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+                call.cancel()
+        finally:
+            await channel.close(grace=None)
+
+    def _apply_ack(self, event_seq: int, report_seq: int) -> None:
+        # The controller is the authority: after its restart it may know less than before.
+        self.acked_event_seq = event_seq
+        self.acked_report_seq = max(self.acked_report_seq, report_seq)
+        if event_seq:
+            self.buffer.ack(event_seq)
+
+    async def _read_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            which = msg.WhichOneof("body")
+            if which == "ack":
+                self._apply_ack(msg.ack.event_seq, msg.ack.report_seq)
+                self._wake.set()
+            elif which == "command":
+                task = asyncio.create_task(self._run_command(call, msg.command))
+                self._command_tasks.add(task)
+                task.add_done_callback(self._command_tasks.discard)
+            else:
+                log.warning("unexpected_controller_message", kind=which)
+
+    async def _run_command(self, call: grpc.aio.StreamStreamCall, command: spb.Command) -> None:
+        if self._on_command is None:
+            result = spb.CommandResult(id=command.id, ok=False, message="this agent runs no commands")
+        else:
+            try:
+                result = await self._on_command(command)
+            except Exception as exc:
+                log.exception("command_failed", id=command.id)
+                result = spb.CommandResult(id=command.id, ok=False, message=str(exc))
+        try:
+            await call.write(spb.AgentMessage(command_result=result))
+        except Exception:
+            log.warning("command_result_not_sent", id=command.id)
+
+    async def _write_loop(self, call: grpc.aio.StreamStreamCall, reader: asyncio.Task[None]) -> None:
+        sent_upto = self.acked_event_seq
+        while not self._stopping and not self._blocked:
+            if reader.done():
+                reader.result()  # re-raise the stream error, if any
+                raise ConnectionError("controller ended the stream")
+            self._wake.clear()
+            progressed = False
+            # Events first (they are history); never more than max_in_flight unacked.
+            sent_upto = max(sent_upto, self.acked_event_seq)
+            room = self.max_in_flight - (sent_upto - self.acked_event_seq)
+            if room > 0:
+                for event in self.buffer.pending(sent_upto, limit=min(room, 500)):
+                    await call.write(spb.AgentMessage(event=event))
+                    sent_upto = event.seq
+                    progressed = True
+            report = self._latest_report
+            if report is not None:
+                self._latest_report = None
+                await call.write(spb.AgentMessage(report=report))
+                self.reports_sent += 1
+                progressed = True
+            if not progressed:
+                waiter = asyncio.create_task(self._wake.wait())
+                await asyncio.wait({waiter, reader}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()

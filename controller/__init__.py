@@ -1,0 +1,1 @@
+"""The starpulse controller: ingest, store, detection, healing and outputs."""

@@ -1,0 +1,189 @@
+"""The gRPC servicer agents stream into.
+
+Per stream: Hello first (validated, node known), then reports and events, each checked
+before it reaches the store. Anything wrong ends that stream with a status that says
+what was wrong; the controller itself never goes down for a bad message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+import structlog
+
+from controller.metrics import ControllerMetrics
+from controller.ratelimit import TokenBucket
+from controller.registry import NodeRecord, NodeRegistry, UnknownNode
+from controller.validate import InvalidMessage, validate_event, validate_hello, validate_report
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import service_pb2_grpc as sgrpc
+
+log = structlog.get_logger(__name__)
+
+
+class TelemetryServicer(sgrpc.TelemetryServicer):
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        metrics: ControllerMetrics,
+        rate_per_s: float = 200.0,
+        burst: float = 5000.0,
+        report_interval_s: float = 0.0,
+        controller_id: str = "",
+        identity_of: Any = None,
+    ) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self.report_interval_s = report_interval_s
+        self.controller_id = controller_id
+        # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
+        self._identity_of = identity_of
+        self._active: dict[str, asyncio.Task[Any]] = {}
+
+    async def _reject(
+        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, detail: str
+    ) -> None:
+        self.metrics.rejected.labels(reason).inc()
+        log.warning("agent_message_rejected", reason=reason, detail=detail, peer=context.peer())
+        await context.abort(code, detail)
+
+    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            return
+        if first.WhichOneof("body") != "hello":
+            await self._reject(
+                context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello", "the first message must be Hello"
+            )
+            return
+        hello = first.hello
+        try:
+            validate_hello(hello)
+        except InvalidMessage as exc:
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_hello", str(exc))
+            return
+        if self._identity_of is not None:
+            identity = self._identity_of(context)
+            if identity != hello.node_id:
+                await self._reject(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "identity_mismatch",
+                    f"certificate names {identity!r}, hello claims {hello.node_id!r}",
+                )
+                return
+        try:
+            node = self.registry.register(hello)
+        except UnknownNode as exc:
+            await self._reject(context, grpc.StatusCode.NOT_FOUND, "unknown_node", str(exc))
+            return
+        token = node.stream_token
+        previous = self._active.get(node.node_id)
+        if previous is not None and not previous.done():
+            # A reconnect while the old stream is half-open: the new one wins.
+            previous.cancel()
+        me = asyncio.current_task()
+        assert me is not None
+        self._active[node.node_id] = me
+        await context.write(
+            spb.ControllerMessage(
+                welcome=spb.Welcome(
+                    acked_event_seq=node.acked_event_seq,
+                    acked_report_seq=node.acked_report_seq,
+                    report_interval_s=self.report_interval_s,
+                    controller_id=self.controller_id,
+                )
+            )
+        )
+        self.metrics.streams.inc()
+        log.info("agent_stream_open", node=node.node_id, acked_event_seq=node.acked_event_seq)
+        ack_needed = asyncio.Event()
+        writer = asyncio.create_task(self._write_loop(context, node, ack_needed))
+        try:
+            await self._read_loop(context, node, ack_needed, writer)
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            self.metrics.streams.dec()
+            self.registry.disconnected(node, token)
+            if self._active.get(node.node_id) is me:
+                del self._active[node.node_id]
+            log.info("agent_stream_closed", node=node.node_id)
+
+    async def _read_loop(
+        self,
+        context: grpc.aio.ServicerContext,
+        node: NodeRecord,
+        ack_needed: asyncio.Event,
+        writer: asyncio.Task[None],
+    ) -> None:
+        bucket = TokenBucket(self.rate_per_s, self.burst)
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return
+            if writer.done():
+                return
+            if not bucket.take():
+                await self._reject(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "rate_limited",
+                    f"node {node.node_id} exceeds {self.rate_per_s:g} messages/s",
+                )
+                return
+            started = time.perf_counter()
+            which = msg.WhichOneof("body")
+            try:
+                if which == "report":
+                    validate_report(msg.report)
+                    self.registry.record_report(node, msg.report)
+                elif which == "event":
+                    validate_event(msg.event)
+                    self.registry.record_events(node, [msg.event])
+                elif which == "command_result":
+                    self.registry.touch(node)
+                    log.info(
+                        "command_result",
+                        node=node.node_id,
+                        id=msg.command_result.id,
+                        ok=msg.command_result.ok,
+                        message=msg.command_result.message,
+                    )
+                else:
+                    raise InvalidMessage(f"unexpected message {which!r} after Hello")
+            except InvalidMessage as exc:
+                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc))
+                return
+            self.metrics.ingest_seconds.observe(time.perf_counter() - started)
+            ack_needed.set()
+
+    async def _write_loop(
+        self, context: grpc.aio.ServicerContext, node: NodeRecord, ack_needed: asyncio.Event
+    ) -> None:
+        """Send acks (coalesced: one per batch of messages read) and queued commands."""
+        sent = (-1, -1)
+        while True:
+            command_wait = asyncio.create_task(node.commands.get())
+            ack_wait = asyncio.create_task(ack_needed.wait())
+            done, _ = await asyncio.wait({command_wait, ack_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if command_wait in done:
+                self.metrics.command_queue.dec()
+                await context.write(spb.ControllerMessage(command=command_wait.result()))
+            else:
+                command_wait.cancel()
+            if ack_wait in done:
+                ack_needed.clear()
+                current = (node.acked_event_seq, node.acked_report_seq)
+                if current != sent:
+                    await context.write(
+                        spb.ControllerMessage(ack=spb.Ack(event_seq=current[0], report_seq=current[1]))
+                    )
+                    sent = current
+            else:
+                ack_wait.cancel()

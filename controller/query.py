@@ -1,0 +1,61 @@
+"""Read API for the CLI and other tools: nodes and events."""
+
+from __future__ import annotations
+
+import grpc
+
+from controller.registry import NodeRegistry, now_ms
+from controller.store import Store
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import service_pb2_grpc as sgrpc
+from starpulse.v1 import telemetry_pb2 as tpb
+
+RECENT_WINDOW_MS = 3600 * 1000
+DEFAULT_EVENT_LIMIT = 100
+MAX_EVENT_LIMIT = 10_000
+
+
+def node_statuses(registry: NodeRegistry, store: Store) -> list[spb.NodeStatus]:
+    """One row per node; open_events = warning-or-worse events in the last hour."""
+    recent = store.recent_event_counts(now_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
+    out = []
+    for node in sorted(registry.nodes.values(), key=lambda n: n.node_id):
+        out.append(
+            spb.NodeStatus(
+                node_id=node.node_id,
+                role=ipb.NodeRole.Name(node.role),
+                state=node.state,
+                last_seen_ms=node.last_seen_ms,
+                gpu_count=len(node.inventory.gpus),
+                nic_count=len(node.inventory.nics),
+                open_events=recent.get(node.node_id, 0),
+                agent_version=node.agent_version,
+                hostname=node.hostname,
+            )
+        )
+    return out
+
+
+class QueryServicer(sgrpc.QueryServicer):
+    def __init__(self, registry: NodeRegistry, store: Store) -> None:
+        self.registry = registry
+        self.store = store
+
+    async def ListNodes(
+        self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ListNodesResponse:
+        return spb.ListNodesResponse(nodes=node_statuses(self.registry, self.store))
+
+    async def ListEvents(
+        self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ListEventsResponse:
+        limit = request.limit or DEFAULT_EVENT_LIMIT
+        if limit > MAX_EVENT_LIMIT:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be ≤ {MAX_EVENT_LIMIT}")
+        rows = self.store.list_events(request.node_id or None, limit)
+        return spb.ListEventsResponse(
+            events=[
+                spb.StoredEvent(node_id=r.node_id, event=r.event, received_ms=r.received_ms) for r in rows
+            ]
+        )

@@ -1,0 +1,153 @@
+"""The controller process: gRPC (telemetry, query, health), HTTP, and the heartbeat sweep."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import structlog
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from controller.http import build_app
+from controller.ingest import TelemetryServicer
+from controller.metrics import ControllerMetrics
+from controller.query import QueryServicer
+from controller.registry import NodeRegistry
+from controller.store import Store
+from starpulse.v1 import service_pb2_grpc as sgrpc
+
+log = structlog.get_logger(__name__)
+
+TELEMETRY_SERVICE = "starpulse.v1.Telemetry"
+QUERY_SERVICE = "starpulse.v1.Query"
+
+
+@dataclass
+class ControllerConfig:
+    """Controller settings; units in names."""
+
+    listen: str = "127.0.0.1:50051"  # gRPC address for agents and the CLI
+    http: str = "127.0.0.1:8080"  # HTTP: /metrics, /healthz, /api, dashboard
+    db_path: Path = Path("starpulse.db")
+    heartbeat_timeout_s: float = 15.0  # silent this long -> unreachable (3 missed reports at 5 s)
+    sweep_interval_s: float = 1.0
+    max_message_bytes: int = 4 * 1024 * 1024  # larger agent messages get RESOURCE_EXHAUSTED
+    rate_per_node_per_s: float = 200.0  # sustained messages/s a node may send
+    rate_burst: float = 5000.0  # replay after an outage fits in the burst
+    report_interval_s: float = 0.0  # 0: agents keep their own interval
+    allowed_nodes: list[str] | None = None  # None: any valid node id may register
+    controller_id: str = "controller-0"
+    grace_s: float = 5.0
+    extra_listen: list[str] = field(default_factory=list)
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.metrics = ControllerMetrics()
+        self.store = Store(config.db_path)
+        self.registry = NodeRegistry(
+            self.store,
+            self.metrics,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            allowed_nodes=config.allowed_nodes,
+        )
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.telemetry = TelemetryServicer(
+            self.registry,
+            self.metrics,
+            rate_per_s=config.rate_per_node_per_s,
+            burst=config.rate_burst,
+            report_interval_s=config.report_interval_s,
+            controller_id=config.controller_id,
+        )
+        self._server: grpc.aio.Server | None = None
+        self._runner: web.AppRunner | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.grpc_port = 0
+        self.http_port = 0
+        self._serving = False
+
+    async def start(self) -> None:
+        cfg = self.config
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", 16 * 1024 * 1024),
+                ("grpc.keepalive_time_ms", 60_000),
+                ("grpc.keepalive_timeout_ms", 20_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
+                ("grpc.http2.max_ping_strikes", 0),
+            ]
+        )
+        sgrpc.add_TelemetryServicer_to_server(self.telemetry, server)
+        sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self.grpc_port = server.add_insecure_port(cfg.listen)
+        if self.grpc_port == 0:
+            raise OSError(f"cannot listen on {cfg.listen}")
+        await server.start()
+        self._server = server
+        for svc in ("", TELEMETRY_SERVICE, QUERY_SERVICE):
+            self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        self._serving = True
+
+        app = build_app(self.registry, self.store, self.metrics, healthy=lambda: self._serving)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        host, port = split_host_port(cfg.http)
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.http_port = int(self._runner.addresses[0][1]) if self._runner.addresses else port
+        self._sweeper = asyncio.create_task(self._sweep_loop())
+        log.info(
+            "controller_started",
+            grpc=f"{split_host_port(cfg.listen)[0]}:{self.grpc_port}",
+            http=f"{host}:{self.http_port}",
+            db=str(cfg.db_path),
+            nodes_known=len(self.registry.nodes),
+        )
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_interval_s)
+            try:
+                self.registry.sweep()
+                self.registry.flush_presence()
+            except Exception:
+                log.exception("sweep_failed")
+
+    async def stop(self) -> None:
+        """Graceful: NOT_SERVING first, let streams end, flush presence, close the store."""
+        self._serving = False
+        self.health.enter_graceful_shutdown()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._server is not None:
+            await self._server.stop(self.config.grace_s)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.registry.flush_presence()
+        self.store.close()
+        log.info("controller_stopped")
+
+    async def serve_forever(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()

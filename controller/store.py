@@ -1,0 +1,243 @@
+"""SQLite store (WAL) for nodes, inventory and events.
+
+One writer (the controller's event loop). An event and the node's new ack position
+are committed in one transaction, so after a crash the controller never acks what it
+did not keep, and never keeps what it will ask for again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY,
+    role INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    first_seen_ms INTEGER NOT NULL,
+    last_seen_ms INTEGER NOT NULL,
+    agent_version TEXT NOT NULL DEFAULT '',
+    hostname TEXT NOT NULL DEFAULT '',
+    inventory BLOB,
+    buffer_epoch TEXT NOT NULL DEFAULT '',
+    acked_event_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS events (
+    node_id TEXT NOT NULL,
+    epoch TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    timestamp_ms INTEGER NOT NULL,
+    received_ms INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    severity INTEGER NOT NULL,
+    component TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (node_id, epoch, seq)
+);
+CREATE INDEX IF NOT EXISTS events_received ON events(received_ms);
+CREATE INDEX IF NOT EXISTS events_node_received ON events(node_id, received_ms);
+"""
+
+
+@dataclass
+class StoredNode:
+    node_id: str
+    role: int
+    state: str
+    first_seen_ms: int
+    last_seen_ms: int
+    agent_version: str
+    hostname: str
+    inventory: ipb.Inventory
+    buffer_epoch: str
+    acked_event_seq: int
+
+
+@dataclass
+class StoredEventRow:
+    node_id: str
+    event: tpb.Event
+    received_ms: int
+
+
+class StoreError(RuntimeError):
+    """The database is unusable (corrupt, wrong schema version, unwritable)."""
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(_SCHEMA)
+            self._check_version()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
+
+    def _check_version(self) -> None:
+        row = self._db.execute("SELECT version FROM schema_version").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO schema_version(version) VALUES (?)", (SCHEMA_VERSION,))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise StoreError(
+                f"store {self.path} has schema version {row[0]}, this controller needs {SCHEMA_VERSION}"
+            )
+
+    # -- nodes --------------------------------------------------------------------
+    def upsert_node(self, node: StoredNode) -> None:
+        self._db.execute(
+            """INSERT INTO nodes(node_id, role, state, first_seen_ms, last_seen_ms, agent_version,
+                                 hostname, inventory, buffer_epoch, acked_event_seq)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT(node_id) DO UPDATE SET
+                 role=excluded.role, state=excluded.state, last_seen_ms=excluded.last_seen_ms,
+                 agent_version=excluded.agent_version, hostname=excluded.hostname,
+                 inventory=excluded.inventory, buffer_epoch=excluded.buffer_epoch,
+                 acked_event_seq=excluded.acked_event_seq""",
+            (
+                node.node_id,
+                node.role,
+                node.state,
+                node.first_seen_ms,
+                node.last_seen_ms,
+                node.agent_version,
+                node.hostname,
+                node.inventory.SerializeToString(),
+                node.buffer_epoch,
+                node.acked_event_seq,
+            ),
+        )
+
+    def update_presence(self, rows: Iterable[tuple[str, str, int]]) -> None:
+        """Batch update of (node_id, state, last_seen_ms): one transaction per sweep."""
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany(
+                "UPDATE nodes SET state = ?, last_seen_ms = ? WHERE node_id = ?",
+                [(state, seen, node_id) for node_id, state, seen in rows],
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def load_nodes(self) -> list[StoredNode]:
+        out = []
+        for row in self._db.execute(
+            """SELECT node_id, role, state, first_seen_ms, last_seen_ms, agent_version, hostname,
+                      inventory, buffer_epoch, acked_event_seq FROM nodes ORDER BY node_id"""
+        ):
+            inventory = ipb.Inventory()
+            if row[7]:
+                inventory.ParseFromString(row[7])
+            out.append(
+                StoredNode(
+                    node_id=row[0],
+                    role=row[1],
+                    state=row[2],
+                    first_seen_ms=row[3],
+                    last_seen_ms=row[4],
+                    agent_version=row[5],
+                    hostname=row[6],
+                    inventory=inventory,
+                    buffer_epoch=row[8],
+                    acked_event_seq=row[9],
+                )
+            )
+        return out
+
+    # -- events -------------------------------------------------------------------
+    def insert_events(
+        self, node_id: str, epoch: str, events: list[tpb.Event], received_ms: int, acked_event_seq: int
+    ) -> int:
+        """Store events and the node's new ack position atomically; returns rows inserted.
+
+        INSERT OR IGNORE makes a replayed (node, epoch, seq) a no-op: idempotent ingest.
+        """
+        self._db.execute("BEGIN")
+        try:
+            inserted = 0
+            for ev in events:
+                cur = self._db.execute(
+                    """INSERT OR IGNORE INTO events(node_id, epoch, seq, timestamp_ms, received_ms,
+                                                    kind, severity, component, payload)
+                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                    (
+                        node_id,
+                        epoch,
+                        ev.seq,
+                        ev.timestamp_ms,
+                        received_ms,
+                        ev.kind,
+                        ev.severity,
+                        ev.component,
+                        ev.SerializeToString(),
+                    ),
+                )
+                inserted += cur.rowcount
+            self._db.execute(
+                "UPDATE nodes SET acked_event_seq = ?, buffer_epoch = ? WHERE node_id = ?",
+                (acked_event_seq, epoch, node_id),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return inserted
+
+    def list_events(self, node_id: str | None = None, limit: int = 100) -> list[StoredEventRow]:
+        """Newest first."""
+        if node_id:
+            cursor = self._db.execute(
+                """SELECT node_id, payload, received_ms FROM events WHERE node_id = ?
+                   ORDER BY received_ms DESC, seq DESC LIMIT ?""",
+                (node_id, limit),
+            )
+        else:
+            cursor = self._db.execute(
+                "SELECT node_id, payload, received_ms FROM events ORDER BY received_ms DESC, seq DESC LIMIT ?",
+                (limit,),
+            )
+        out = []
+        for nid, payload, received in cursor:
+            ev = tpb.Event()
+            ev.ParseFromString(payload)
+            out.append(StoredEventRow(nid, ev, received))
+        return out
+
+    def count_events(self, node_id: str | None = None) -> int:
+        if node_id:
+            (n,) = self._db.execute("SELECT COUNT(*) FROM events WHERE node_id = ?", (node_id,)).fetchone()
+        else:
+            (n,) = self._db.execute("SELECT COUNT(*) FROM events").fetchone()
+        return int(n)
+
+    def recent_event_counts(self, since_ms: int, min_severity: int) -> dict[str, int]:
+        """Events per node received since since_ms at or above a severity."""
+        rows = self._db.execute(
+            """SELECT node_id, COUNT(*) FROM events WHERE received_ms >= ? AND severity >= ?
+               GROUP BY node_id""",
+            (since_ms, min_severity),
+        )
+        return {nid: int(n) for nid, n in rows}
+
+    def close(self) -> None:
+        self._db.close()

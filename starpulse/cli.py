@@ -1,0 +1,340 @@
+"""The `starpulse` command: services (controller, agent), one-shot checks, queries, the demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from starpulse import __version__
+
+DEFAULT_CONTROLLER = "127.0.0.1:50051"
+
+
+def _install_stop(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+
+
+# -- controller ---------------------------------------------------------------------------
+def cmd_controller(args: argparse.Namespace) -> int:
+    from controller.service import Controller, ControllerConfig
+    from starpulse.logs import configure_logging
+
+    configure_logging(args.log_level)
+    config = ControllerConfig(
+        listen=args.listen,
+        http=args.http,
+        db_path=Path(args.db),
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _install_stop(stop)
+        await Controller(config).serve_forever(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+# -- agent --------------------------------------------------------------------------------
+def _role(name: str) -> int:
+    from starpulse.v1 import inventory_pb2 as ipb
+
+    return {"compute": ipb.NODE_ROLE_COMPUTE, "switch": ipb.NODE_ROLE_SWITCH}[name]
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from agent.factory import BackendUnavailable, build_collectors
+    from agent.runtime import Agent, AgentConfig
+    from agent.sim.node import SimNode
+    from starpulse.logs import configure_logging
+    from starpulse.names import InvalidName, validate_node_id
+
+    configure_logging(args.log_level)
+    try:
+        validate_node_id(args.node_id)
+    except InvalidName as exc:
+        print(f"starpulse agent: {exc}", file=sys.stderr)
+        return 2
+    state_dir = Path(args.state_dir)
+    config = AgentConfig(
+        node_id=args.node_id,
+        controllers=[c for part in args.controller for c in part.split(",") if c],
+        role=_role(args.role),
+        interval_s=args.interval_s,
+        buffer_path=str(state_dir / "agent-buffer.db"),
+    )
+    sim = SimNode(args.node_id, state_dir / "sim", seed=args.seed) if args.backend == "sim" else None
+    holder: dict[str, Agent] = {}
+
+    def sink(finding: Any) -> None:
+        holder["agent"].sink(finding)
+
+    try:
+        plan = build_collectors(
+            args.backend,
+            sink,
+            sysfs_root=args.sysfs_root,
+            kmsg_path=args.kmsg or None,
+            sim=sim,
+            mounts=args.mount or ("/",),
+        )
+    except BackendUnavailable as exc:
+        print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
+        return 2
+    agent = Agent(config, plan.collectors, before_collect=plan.before_collect, starters=plan.starters)
+    holder["agent"] = agent
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _install_stop(stop)
+        await agent.run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+# -- scan ---------------------------------------------------------------------------------
+def cmd_scan(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from agent.collectors.kmsg import scan_file
+    from agent.factory import BackendUnavailable, build_collectors
+    from agent.runtime import CollectorSet
+    from agent.sim.node import SimNode
+
+    findings: list[Any] = []
+    sim = None
+    if args.backend == "sim":
+        import tempfile
+
+        sim = SimNode("scan", Path(tempfile.mkdtemp(prefix="starpulse-scan-")), seed=args.seed)
+    try:
+        plan = build_collectors(
+            args.backend, findings.append, sysfs_root=args.sysfs_root, kmsg_path=None, sim=sim, lldp=True
+        )
+    except BackendUnavailable as exc:
+        print(f"starpulse scan: backend nvml unavailable: {exc}", file=sys.stderr)
+        return 2
+    collectors = CollectorSet(plan.collectors)
+    collectors.probe()
+    inventory = collectors.describe()
+    if plan.before_collect is not None:
+        plan.before_collect(1.0)
+    result = collectors.collect(seq=1)
+    findings.extend(result.findings)
+    kmsg = args.kmsg or (None if sim is None else sim.kmsg_path)
+    if kmsg:
+        findings.extend(collectors.localise(f) for f in scan_file(kmsg))
+    collectors.close()
+    out = {
+        "inventory": MessageToDict(inventory, preserving_proto_field_name=True),
+        "sample": MessageToDict(result.report, preserving_proto_field_name=True),
+        "findings": [f.to_dict() for f in findings],
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        _print_scan(out)
+    return 1 if any(f.severity in ("critical", "fatal") for f in findings) else 0
+
+
+def _print_scan(out: dict[str, Any]) -> None:
+    inv = out["inventory"]
+    host = inv.get("host", {})
+    print(
+        f"host {host.get('hostname', '?')}  kernel {host.get('kernel', '?')}  driver {host.get('driver_version', '-')}"
+    )
+    print(f"GPUs: {len(inv.get('gpus', []))}   NIC ports: {len(inv.get('nics', []))}")
+    for c in out["sample"].get("collectors", []):
+        state = "ok" if c.get("ok") else ("unsupported" if not c.get("supported") else "FAILED")
+        print(f"  collector {c['name']:<8} {state}  {c.get('error', '')}")
+    if not out["findings"]:
+        print("no findings: healthy")
+    for f in out["findings"]:
+        xid = f" xid={f['xid']}" if "xid" in f else ""
+        print(
+            f"  [{f['severity']:>8}] {f['component']:<14} {f['kind']}{xid} -> {f['action']}: {f['message']}"
+        )
+
+
+# -- queries ------------------------------------------------------------------------------
+def _query_stub(address: str) -> Any:
+    import grpc
+
+    from starpulse.v1 import service_pb2_grpc as sgrpc
+
+    return sgrpc.QueryStub(grpc.insecure_channel(address))
+
+
+def _age(ms: int) -> str:
+    if not ms:
+        return "never"
+    s = max(0.0, time.time() - ms / 1000)
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from starpulse.v1 import service_pb2 as spb
+
+    try:
+        resp = _query_stub(args.controller).ListNodes(spb.ListNodesRequest(), timeout=10)
+    except grpc.RpcError as exc:
+        print(
+            f"starpulse nodes: controller {args.controller}: {exc.code().name} {exc.details()}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.json:
+        rows = [
+            MessageToDict(n, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            for n in resp.nodes
+        ]
+        print(json.dumps({"nodes": rows}, indent=2))
+        return 0
+    print(f"{'NODE':<16} {'STATE':<12} {'LAST SEEN':<10} {'GPUS':>4} {'NICS':>4} {'EVENTS':>6}")
+    for n in resp.nodes:
+        print(
+            f"{n.node_id:<16} {n.state:<12} {_age(n.last_seen_ms):<10} "
+            f"{n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}"
+        )
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    import grpc
+
+    from starpulse.findings import event_kind_name, severity_name
+    from starpulse.v1 import service_pb2 as spb
+
+    try:
+        resp = _query_stub(args.controller).ListEvents(
+            spb.ListEventsRequest(node_id=args.node or "", limit=args.limit), timeout=10
+        )
+    except grpc.RpcError as exc:
+        print(
+            f"starpulse events: controller {args.controller}: {exc.code().name} {exc.details()}",
+            file=sys.stderr,
+        )
+        return 2
+    rows = [
+        {
+            "node": e.node_id,
+            "seq": e.event.seq,
+            "timestamp_ms": e.event.timestamp_ms,
+            "kind": event_kind_name(e.event.kind),
+            "severity": severity_name(e.event.severity),
+            "component": e.event.component,
+            "action": e.event.action,
+            "xid": e.event.xid or None,
+            "message": e.event.message,
+        }
+        for e in resp.events
+    ]
+    if args.json:
+        print(json.dumps({"events": rows}, indent=2))
+        return 0
+    for r in rows:
+        when = time.strftime("%H:%M:%S", time.localtime(r["timestamp_ms"] / 1000))
+        print(
+            f"{when} {r['node']:<14} {r['severity']:>8} {r['kind']:<18} {r['component']:<12} "
+            f"{r['action']:<14} {r['message']}"
+        )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from starpulse.demo import run_demo
+
+    return run_demo(nodes=args.nodes, duration_s=args.duration, http=args.http, listen=args.listen)
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"starpulse {__version__}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="starpulse", description=__doc__)
+    p.add_argument("--version", action="version", version=f"starpulse {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("controller", help="run the controller service")
+    c.add_argument("--listen", default="127.0.0.1:50051", help="gRPC HOST:PORT for agents and the CLI")
+    c.add_argument("--http", default="127.0.0.1:8080", help="HTTP HOST:PORT for /metrics, /healthz, /api")
+    c.add_argument("--db", default="starpulse.db", help="SQLite database path")
+    c.add_argument("--heartbeat-timeout-s", type=float, default=15.0)
+    c.add_argument("--log-level", default="info")
+    c.set_defaults(func=cmd_controller)
+
+    a = sub.add_parser("agent", help="run the node agent")
+    a.add_argument(
+        "--controller", action="append", default=[], help="controller HOST:PORT (repeat or comma-separate)"
+    )
+    a.add_argument("--node-id", required=True)
+    a.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+    a.add_argument("--role", choices=("compute", "switch"), default="compute")
+    a.add_argument("--interval-s", type=float, default=5.0)
+    a.add_argument("--state-dir", default="/var/lib/starpulse", help="event buffer (and sim hardware) folder")
+    a.add_argument("--sysfs-root", default="/sys")
+    a.add_argument("--kmsg", default="/dev/kmsg", help="kernel log to tail ('' to disable)")
+    a.add_argument("--mount", action="append", help="mount point whose disk usage to report (repeatable)")
+    a.add_argument("--seed", type=int, default=0, help="sim backend: seed of the simulated hardware")
+    a.add_argument("--log-level", default="info")
+    a.set_defaults(func=cmd_agent)
+
+    s = sub.add_parser("scan", help="one-shot health check of this node")
+    s.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+    s.add_argument("--sysfs-root", default="/sys")
+    s.add_argument(
+        "--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)"
+    )
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_scan)
+
+    n = sub.add_parser("nodes", help="list nodes the controller knows")
+    n.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    n.add_argument("--json", action="store_true")
+    n.set_defaults(func=cmd_nodes)
+
+    e = sub.add_parser("events", help="list recent events")
+    e.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    e.add_argument("--node", default=None)
+    e.add_argument("--limit", type=int, default=50)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_events)
+
+    d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")
+    d.add_argument("--nodes", type=int, default=16)
+    d.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
+    d.add_argument("--listen", default="127.0.0.1:0")
+    d.add_argument("--http", default="127.0.0.1:8080")
+    d.set_defaults(func=cmd_demo)
+
+    v = sub.add_parser("version", help="print the version")
+    v.set_defaults(func=cmd_version)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Shared test helpers: free ports, waiting on conditions, simulated agents on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.factory import build_collectors
+from agent.runtime import Agent, AgentConfig
+from agent.sim.node import SimNode
+from starpulse.findings import Finding
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll cond until true; fail with `what` after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class SimAgent:
+    """A real Agent on a simulated node, running as a task in the test's loop."""
+
+    sim: SimNode
+    agent: Agent
+    stop: asyncio.Event
+    task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.agent.run(self.stop))
+
+    async def halt(self) -> None:
+        self.stop.set()
+        if self.task is not None:
+            await self.task
+
+
+def make_sim_agent(
+    node_id: str,
+    workdir: Path,
+    controllers: list[str],
+    interval_s: float = 0.3,
+    sim: SimNode | None = None,
+    seed: int = 0,
+) -> SimAgent:
+    """Build (not start) an agent whose collectors read a simulated node under workdir."""
+    sim = sim or SimNode(node_id, workdir / node_id / "hw", seed=seed)
+    holder: list[Agent] = []
+
+    def sink(finding: Finding) -> None:
+        holder[0].sink(finding)
+
+    plan = build_collectors("sim", sink, sim=sim)
+    agent = Agent(
+        AgentConfig(
+            node_id=node_id,
+            controllers=controllers,
+            interval_s=interval_s,
+            buffer_path=str(workdir / node_id / "buffer.db"),
+        ),
+        plan.collectors,
+        before_collect=plan.before_collect,
+        starters=plan.starters,
+    )
+    agent.link.backoff.initial_s = 0.1
+    agent.link.backoff.max_s = 0.5
+    holder.append(agent)
+    return SimAgent(sim=sim, agent=agent, stop=asyncio.Event())
