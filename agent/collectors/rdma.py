@@ -1,0 +1,261 @@
+"""RDMA NICs from sysfs: inventory, raw port counters, and link up/down transitions.
+
+``/sys/class/infiniband`` is the one source that works for both InfiniBand and RoCE
+ports without extra tools. Counters are shipped raw and cumulative (the controller
+computes rates and deltas), so a lost report loses no information; the only local
+judgement is a port leaving or re-entering ACTIVE/LinkUp.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import structlog
+
+from agent.collectors.pci import PCI_ADDR_RE
+from starpulse import xid as xidcat
+from starpulse.findings import Finding
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+SOURCE = "sysfs"
+STATE_ACTIVE = 4
+PHYS_LINK_UP = 5
+_U64_MAX = (1 << 64) - 1
+_RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
+_STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
+
+
+def parse_rate_gbps(text: str) -> float:
+    """"400 Gb/sec (4X NDR)" -> 400.0; 0.0 when unparsable."""
+    m = _RATE_RE.match(text)
+    return float(m.group(1)) if m else 0.0
+
+
+def parse_state(text: str) -> tuple[int, str]:
+    """"4: ACTIVE" -> (4, "ACTIVE"); (0, text) when it has no numeric code."""
+    m = _STATE_RE.match(text)
+    if not m:
+        return 0, text.strip()
+    return int(m.group(1)), m.group(2)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def read_counter_dir(path: str) -> dict[str, int]:
+    """Every integer file of a counters directory; unreadable or non-integer files are skipped."""
+    out: dict[str, int] = {}
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            if not entry.is_file():
+                continue
+            with open(entry.path, "rb") as fh:
+                raw = fh.read().strip()
+            value = int(raw)
+        except (OSError, ValueError):
+            log.debug("rdma_counter_unreadable", path=entry.path)
+            continue
+        if 0 <= value <= _U64_MAX:
+            out[entry.name] = value
+    return out
+
+
+@dataclass
+class _PortState:
+    ok: bool
+
+
+class RdmaSysfsCollector:
+    """RDMA devices and ports under ``<sysfs_root>/class/infiniband``."""
+
+    name = "nic"
+
+    def __init__(self, sysfs_root: str = "/sys") -> None:
+        self.sysfs_root = sysfs_root
+        self.ib_root = os.path.join(sysfs_root, "class", "infiniband")
+        self.net_root = os.path.join(sysfs_root, "class", "net")
+        self._ports: dict[str, _PortState] = {}
+        self._failing: set[str] = set()
+
+    # -- discovery ------------------------------------------------------------------
+    def devices(self) -> list[str]:
+        """RDMA device names, sorted."""
+        try:
+            return sorted(os.listdir(self.ib_root))
+        except OSError:
+            return []
+
+    def ports(self, dev: str) -> list[int]:
+        """Port numbers of one device, sorted."""
+        try:
+            names = os.listdir(os.path.join(self.ib_root, dev, "ports"))
+        except OSError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def netdev(self, dev: str, port: int) -> str:
+        """The port's netdev: gid_attrs/ndevs/0 (RoCE, bonds), else device/net/*; "" if none."""
+        nd = _read_text(os.path.join(self.ib_root, dev, "ports", str(port), "gid_attrs", "ndevs", "0"))
+        if nd and nd != "<NULL>":
+            return nd
+        net_dir = os.path.join(self.ib_root, dev, "device", "net")
+        try:
+            names = sorted(os.listdir(net_dir))
+        except OSError:
+            return ""
+        if len(names) <= 1:
+            return names[0] if names else ""
+        for n in names:  # several netdevs on one function: dev_port is 0-based
+            if _read_text(os.path.join(net_dir, n, "dev_port")) == str(port - 1):
+                return n
+        return names[0]
+
+    def pci_address(self, dev: str) -> str:
+        """PCI address of the device's function, "" when ``device`` is not a PCI device."""
+        link = os.path.join(self.ib_root, dev, "device")
+        if not os.path.exists(link):
+            return ""
+        base = os.path.basename(os.path.realpath(link))
+        return base if PCI_ADDR_RE.match(base) else ""
+
+    def supported(self) -> bool:
+        """True when sysfs lists at least one RDMA device."""
+        return bool(self.devices())
+
+    # -- inventory ------------------------------------------------------------------
+    def describe(self, inventory: ipb.Inventory) -> None:
+        """One NicInfo per (device, port); a broken device is logged and skipped."""
+        for dev in self.devices():
+            try:
+                self._describe_device(dev, inventory)
+            except Exception:
+                log.exception("rdma_describe_failed", device=dev)
+
+    def _describe_device(self, dev: str, inventory: ipb.Inventory) -> None:
+        d = os.path.join(self.ib_root, dev)
+        numa_txt = _read_text(os.path.join(d, "device", "numa_node"))
+        try:
+            numa = int(numa_txt) if numa_txt is not None else -1
+        except ValueError:
+            numa = -1
+        node_guid = _read_text(os.path.join(d, "node_guid")) or ""
+        hca_type = _read_text(os.path.join(d, "hca_type")) or ""
+        fw_version = _read_text(os.path.join(d, "fw_ver")) or ""
+        board_id = _read_text(os.path.join(d, "board_id")) or ""
+        pci = self.pci_address(dev)
+        for port in self.ports(dev):
+            p = os.path.join(d, "ports", str(port))
+            netdev = self.netdev(dev, port)
+            mac = _read_text(os.path.join(self.net_root, netdev, "address")) if netdev else None
+            inventory.nics.append(
+                ipb.NicInfo(
+                    rdma_device=dev,
+                    port=port,
+                    netdev=netdev,
+                    link_layer=_read_text(os.path.join(p, "link_layer")) or "",
+                    rate_gbps=parse_rate_gbps(_read_text(os.path.join(p, "rate")) or ""),
+                    mac=mac or "",
+                    node_guid=node_guid,
+                    hca_type=hca_type,
+                    fw_version=fw_version,
+                    board_id=board_id,
+                    pci_address=pci,
+                    numa_node=numa,
+                )
+            )
+
+    # -- samples ----------------------------------------------------------------------
+    def collect(self, report: tpb.Report) -> list[Finding]:
+        """One NicSample per port; findings when a port leaves or returns to ACTIVE/LinkUp."""
+        findings: list[Finding] = []
+        for dev in self.devices():
+            for port in self.ports(dev):
+                key = f"{dev}/{port}"
+                try:
+                    sample = self._sample(dev, port)
+                except Exception as e:  # one broken port must not lose the others
+                    if key not in self._failing:
+                        self._failing.add(key)
+                        log.warning("rdma_port_failed", port=key, error=str(e) or type(e).__name__)
+                    continue
+                if key in self._failing:
+                    self._failing.discard(key)
+                    log.info("rdma_port_recovered", port=key)
+                report.nics.append(sample)
+                f = self._transition(sample)
+                if f is not None:
+                    findings.append(f)
+        return findings
+
+    def _sample(self, dev: str, port: int) -> tpb.NicSample:
+        p = os.path.join(self.ib_root, dev, "ports", str(port))
+        state_txt = _read_text(os.path.join(p, "state"))
+        if state_txt is None:  # no state, no sample: a guessed "down" would be a false alarm
+            raise OSError(f"cannot read {p}/state")
+        state_code, state = parse_state(state_txt)
+        phys_code, phys = parse_state(_read_text(os.path.join(p, "phys_state")) or "")
+        netdev = self.netdev(dev, port)
+        s = tpb.NicSample(
+            rdma_device=dev,
+            port=port,
+            netdev=netdev,
+            state_code=state_code,
+            state=state,
+            phys_state_code=phys_code,
+            phys_state=phys,
+            rate_gbps=parse_rate_gbps(_read_text(os.path.join(p, "rate")) or ""),
+            link_layer=_read_text(os.path.join(p, "link_layer")) or "",
+        )
+        s.counters.update(read_counter_dir(os.path.join(p, "counters")))
+        s.hw_counters.update(read_counter_dir(os.path.join(p, "hw_counters")))
+        if netdev:
+            nd = os.path.join(self.net_root, netdev)
+            s.netdev_stats.update(read_counter_dir(os.path.join(nd, "statistics")))
+            s.netdev_operstate = _read_text(os.path.join(nd, "operstate")) or ""
+        return s
+
+    def _transition(self, s: tpb.NicSample) -> Finding | None:
+        key = f"{s.rdma_device}/{s.port}"
+        ok = s.state_code == STATE_ACTIVE and s.phys_state_code == PHYS_LINK_UP
+        prev = self._ports.get(key)
+        self._ports[key] = _PortState(ok)
+        attrs = {
+            "rdma_device": s.rdma_device,
+            "port": str(s.port),
+            "state": f"{s.state_code}: {s.state}",
+            "phys_state": f"{s.phys_state_code}: {s.phys_state}",
+            "rate_gbps": f"{s.rate_gbps:g}",
+            "link_layer": s.link_layer,
+        }
+        if s.netdev:
+            attrs["netdev"] = s.netdev
+        if not ok and (prev is None or prev.ok):
+            log.warning("rdma_link_down", port=key, state=s.state, phys_state=s.phys_state)
+            return Finding(
+                kind="nic_link_down", component=key, severity="critical", action=xidcat.ACTION_CHECK_LINK,
+                message=f"{key} is {s.state} / {s.phys_state}", source=SOURCE, attributes=attrs,
+            )
+        if ok and prev is not None and not prev.ok:
+            log.info("rdma_link_up", port=key)
+            return Finding(
+                kind="nic_link_up", component=key, severity="info", action=xidcat.ACTION_NONE,
+                message=f"{key} is ACTIVE / LinkUp again", source=SOURCE, attributes=attrs,
+            )
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,227 @@
+"""RDMA sysfs collector (on the recorded H100 node and on FakeSysfs) and NIC-GPU pairing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.collectors.pci import normalize_pci, pair_nics_with_gpus, pci_device_path
+from agent.collectors.rdma import RdmaSysfsCollector, parse_rate_gbps, parse_state, read_counter_dir
+from agent.sim.fake_sysfs import FakeSysfs
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+H100 = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs-h100"
+H100_DEVICES = ["mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_bond_0"]
+
+
+def collect(c: RdmaSysfsCollector) -> tuple[tpb.Report, list]:
+    r = tpb.Report()
+    return r, c.collect(r)
+
+
+class TestParsers:
+    @pytest.mark.parametrize(
+        ("text", "gbps"),
+        [("400 Gb/sec (4X NDR)", 400.0), ("25 Gb/sec (1X EDR)", 25.0), ("2.5 Gb/sec", 2.5),
+         ("200 Gb/sec (2X NDR)\n", 200.0), ("", 0.0), ("garbage", 0.0)],
+    )
+    def test_rate(self, text, gbps):
+        """Rates parse from the kernel's "N Gb/sec (width)" text; junk is 0."""
+        assert parse_rate_gbps(text) == gbps
+
+    def test_state(self):
+        """State files split into code and name."""
+        assert parse_state("4: ACTIVE\n") == (4, "ACTIVE")
+        assert parse_state("5: LinkUp") == (5, "LinkUp")
+        assert parse_state("3: Disabled") == (3, "Disabled")
+        assert parse_state("weird") == (0, "weird")
+
+    def test_counter_dir_skips_bad_files(self, tmp_path):
+        """Non-integer files and subdirectories are skipped without losing the rest."""
+        (tmp_path / "good").write_text("42\n")
+        (tmp_path / "bad").write_text("N/A\n")
+        (tmp_path / "empty").write_text("")
+        (tmp_path / "negative").write_text("-1\n")
+        (tmp_path / "sub").mkdir()
+        assert read_counter_dir(str(tmp_path)) == {"good": 42}
+        assert read_counter_dir(str(tmp_path / "missing")) == {}
+
+
+class TestRdmaOnRecordedH100:
+    def test_supported_and_ports(self):
+        """The recorded node has exactly nine ports: mlx5_0..9 minus 2 and 3, plus the bond."""
+        c = RdmaSysfsCollector(str(H100))
+        assert c.supported()
+        r, findings = collect(c)
+        assert [s.rdma_device for s in r.nics] == H100_DEVICES
+        assert all(s.port == 1 for s in r.nics)
+        assert findings == []
+
+    def test_link_and_rate(self):
+        """IB rails are 400G InfiniBand, the bond is 200G Ethernet, all ACTIVE/LinkUp."""
+        r, _ = collect(RdmaSysfsCollector(str(H100)))
+        by = {s.rdma_device: s for s in r.nics}
+        for dev in H100_DEVICES[:-1]:
+            assert (by[dev].rate_gbps, by[dev].link_layer) == (400.0, "InfiniBand")
+        assert (by["mlx5_bond_0"].rate_gbps, by["mlx5_bond_0"].link_layer) == (200.0, "Ethernet")
+        assert {(s.state_code, s.state, s.phys_state_code, s.phys_state) for s in r.nics} == {
+            (4, "ACTIVE", 5, "LinkUp")
+        }
+
+    def test_counters(self):
+        """Counter files are read as uint64, port counters and hw counters separately."""
+        r, _ = collect(RdmaSysfsCollector(str(H100)))
+        s = r.nics[0]
+        assert s.rdma_device == "mlx5_0"
+        assert s.counters["port_rcv_data"] == 230539874932483
+        assert s.counters["port_xmit_data"] == 230442669431839
+        assert s.counters["excessive_buffer_overrun_errors"] == 15
+        assert s.counters["port_rcv_errors"] == 14
+        assert len(s.counters) == 21
+        assert s.hw_counters["rx_write_requests"] == 3809045607
+        assert s.hw_counters["lifespan"] == 12
+        assert s.hw_counters["roce_adp_retrans"] == 3
+        assert len(s.hw_counters) == 26
+
+    def test_no_device_links(self):
+        """Without device links there is no netdev, PCI address or NUMA node, and no netdev stats."""
+        r, _ = collect(RdmaSysfsCollector(str(H100)))
+        assert all(s.netdev == "" and not s.netdev_stats and s.netdev_operstate == "" for s in r.nics)
+        inv = ipb.Inventory()
+        RdmaSysfsCollector(str(H100)).describe(inv)
+        assert len(inv.nics) == 9
+        n0 = inv.nics[0]
+        assert (n0.rdma_device, n0.port, n0.link_layer, n0.rate_gbps) == ("mlx5_0", 1, "InfiniBand", 400.0)
+        assert (n0.hca_type, n0.fw_version, n0.board_id) == ("MT4129", "28.41.1000", "MT_0000000838")
+        assert (n0.netdev, n0.pci_address, n0.numa_node, n0.mac, n0.node_guid) == ("", "", -1, "", "")
+        assert inv.nics[-1].hca_type == "MT41692"
+
+    def test_broken_files_and_ports_lose_nothing_else(self, tmp_path):
+        """A garbage counter is skipped and a port without state is dropped; the rest still report."""
+        root = tmp_path / "sys"
+        shutil.copytree(H100, root)
+        ib = root / "class" / "infiniband"
+        (ib / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error").write_text("oops\n")
+        (ib / "mlx5_4" / "ports" / "1" / "state").unlink()
+        r, findings = collect(RdmaSysfsCollector(str(root)))
+        devs = [s.rdma_device for s in r.nics]
+        assert "mlx5_4" not in devs and len(devs) == 8
+        assert "symbol_error" not in r.nics[0].counters and len(r.nics[0].counters) == 20
+        assert findings == []
+
+    def test_missing_tree_is_unsupported(self, tmp_path):
+        """No class/infiniband: unsupported, and collect adds nothing."""
+        c = RdmaSysfsCollector(str(tmp_path))
+        assert not c.supported()
+        r, findings = collect(c)
+        assert list(r.nics) == [] and findings == []
+
+
+class TestRdmaOnFakeSysfs:
+    def test_inventory(self, tmp_path):
+        """FakeSysfs NICs describe fully: netdev, MAC, PCI address, NUMA node, GUID."""
+        fs = FakeSysfs(str(tmp_path), nics=8)
+        inv = ipb.Inventory()
+        RdmaSysfsCollector(str(tmp_path)).describe(inv)
+        assert [n.rdma_device for n in inv.nics] == fs.rdma_devices()
+        assert [n.netdev for n in inv.nics] == fs.netdevs()
+        assert [n.pci_address for n in inv.nics] == fs.nic_pci_addresses()
+        assert [n.numa_node for n in inv.nics] == [0, 0, 0, 0, 1, 1, 1, 1, 0]
+        assert all(len(n.mac.split(":")) == 6 and n.node_guid.count(":") == 3 for n in inv.nics)
+        assert inv.nics[-1].netdev == "bond0" and inv.nics[-1].rate_gbps == 200.0
+
+    def test_netdev_stats_and_operstate(self, tmp_path):
+        """Samples carry the netdev's statistics and operstate."""
+        FakeSysfs(str(tmp_path), nics=2)
+        r, _ = collect(RdmaSysfsCollector(str(tmp_path)))
+        assert [s.netdev for s in r.nics] == ["ens1f0np0", "ens2f0np0", "bond0"]
+        assert all(s.netdev_operstate == "up" and "rx_bytes" in s.netdev_stats for s in r.nics)
+
+    def test_infiniband_rails_use_device_net(self, tmp_path):
+        """IB rails have no RoCE GID netdev; the IPoIB netdev comes from device/net."""
+        FakeSysfs(str(tmp_path), nics=2, rail_link_layer="InfiniBand", with_bond=False)
+        r, _ = collect(RdmaSysfsCollector(str(tmp_path)))
+        assert [s.netdev for s in r.nics] == ["ibp12s0", "ibp20s0"]
+        assert {s.link_layer for s in r.nics} == {"InfiniBand"}
+
+    def test_link_down_and_up_transitions(self, tmp_path):
+        """Down once -> one critical nic_link_down; back ACTIVE -> one info nic_link_up."""
+        fs = FakeSysfs(str(tmp_path), nics=4)
+        c = RdmaSysfsCollector(str(tmp_path))
+        assert collect(c)[1] == []
+        fs.set_port_down(2)
+        r, findings = collect(c)
+        assert [(f.kind, f.component, f.severity, f.action) for f in findings] == [
+            ("nic_link_down", "mlx5_2/1", "critical", "check_link")
+        ]
+        assert findings[0].attributes["netdev"] == "ens3f0np0"
+        assert r.nics[2].state == "DOWN" and r.nics[2].netdev_operstate == "down"
+        assert collect(c)[1] == []  # no repeat while it stays down
+        fs.set_port_up(2)
+        findings = collect(c)[1]
+        assert [(f.kind, f.component, f.severity, f.action) for f in findings] == [
+            ("nic_link_up", "mlx5_2/1", "info", "none")
+        ]
+
+    def test_first_collect_reports_a_port_already_down(self, tmp_path):
+        """A port already down on the first cycle is a finding, so a one-shot scan sees it."""
+        fs = FakeSysfs(str(tmp_path), nics=2)
+        fs.set_port_down(1)
+        findings = collect(RdmaSysfsCollector(str(tmp_path)))[1]
+        assert [(f.kind, f.component) for f in findings] == [("nic_link_down", "mlx5_1/1")]
+
+    def test_counters_grow_raw(self, tmp_path):
+        """Counters are raw cumulative values that grow as the fake advances."""
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        a = collect(c)[0].nics[0]
+        fs.advance(1.0, throughput_gbps=100)
+        b = collect(c)[0].nics[0]
+        grew = (b.counters["port_xmit_data"] - a.counters["port_xmit_data"]) * 4 * 8 / 1e9
+        assert grew == pytest.approx(100, rel=0.01)
+
+
+class TestPciPairing:
+    def test_normalize(self):
+        """NVML bus ids lose their extra domain zeros; case is folded."""
+        assert normalize_pci("00000000:17:00.0") == "0000:17:00.0"
+        assert normalize_pci("0000:9B:00.0") == "0000:9b:00.0"
+        assert normalize_pci("0000:17:00.0") == "0000:17:00.0"
+
+    def test_fake_sysfs_pairs_gpu_i_with_nic_i(self, tmp_path):
+        """Each rail NIC pairs with the GPU behind its switch; the bond pairs with none."""
+        fs = FakeSysfs(str(tmp_path), nics=8)
+        nics = {f"{d}/1": a for d, a in zip(fs.rdma_devices(), fs.nic_pci_addresses(), strict=True)}
+        gpus = {i: "0000" + a for i, a in enumerate(fs.gpu_pci_addresses())}  # NVML style
+        pairs = pair_nics_with_gpus(str(tmp_path), nics, gpus)
+        assert pairs == {f"mlx5_{i}/1": i for i in range(8)}
+
+    def _tree(self, root: Path, endpoints: dict[str, str]) -> None:
+        for addr, rel in endpoints.items():
+            d = root / "devices" / rel
+            d.mkdir(parents=True)
+            link = root / "bus" / "pci" / "devices" / addr
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(d, link)
+
+    def test_tie_and_none_are_unpaired(self, tmp_path):
+        """Two GPUs equally close leave the NIC unpaired; a NIC sharing no bridge pairs with none."""
+        sw = "pci0000:10/0000:10:01.0/0000:11:00.0"
+        self._tree(tmp_path, {
+            "0000:13:00.0": f"{sw}/0000:12:00.0/0000:13:00.0",  # GPU 0
+            "0000:15:00.0": f"{sw}/0000:12:01.0/0000:15:00.0",  # GPU 1
+            "0000:17:00.0": f"{sw}/0000:12:02.0/0000:17:00.0",  # NIC A: same switch as both
+            "0000:91:00.0": "pci0000:90/0000:90:01.0/0000:91:00.0",  # NIC B: other root complex
+            "0000:a1:00.0": "pci0000:a0/0000:a0:01.0/0000:a1:00.0",  # GPU 2
+        })
+        pairs = pair_nics_with_gpus(
+            str(tmp_path),
+            {"A": "0000:17:00.0", "B": "0000:91:00.0", "C": "", "D": "0000:ff:00.0"},
+            {0: "00000000:13:00.0", 1: "00000000:15:00.0", 2: "0000:a1:00.0", 3: "0000:ee:00.0"},
+        )
+        assert pairs == {}
+        assert pci_device_path(str(tmp_path), "0000:ff:00.0") is None
