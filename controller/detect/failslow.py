@@ -1,0 +1,360 @@
+"""Fail-slow detection: a node persistently slower than its peers.
+
+A straggler rarely trips an absolute threshold: a GPU stuck at a lower clock, a NIC that
+negotiated half its rate, or a node whose step time drifts up keeps "working" while it
+drags the whole synchronous job down. The only reliable reference is the node's peers
+doing the same work, so each node's signals are compared with the rest of its group:
+the nodes of one training job (as the ranks report it in ``Report.job_steps``) or, when
+no job is known, whatever ``group_of`` says (typically the node's block).
+
+The comparison is robust (median and MAD), so one bad node cannot drag the baseline it is
+measured against, and relative (the gap must also be a sizeable fraction of the group
+median), so a group whose MAD is about zero does not flag a 1 % difference. A uniformly
+slow group has a uniformly slow median and flags nobody: that is a job or a fleet
+problem, not a node to evict.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from controller.detect.model import Condition, ConditionChange
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+# Per-node signals, as extracted from one report.
+SIGNAL_SM_CLOCK = "sm_clock_mhz"  # mean SM clock over the node's GPUs, MHz
+SIGNAL_POWER = "power_w"  # mean GPU power draw, W
+SIGNAL_UTIL = "gpu_util_pct"  # mean GPU utilization, %
+SIGNAL_NIC = "nic_gbps"  # summed NIC throughput (tx + rx) over the node's RDMA ports, Gb/s
+SIGNAL_STEP_TIME = "step_time_s"  # mean training step time of the node's ranks, s
+SIGNALS: tuple[str, ...] = (SIGNAL_SM_CLOCK, SIGNAL_POWER, SIGNAL_UTIL, SIGNAL_NIC, SIGNAL_STEP_TIME)
+# For these, slower means higher; for every other signal slower means lower.
+HIGHER_IS_SLOWER: frozenset[str] = frozenset({SIGNAL_STEP_TIME})
+
+RULE = "failslow"
+CATEGORY = "failslow"
+ACTION = "investigate"
+
+# Scale that makes MAD a consistent estimator of the standard deviation for normal data
+# (Iglewicz and Hoaglin's modified z-score: 0.6745 * (x - median) / MAD).
+_MAD_SCALE = 0.6745
+# IBA PortCounters port_xmit_data / port_rcv_data count 4-byte words ("octets divided by
+# 4"); mlx5 reports them the same way on RoCE (Ethernet link layer), so both layers are
+# treated as words * 4 bytes.
+_BYTES_PER_WORD = 4
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class FailSlowConfig:
+    """Tuning of the peer comparison. Defaults suit reports every few seconds."""
+
+    window_s: float = 300.0
+    """Seconds of samples a node's value is the median of; long enough to ride out a
+    checkpoint or an eval pause, short enough to catch a node that degraded today."""
+    min_samples: int = 5
+    """Samples a node needs in the window before it is compared (or counted as a peer)."""
+    z_threshold: float = 3.5
+    """Robust z-score (0.6745 * gap / MAD) a node must reach; 3.5 is Iglewicz-Hoaglin's outlier cut."""
+    min_relative_deviation: float = 0.1
+    """Fraction of the group median the gap must also reach (0.1 = 10 % slower). Both
+    tests must pass, so a tight group (MAD near 0) does not flag a trivial gap."""
+    persist_evaluations: int = 3
+    """Consecutive evaluations a node must deviate before it is flagged, and must not
+    deviate before its condition resolves (hysteresis against one-off blips)."""
+    min_group_size: int = 4
+    """Nodes with enough samples a group needs before anyone in it is compared: with three
+    nodes a median says little about which one is odd."""
+    signals: tuple[str, ...] = SIGNALS
+    """Which of ``SIGNALS`` to compare."""
+    job_ttl_s: float | None = None
+    """Seconds a node stays in the job it last reported in ``job_steps``; None = ``window_s``."""
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.signals if s not in SIGNALS]
+        if unknown:
+            raise ValueError(f"unknown fail-slow signals {unknown}; expected some of {SIGNALS}")
+        if self.window_s <= 0:
+            raise ValueError("window_s must be > 0")
+        if self.min_samples < 1 or self.persist_evaluations < 1 or self.min_group_size < 2:
+            raise ValueError("min_samples and persist_evaluations must be >= 1, min_group_size >= 2")
+        if self.z_threshold <= 0 or self.min_relative_deviation < 0:
+            raise ValueError("z_threshold must be > 0 and min_relative_deviation >= 0")
+
+
+@dataclass
+class Deviation:
+    """One signal on which a node is slower than its group."""
+
+    signal: str
+    value: float
+    group_median: float
+    mad: float
+    z: float  # math.inf when the group's MAD is 0
+    relative: float  # gap / |group median|, > 0 means slower
+    group: str
+    peers: int
+
+    def to_evidence(self) -> dict[str, Any]:
+        return {
+            "signal": self.signal,
+            "value": round(self.value, 4),
+            "group_median": round(self.group_median, 4),
+            "mad": round(self.mad, 4),
+            "z": round(self.z, 2) if math.isfinite(self.z) else None,  # None: MAD was 0
+            "relative_deviation": round(self.relative, 4),
+            "group": self.group,
+            "peers": self.peers,
+        }
+
+
+@dataclass
+class _NodeState:
+    hits: int = 0
+    clears: int = 0
+    condition: Condition | None = None
+    signals: tuple[str, ...] = ()
+
+
+@dataclass
+class _NodeSamples:
+    series: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)
+    nic_prev: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (timestamp ms, words)
+    job: str | None = None
+    job_seen_ms: int = 0
+
+
+class FailSlowDetector:
+    """Keeps a window of per-node signals and flags nodes persistently slower than their group.
+
+    Feed it every report (``observe``) and call ``evaluate`` periodically (e.g. every
+    report interval); it returns condition changes in the same vocabulary as the rule
+    engine, so correlation treats a straggler like any other finding.
+    """
+
+    def __init__(
+        self,
+        config: FailSlowConfig | None = None,
+        group_of: Callable[[str], str | None] = lambda node: None,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.config = config or FailSlowConfig()
+        self._group_of = group_of
+        self._clock_ms = clock_ms
+        self._nodes: dict[str, _NodeSamples] = {}
+        self._state: dict[str, _NodeState] = {}
+
+    # -- input ---------------------------------------------------------------------------
+
+    def observe(self, node_id: str, report: tpb.Report) -> None:
+        """Extract this report's per-node signals and append them to the node's window."""
+        now = self._clock_ms()
+        ns = self._nodes.setdefault(node_id, _NodeSamples())
+        values = self._extract(ns, report, now)
+        for signal, value in values.items():
+            if signal in self.config.signals and math.isfinite(value):
+                ns.series.setdefault(signal, deque()).append((now, value))
+        self._prune(ns, now)
+
+    def _extract(self, ns: _NodeSamples, report: tpb.Report, now: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        clocks = [g.sm_clock_mhz for g in report.gpus if g.HasField("sm_clock_mhz")]
+        power = [g.power_w for g in report.gpus if g.HasField("power_w")]
+        util = [g.utilization_gpu_pct for g in report.gpus if g.HasField("utilization_gpu_pct")]
+        if clocks:
+            out[SIGNAL_SM_CLOCK] = statistics.fmean(clocks)
+        if power:
+            out[SIGNAL_POWER] = statistics.fmean(power)
+        if util:
+            out[SIGNAL_UTIL] = statistics.fmean(util)
+        gbps = self._nic_throughput(ns, report.nics, report.timestamp_ms or now)
+        if gbps is not None:
+            out[SIGNAL_NIC] = gbps
+        steps = [s for s in report.job_steps if s.step_time_s > 0 and math.isfinite(s.step_time_s)]
+        if steps:
+            out[SIGNAL_STEP_TIME] = statistics.fmean(s.step_time_s for s in steps)
+            # The job the node's ranks belong to; a node hosting ranks of two jobs goes with the
+            # one it runs most ranks of (ties: the first name, for determinism).
+            counts = Counter(s.job for s in steps if s.job)
+            if counts:
+                ns.job = min(counts, key=lambda j: (-counts[j], j))
+                ns.job_seen_ms = now
+        return out
+
+    @staticmethod
+    def _nic_throughput(ns: _NodeSamples, nics: Iterable[tpb.NicSample], ts_ms: int) -> float | None:
+        """tx + rx Gb/s summed over the node's ports, from counter deltas since the last report.
+
+        A port whose counters went backwards (driver reload, counter reset) or that has no
+        previous sample contributes nothing this time; None when no port had a usable delta.
+        """
+        total = 0.0
+        usable = False
+        for nic in nics:
+            counters = nic.counters
+            if "port_xmit_data" not in counters or "port_rcv_data" not in counters:
+                continue
+            port = f"{nic.rdma_device}/{nic.port}"
+            words = int(counters["port_xmit_data"]) + int(counters["port_rcv_data"])
+            prev = ns.nic_prev.get(port)
+            ns.nic_prev[port] = (ts_ms, words)
+            if prev is None or ts_ms <= prev[0] or words < prev[1]:
+                continue
+            seconds = (ts_ms - prev[0]) / 1000.0
+            total += (words - prev[1]) * _BYTES_PER_WORD * 8 / seconds / 1e9
+            usable = True
+        return total if usable else None
+
+    def forget(self, node_id: str) -> ConditionChange | None:
+        """Drop a node (decommissioned, replaced); resolves its condition if it had one."""
+        self._nodes.pop(node_id, None)
+        state = self._state.pop(node_id, None)
+        if state is None or state.condition is None:
+            return None
+        cond = state.condition
+        cond.resolved_ms = self._clock_ms()
+        log.info("failslow_forgotten", node=node_id)
+        return ConditionChange("resolved", cond)
+
+    # -- evaluation ----------------------------------------------------------------------
+
+    def groups(self) -> dict[str, list[str]]:
+        """Current peer groups: reported jobs first (``job:<name>``), else ``group_of``."""
+        now = self._clock_ms()
+        ttl_ms = int((self.config.job_ttl_s if self.config.job_ttl_s is not None else self.config.window_s) * 1000)
+        out: dict[str, list[str]] = {}
+        for node in sorted(self._nodes):
+            ns = self._nodes[node]
+            fresh_job = ns.job is not None and now - ns.job_seen_ms <= ttl_ms
+            group = f"job:{ns.job}" if fresh_job else self._group_of(node)
+            if group is not None:
+                out.setdefault(group, []).append(node)
+        return out
+
+    def deviations(self) -> dict[str, list[Deviation]]:
+        """Every node currently slower than its group on some signal (one evaluation, no persistence)."""
+        now = self._clock_ms()
+        cfg = self.config
+        found: dict[str, list[Deviation]] = {}
+        for group, members in self.groups().items():
+            if len(members) < cfg.min_group_size:
+                continue
+            for signal in cfg.signals:
+                values: dict[str, float] = {}
+                for node in members:
+                    ns = self._nodes[node]
+                    self._prune(ns, now)
+                    series = ns.series.get(signal)
+                    if series is not None and len(series) >= cfg.min_samples:
+                        values[node] = statistics.median(v for _, v in series)
+                if len(values) < cfg.min_group_size:
+                    continue
+                med = statistics.median(values.values())
+                if med <= 0:
+                    continue  # an idle group (no traffic, no steps): nothing to be slower than
+                mad = statistics.median(abs(v - med) for v in values.values())
+                higher_slower = signal in HIGHER_IS_SLOWER
+                for node, value in values.items():
+                    gap = value - med if higher_slower else med - value
+                    if gap <= 0:
+                        continue
+                    relative = gap / abs(med)
+                    z = _MAD_SCALE * gap / mad if mad > 0 else math.inf
+                    if z >= cfg.z_threshold and relative >= cfg.min_relative_deviation:
+                        found.setdefault(node, []).append(
+                            Deviation(signal, value, med, mad, z, relative, group, len(values) - 1)
+                        )
+        return found
+
+    def evaluate(self) -> list[ConditionChange]:
+        """Compare every node with its group; open, update or resolve fail-slow conditions."""
+        now = self._clock_ms()
+        cfg = self.config
+        found = self.deviations()
+        changes: list[ConditionChange] = []
+        for node in sorted(set(found) | set(self._state)):
+            state = self._state.setdefault(node, _NodeState())
+            devs = found.get(node)
+            if devs:
+                state.hits += 1
+                state.clears = 0
+                worst = max(devs, key=lambda d: (d.relative, d.signal))
+                signals = tuple(sorted(d.signal for d in devs))
+                evidence = worst.to_evidence()
+                evidence["signals"] = {d.signal: d.to_evidence() for d in devs}
+                message = (
+                    f"{node} {worst.signal} {worst.value:.3g} vs {worst.group} median {worst.group_median:.3g} "
+                    f"({worst.relative:.0%} slower, {worst.peers} peers, {cfg.window_s:g}s window)"
+                )
+                cond = state.condition
+                if cond is None and state.hits >= cfg.persist_evaluations:
+                    cond = Condition(
+                        rule=RULE,
+                        component=node,
+                        component_type="node",
+                        category=CATEGORY,
+                        node=node,
+                        severity="warning",
+                        action=ACTION,
+                        message=message,
+                        first_seen_ms=now,
+                        last_seen_ms=now,
+                        count=state.hits,
+                        evidence=evidence,
+                    )
+                    state.condition = cond
+                    state.signals = signals
+                    changes.append(ConditionChange("opened", cond))
+                    log.info(
+                        "failslow_flagged",
+                        node=node,
+                        signal=worst.signal,
+                        group=worst.group,
+                        value=worst.value,
+                        group_median=worst.group_median,
+                        relative=round(worst.relative, 3),
+                    )
+                elif cond is not None:
+                    cond.last_seen_ms = now
+                    cond.count += 1
+                    cond.evidence = evidence
+                    cond.message = message
+                    if signals != state.signals:
+                        state.signals = signals
+                        changes.append(ConditionChange("updated", cond))
+            else:
+                state.clears += 1
+                state.hits = 0
+                cond = state.condition
+                if cond is not None and state.clears >= cfg.persist_evaluations:
+                    cond.resolved_ms = now
+                    changes.append(ConditionChange("resolved", cond))
+                    log.info("failslow_cleared", node=node)
+                    state.condition = None
+                    state.signals = ()
+                if state.condition is None and state.hits == 0:
+                    del self._state[node]  # nothing to remember about a healthy node
+        return changes
+
+    def active(self) -> list[Condition]:
+        """Fail-slow conditions currently open."""
+        return [s.condition for _, s in sorted(self._state.items()) if s.condition is not None]
+
+    def _prune(self, ns: _NodeSamples, now: int) -> None:
+        cutoff = now - int(self.config.window_s * 1000)
+        for series in ns.series.values():
+            while series and series[0][0] < cutoff:
+                series.popleft()

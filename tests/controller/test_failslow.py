@@ -1,0 +1,193 @@
+"""Fail-slow detection: robust peer comparison flags a node persistently slower than its group."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from starpulse.v1 import telemetry_pb2 as tpb
+
+NODES = [f"node-{i:03d}" for i in range(16)]
+BASE_CLOCK = 1980.0
+BASE_POWER = 650.0
+BASE_UTIL = 95.0
+BASE_GBPS = 400.0  # per node, tx + rx
+INTERVAL_S = 5
+
+
+class FakeClock:
+    def __init__(self, ms: int = 1_000_000) -> None:
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def advance(self, seconds: float) -> None:
+        self.ms += int(seconds * 1000)
+
+
+class Cluster:
+    """Sixteen simulated nodes producing reports; per-node speed factors and noise."""
+
+    def __init__(self, clock: FakeClock, noise: float = 0.0, seed: int = 1, step_time: bool = False) -> None:
+        self.clock = clock
+        self.noise = noise
+        self.rng = random.Random(seed)
+        self.step_time = step_time
+        self.factor = dict.fromkeys(NODES, 1.0)
+        self.words = dict.fromkeys(NODES, 0)
+
+    def _n(self, value: float) -> float:
+        return value * (1 + self.rng.gauss(0, self.noise)) if self.noise else value
+
+    def report(self, node: str) -> tpb.Report:
+        f = self.factor[node]
+        r = tpb.Report(seq=1, timestamp_ms=self.clock())
+        for g in range(8):
+            r.gpus.add(
+                index=g,
+                sm_clock_mhz=int(self._n(BASE_CLOCK * f)),
+                power_w=self._n(BASE_POWER * f),
+                utilization_gpu_pct=min(100.0, self._n(BASE_UTIL * f)),
+            )
+        # bytes over the interval at BASE_GBPS * f, split over 8 NICs, counted in 4-byte words
+        words = int(self._n(BASE_GBPS * f) * 1e9 / 8 * INTERVAL_S / 4)
+        self.words[node] += words
+        for k in range(8):
+            nic = r.nics.add(rdma_device=f"mlx5_{k}", port=1)
+            nic.counters["port_xmit_data"] = self.words[node] // 16
+            nic.counters["port_rcv_data"] = self.words[node] // 16
+        if self.step_time:
+            for rank in range(8):
+                r.job_steps.add(job="llama", rank=rank, step=1, step_time_s=self._n(2.0 / f))
+        return r
+
+    def run(self, det: FailSlowDetector, rounds: int) -> list:
+        changes = []
+        for _ in range(rounds):
+            self.clock.advance(INTERVAL_S)
+            for n in NODES:
+                det.observe(n, self.report(n))
+            changes += det.evaluate()
+        return changes
+
+
+def block_of(node: str) -> str:
+    return "block-0"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def detector(clock: FakeClock, **cfg: object) -> FailSlowDetector:
+    settings: dict[str, object] = {"window_s": 60, "min_samples": 3, "persist_evaluations": 3, **cfg}
+    config = FailSlowConfig(**settings)  # type: ignore[arg-type]
+    return FailSlowDetector(config, group_of=block_of, clock_ms=clock)
+
+
+class TestFailSlowDetector:
+    def test_node_at_reduced_clock_is_flagged(self, clock):
+        """One node running at 0.7x among 16 is flagged as failslow with its peer statistics as evidence."""
+        cluster = Cluster(clock)
+        cluster.factor["node-007"] = 0.7
+        det = detector(clock, signals=("sm_clock_mhz",))
+        changes = cluster.run(det, 6)
+        assert [(c.kind, c.condition.component) for c in changes] == [("opened", "node-007")]
+        cond = changes[0].condition
+        assert (cond.rule, cond.category, cond.component_type) == ("failslow", "failslow", "node")
+        assert cond.node == "node-007"
+        assert (cond.severity, cond.action) == ("warning", "investigate")
+        ev = cond.evidence
+        assert ev["signal"] == "sm_clock_mhz"
+        assert ev["value"] == pytest.approx(0.7 * BASE_CLOCK, rel=0.01)
+        assert ev["group_median"] == pytest.approx(BASE_CLOCK, rel=0.01)
+        assert ev["group"] == "block-0" and ev["peers"] == 15
+        assert ev["relative_deviation"] == pytest.approx(0.3, abs=0.01)
+
+    def test_flag_needs_persistence_and_clears_with_hysteresis(self, clock):
+        """A node is flagged only after persist_evaluations hits and resolves after as many clean ones."""
+        cluster = Cluster(clock)
+        cluster.factor["node-003"] = 0.6
+        det = detector(clock, signals=("power_w",), min_samples=1)
+        assert cluster.run(det, 2) == []
+        opened = cluster.run(det, 1)
+        assert [c.kind for c in opened] == ["opened"]
+        cluster.factor["node-003"] = 1.0
+        det.config.window_s = 4  # shorter than a report interval: only the latest sample counts
+        assert cluster.run(det, 2) == []
+        resolved = cluster.run(det, 1)
+        assert [(c.kind, c.condition.component) for c in resolved] == [("resolved", "node-003")]
+        assert resolved[0].condition.resolved_ms == clock()
+
+    def test_uniformly_slow_group_flags_nobody(self, clock):
+        """Every node at 0.7x is a slow job, not a straggler: nobody is flagged."""
+        cluster = Cluster(clock)
+        for n in NODES:
+            cluster.factor[n] = 0.7
+        det = detector(clock)
+        assert cluster.run(det, 10) == []
+
+    def test_noisy_healthy_group_flags_nobody(self, clock):
+        """Five percent per-sample noise on every signal of a healthy group flags nobody."""
+        cluster = Cluster(clock, noise=0.05, seed=42, step_time=True)
+        det = detector(clock)
+        assert cluster.run(det, 30) == []
+        assert det.active() == []
+
+    def test_step_time_straggler_grouped_by_job(self, clock):
+        """A node whose ranks report 1.5x step time is flagged within its job even with no fallback group."""
+        cluster = Cluster(clock, step_time=True)
+        cluster.factor["node-011"] = 1 / 1.5
+        det = FailSlowDetector(
+            FailSlowConfig(window_s=60, min_samples=3, persist_evaluations=3, signals=("step_time_s",)),
+            group_of=lambda n: None,
+            clock_ms=clock,
+        )
+        changes = cluster.run(det, 5)
+        assert [(c.kind, c.condition.component) for c in changes] == [("opened", "node-011")]
+        ev = changes[0].condition.evidence
+        assert (ev["signal"], ev["group"]) == ("step_time_s", "job:llama")
+        assert ev["value"] == pytest.approx(3.0)
+
+    def test_nic_throughput_from_word_counters(self, clock):
+        """NIC Gb/s comes from port_xmit_data + port_rcv_data deltas in 4-byte words; a half-rate node is flagged."""
+        cluster = Cluster(clock)
+        cluster.factor["node-001"] = 0.5
+        det = detector(clock, signals=("nic_gbps",))
+        changes = cluster.run(det, 6)
+        assert [c.condition.component for c in changes] == ["node-001"]
+        ev = changes[0].condition.evidence
+        assert ev["group_median"] == pytest.approx(BASE_GBPS, rel=0.01)
+        assert ev["value"] == pytest.approx(BASE_GBPS / 2, rel=0.01)
+
+    def test_small_group_flags_nobody(self, clock):
+        """A group below min_group_size is not compared at all."""
+        cluster = Cluster(clock)
+        cluster.factor["node-000"] = 0.5
+        det = FailSlowDetector(
+            FailSlowConfig(window_s=60, min_samples=3, persist_evaluations=1),
+            group_of=lambda n: "tiny" if n in NODES[:3] else None,
+            clock_ms=clock,
+        )
+        assert cluster.run(det, 5) == []
+
+    def test_forget_resolves_open_condition(self, clock):
+        """Forgetting a flagged node resolves its condition and drops its state."""
+        cluster = Cluster(clock)
+        cluster.factor["node-005"] = 0.5
+        det = detector(clock)
+        cluster.run(det, 6)
+        assert [c.component for c in det.active()] == ["node-005"]
+        change = det.forget("node-005")
+        assert change is not None and change.kind == "resolved"
+        assert det.active() == []
+        assert det.forget("node-005") is None
+
+    def test_config_rejects_unknown_signal(self):
+        """A misspelt signal name fails at configuration time, not silently at evaluation."""
+        with pytest.raises(ValueError, match="unknown fail-slow signals"):
+            FailSlowConfig(signals=("sm_clock",))
