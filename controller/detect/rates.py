@@ -1,0 +1,260 @@
+"""Rates from raw cumulative counters, as agents send them.
+
+Agents ship counters as read (so a lost report loses nothing); the controller turns
+successive (timestamp, value) pairs into deltas and rates here. Three things make that
+harder than a subtraction:
+
+- a value that goes *down* is a reset (driver reload, ``perfquery -x``): the new value
+  is the count since the reset, never a negative or a 2**64-sized delta;
+- IBA PortCounters are 4/8/16-bit and *saturate* instead of wrapping: a counter stuck at
+  its maximum hides how many errors happen now, so it is flagged ``saturated`` for rules
+  to report "at least" rather than a reassuring rate of 0;
+- windows ("3 link_downed in 10 minutes") need the recent non-zero deltas, kept bounded.
+
+The hot path is a dict lookup and a few integer operations per counter.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+U4 = 0xF
+U8 = 0xFF
+U16 = 0xFFFF
+U32 = 0xFFFF_FFFF
+U64 = 0xFFFF_FFFF_FFFF_FFFF
+
+# Saturation value by counter name (the name without its source prefix). IBA PortCounters
+# widths from the IBA spec (sysfs `ports/<n>/counters/`); the 32-bit data counters are the
+# non-extended PMA ones. Anything not listed is a 64-bit driver counter.
+SATURATION: dict[str, int] = {
+    "symbol_error": U16,
+    "link_error_recovery": U8,
+    "link_downed": U8,
+    "port_rcv_errors": U16,
+    "port_rcv_remote_physical_errors": U16,
+    "port_rcv_switch_relay_errors": U16,
+    "port_xmit_discards": U16,
+    "port_xmit_constraint_errors": U8,
+    "port_rcv_constraint_errors": U8,
+    "local_link_integrity_errors": U4,
+    "excessive_buffer_overrun_errors": U4,
+    "VL15_dropped": U16,
+    "port_xmit_wait": U32,
+}
+DEFAULT_SATURATION = U64
+
+DEFAULT_MAX_COUNTERS_PER_ENTITY = 512
+DEFAULT_MAX_WINDOW_ENTRIES = 256
+
+
+@dataclass(slots=True)
+class RateSample:
+    """What one new counter value means, relative to the previous one."""
+
+    value: int
+    delta: int  # increase since the previous sample; >= 0
+    interval_s: float
+    rate: float  # delta / interval_s, per second
+    reset: bool  # the value went down: delta is the count since the reset
+    saturated: bool  # the value sits at the counter's maximum: delta and rate are lower bounds
+
+
+@dataclass(slots=True)
+class _Track:
+    ts_ms: int
+    value: int
+    saturation: int
+    window: deque[tuple[int, int, bool]] | None = None  # (stamp_ms, delta, saturated), non-zero only
+    saturated: bool = False
+
+
+@dataclass(slots=True)
+class _Group:
+    names: tuple[str, ...]
+    values: tuple[int | None, ...]  # None: not reported this time
+    ts_ms: int
+    saturated: bool
+
+
+def _root(entity: str) -> str:
+    """The node (or switch) an entity belongs to: 'node-003/nic-5' -> 'node-003'."""
+    cut = len(entity)
+    for sep in ("/", ":", "<->"):
+        i = entity.find(sep)
+        if 0 <= i < cut:
+            cut = i
+    return entity[:cut]
+
+
+class CounterRate:
+    """Per (entity, counter) delta tracking with reset and saturation handling.
+
+    ``entity`` is any stable name (the fabric name of a NIC, "node-003/gpu-1/nvlink-2");
+    everything under a node is forgotten with ``forget("node-003")``. Memory is bounded:
+    at most ``max_counters_per_entity`` counters per entity and ``max_window_entries``
+    non-zero deltas per counter, older than ``retain_s`` dropped.
+    """
+
+    def __init__(
+        self,
+        saturation: Mapping[str, int] | None = None,
+        default_saturation: int = DEFAULT_SATURATION,
+        retain_s: float = 3600.0,
+        max_counters_per_entity: int = DEFAULT_MAX_COUNTERS_PER_ENTITY,
+        max_window_entries: int = DEFAULT_MAX_WINDOW_ENTRIES,
+    ) -> None:
+        self.saturation = dict(SATURATION if saturation is None else saturation)
+        self.default_saturation = default_saturation
+        self.retain_ms = int(retain_s * 1000)
+        self.max_counters_per_entity = max_counters_per_entity
+        self.max_window_entries = max_window_entries
+        self._tracks: dict[str, dict[str, _Track]] = {}
+        self._by_root: dict[str, set[str]] = {}
+        self._overflow_logged: set[str] = set()
+        self._groups: dict[str, _Group] = {}
+
+    def saturation_of(self, counter: str) -> int:
+        """Saturation value of a counter, by its bare name ('hw_counters/x' -> 'x')."""
+        name = counter.rsplit("/", 1)[-1]
+        return self.saturation.get(name, self.default_saturation)
+
+    def update(self, entity: str, counter: str, ts_ms: int, value: int, now_ms: int | None = None) -> RateSample | None:
+        """Record a value; the sample relative to the previous one, None for the first.
+
+        ``ts_ms`` is the sampling time (the agent's clock) and sets the rate's interval;
+        ``now_ms`` (default ``ts_ms``) stamps the delta for window sums, so windows can be
+        read against the controller's clock. A timestamp that does not advance re-bases
+        the counter without a sample (duplicate report, agent clock stepped back).
+        """
+        tracks = self._tracks.get(entity)
+        if tracks is None:
+            tracks = self._tracks[entity] = {}
+            self._by_root.setdefault(_root(entity), set()).add(entity)
+        track = tracks.get(counter)
+        if track is None:
+            if len(tracks) >= self.max_counters_per_entity:
+                if entity not in self._overflow_logged:
+                    self._overflow_logged.add(entity)
+                    log.warning("counter_rate_entity_full", entity=entity, limit=self.max_counters_per_entity)
+                return None
+            sat = self.saturation_of(counter)
+            tracks[counter] = _Track(ts_ms, value, sat, saturated=value >= sat)
+            return None
+        elapsed_ms = ts_ms - track.ts_ms
+        if elapsed_ms <= 0:
+            track.ts_ms, track.value = ts_ms, value
+            return None
+        prev = track.value
+        reset = value < prev
+        delta = value if reset else value - prev
+        saturated = value >= track.saturation
+        track.ts_ms, track.value, track.saturated = ts_ms, value, saturated
+        if delta or saturated:
+            stamp = ts_ms if now_ms is None else now_ms
+            win = track.window
+            if win is None:
+                win = track.window = deque(maxlen=self.max_window_entries)
+            win.append((stamp, delta, saturated))
+            horizon = stamp - self.retain_ms
+            while win and win[0][0] < horizon:
+                win.popleft()
+        interval_s = elapsed_ms / 1000.0
+        return RateSample(value, delta, interval_s, delta / interval_s, reset, saturated)
+
+    def update_group(
+        self,
+        entity: str,
+        ts_ms: int,
+        names: tuple[str, ...],
+        values: tuple[int | None, ...],
+        now_ms: int | None = None,
+    ) -> dict[str, RateSample] | None:
+        """Record counters sampled together; None when none moved (the cheap, common case).
+
+        One tuple comparison decides a healthy sample: a quiet NIC costs no per-counter
+        work. When something moved, every counter is updated with the group's interval
+        and the samples are returned by name (first sight of a group: an empty dict).
+        A group with a saturated counter always takes the full path, so its windows keep
+        saying "saturated".
+        """
+        group = self._groups.get(entity)
+        if group is not None and group.names == names and group.values == values and not group.saturated:
+            group.ts_ms = max(group.ts_ms, ts_ms)
+            return None
+        out: dict[str, RateSample] = {}
+        if group is None or group.names != names:
+            if group is None and entity not in self._tracks:
+                self._tracks[entity] = {}
+                self._by_root.setdefault(_root(entity), set()).add(entity)
+            group = self._groups[entity] = _Group(names, values, ts_ms, False)
+            for name, value in zip(names, values, strict=True):
+                if value is not None:
+                    self.update(entity, name, ts_ms, value, now_ms)
+            group.saturated = any(t.saturated for t in self._tracks.get(entity, {}).values())
+            return out
+        tracks = self._tracks.setdefault(entity, {})
+        prev_ts = group.ts_ms
+        saturated = False
+        for name, value in zip(names, values, strict=True):
+            if value is None:
+                continue
+            track = tracks.get(name)
+            if track is not None:
+                track.ts_ms = prev_ts  # sampled with the group, even when unchanged since
+            sample = self.update(entity, name, ts_ms, value, now_ms)
+            if sample is not None:
+                out[name] = sample
+                saturated = saturated or sample.saturated
+        group.values, group.ts_ms, group.saturated = values, max(ts_ms, prev_ts), saturated
+        return out
+
+    def window_sum(self, entity: str, counter: str, window_s: float, now_ms: int) -> tuple[int, bool]:
+        """(sum of deltas stamped within the last ``window_s``, whether any was saturated)."""
+        tracks = self._tracks.get(entity)
+        track = tracks.get(counter) if tracks is not None else None
+        if track is None or not track.window:
+            return 0, False
+        since = now_ms - int(window_s * 1000)
+        total = 0
+        saturated = False
+        for stamp, delta, sat in reversed(track.window):
+            if stamp <= since:
+                break
+            total += delta
+            saturated = saturated or sat
+        return total, saturated
+
+    def last(self, entity: str, counter: str) -> int | None:
+        """The last value seen, None when never seen."""
+        tracks = self._tracks.get(entity)
+        track = tracks.get(counter) if tracks is not None else None
+        return None if track is None else track.value
+
+    def forget(self, entity: str) -> int:
+        """Drop an entity, or a node and every entity under it; returns how many were dropped."""
+        under = self._by_root.pop(entity, None)
+        names = set(under) if under is not None else set()
+        if entity in self._tracks:
+            names.add(entity)
+            root = _root(entity)
+            if root != entity and root in self._by_root:
+                self._by_root[root].discard(entity)
+        for name in names:
+            self._tracks.pop(name, None)
+            self._groups.pop(name, None)
+            self._overflow_logged.discard(name)
+        return len(names)
+
+    def __len__(self) -> int:
+        """Number of tracked (entity, counter) pairs."""
+        return sum(len(t) for t in self._tracks.values())
+
+    def entities(self) -> list[str]:
+        return list(self._tracks)
