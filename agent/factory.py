@@ -17,8 +17,12 @@ from agent.collectors.gpu import NvmlGpuCollector, nvml_unavailable_reason
 from agent.collectors.host import HostCollector
 from agent.collectors.kmsg import KmsgCollector
 from agent.collectors.lldp import LldpCollector
+from agent.collectors.pci import pair_nics_with_gpus
 from agent.collectors.rdma import RdmaSysfsCollector
+from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
+from starpulse.findings import Finding
+from starpulse.v1 import inventory_pb2 as ipb
 
 BACKENDS = ("nvml", "sim")
 
@@ -32,6 +36,27 @@ class CollectorPlan:
     collectors: list[Collector]
     starters: list[Callable[[], object]] = field(default_factory=list)
     before_collect: Callable[[float], None] | None = None
+    kmsg: KmsgCollector | None = None
+    inventory_hooks: list[Callable[[ipb.Inventory], None]] = field(default_factory=list)
+
+
+def nic_gpu_pairing(sysfs_root: str) -> Callable[[ipb.Inventory], None]:
+    """An inventory hook that fills each NIC's paired GPU from the PCIe topology.
+
+    On a rail-optimised host GPU i and NIC i share a PCIe switch; the controller uses the
+    pairing to name NICs by rail when LLDP is not available.
+    """
+
+    def pair(inventory: ipb.Inventory) -> None:
+        nic_pci = {f"{n.rdma_device}/{n.port}": n.pci_address for n in inventory.nics if n.pci_address}
+        gpu_pci = {g.index: g.pci_bus_id for g in inventory.gpus if g.pci_bus_id}
+        pairs = pair_nics_with_gpus(sysfs_root, nic_pci, gpu_pci)
+        for nic in inventory.nics:
+            index = pairs.get(f"{nic.rdma_device}/{nic.port}")
+            if index is not None:
+                nic.paired_gpu_index = index
+
+    return pair
 
 
 def load_nvml() -> Any:
@@ -56,6 +81,7 @@ def build_collectors(
     ethtool: bool = True,
     kmsg_from_start: bool = False,
 ) -> CollectorPlan:
+    """The collectors for one node, in the order they run (ethtool after nic: it reads its netdevs)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
     ethtool_dir: str | None = None
@@ -75,6 +101,7 @@ def build_collectors(
     if ethtool:
         collectors.append(EthtoolCollector(stats_dir=ethtool_dir))
     collectors.append(HostCollector(mounts=mounts))
+    kmsg = None
     if kmsg_path:
         kmsg = KmsgCollector(kmsg_path, sink, from_start=kmsg_from_start)
         collectors.append(kmsg)
@@ -85,4 +112,26 @@ def build_collectors(
         collectors=collectors,
         starters=starters,
         before_collect=sim.advance if sim is not None else None,
+        kmsg=kmsg,
+        inventory_hooks=[nic_gpu_pairing(sysfs_root)],
     )
+
+
+def build_agent(config: AgentConfig, backend: str, **factory_kwargs: Any) -> Agent:
+    """An Agent whose collectors for `backend` push their findings into it."""
+    holder: list[Agent] = []
+
+    def sink(finding: Finding) -> None:
+        holder[0].sink(finding)
+
+    plan = build_collectors(backend, sink, **factory_kwargs)
+    agent = Agent(
+        config,
+        plan.collectors,
+        before_collect=plan.before_collect,
+        starters=plan.starters,
+        kmsg=plan.kmsg,
+        inventory_hooks=plan.inventory_hooks,
+    )
+    holder.append(agent)
+    return agent

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from agent.collectors.base import Collector
+from agent.collectors.kmsg import KmsgCollector
 from agent.transport.buffer import EventBuffer
 from agent.transport.link import ControllerLink
 from agent.transport.storm import StormSuppressor
@@ -128,6 +129,18 @@ class CollectorSet:
                 log.exception("collector_close_failed", collector=st.collector.name)
 
 
+KMSG_CURSOR = "kmsg_cursor"
+
+
+def read_boot_id(path: str) -> str:
+    """The kernel's boot id ('' when unreadable): kernel-log sequence numbers restart per boot."""
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 @dataclass
 class AgentConfig:
     node_id: str
@@ -138,6 +151,7 @@ class AgentConfig:
     buffer_max_events: int = 100_000
     storm_window_s: float = 60.0
     storm_burst: int = 5
+    boot_id_path: str = "/proc/sys/kernel/random/boot_id"  # a new boot restarts kernel-log seqs
 
 
 class Agent:
@@ -147,6 +161,8 @@ class Agent:
         collectors: Sequence[Collector],
         before_collect: Callable[[float], None] | None = None,
         starters: Sequence[Callable[[], object]] = (),
+        kmsg: KmsgCollector | None = None,
+        inventory_hooks: Sequence[Callable[[ipb.Inventory], None]] = (),
     ) -> None:
         self.config = config
         self.collectors = CollectorSet(collectors)
@@ -155,6 +171,9 @@ class Agent:
         self._findings: queue.SimpleQueue[Finding] = queue.SimpleQueue()
         self._before_collect = before_collect
         self._starters = starters
+        self._kmsg = kmsg
+        self._inventory_hooks = inventory_hooks
+        self.boot_id = read_boot_id(config.boot_id_path)
         self.link = ControllerLink(config.controllers, self._hello, self.buffer)
         self._report_seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -184,7 +203,10 @@ class Agent:
         admitted = self.storms.admit(self.collectors.localise(finding))
         if admitted is None:
             return
-        event = self.buffer.append(admitted.to_event())
+        meta = None
+        if admitted.source == "kmsg" and "kmsg_seq" in admitted.attributes:
+            meta = {KMSG_CURSOR: f"{self.boot_id}:{admitted.attributes['kmsg_seq']}"}
+        event = self.buffer.append(admitted.to_event(), meta=meta)
         self.events_emitted += 1
         log.info(
             "event",
@@ -219,8 +241,22 @@ class Agent:
         return self.collectors.collect(self._report_seq)
 
     def start_collectors(self) -> None:
+        # The kernel-log cursor must be set before describe(), which starts the tail.
+        if self._kmsg is not None:
+            cursor = self.buffer.get_meta(KMSG_CURSOR)
+            if cursor is not None:
+                boot, _, seq = cursor.rpartition(":")
+                if boot == self.boot_id and seq.isdigit():
+                    self._kmsg.resume_after(int(seq))
+                else:
+                    self._kmsg.resume_after(-1)  # a new boot: everything in the ring is new
         self.collectors.probe()
-        self.collectors.describe()
+        inventory = self.collectors.describe()
+        for hook in self._inventory_hooks:
+            try:
+                hook(inventory)
+            except Exception:
+                log.exception("inventory_hook_failed")
         for start in self._starters:
             try:
                 start()

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from controller.metrics import ControllerMetrics
 from controller.ratelimit import TokenBucket
@@ -22,6 +23,16 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
 log = structlog.get_logger(__name__)
+
+
+class StreamRejected(Exception):
+    """Ends one agent stream with a status; raised inside the stream, turned into abort() outside."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.reason = reason
+        self.detail = detail
 
 
 class TelemetryServicer(sgrpc.TelemetryServicer):
@@ -52,8 +63,21 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         log.warning("agent_message_rejected", reason=reason, detail=detail, peer=context.peer())
         await context.abort(code, detail)
 
-    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        first = await context.read()
+    async def _read(self, context: grpc.aio.ServicerContext) -> Any:
+        """The next agent message; a malformed one ends the stream with INVALID_ARGUMENT."""
+        try:
+            return await context.read()
+        except DecodeError as exc:
+            raise StreamRejected(
+                grpc.StatusCode.INVALID_ARGUMENT, "malformed", f"message is not an AgentMessage: {exc}"
+            ) from None
+
+    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        try:
+            first = await self._read(context)
+        except StreamRejected as rejected:
+            await self._reject(context, rejected.code, rejected.reason, rejected.detail)
+            return
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("body") != "hello":
@@ -104,9 +128,13 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         log.info("agent_stream_open", node=node.node_id, acked_event_seq=node.acked_event_seq)
         ack_needed = asyncio.Event()
         writer = asyncio.create_task(self._write_loop(context, node, ack_needed))
+        rejected: StreamRejected | None = None
         try:
             await self._read_loop(context, node, ack_needed, writer)
+        except StreamRejected as exc:
+            rejected = exc
         finally:
+            # Stop writing before the status goes out: a write racing the abort is a core error.
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             self.metrics.streams.dec()
@@ -114,6 +142,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             if self._active.get(node.node_id) is me:
                 del self._active[node.node_id]
             log.info("agent_stream_closed", node=node.node_id)
+        if rejected is not None:
+            await self._reject(context, rejected.code, rejected.reason, rejected.detail)
 
     async def _read_loop(
         self,
@@ -124,19 +154,17 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
     ) -> None:
         bucket = TokenBucket(self.rate_per_s, self.burst)
         while True:
-            msg = await context.read()
+            msg = await self._read(context)
             if msg is grpc.aio.EOF:
                 return
             if writer.done():
                 return
             if not bucket.take():
-                await self._reject(
-                    context,
+                raise StreamRejected(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     "rate_limited",
                     f"node {node.node_id} exceeds {self.rate_per_s:g} messages/s",
                 )
-                return
             started = time.perf_counter()
             which = msg.WhichOneof("body")
             try:
@@ -158,8 +186,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 else:
                     raise InvalidMessage(f"unexpected message {which!r} after Hello")
             except InvalidMessage as exc:
-                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc))
-                return
+                raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc)) from None
             self.metrics.ingest_seconds.observe(time.perf_counter() - started)
             ack_needed.set()
 

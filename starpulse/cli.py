@@ -55,8 +55,8 @@ def _role(name: str) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from agent.factory import BackendUnavailable, build_collectors
-    from agent.runtime import Agent, AgentConfig
+    from agent.factory import BackendUnavailable, build_agent
+    from agent.runtime import AgentConfig
     from agent.sim.node import SimNode
     from starpulse.logs import configure_logging
     from starpulse.names import InvalidName, validate_node_id
@@ -76,15 +76,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
         buffer_path=str(state_dir / "agent-buffer.db"),
     )
     sim = SimNode(args.node_id, state_dir / "sim", seed=args.seed) if args.backend == "sim" else None
-    holder: dict[str, Agent] = {}
-
-    def sink(finding: Any) -> None:
-        holder["agent"].sink(finding)
-
     try:
-        plan = build_collectors(
+        agent = build_agent(
+            config,
             args.backend,
-            sink,
             sysfs_root=args.sysfs_root,
             kmsg_path=args.kmsg or None,
             sim=sim,
@@ -93,8 +88,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except BackendUnavailable as exc:
         print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(config, plan.collectors, before_collect=plan.before_collect, starters=plan.starters)
-    holder["agent"] = agent
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -130,6 +123,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     collectors = CollectorSet(plan.collectors)
     collectors.probe()
     inventory = collectors.describe()
+    for hook in plan.inventory_hooks:
+        hook(inventory)
     if plan.before_collect is not None:
         plan.before_collect(1.0)
     result = collectors.collect(seq=1)

@@ -14,12 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.factory import build_collectors
-from agent.runtime import Agent, AgentConfig
+from agent.factory import build_agent
+from agent.runtime import AgentConfig
 from agent.sim.node import SimNode
 from controller.registry import NodeRecord
 from controller.service import Controller, ControllerConfig
-from starpulse.findings import Finding, event_kind_name, severity_name
+from starpulse.findings import event_kind_name, severity_name
 from starpulse.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -91,24 +91,16 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
     for i in range(nodes):
         node_id = f"node-{i:03d}"
         sim = SimNode(node_id, workdir / node_id, seed=i)
-        holder: list[Agent] = []
-
-        def sink(finding: Finding, holder: list[Agent] = holder) -> None:
-            holder[0].sink(finding)
-
-        plan = build_collectors("sim", sink, sim=sim)
-        agent = Agent(
+        agent = build_agent(
             AgentConfig(
                 node_id=node_id,
                 controllers=[target],
                 interval_s=2.0,
                 buffer_path=str(workdir / node_id / "buffer.db"),
             ),
-            plan.collectors,
-            before_collect=plan.before_collect,
-            starters=plan.starters,
+            "sim",
+            sim=sim,
         )
-        holder.append(agent)
         sims.append(sim)
         tasks.append(asyncio.create_task(agent.run(stop)))
 

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.factory import build_collectors
+from agent.factory import build_agent
 from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
-from starpulse.findings import Finding
 
 
 def free_port() -> int:
@@ -21,7 +20,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:  # noqa: ASYNC109
     """Poll cond until true; fail with `what` after timeout seconds."""
     deadline = time.monotonic() + timeout
     while not cond():
@@ -58,24 +57,16 @@ def make_sim_agent(
 ) -> SimAgent:
     """Build (not start) an agent whose collectors read a simulated node under workdir."""
     sim = sim or SimNode(node_id, workdir / node_id / "hw", seed=seed)
-    holder: list[Agent] = []
-
-    def sink(finding: Finding) -> None:
-        holder[0].sink(finding)
-
-    plan = build_collectors("sim", sink, sim=sim)
-    agent = Agent(
+    agent = build_agent(
         AgentConfig(
             node_id=node_id,
             controllers=controllers,
             interval_s=interval_s,
             buffer_path=str(workdir / node_id / "buffer.db"),
         ),
-        plan.collectors,
-        before_collect=plan.before_collect,
-        starters=plan.starters,
+        "sim",
+        sim=sim,
     )
     agent.link.backoff.initial_s = 0.1
     agent.link.backoff.max_s = 0.5
-    holder.append(agent)
     return SimAgent(sim=sim, agent=agent, stop=asyncio.Event())

@@ -252,6 +252,7 @@ class KmsgCollector:
         self._pending: list[Finding] = []
         self.records_read = 0
         self.overruns = 0
+        self._resume_after: int | None = None
 
     # -- Collector protocol ---------------------------------------------------------
     def supported(self) -> bool:
@@ -279,6 +280,16 @@ class KmsgCollector:
             t.join(timeout=max(2.0, self._poll * 5))
 
     # -- tail -----------------------------------------------------------------------
+    def resume_after(self, seq: int) -> None:
+        """Read the log from its start but skip records up to seq (call before start()).
+
+        The agent persists the seq of the last record that became an event together with
+        that event; resuming after it means a restarted agent neither misses the lines
+        logged while it was down nor repeats one it already turned into an event.
+        """
+        self._resume_after = seq
+        self._from_start = True
+
     def start(self) -> None:
         """Start the tail thread once (idempotent; no-op after close)."""
         with self._lock:
@@ -298,6 +309,8 @@ class KmsgCollector:
 
     def _emit(self, rec: KernelRecord) -> None:
         self.records_read += 1
+        if self._resume_after is not None and rec.seq is not None and rec.seq <= self._resume_after:
+            return
         try:
             finding = classify_record(rec)
         except Exception:

@@ -62,11 +62,18 @@ class EventBuffer:
     def next_seq(self) -> int:
         return self._next_seq
 
-    def append(self, event: tpb.Event) -> tpb.Event:
+    def get_meta(self, key: str) -> str | None:
+        """A value stored with append(meta=...) (e.g. the kernel-log cursor)."""
+        with self._lock:
+            return self._meta("user:" + key)
+
+    def append(self, event: tpb.Event, meta: dict[str, str] | None = None) -> tpb.Event:
         """Assign the next sequence number, store durably, and return the numbered event.
 
-        When full, the oldest events are dropped (and counted): a bounded disk
-        footprint matters more on a GPU node than a week-old XID.
+        ``meta`` is written in the same transaction (a source's read cursor), so a crash
+        can never keep the event and lose the cursor or the other way round. When full,
+        the oldest events are dropped (and counted): a bounded disk footprint matters
+        more on a GPU node than a week-old XID.
         """
         with self._lock:
             numbered = tpb.Event()
@@ -79,6 +86,8 @@ class EventBuffer:
                     (numbered.seq, numbered.SerializeToString()),
                 )
                 self._set_meta("next_seq", str(numbered.seq + 1))
+                for key, value in (meta or {}).items():
+                    self._set_meta("user:" + key, value)
                 dropped = self._trim_locked()
                 self._db.execute("COMMIT")
             except BaseException:

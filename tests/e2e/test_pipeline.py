@@ -102,7 +102,7 @@ class TestNoLossNoDuplicates:
         await wait_for(lambda: len(ctl.registry.nodes) == 2, what="registration")
 
         async def fire(count: int) -> None:
-            for i in range(count):
+            for _ in range(count):
                 for a in agents:
                     # distinct Xids (unknown ones are "investigate") so storm suppression keeps them all
                     a.sim.kmsg.xid("0000:0b:00", 1000 + int(a.sim.kmsg.next_seq), "test burst")
@@ -121,7 +121,7 @@ class TestNoLossNoDuplicates:
             await fire(10)
             for a in agents:
                 await wait_for(
-                    lambda a=a: a.agent.events_emitted > 0
+                    lambda a=a: a.agent.events_emitted == 70
                     and ctl.registry.nodes.get(a.agent.config.node_id) is not None
                     and ctl.registry.nodes[a.agent.config.node_id].acked_event_seq == a.agent.buffer.next_seq - 1,
                     what="all events acked",

@@ -1,0 +1,139 @@
+"""Bad input gets a clear gRPC status and a log line, and never takes the controller down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.service import Controller, ControllerConfig
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import service_pb2_grpc as sgrpc
+from starpulse.v1 import telemetry_pb2 as tpb
+from tests.helpers import free_port
+
+
+@pytest.fixture
+async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
+    ctl = Controller(
+        ControllerConfig(
+            listen=f"127.0.0.1:{free_port()}",
+            http="127.0.0.1:0",
+            db_path=tmp_path / "c.db",
+            allowed_nodes=["node-000", "node-001"],
+            max_message_bytes=64 * 1024,
+            rate_per_node_per_s=5,
+            rate_burst=20,
+        )
+    )
+    await ctl.start()
+    yield ctl
+    await ctl.stop()
+
+
+def _hello(node_id: str = "node-000") -> spb.AgentMessage:
+    return spb.AgentMessage(
+        hello=spb.Hello(node_id=node_id, role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e1", next_event_seq=1)
+    )
+
+
+async def _session(ctl: Controller, *messages: spb.AgentMessage) -> grpc.StatusCode:
+    """Send messages on one stream while reading; return the status the controller ended it with."""
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{ctl.grpc_port}", options=[("grpc.max_send_message_length", 8 * 1024 * 1024)]
+    ) as ch:
+        call = sgrpc.TelemetryStub(ch).Connect()
+
+        async def read_all() -> grpc.StatusCode:
+            try:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            except grpc.aio.AioRpcError as err:
+                return err.code()
+            return await call.code()
+
+        reader = asyncio.create_task(read_all())
+        try:
+            for m in messages:
+                await call.write(m)
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the server ended the call mid-write: the status the reader saw is what counts
+        return await reader
+
+
+async def _still_serving(ctl: Controller) -> None:
+    code = await _session(ctl, _hello("node-001"), spb.AgentMessage(report=tpb.Report(seq=1, timestamp_ms=1)))
+    assert code == grpc.StatusCode.OK
+    assert ctl.registry.nodes["node-001"].latest_report is not None
+
+
+class TestRejections:
+    async def test_first_message_must_be_hello(self, controller: Controller) -> None:
+        """A report before Hello ends the stream with FAILED_PRECONDITION."""
+        code = await _session(controller, spb.AgentMessage(report=tpb.Report(seq=1)))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert controller.metrics.rejected.labels("no_hello")._value.get() == 1
+        await _still_serving(controller)
+
+    async def test_hostile_node_id_is_invalid_argument(self, controller: Controller) -> None:
+        """A node id with shell or path characters is refused before it reaches any store."""
+        code = await _session(controller, _hello("node-000; rm -rf /"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "node-000; rm -rf /" not in controller.registry.nodes
+
+    async def test_unknown_node_is_not_found(self, controller: Controller) -> None:
+        """A node outside the configured fabric is refused with NOT_FOUND."""
+        assert await _session(controller, _hello("node-999")) == grpc.StatusCode.NOT_FOUND
+        assert "node-999" not in controller.registry.nodes
+
+    async def test_oversize_message_is_resource_exhausted(self, controller: Controller) -> None:
+        """A message over the controller's size limit gets RESOURCE_EXHAUSTED, and the controller lives on."""
+        big = tpb.Report(seq=1)
+        nic = big.nics.add(rdma_device="mlx5_0")
+        nic.counters.update({f"c{i}": i for i in range(20_000)})
+        code = await _session(controller, _hello(), spb.AgentMessage(report=big))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await _still_serving(controller)
+
+    async def test_malformed_bytes_are_rejected(self, controller: Controller) -> None:
+        """Bytes that are not a protobuf AgentMessage end the stream with an error status."""
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.grpc_port}") as ch:
+            raw = ch.stream_stream("/starpulse.v1.Telemetry/Connect")
+            call = raw()
+            await call.write(b"\xff\xff\xff\xff not a protobuf")
+            await call.done_writing()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            assert err.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+        await _still_serving(controller)
+
+    async def test_unknown_event_kind_is_invalid_argument(self, controller: Controller) -> None:
+        """An event whose kind is not in the contract is refused; nothing is stored."""
+        bad = tpb.Event(seq=1, kind=999, severity=tpb.SEVERITY_WARNING, component="gpu-0")  # type: ignore[arg-type]
+        code = await _session(controller, _hello(), spb.AgentMessage(event=bad))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert controller.store.count_events() == 0
+
+    async def test_non_finite_numbers_are_invalid_argument(self, controller: Controller) -> None:
+        """A NaN temperature is refused rather than poisoning detection."""
+        report = tpb.Report(seq=1)
+        report.gpus.add(index=0, temperature_c=float("nan"))
+        code = await _session(controller, _hello(), spb.AgentMessage(report=report))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+    async def test_second_hello_is_invalid_argument(self, controller: Controller) -> None:
+        """Hello is only the first message; another one mid-stream is a protocol error."""
+        assert await _session(controller, _hello(), _hello()) == grpc.StatusCode.INVALID_ARGUMENT
+
+    async def test_flooding_node_is_rate_limited(self, controller: Controller) -> None:
+        """A node sending faster than its budget gets RESOURCE_EXHAUSTED; others are unaffected."""
+        flood = [spb.AgentMessage(report=tpb.Report(seq=i + 1, timestamp_ms=1)) for i in range(200)]
+        assert await _session(controller, _hello(), *flood) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert controller.metrics.rejected.labels("rate_limited")._value.get() == 1
+        await _still_serving(controller)
