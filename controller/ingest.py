@@ -72,11 +72,11 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "malformed", f"message is not an AgentMessage: {exc}"
             ) from None
 
-    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         try:
             first = await self._read(context)
-        except StreamRejected as rejected:
-            await self._reject(context, rejected.code, rejected.reason, rejected.detail)
+        except StreamRejected as bad:
+            await self._reject(context, bad.code, bad.reason, bad.detail)
             return
         if first is grpc.aio.EOF:
             return
