@@ -92,7 +92,7 @@ def build_collectors(
             raise ValueError("the sim backend needs a SimNode")
         nvml = sim.nvml
         sysfs_root = sim.sysfs_root
-        kmsg_path = sim.kmsg_path
+        kmsg_path = sim.kmsg_path if kmsg_path else None  # None: no kernel-log tail (one-shot scan)
         ethtool_dir = sim.sysfs.ethtool_dir
         lldp = False  # simulated nodes have no lldpd; the scenario runner feeds LLDP itself
     gpu = NvmlGpuCollector(nvml, sink)

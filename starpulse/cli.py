@@ -106,7 +106,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from agent.factory import BackendUnavailable, build_collectors
     from agent.runtime import CollectorSet
     from agent.sim.node import SimNode
+    from starpulse.logs import configure_logging
 
+    configure_logging("warning", fmt="console", stream=sys.stderr)
     findings: list[Any] = []
     sim = None
     if args.backend == "sim":
