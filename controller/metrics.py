@@ -36,6 +36,15 @@ class ControllerMetrics:
             buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
             registry=r,
         )
+        self.incidents_open = Gauge(
+            "starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r
+        )
+        self.detection_seconds = Histogram(
+            "starpulse_detection_latency_seconds",
+            "From an incident's first condition to the incident being opened.",
+            buckets=(0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+            registry=r,
+        )
         self.command_queue = Gauge(
             "starpulse_command_queue_depth", "Commands waiting to be sent to agents.", registry=r
         )

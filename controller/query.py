@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
+from controller.detect.model import Incident
+from controller.detect.pipeline import Detection, evidence_json
 from controller.registry import NodeRegistry, now_ms
 from controller.store import Store
 from starpulse.v1 import inventory_pb2 as ipb
@@ -37,10 +41,51 @@ def node_statuses(registry: NodeRegistry, store: Store) -> list[spb.NodeStatus]:
     return out
 
 
+def incident_info(incident: Incident) -> spb.IncidentInfo:
+    return spb.IncidentInfo(
+        id=incident.id,
+        kind=incident.kind,
+        root_cause=incident.root_cause,
+        component_type=incident.component_type,
+        affected_nodes=incident.affected_nodes,
+        affected_jobs=incident.affected_jobs,
+        severity=incident.severity,
+        action=incident.action,
+        evidence_json=evidence_json(incident),
+        opened_ms=incident.opened_ms,
+        resolved_ms=incident.resolved_ms or 0,
+    )
+
+
+def topology_response(detection: Detection) -> spb.TopologyResponse:
+    fabric = detection.fabric
+    report = detection.topology.report
+    return spb.TopologyResponse(
+        summary_json=json.dumps(fabric.summary() if fabric is not None else {}, sort_keys=True),
+        miswired=[m.message for m in report.miswired],
+        unknown_devices=[f"{u.name} (seen by {u.seen_by} {u.local})".strip() for u in report.unknown],
+        missing_links=[m.message for m in report.missing],
+        nodes_reporting_lldp=detection.topology.nodes_reporting,
+    )
+
+
 class QueryServicer(sgrpc.QueryServicer):
-    def __init__(self, registry: NodeRegistry, store: Store) -> None:
+    def __init__(self, registry: NodeRegistry, store: Store, detection: Detection) -> None:
         self.registry = registry
         self.store = store
+        self.detection = detection
+
+    async def ListIncidents(
+        self, request: spb.ListIncidentsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ListIncidentsResponse:
+        limit = min(request.limit or DEFAULT_EVENT_LIMIT, MAX_EVENT_LIMIT)
+        incidents = self.detection.incidents.list_incidents(active_only=not request.include_resolved, limit=limit)
+        return spb.ListIncidentsResponse(incidents=[incident_info(i) for i in incidents])
+
+    async def GetTopology(
+        self, request: spb.TopologyRequest, context: grpc.aio.ServicerContext
+    ) -> spb.TopologyResponse:
+        return topology_response(self.detection)
 
     async def ListNodes(
         self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext

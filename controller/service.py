@@ -12,12 +12,16 @@ import structlog
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller.detect.pipeline import Detection, DetectionConfig
+from controller.detect.rules import load_rules
+from controller.fabric import Fabric, load_fabric
 from controller.http import build_app
 from controller.ingest import TelemetryServicer
 from controller.metrics import ControllerMetrics
 from controller.query import QueryServicer
 from controller.registry import NodeRegistry
 from controller.store import Store
+from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
 log = structlog.get_logger(__name__)
@@ -39,7 +43,12 @@ class ControllerConfig:
     rate_per_node_per_s: float = 200.0  # sustained messages/s a node may send
     rate_burst: float = 5000.0  # replay after an outage fits in the burst
     report_interval_s: float = 0.0  # 0: agents keep their own interval
-    allowed_nodes: list[str] | None = None  # None: any valid node id may register
+    allowed_nodes: list[str] | None = None  # None: any valid node id may register (or the fabric's)
+    fabric: Fabric | None = None  # the declared fabric (or fabric_path); None: no topology root cause
+    fabric_path: Path | None = None
+    rules_path: Path | None = None  # None: the packaged default rules
+    jobs: dict[str, list[str]] = field(default_factory=dict)  # job -> nodes, until a job registry exists
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
     controller_id: str = "controller-0"
     grace_s: float = 5.0
     extra_listen: list[str] = field(default_factory=list)
@@ -56,13 +65,31 @@ class Controller:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.metrics = ControllerMetrics()
+        self.fabric = config.fabric or (load_fabric(config.fabric_path) if config.fabric_path else None)
+        allowed = config.allowed_nodes
+        if allowed is None and self.fabric is not None:
+            allowed = [*self.fabric.nodes(), *self.fabric.switches()]
         self.store = Store(config.db_path)
         self.registry = NodeRegistry(
             self.store,
             self.metrics,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
-            allowed_nodes=config.allowed_nodes,
+            allowed_nodes=allowed,
         )
+        self._jobs_by_node: dict[str, list[str]] = {}
+        for job, nodes in config.jobs.items():
+            for node in nodes:
+                self._jobs_by_node.setdefault(node, []).append(job)
+        self.detection = Detection(
+            self.store.connection,
+            load_rules(config.rules_path),
+            self.fabric,
+            self.metrics,
+            config.detection,
+            jobs_of=lambda node: self._jobs_by_node.get(node, []),
+            fleet_size=self._fleet_size,
+        )
+        self.registry.listeners.append(self.detection)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.telemetry = TelemetryServicer(
             self.registry,
@@ -79,6 +106,11 @@ class Controller:
         self.http_port = 0
         self._serving = False
 
+    def _fleet_size(self) -> int:
+        if self.fabric is not None:
+            return len(self.fabric.nodes())
+        return sum(1 for n in self.registry.nodes.values() if n.role == ipb.NODE_ROLE_COMPUTE)
+
     async def start(self) -> None:
         cfg = self.config
         server = grpc.aio.server(
@@ -93,7 +125,7 @@ class Controller:
             ]
         )
         sgrpc.add_TelemetryServicer_to_server(self.telemetry, server)
-        sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store), server)
+        sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store, self.detection), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.grpc_port = server.add_insecure_port(cfg.listen)
         if self.grpc_port == 0:
@@ -128,6 +160,10 @@ class Controller:
                 self.registry.flush_presence()
             except Exception:
                 log.exception("sweep_failed")
+            try:
+                self.detection.tick()
+            except Exception:
+                log.exception("detection_tick_failed")
 
     async def stop(self) -> None:
         """Graceful: NOT_SERVING first, let streams end, flush presence, close the store."""

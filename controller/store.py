@@ -239,5 +239,10 @@ class Store:
         )
         return {nid: int(n) for nid, n in rows}
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The one connection; other controller stores (incidents, remediation) add their tables to it."""
+        return self._db
+
     def close(self) -> None:
         self._db.close()

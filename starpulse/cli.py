@@ -36,6 +36,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         http=args.http,
         db_path=Path(args.db),
         heartbeat_timeout_s=args.heartbeat_timeout_s,
+        fabric_path=Path(args.fabric) if args.fabric else None,
+        rules_path=Path(args.rules) if args.rules else None,
     )
 
     async def main() -> None:
@@ -161,9 +163,7 @@ def _print_scan(out: dict[str, Any]) -> None:
         print("no findings: healthy")
     for f in out["findings"]:
         xid = f" xid={f['xid']}" if "xid" in f else ""
-        print(
-            f"  [{f['severity']:>8}] {f['component']:<14} {f['kind']}{xid} -> {f['action']}: {f['message']}"
-        )
+        print(f"  [{f['severity']:>8}] {f['component']:<14} {f['kind']}{xid} -> {f['action']}: {f['message']}")
 
 
 # -- queries ------------------------------------------------------------------------------
@@ -254,6 +254,111 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_incidents(args: argparse.Namespace) -> int:
+    import grpc
+
+    from starpulse.v1 import service_pb2 as spb
+
+    try:
+        resp = _query_stub(args.controller).ListIncidents(
+            spb.ListIncidentsRequest(include_resolved=args.all, limit=args.limit), timeout=10
+        )
+    except grpc.RpcError as exc:
+        print(f"starpulse incidents: controller {args.controller}: {exc.code().name} {exc.details()}", file=sys.stderr)
+        return 2
+    rows = [
+        {
+            "id": i.id,
+            "kind": i.kind,
+            "root_cause": i.root_cause,
+            "component_type": i.component_type,
+            "affected_nodes": list(i.affected_nodes),
+            "affected_jobs": list(i.affected_jobs),
+            "severity": i.severity,
+            "action": i.action,
+            "evidence": json.loads(i.evidence_json or "[]"),
+            "opened_ms": i.opened_ms,
+            "resolved_ms": i.resolved_ms or None,
+        }
+        for i in resp.incidents
+    ]
+    if args.json:
+        print(json.dumps({"incidents": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no open incidents" if not args.all else "no incidents")
+    for r in rows:
+        state = "open" if r["resolved_ms"] is None else "resolved"
+        nodes = r["affected_nodes"]
+        shown = ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else "")
+        print(
+            f"{r['id']:<11} {state:<8} {r['severity']:>8} {r['kind']:<13} {r['root_cause'] or '(network)':<30} "
+            f"{r['action']:<20} {_age(r['opened_ms']):<9} {shown}"
+        )
+    return 0
+
+
+def cmd_topology_generate(args: argparse.Namespace) -> int:
+    from controller.fabric import generate_fabric, save_fabric
+
+    try:
+        fabric = generate_fabric(
+            args.nodes, args.gpus_per_node, args.rails, args.nodes_per_block, args.spines, spares=args.spares
+        )
+    except ValueError as exc:
+        print(f"starpulse topology generate: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        save_fabric(fabric, args.out)
+        print(f"wrote {args.out}: {json.dumps(fabric.summary(), sort_keys=True)}")
+    else:
+        from controller.fabric import fabric_to_dict
+
+        print(json.dumps(fabric_to_dict(fabric), indent=1))
+    return 0
+
+
+def cmd_topology_show(args: argparse.Namespace) -> int:
+    if args.file:
+        from controller.fabric import FabricFileError, load_fabric
+
+        try:
+            summary = load_fabric(args.file).summary()
+        except (FabricFileError, OSError) as exc:
+            print(f"starpulse topology show: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    import grpc
+
+    from starpulse.v1 import service_pb2 as spb
+
+    try:
+        resp = _query_stub(args.controller).GetTopology(spb.TopologyRequest(), timeout=10)
+    except grpc.RpcError as exc:
+        print(
+            f"starpulse topology show: controller {args.controller}: {exc.code().name} {exc.details()}", file=sys.stderr
+        )
+        return 2
+    out = {
+        "summary": json.loads(resp.summary_json or "{}"),
+        "nodes_reporting_lldp": resp.nodes_reporting_lldp,
+        "miswired": list(resp.miswired),
+        "unknown_devices": list(resp.unknown_devices),
+        "missing_links": list(resp.missing_links),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(json.dumps(out["summary"], sort_keys=True))
+    print(f"LLDP reported by {resp.nodes_reporting_lldp} nodes/switches")
+    for line in out["miswired"] + out["unknown_devices"] + out["missing_links"]:
+        print(f"  {line}")
+    if not (out["miswired"] or out["unknown_devices"] or out["missing_links"]):
+        print("  wiring matches the declared fabric")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from starpulse.demo import run_demo
 
@@ -275,13 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--http", default="127.0.0.1:8080", help="HTTP HOST:PORT for /metrics, /healthz, /api")
     c.add_argument("--db", default="starpulse.db", help="SQLite database path")
     c.add_argument("--heartbeat-timeout-s", type=float, default=15.0)
+    c.add_argument("--fabric", default=None, help="declared fabric file (JSON/YAML from `topology generate`)")
+    c.add_argument("--rules", default=None, help="detection rules file (default: the packaged rules)")
     c.add_argument("--log-level", default="info")
     c.set_defaults(func=cmd_controller)
 
     a = sub.add_parser("agent", help="run the node agent")
-    a.add_argument(
-        "--controller", action="append", default=[], help="controller HOST:PORT (repeat or comma-separate)"
-    )
+    a.add_argument("--controller", action="append", default=[], help="controller HOST:PORT (repeat or comma-separate)")
     a.add_argument("--node-id", required=True)
     a.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     a.add_argument("--role", choices=("compute", "switch"), default="compute")
@@ -297,9 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scan", help="one-shot health check of this node")
     s.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     s.add_argument("--sysfs-root", default="/sys")
-    s.add_argument(
-        "--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)"
-    )
+    s.add_argument("--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_scan)
@@ -316,6 +419,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_events)
 
+    i = sub.add_parser("incidents", help="list incidents (root causes on the fabric)")
+    i.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    i.add_argument("--all", action="store_true", help="include resolved incidents")
+    i.add_argument("--limit", type=int, default=100)
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_incidents)
+
+    t = sub.add_parser("topology", help="fabric topology: generate a fabric file, show the live graph")
+    tsub = t.add_subparsers(dest="topology_command", required=True)
+    tg = tsub.add_parser("generate", help="a Xingmai-style multi-rail Clos")
+    tg.add_argument("--nodes", type=int, required=True)
+    tg.add_argument("--gpus-per-node", type=int, default=8)
+    tg.add_argument("--rails", type=int, default=8)
+    tg.add_argument("--nodes-per-block", type=int, default=16)
+    tg.add_argument("--spines", type=int, default=8)
+    tg.add_argument("--spares", type=int, default=0)
+    tg.add_argument("--out", default=None, help="file to write (JSON, or YAML for .yaml); default stdout")
+    tg.set_defaults(func=cmd_topology_generate)
+    ts = tsub.add_parser("show", help="summarise the live graph (or a fabric file)")
+    ts.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    ts.add_argument("--file", default=None)
+    ts.add_argument("--json", action="store_true")
+    ts.set_defaults(func=cmd_topology_show)
+
     d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")
     d.add_argument("--nodes", type=int, default=16)
     d.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
@@ -330,6 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from starpulse.logs import configure_logging
+
+    # One-shot commands keep stdout for their output; services reconfigure for JSON on stdout.
+    configure_logging("warning", fmt="console", stream=sys.stderr)
     return int(args.func(args))
 
 

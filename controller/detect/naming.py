@@ -40,16 +40,20 @@ class NicNamer:
         rails = [n for n in inventory.nics if "bond" not in n.rdma_device]
         rails.sort(key=lambda n: _natural(n.rdma_device))
         for position, nic in enumerate(rails):
-            if nic.netdev in rails_by_netdev:
-                rail = rails_by_netdev[nic.netdev]
-            elif nic.HasField("paired_gpu_index"):
+            if nic.HasField("paired_gpu_index"):
                 rail = nic.paired_gpu_index
+            elif nic.netdev in rails_by_netdev:
+                rail = rails_by_netdev[nic.netdev]
             else:
                 rail = position
             name = f"{node}/nic-{rail}"
             self._by_port[f"{nic.rdma_device}/{nic.port}"] = name
             if nic.netdev:
                 self._by_netdev[nic.netdev] = name
+
+    def interfaces(self) -> dict[str, str]:
+        """netdev -> fabric NIC name, for LLDP reconciliation."""
+        return dict(self._by_netdev)
 
     def nic(self, agent_component: str) -> str | None:
         """Fabric NIC for 'mlx5_4/1' (or a netdev name); None for ports off the rails (bond, frontend)."""

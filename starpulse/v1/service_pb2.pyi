@@ -164,3 +164,61 @@ class ListEventsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
     def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ...) -> None: ...
+
+class IncidentInfo(_message.Message):
+    __slots__ = ("id", "kind", "root_cause", "component_type", "affected_nodes", "affected_jobs", "severity", "action", "evidence_json", "opened_ms", "resolved_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    AFFECTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    AFFECTED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    OPENED_MS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_MS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    root_cause: str
+    component_type: str
+    affected_nodes: _containers.RepeatedScalarFieldContainer[str]
+    affected_jobs: _containers.RepeatedScalarFieldContainer[str]
+    severity: str
+    action: str
+    evidence_json: str
+    opened_ms: int
+    resolved_ms: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., root_cause: _Optional[str] = ..., component_type: _Optional[str] = ..., affected_nodes: _Optional[_Iterable[str]] = ..., affected_jobs: _Optional[_Iterable[str]] = ..., severity: _Optional[str] = ..., action: _Optional[str] = ..., evidence_json: _Optional[str] = ..., opened_ms: _Optional[int] = ..., resolved_ms: _Optional[int] = ...) -> None: ...
+
+class ListIncidentsRequest(_message.Message):
+    __slots__ = ("include_resolved", "limit")
+    INCLUDE_RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    include_resolved: bool
+    limit: int
+    def __init__(self, include_resolved: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListIncidentsResponse(_message.Message):
+    __slots__ = ("incidents",)
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    incidents: _containers.RepeatedCompositeFieldContainer[IncidentInfo]
+    def __init__(self, incidents: _Optional[_Iterable[_Union[IncidentInfo, _Mapping]]] = ...) -> None: ...
+
+class TopologyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TopologyResponse(_message.Message):
+    __slots__ = ("summary_json", "miswired", "unknown_devices", "missing_links", "nodes_reporting_lldp")
+    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    MISWIRED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_LINKS_FIELD_NUMBER: _ClassVar[int]
+    NODES_REPORTING_LLDP_FIELD_NUMBER: _ClassVar[int]
+    summary_json: str
+    miswired: _containers.RepeatedScalarFieldContainer[str]
+    unknown_devices: _containers.RepeatedScalarFieldContainer[str]
+    missing_links: _containers.RepeatedScalarFieldContainer[str]
+    nodes_reporting_lldp: int
+    def __init__(self, summary_json: _Optional[str] = ..., miswired: _Optional[_Iterable[str]] = ..., unknown_devices: _Optional[_Iterable[str]] = ..., missing_links: _Optional[_Iterable[str]] = ..., nodes_reporting_lldp: _Optional[int] = ...) -> None: ...

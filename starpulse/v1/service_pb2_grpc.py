@@ -117,6 +117,16 @@ class QueryStub:
                 request_serializer=starpulse_dot_v1_dot_service__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=starpulse_dot_v1_dot_service__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.ListIncidents = channel.unary_unary(
+                '/starpulse.v1.Query/ListIncidents',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.ListIncidentsRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.ListIncidentsResponse.FromString,
+                _registered_method=True)
+        self.GetTopology = channel.unary_unary(
+                '/starpulse.v1.Query/GetTopology',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.TopologyRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.TopologyResponse.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -134,6 +144,18 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListIncidents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTopology(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +168,16 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=starpulse_dot_v1_dot_service__pb2.ListEventsRequest.FromString,
                     response_serializer=starpulse_dot_v1_dot_service__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'ListIncidents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListIncidents,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.ListIncidentsRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.ListIncidentsResponse.SerializeToString,
+            ),
+            'GetTopology': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTopology,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.TopologyRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.TopologyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -202,6 +234,60 @@ class Query:
             '/starpulse.v1.Query/ListEvents',
             starpulse_dot_v1_dot_service__pb2.ListEventsRequest.SerializeToString,
             starpulse_dot_v1_dot_service__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListIncidents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Query/ListIncidents',
+            starpulse_dot_v1_dot_service__pb2.ListIncidentsRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.ListIncidentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Query/GetTopology',
+            starpulse_dot_v1_dot_service__pb2.TopologyRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.TopologyResponse.FromString,
             options,
             channel_credentials,
             insecure,

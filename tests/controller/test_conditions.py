@@ -710,21 +710,33 @@ class TestPresence:
 
 class TestNamingAndForget:
     def test_nic_named_by_lldp_leaf(self):
-        """A NIC whose LLDP neighbour is a rail leaf takes that rail's name."""
+        """Without a PCIe pairing, a NIC whose LLDP neighbour is a rail leaf takes that rail's name."""
         engine, _clock = make_engine()
         node = compute_node()
+        for nic in node.inventory.nics:
+            nic.ClearField("paired_gpu_index")
         node.lldp = [ipb.LldpNeighbor(local_interface="ibp5", chassis_name="leaf-b0-r2", port_id="Ethernet12")]
         changes = engine.on_events(node, [event(tpb.EVENT_KIND_NIC_LINK_DOWN, "mlx5_5/1")])
         assert opened(changes) == [("nic.port_down", f"{NODE}/nic-2")]
 
     def test_namer_rebuilt_when_lldp_changes(self):
-        """A new LLDP list (a re-cabled NIC) renames the NIC on the next event."""
+        """A new LLDP list renames an unpaired NIC on the next event."""
         engine, _ = make_engine()
         node = compute_node()
+        for nic in node.inventory.nics:
+            nic.ClearField("paired_gpu_index")
         engine.on_events(node, [event(tpb.EVENT_KIND_NIC_DRIVER_ERROR, "ibp5")])
         node.lldp = [ipb.LldpNeighbor(local_interface="ibp5", chassis_name="leaf-b0-r6")]
         changes = engine.on_events(node, [event(tpb.EVENT_KIND_NIC_DRIVER_ERROR, "ibp5")])
         assert opened(changes) == [("nic.driver_error", f"{NODE}/nic-6")]
+
+    def test_pcie_pairing_outranks_lldp(self):
+        """A paired NIC keeps its PCIe name when LLDP shows another leaf: a miswire, not a rename."""
+        engine, _ = make_engine()
+        node = compute_node()
+        node.lldp = [ipb.LldpNeighbor(local_interface="ibp5", chassis_name="leaf-b0-r2", port_id="Ethernet12")]
+        changes = engine.on_events(node, [event(tpb.EVENT_KIND_NIC_LINK_DOWN, "mlx5_5/1")])
+        assert opened(changes) == [("nic.port_down", f"{NODE}/nic-5")]
 
     def test_forget_resolves_and_drops_state(self):
         """forget(node) resolves its conditions and drops its counters."""

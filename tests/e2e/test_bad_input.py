@@ -134,6 +134,10 @@ class TestRejections:
     async def test_flooding_node_is_rate_limited(self, controller: Controller) -> None:
         """A node sending faster than its budget gets RESOURCE_EXHAUSTED; others are unaffected."""
         flood = [spb.AgentMessage(report=tpb.Report(seq=i + 1, timestamp_ms=1)) for i in range(200)]
-        assert await _session(controller, _hello(), *flood) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        code = await _session(controller, _hello(), *flood)
+        # The server ends the call with RESOURCE_EXHAUSTED; a client with writes still in flight
+        # may see its own core's INTERNAL instead (a gRPC race, not ours): both end the stream.
+        assert code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL)
         assert controller.metrics.rejected.labels("rate_limited")._value.get() == 1
+        assert controller.registry.nodes["node-000"].acked_report_seq <= 21  # burst 20, then refused
         await _still_serving(controller)

@@ -1,0 +1,178 @@
+"""Detection wired to ingest: conditions from every report, event and presence change,
+fail-slow peer comparison, correlation into incidents on the fabric.
+
+Runs on the controller's event loop, as a registry listener. Everything per report is
+dictionary work; grouping and fail-slow run on the periodic tick, not per message.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import structlog
+
+from controller.detect.conditions import ConditionEngine
+from controller.detect.correlate import CorrelationConfig, Correlator
+from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.incidents import IncidentStore
+from controller.detect.model import ConditionChange, Incident
+from controller.detect.rules import RuleSet
+from controller.fabric import Fabric
+from controller.metrics import ControllerMetrics
+from controller.registry import NodeRecord, now_ms
+from controller.topology import TopologyTracker
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class DetectionConfig:
+    correlation: CorrelationConfig = field(default_factory=CorrelationConfig)
+    failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
+    failslow_every_s: float = 5.0  # peer comparison cadence; each evaluation looks at a window
+
+
+class IncidentListener(Protocol):
+    """Alerts, healing and the dashboard subscribe to incident changes here."""
+
+    def on_incident(self, change: str, incident: Incident) -> None: ...
+
+
+def incident_to_dict(incident: Incident) -> dict[str, object]:
+    out = asdict(incident)
+    out["condition_keys"] = [list(k) for k in incident.condition_keys]
+    return out
+
+
+class Detection:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        rules: RuleSet,
+        fabric: Fabric | None,
+        metrics: ControllerMetrics,
+        config: DetectionConfig | None = None,
+        jobs_of: Callable[[str], list[str]] = lambda node: [],
+        fleet_size: Callable[[], int] | None = None,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.config = config or DetectionConfig()
+        self.fabric = fabric
+        self.metrics = metrics
+        self.jobs_of = jobs_of
+        self.engine = ConditionEngine(rules, fabric, clock_ms=clock_ms)
+        self.failslow = FailSlowDetector(self.config.failslow, group_of=self._peer_group, clock_ms=clock_ms)
+        self.incidents = IncidentStore(conn)
+        self.correlator = Correlator(
+            fabric, self.incidents, self.config.correlation, jobs_of=jobs_of, fleet_size=fleet_size, clock_ms=clock_ms
+        )
+        self.topology = TopologyTracker(fabric)
+        self.listeners: list[IncidentListener] = []
+        self._last_failslow = time.monotonic()
+        self._refresh_gauges()
+
+    def _peer_group(self, node: str) -> str | None:
+        """Fail-slow peers: the node's job, else its block (pod) in the fabric."""
+        jobs = self.jobs_of(node)
+        if jobs:
+            return f"job:{jobs[0]}"
+        if self.fabric is not None:
+            try:
+                return f"block:{self.fabric.block_of(node)}"
+            except KeyError:
+                return None
+        return None
+
+    # -- IngestListener -------------------------------------------------------------------
+    def on_report(self, node: NodeRecord, report: tpb.Report) -> None:
+        self._feed(self.engine.on_report(node, report))
+        if node.role == ipb.NODE_ROLE_COMPUTE:
+            self.failslow.observe(node.node_id, report)
+        if report.HasField("lldp"):
+            self.topology.update(node)
+
+    def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
+        self._feed(self.engine.on_events(node, events))
+
+    def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
+        if old_state == new_state:
+            return
+        self._feed(self.engine.on_presence(node, old_state, new_state))
+        if new_state == "online" and node.lldp:
+            self.topology.update(node)
+
+    def _feed(self, changes: list[ConditionChange]) -> None:
+        if not changes:
+            return
+        for change in changes:
+            c = change.condition
+            log.info(
+                "condition_" + change.kind,
+                rule=c.rule,
+                component=c.component,
+                severity=c.severity,
+                count=c.count,
+                message=c.message,
+            )
+        self.correlator.on_changes(changes)
+
+    # -- periodic -------------------------------------------------------------------------
+    def tick(self) -> list[tuple[str, Incident]]:
+        """Expire conditions, run fail-slow when due, group, and publish incident changes."""
+        changes = self.engine.tick()
+        now = time.monotonic()
+        if now - self._last_failslow >= self.config.failslow_every_s:
+            self._last_failslow = now
+            changes += self.failslow.evaluate()
+        self._feed(changes)
+        self.topology.tick()
+        published = self.correlator.tick()
+        for change, incident in published:
+            log.warning(
+                "incident_" + change,
+                id=incident.id,
+                kind=incident.kind,
+                root_cause=incident.root_cause,
+                component_type=incident.component_type,
+                affected_nodes=len(incident.affected_nodes),
+                severity=incident.severity,
+                action=incident.action,
+            )
+            if change == "opened" and incident.condition_keys:
+                first = min((e.get("first_seen_ms", incident.opened_ms) for e in incident.evidence), default=0)
+                if first:
+                    self.metrics.detection_seconds.observe(max(0.0, (incident.opened_ms - int(first)) / 1000))
+            for listener in self.listeners:
+                try:
+                    listener.on_incident(change, incident)
+                except Exception:
+                    log.exception("incident_listener_failed", id=incident.id)
+        if published:
+            self._refresh_gauges()
+        return published
+
+    def _refresh_gauges(self) -> None:
+        counts: dict[str, int] = {}
+        for inc in self.correlator.incidents(active_only=True, limit=100_000):
+            counts[inc.kind] = counts.get(inc.kind, 0) + 1
+        self.metrics.incidents_open.clear()
+        for kind, n in counts.items():
+            self.metrics.incidents_open.labels(kind).set(n)
+
+    def forget(self, node_id: str) -> None:
+        self._feed(self.engine.forget(node_id))
+        change = self.failslow.forget(node_id)
+        if change is not None:
+            self._feed([change])
+        self.topology.forget(node_id)
+
+
+def evidence_json(incident: Incident) -> str:
+    return json.dumps(incident.evidence, sort_keys=True, default=str)
