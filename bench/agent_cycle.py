@@ -1,0 +1,250 @@
+"""Agent collection cost per cycle on a simulated 8-GPU / 9-NIC node, and a real agent's footprint.
+
+Part 1 (in process): the sim backend's collectors (the same classes that read NVML and
+/sys on hardware, pointed at a fake NVML and a fake sysfs tree) run N cycles of
+``sim.advance(1.0)`` + ``CollectorSet.collect(seq)``. The simulator's advance is timed
+separately: it is the fake hardware moving its counters, a cost a real node does not pay.
+
+Part 2 (subprocess): ``starpulse agent --backend sim --interval-s 1`` (build_agent +
+AgentConfig, exactly the production entry point) streams to a controller running in
+this process; its CPU and RSS are sampled from outside with psutil.
+
+    .venv/bin/python -m bench.agent_cycle [--quick] [--cycles N] [--agent-seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.common import ProcSampler, free_port, median, percentile, quiet_logging, table, write_result
+
+NAME = "agent_cycle"
+
+
+def bench_cycles(cycles: int, workdir: Path) -> dict[str, Any]:
+    from agent.factory import build_collectors
+    from agent.runtime import CollectorSet
+    from agent.sim.node import SimNode
+    from starpulse.v1 import service_pb2 as spb
+
+    sim = SimNode("node-000", workdir / "sim", gpus=8, nics=8)
+    findings: list[Any] = []
+    plan = build_collectors("sim", sink=findings.append, sim=sim)
+    cs = CollectorSet(plan.collectors)
+    cs.probe()
+    inventory = cs.describe()
+    for hook in plan.inventory_hooks:
+        hook(inventory)
+
+    warmup = 5
+    wall_total: list[float] = []
+    wall_collect: list[float] = []
+    wall_advance: list[float] = []
+    cpu_collect: list[float] = []
+    cpu_advance: list[float] = []
+    per_collector: dict[str, list[float]] = {}
+    size = 0
+    msg_size = 0
+    gpus = nics = 0
+    for seq in range(1, warmup + cycles + 1):
+        c0, w0 = time.process_time(), time.perf_counter()
+        sim.advance(1.0)
+        c1, w1 = time.process_time(), time.perf_counter()
+        result = cs.collect(seq)
+        c2, w2 = time.process_time(), time.perf_counter()
+        if seq <= warmup:
+            continue
+        wall_advance.append(w1 - w0)
+        wall_collect.append(w2 - w1)
+        wall_total.append(w2 - w0)
+        cpu_advance.append(c1 - c0)
+        cpu_collect.append(c2 - c1)
+        for st in result.report.collectors:
+            per_collector.setdefault(st.name, []).append(st.duration_s)
+        size = result.report.ByteSize()
+        msg_size = spb.AgentMessage(report=result.report).ByteSize()
+        gpus, nics = len(result.report.gpus), len(result.report.nics)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cs.close()
+    ms = 1000.0
+    cpu_ms = median(cpu_collect) * ms
+    return {
+        "cycles": cycles,
+        "gpus": gpus,
+        "nics": nics,
+        "inventory_bytes": inventory.ByteSize(),
+        "report_bytes": size,
+        "agent_message_bytes": msg_size,
+        "collect_wall_ms_median": round(median(wall_collect) * ms, 3),
+        "collect_wall_ms_p50": round(percentile(wall_collect, 50) * ms, 3),
+        "collect_wall_ms_p99": round(percentile(wall_collect, 99) * ms, 3),
+        "collect_cpu_ms_median": round(cpu_ms, 3),
+        "collect_cpu_ms_mean": round(sum(cpu_collect) / len(cpu_collect) * ms, 3),
+        "sim_advance_wall_ms_median": round(median(wall_advance) * ms, 3),
+        "sim_advance_cpu_ms_median": round(median(cpu_advance) * ms, 3),
+        "cycle_wall_ms_median": round(median(wall_total) * ms, 3),
+        "cycle_wall_ms_p99": round(percentile(wall_total, 99) * ms, 3),
+        "per_collector_ms_median": {k: round(median(v) * ms, 3) for k, v in per_collector.items()},
+        "core_share_pct_at_1s_interval": round(cpu_ms / 1000.0 * 100, 2),
+        "core_share_pct_at_5s_interval": round(cpu_ms / 5000.0 * 100, 2),
+        "bench_process_maxrss_mib": round(ru.ru_maxrss / 1024, 1),
+        "bench_process_rss_mib": round(psutil.Process().memory_info().rss / 2**20, 1),
+    }
+
+
+class ThreadController:
+    """A Controller on its own event loop in a thread of this process."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.controller: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        from controller.service import Controller, ControllerConfig
+
+        async def run() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            cfg = ControllerConfig(
+                listen=f"127.0.0.1:{self.port}",
+                http="127.0.0.1:0",
+                db_path=self.workdir / "controller.db",
+                heartbeat_timeout_s=600,
+                grace_s=0.5,
+            )
+            self.controller = Controller(cfg)
+            await self.controller.start()
+            self._started.set()
+            try:
+                await self._stop.wait()
+            finally:
+                await self.controller.stop()
+
+        asyncio.run(run())
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._started.wait(30):
+            raise RuntimeError("controller did not start")
+
+    def reports_from(self, node_id: str) -> int:
+        node = self.controller.registry.nodes.get(node_id)
+        return int(node.acked_report_seq) if node is not None else 0
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)
+
+
+def bench_agent_process(seconds: float, workdir: Path) -> dict[str, Any]:
+    ctl = ThreadController(workdir)
+    ctl.start()
+    node_id = "node-bench"
+    log_path = workdir / "agent.log"
+    cmd = [
+        sys.executable, "-m", "starpulse.cli", "agent",
+        "--controller", f"127.0.0.1:{ctl.port}",
+        "--node-id", node_id,
+        "--backend", "sim",
+        "--interval-s", "1",
+        "--state-dir", str(workdir / "agent"),
+        "--log-level", "info",
+    ]  # fmt: skip
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
+    try:
+        # Warm-up: imports, probe, describe, connect, first reports.
+        while ctl.reports_from(node_id) < 3:
+            if proc.poll() is not None:
+                raise RuntimeError(f"agent exited early ({proc.returncode}); see {log_path}")
+            if time.monotonic() - started > 60:
+                raise RuntimeError(f"agent sent no reports within 60 s; see {log_path}")
+            time.sleep(0.1)
+        startup_s = time.monotonic() - started
+        seq0 = ctl.reports_from(node_id)
+        sampler = ProcSampler(proc.pid, every_s=0.5).start()
+        time.sleep(seconds)
+        s = sampler.stop()
+        reports = ctl.reports_from(node_id) - seq0
+        threads = psutil.Process(proc.pid).num_threads()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        ctl.stop()
+    return {
+        "window_s": s["wall_s"],
+        "startup_to_third_report_s": round(startup_s, 2),
+        "reports_acked_in_window": reports,
+        "cpu_s": s["cpu_s"],
+        "cpu_pct_of_one_core": s["cpu_pct_of_one_core"],
+        "cpu_ms_per_report": round(1000 * s["cpu_s"] / reports, 2) if reports else float("nan"),
+        "rss_mib_median": s["rss_mib_median"],
+        "rss_mib_max": s["rss_mib_max"],
+        "threads": threads,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m bench.agent_cycle", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer cycles, shorter agent run")
+    ap.add_argument("--cycles", type=int, default=None, help="timed collection cycles (default 300; quick 100)")
+    ap.add_argument("--agent-seconds", type=float, default=None, help="agent subprocess window (20; quick 8)")
+    args = ap.parse_args(argv)
+    cycles = args.cycles or (100 if args.quick else 300)
+    seconds = args.agent_seconds or (8.0 if args.quick else 20.0)
+    quiet_logging()
+    with tempfile.TemporaryDirectory(prefix="sp-bench-agent-") as tmp:
+        cyc = bench_cycles(cycles, Path(tmp) / "cycles")
+        proc = bench_agent_process(seconds, Path(tmp) / "proc")
+    rows: list[tuple[str, Any]] = [
+        ("GPUs / NIC ports per report", f"{cyc['gpus']} / {cyc['nics']}"),
+        ("collect wall ms/cycle, median", cyc["collect_wall_ms_median"]),
+        ("collect wall ms/cycle, p99", cyc["collect_wall_ms_p99"]),
+        ("collect CPU ms/cycle, median", cyc["collect_cpu_ms_median"]),
+        ("sim.advance wall ms/cycle (simulator, not agent)", cyc["sim_advance_wall_ms_median"]),
+    ]
+    rows += [(f"  collector {k} ms, median", v) for k, v in cyc["per_collector_ms_median"].items()]
+    rows += [
+        ("report size, bytes (serialized)", cyc["report_bytes"]),
+        ("inventory (Hello) size, bytes", cyc["inventory_bytes"]),
+        ("core share at 1 s interval, % (collect CPU / 1 s)", cyc["core_share_pct_at_1s_interval"]),
+        ("bench process maxrss MiB (getrusage)", cyc["bench_process_maxrss_mib"]),
+        ("bench process RSS MiB (psutil)", cyc["bench_process_rss_mib"]),
+        (f"agent subprocess: CPU % of one core ({proc['window_s']:.0f} s, 1 s interval)", proc["cpu_pct_of_one_core"]),
+        ("agent subprocess: CPU ms per report", proc["cpu_ms_per_report"]),
+        ("agent subprocess: reports acked in window", proc["reports_acked_in_window"]),
+        ("agent subprocess: RSS MiB median / max", f"{proc['rss_mib_median']} / {proc['rss_mib_max']}"),
+        ("agent subprocess: threads", proc["threads"]),
+    ]
+    print(table(f"agent_cycle ({cycles} cycles; 8 GPUs, 8 rails + bond, sim backend)", rows))
+    figures = {"cycles": cyc, "agent_process": proc}
+    path = write_result(NAME, {"cycles": cycles, "agent_seconds": seconds, "quick": args.quick}, figures)
+    print(f"\nwrote {path}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Shared helpers for the benchmarks: machine facts, percentiles, tables, JSON results, process sampling."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def quiet_logging() -> None:
+    """Warnings and up only: benchmarks must not pay for (or print) per-message info logs."""
+    from starpulse.logs import configure_logging
+
+    configure_logging("warning")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    """HEAD of the checkout being measured, with '+dirty' when tracked files differ from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=False
+        )
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=root, capture_output=True, check=False)
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.returncode else "")
+
+
+def machine() -> dict[str, Any]:
+    vm = psutil.virtual_memory()
+    return {
+        "git_commit": git_commit(),
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": round(vm.total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def median(values: Iterable[float]) -> float:
+    vals = list(values)
+    return statistics.median(vals) if vals else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def table(title: str, rows: Sequence[tuple[str, Any]]) -> str:
+    """A two-column table: figure, value."""
+    width = max((len(r[0]) for r in rows), default=10)
+    lines = [title, "-" * len(title)]
+    for name, value in rows:
+        lines.append(f"  {name:<{width}}  {fmt(value)}")
+    return "\n".join(lines)
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def write_result(name: str, params: dict[str, Any], figures: dict[str, Any], **extra: Any) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    doc = {"benchmark": name, "machine": machine(), "params": params, "figures": figures, **extra}
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+class ProcSampler:
+    """Samples another process's CPU and RSS from outside (psutil) over a window.
+
+    CPU% is (user+system CPU time used in the window) / (wall time of the window) x 100,
+    i.e. percent of one core. RSS is sampled every `every_s`; median and max are kept.
+    Children are included (a service that forks helpers pays for them too).
+    """
+
+    def __init__(self, pid: int, every_s: float = 0.5) -> None:
+        self.proc = psutil.Process(pid)
+        self.every_s = every_s
+        self.rss: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cpu0 = 0.0
+        self._t0 = 0.0
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.rss.append(self.proc.memory_info().rss)
+            except psutil.Error:
+                return
+
+    def start(self) -> ProcSampler:
+        self._cpu0 = self._cpu()
+        self._t0 = time.monotonic()
+        self.rss.append(self.proc.memory_info().rss)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self.cpu_s = self._cpu() - self._cpu0
+        self.wall_s = time.monotonic() - self._t0
+        with_rss = self.proc.memory_info().rss
+        self.rss.append(with_rss)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.summary()
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "cpu_s": round(self.cpu_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            "cpu_pct_of_one_core": round(100 * self.cpu_s / self.wall_s, 2) if self.wall_s else float("nan"),
+            "rss_mib_median": round(median(self.rss) / 2**20, 1),
+            "rss_mib_max": round(max(self.rss) / 2**20, 1),
+        }
