@@ -359,6 +359,39 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scenario_run(args: argparse.Namespace) -> int:
+    from starpulse.scenario.runner import run_scenario
+    from starpulse.scenario.spec import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.file)
+    except (ScenarioError, OSError) as exc:
+        print(f"starpulse scenario run: {exc}", file=sys.stderr)
+        return 2
+    verdict = asyncio.run(run_scenario(scenario))
+    if args.json:
+        print(json.dumps(verdict, indent=2))
+    else:
+        _print_verdict(verdict)
+    return 0 if verdict["expectations"]["passed"] else 1
+
+
+def _print_verdict(verdict: dict[str, Any]) -> None:
+    print(f"scenario {verdict['scenario']} ({verdict['duration_s']:g} s)")
+    for f in verdict["faults"]:
+        found = f"-> {f['incident']} after {f['detection_latency_s']:.1f} s" if f["incident"] else "-> NOT DETECTED"
+        print(f"  fault {f['kind']:<22} {f['target']:<28} at {f['at_s']:>5.1f} s {found}")
+    for i in verdict["incidents"]:
+        resolved = "open" if i["resolved_at_s"] is None else f"resolved {i['resolved_at_s']:.1f} s"
+        print(
+            f"  {i['id']} {i['kind']:<13} {i['root_cause'] or '(network)':<30} {i['severity']:>8} "
+            f"{len(i['affected_nodes']):>3} nodes  opened {i['opened_at_s']:.1f} s, {resolved}"
+        )
+    exp = verdict["expectations"]
+    if exp["checked"]:
+        print("expectations: " + ("passed" if exp["passed"] else "FAILED: " + "; ".join(exp["failures"])))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from starpulse.demo import run_demo
 
@@ -443,6 +476,13 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--json", action="store_true")
     ts.set_defaults(func=cmd_topology_show)
 
+    sc = sub.add_parser("scenario", help="run fault scenarios on a simulated cluster")
+    scsub = sc.add_subparsers(dest="scenario_command", required=True)
+    scr = scsub.add_parser("run", help="run one scenario file and print its verdict")
+    scr.add_argument("file")
+    scr.add_argument("--json", action="store_true")
+    scr.set_defaults(func=cmd_scenario_run)
+
     d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")
     d.add_argument("--nodes", type=int, default=16)
     d.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
@@ -459,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from starpulse.logs import configure_logging
 
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `starpulse … | head` ends quietly
     # One-shot commands keep stdout for their output; services reconfigure for JSON on stdout.
     configure_logging("warning", fmt="console", stream=sys.stderr)
     return int(args.func(args))
