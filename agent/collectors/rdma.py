@@ -52,25 +52,63 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def read_counter_dir(path: str) -> dict[str, int]:
-    """Every integer file of a counters directory; unreadable or non-integer files are skipped."""
-    out: dict[str, int] = {}
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return out
-    for entry in entries:
+# Counter directories never gain or lose files while the driver is loaded: list each once,
+# and keep the directory open so each counter is an openat() of a bare name.
+_dir_cache: dict[str, tuple[int, list[str]]] = {}
+
+
+def _counter_dir(path: str) -> tuple[int, list[str]] | None:
+    cached = _dir_cache.get(path)
+    if cached is None:
         try:
-            if not entry.is_file():
-                continue
-            with open(entry.path, "rb") as fh:
-                raw = fh.read().strip()
-            value = int(raw)
-        except (OSError, ValueError):
-            log.debug("rdma_counter_unreadable", path=entry.path)
+            names = sorted(e.name for e in os.scandir(path) if e.is_file())
+            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None
+        cached = (dir_fd, names)
+        _dir_cache[path] = cached
+    return cached
+
+
+def _forget_dir(path: str) -> None:
+    cached = _dir_cache.pop(path, None)
+    if cached is not None:
+        os.close(cached[0])
+
+
+def read_counter_dir(path: str) -> dict[str, int]:
+    """Every integer file of a counters directory; unreadable or non-integer files are skipped.
+
+    This runs for ~700 files per cycle on an 8-rail node, so it uses openat() on a cached
+    directory descriptor and raw os.read (no buffered file objects): several times cheaper
+    than open(path).read(). A vanished file (device re-created) drops the cache entry.
+    """
+    out: dict[str, int] = {}
+    cached = _counter_dir(path)
+    if cached is None:
+        return out
+    dir_fd, names = cached
+    stale = False
+    for name in names:
+        try:
+            fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+        except FileNotFoundError:
+            stale = True
             continue
+        except OSError:
+            log.debug("rdma_counter_unreadable", path=f"{path}/{name}")
+            continue
+        try:
+            value = int(os.read(fd, 64))
+        except (OSError, ValueError):
+            log.debug("rdma_counter_unreadable", path=f"{path}/{name}")
+            continue
+        finally:
+            os.close(fd)
         if 0 <= value <= _U64_MAX:
-            out[entry.name] = value
+            out[name] = value
+    if stale:
+        _forget_dir(path)
     return out
 
 

@@ -10,7 +10,6 @@ newest unsent one is kept while the controller is away.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -121,7 +120,9 @@ class ControllerLink:
         """Connect and stream until stop(); reconnect with backoff on any failure."""
         while not self._stopping:
             if self._blocked:
-                await self._sleep_or_wake(0.2)
+                # A plain sleep: _wake is set by every new report, and waiting on a set
+                # event returns without yielding, which would spin the whole event loop.
+                await asyncio.sleep(0.2)
                 continue
             target = self.targets[self._target_index % len(self.targets)]
             try:
@@ -145,7 +146,7 @@ class ControllerLink:
                 break
             delay = self.backoff.next_delay(self._rng)
             log.info("controller_reconnect_wait", delay_s=round(delay, 2))
-            await self._sleep_or_wake(delay, wake_on_event=False)
+            await asyncio.sleep(delay)
 
     async def stop(self) -> None:
         """Stop streaming; unsent events stay in the buffer for the next start."""
@@ -153,13 +154,6 @@ class ControllerLink:
         if self._call is not None:
             self._call.cancel()
         self._wake.set()
-
-    async def _sleep_or_wake(self, delay: float, wake_on_event: bool = True) -> None:
-        if not wake_on_event:
-            await asyncio.sleep(delay)
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
     # -- one stream -----------------------------------------------------------------
     async def _session(self, target: str) -> None:

@@ -255,9 +255,21 @@ class Grouper:
         net = [c for cat in sorted(NETWORK_CATEGORIES) for c in by_cat.pop(cat, [])]
         self._network(sorted(net, key=lambda c: c.key), out)
         self._gpus(by_cat.pop("gpu", []), out)
+        # A node that is slow because of a fault already found (a NIC down, a PFC storm, a
+        # throttled GPU, a dead leaf) is explained by it: it joins that incident as evidence.
+        explained: dict[str, Group] = {}
+        for g in sorted(out.values(), key=lambda g: g.signature):
+            if g.kind not in ("partition", "node_down"):
+                for n in g.nodes:
+                    explained.setdefault(n, g)
         for c in by_cat.pop("failslow", []):
             node = c.node or c.component
-            self._add(out, "straggler", node, "node", [c], [node])
+            cause = explained.get(node)
+            if cause is not None:
+                cause.members.add(c.key)
+                cause.note.setdefault("explained_stragglers", []).append(node)
+            else:
+                self._add(out, "straggler", node, "node", [c], [node])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])
@@ -360,7 +372,9 @@ class Grouper:
             fs = by_leaf[leaf]
             nodes = {f.node for f in fs if f.node}
             if len(nodes) >= cfg.min_nodes_for_switch:
-                own = [f for f in facts if f.switch == leaf and f.cond.key not in used]
+                # The leaf's own conditions, and its uplinks as the spines see them: a dead
+                # leaf is one incident, not one plus a link fault per spine cable.
+                own = [f for f in facts if (f.switch == leaf or f.uplink_leaf == leaf) and f.cond.key not in used]
                 leaf_groups.append((leaf, fs + own))
         fab = self.fabric
         spine_fold: str | None = None

@@ -117,16 +117,28 @@ class _FakeRedisFactory:
                 client.close()
 
 
+# SONiC itself refreshes queue counters every 10 s and port counters every 1 s; the
+# simulated switches move their counters in steps of this many seconds (faults such as a
+# port going down are written at once, not on this clock). It keeps dozens of switches
+# within one process's CPU budget.
+SWITCH_COUNTER_STEP_S = 5.0
+
+
 class _LockedSwitch:
     """Serialises a FakeSwitch between the agent's worker thread (advance) and fault injection."""
 
     def __init__(self, switch: FakeSwitch) -> None:
         self.switch = switch
         self.lock = threading.Lock()
+        self._pending_s = 0.0
 
     def advance(self, dt_s: float) -> None:
+        self._pending_s += max(dt_s, 0.0)
+        if self._pending_s < SWITCH_COUNTER_STEP_S:
+            return
         with self.lock:
-            self.switch.advance(max(dt_s, 0.0))
+            self.switch.advance(self._pending_s)
+        self._pending_s = 0.0
 
 
 def render_lldpcli_json(neighbours: Sequence[tuple[str, str, str]]) -> str:
@@ -220,11 +232,13 @@ class SimCluster:
     # -- building ----------------------------------------------------------------------------
 
     def _config(self, name: str, role: int) -> AgentConfig:
+        # Switch agents report at most once a second (a SONiC switch's own port poll is 1 s).
+        interval = self.interval_s if role == ipb.NODE_ROLE_COMPUTE else max(self.interval_s, 1.0)
         return AgentConfig(
             node_id=name,
             controllers=[self.controller_target],
             role=role,
-            interval_s=self.interval_s,
+            interval_s=interval,
             buffer_path=str(self.root / name / "buffer.db"),
         )
 

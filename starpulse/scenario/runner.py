@@ -95,8 +95,8 @@ def _matches(fault: FaultSpec, rec: IncidentRecord) -> bool:
     node = target.split("/", 1)[0]
     if inc.root_cause == target or target in inc.root_cause:
         return True
-    if ":" in target and inc.root_cause.startswith(target.split(":", 1)[0]):
-        return True
+    if ":" in target:  # a switch port: the incident names that switch or a cable on it
+        return target.split(":", 1)[0] in inc.root_cause
     if inc.kind in ("node_fault", "node_down", "straggler") and inc.root_cause == node:
         return True
     return fault.kind == "gpu_slow" and node in inc.affected_nodes
@@ -181,7 +181,7 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
             http="127.0.0.1:0",
             db_path=workdir / "controller.db",
             fabric=fabric,
-            heartbeat_timeout_s=max(4 * interval, 2.0),
+            heartbeat_timeout_s=max(6 * interval, 3.0),
             sweep_interval_s=min(0.25, interval),
             jobs=jobs,
             detection=DetectionConfig(
@@ -206,6 +206,10 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
                 raise TimeoutError(f"only {len(reg.nodes)}/{expected} agents registered")
             await asyncio.sleep(0.1)
         await asyncio.sleep(3 * interval)  # a few reports so counters have a baseline
+        # Start-up noise (agents racing to register on a busy machine) must settle first.
+        quiet_by = time.monotonic() + 30
+        while controller.detection.correlator.incidents(active_only=True) and time.monotonic() < quiet_by:
+            await asyncio.sleep(0.2)
         recorder.t0 = time.monotonic()
         recorder.started = True
         log.info("scenario_started", scenario=scenario.name, agents=expected)
@@ -228,7 +232,9 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
         remaining = scenario.duration_s - recorder.now_s()
         if remaining > 0:
             await asyncio.sleep(remaining)
+        recorder.started = False  # tearing the cluster down is not part of the scenario
     finally:
+        recorder.started = False
         await cluster.stop()
         await controller.stop()
     return build_verdict(scenario, recorder, injected)

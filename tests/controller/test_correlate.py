@@ -459,3 +459,43 @@ class TestCorrelator:
         assert "node_down" not in kinds
         leaf = next(i for _, i in out if i.kind == "switch_fault")
         assert (leaf.root_cause, len(leaf.affected_nodes)) == ("leaf-b40-r6", 16)
+
+
+class TestDeadLeafUplinks:
+    def test_spine_side_ports_of_a_dead_leaf_join_the_leaf_incident(self) -> None:
+        """A dead leaf's NICs and its uplinks as the spines see them are one incident, not 1 + 8."""
+        from controller.detect.correlate import CorrelationConfig, Grouper
+        from controller.detect.model import Condition
+        from controller.fabric import generate_fabric
+
+        fabric = generate_fabric(nodes=32, gpus_per_node=8, rails=8, nodes_per_block=16, spines=8)
+        conds = [
+            Condition("nic.port_down", nic, "nic", "nic_link", fabric.host_of(nic), "critical", "check_link", "down", 0, 0)
+            for nic in fabric.nics_on_leaf("leaf-b0-r3")
+        ]
+        for spine in fabric.spines_of("leaf-b0-r3"):
+            cable = fabric.link_name("leaf-b0-r3", spine)
+            conds.append(
+                Condition("switch.port_down", cable, "link", "switch_port", None, "critical", "check_link", "down", 0, 0)
+            )
+        groups = Grouper(fabric, CorrelationConfig(), lambda: 32).group(conds)
+        assert len(groups) == 1
+        assert groups[0].kind == "switch_fault" and groups[0].root_cause == "leaf-b0-r3"
+
+
+class TestExplainedStragglers:
+    def test_a_node_slow_because_of_its_nic_fault_is_not_a_second_incident(self) -> None:
+        """Fail-slow on a node with a NIC fault joins the NIC incident instead of opening a straggler."""
+        from controller.detect.correlate import CorrelationConfig, Grouper
+        from controller.detect.model import Condition
+        from controller.fabric import generate_fabric
+
+        fabric = generate_fabric(nodes=8, gpus_per_node=8, rails=4, nodes_per_block=4, spines=2)
+        nic = Condition("nic.pfc_pause_storm", "node-006/nic-1", "nic", "nic_errors", "node-006", "warning",
+                        "check_pfc", "storm", 0, 0)
+        slow = Condition("failslow", "node-006", "node", "failslow", "node-006", "warning", "investigate", "slow", 0, 0)
+        other = Condition("failslow", "node-002", "node", "failslow", "node-002", "warning", "investigate", "slow", 0, 0)
+        groups = {g.kind: g for g in Grouper(fabric, CorrelationConfig(), lambda: 8).group([nic, slow, other])}
+        assert set(groups) == {"nic_fault", "straggler"}
+        assert slow.key in groups["nic_fault"].members
+        assert groups["straggler"].root_cause == "node-002"
