@@ -12,9 +12,23 @@ from starpulse.scenario.spec import load_scenario
 
 SUITE = sorted((Path(__file__).parent / "scenarios").glob("*.yaml"))
 COVERED_KINDS = {
-    "gpu_xid", "gpu_ecc_dbe", "gpu_lost", "gpu_row_remap_failure", "gpu_nvlink_down", "gpu_thermal_slowdown",
-    "gpu_slow", "nic_down", "nic_flap", "nic_errors", "nic_degraded", "switch_down", "switch_port_down",
-    "pfc_storm", "optics_degraded", "node_down", "partition",
+    "gpu_xid",
+    "gpu_ecc_dbe",
+    "gpu_lost",
+    "gpu_row_remap_failure",
+    "gpu_nvlink_down",
+    "gpu_thermal_slowdown",
+    "gpu_slow",
+    "nic_down",
+    "nic_flap",
+    "nic_errors",
+    "nic_degraded",
+    "switch_down",
+    "switch_port_down",
+    "pfc_storm",
+    "optics_degraded",
+    "node_down",
+    "partition",
 }
 
 

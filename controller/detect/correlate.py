@@ -374,7 +374,7 @@ class Grouper:
             if len(nodes) >= cfg.min_nodes_for_switch:
                 # The leaf's own conditions, and its uplinks as the spines see them: a dead
                 # leaf is one incident, not one plus a link fault per spine cable.
-                own = [f for f in facts if (f.switch == leaf or f.uplink_leaf == leaf) and f.cond.key not in used]
+                own = [f for f in facts if leaf in (f.switch, f.uplink_leaf) and f.cond.key not in used]
                 leaf_groups.append((leaf, fs + own))
         fab = self.fabric
         spine_fold: str | None = None

@@ -208,7 +208,7 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
         await asyncio.sleep(3 * interval)  # a few reports so counters have a baseline
         # Start-up noise (agents racing to register on a busy machine) must settle first.
         quiet_by = time.monotonic() + 30
-        while controller.detection.correlator.incidents(active_only=True) and time.monotonic() < quiet_by:
+        while controller.detection.correlator.incidents(active_only=True) and time.monotonic() < quiet_by:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         recorder.t0 = time.monotonic()
         recorder.started = True

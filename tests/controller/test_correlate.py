@@ -470,13 +470,17 @@ class TestDeadLeafUplinks:
 
         fabric = generate_fabric(nodes=32, gpus_per_node=8, rails=8, nodes_per_block=16, spines=8)
         conds = [
-            Condition("nic.port_down", nic, "nic", "nic_link", fabric.host_of(nic), "critical", "check_link", "down", 0, 0)
+            Condition(
+                "nic.port_down", nic, "nic", "nic_link", fabric.host_of(nic), "critical", "check_link", "down", 0, 0
+            )
             for nic in fabric.nics_on_leaf("leaf-b0-r3")
         ]
         for spine in fabric.spines_of("leaf-b0-r3"):
             cable = fabric.link_name("leaf-b0-r3", spine)
             conds.append(
-                Condition("switch.port_down", cable, "link", "switch_port", None, "critical", "check_link", "down", 0, 0)
+                Condition(
+                    "switch.port_down", cable, "link", "switch_port", None, "critical", "check_link", "down", 0, 0
+                )
             )
         groups = Grouper(fabric, CorrelationConfig(), lambda: 32).group(conds)
         assert len(groups) == 1
@@ -491,10 +495,22 @@ class TestExplainedStragglers:
         from controller.fabric import generate_fabric
 
         fabric = generate_fabric(nodes=8, gpus_per_node=8, rails=4, nodes_per_block=4, spines=2)
-        nic = Condition("nic.pfc_pause_storm", "node-006/nic-1", "nic", "nic_errors", "node-006", "warning",
-                        "check_pfc", "storm", 0, 0)
+        nic = Condition(
+            "nic.pfc_pause_storm",
+            "node-006/nic-1",
+            "nic",
+            "nic_errors",
+            "node-006",
+            "warning",
+            "check_pfc",
+            "storm",
+            0,
+            0,
+        )
         slow = Condition("failslow", "node-006", "node", "failslow", "node-006", "warning", "investigate", "slow", 0, 0)
-        other = Condition("failslow", "node-002", "node", "failslow", "node-002", "warning", "investigate", "slow", 0, 0)
+        other = Condition(
+            "failslow", "node-002", "node", "failslow", "node-002", "warning", "investigate", "slow", 0, 0
+        )
         groups = {g.kind: g for g in Grouper(fabric, CorrelationConfig(), lambda: 8).group([nic, slow, other])}
         assert set(groups) == {"nic_fault", "straggler"}
         assert slow.key in groups["nic_fault"].members
