@@ -152,6 +152,7 @@ class AgentConfig:
     storm_window_s: float = 60.0
     storm_burst: int = 5
     boot_id_path: str = "/proc/sys/kernel/random/boot_id"  # a new boot restarts kernel-log seqs
+    metrics_listen: str | None = None  # HOST:PORT for Prometheus /metrics; None: no metrics server
 
 
 class Agent:
@@ -181,6 +182,8 @@ class Agent:
         self.cycles = 0
         self.events_emitted = 0
         self._last_cycle = time.monotonic()
+        self.latest_report: tpb.Report | None = None  # the last cycle's report, for /metrics
+        self.metrics_port = 0  # bound /metrics port once serving (config.metrics_listen)
 
     # Thread-safe: event-driven collectors call this from their own threads.
     def sink(self, finding: Finding) -> None:
@@ -267,6 +270,12 @@ class Agent:
         """Collect and stream until stop is set; unsent events stay buffered on disk."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.start_collectors)
+        metrics_server = None
+        if self.config.metrics_listen:
+            from agent.metrics import serve_agent_metrics  # here: agent.metrics imports this module
+
+            metrics_server = serve_agent_metrics(self, self.config.metrics_listen)
+            self.metrics_port = metrics_server.port
         link_task = asyncio.create_task(self.link.run())
         log.info(
             "agent_started",
@@ -280,6 +289,7 @@ class Agent:
             while not stop.is_set():
                 result = await asyncio.to_thread(self._cycle)
                 self.cycles += 1
+                self.latest_report = result.report
                 for finding in result.findings:
                     self.emit(finding)
                 self._drain_findings()
@@ -298,6 +308,8 @@ class Agent:
                 if time.monotonic() - next_at > self.interval_s:
                     next_at = time.monotonic()  # fell behind: do not burst to catch up
         finally:
+            if metrics_server is not None:
+                await asyncio.to_thread(metrics_server.close)
             self._drain_findings()
             await self.link.stop()
             link_task.cancel()

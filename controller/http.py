@@ -1,4 +1,4 @@
-"""The controller's HTTP side: /metrics, /healthz and a small JSON API (the dashboard's data)."""
+"""The controller's HTTP side: /metrics, /healthz, a small JSON API, and the web dashboard at ``/``."""
 
 from __future__ import annotations
 
@@ -9,16 +9,31 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controller.detect.pipeline import Detection
 from controller.metrics import ControllerMetrics
 from controller.query import node_statuses
 from controller.registry import NodeRegistry
 from controller.store import Store
+from controller.web import STATIC_DIR
+from controller.web.api import BreakerProvider, DashboardState, add_api_routes, find_detection
 from starpulse.findings import event_kind_name, severity_name
 
 
 def build_app(
-    registry: NodeRegistry, store: Store, metrics: ControllerMetrics, healthy: Callable[[], bool]
+    registry: NodeRegistry,
+    store: Store,
+    metrics: ControllerMetrics,
+    healthy: Callable[[], bool],
+    detection: Detection | None = None,
+    breaker: BreakerProvider | None = None,
+    poll_s: float = 1.0,
 ) -> web.Application:
+    """The aiohttp app. ``detection`` defaults to the Detection among the registry's listeners."""
+    dashboard = DashboardState(registry, detection or find_detection(registry.listeners), breaker)
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
     async def metrics_handler(request: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -67,4 +82,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/nodes", api_nodes)
     app.router.add_get("/api/events", api_events)
+    add_api_routes(app, dashboard, poll_s=poll_s)
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC_DIR)
     return app

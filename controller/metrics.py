@@ -1,8 +1,22 @@
-"""The controller's Prometheus series, on a registry of its own (one per controller instance)."""
+"""The controller's Prometheus series, on a registry of its own (one per controller instance).
+
+Ingest rate is the reports counter: ``rate(starpulse_reports_received_total[1m])`` is
+reports per second, ``rate(starpulse_samples_received_total[1m])`` samples per second by
+kind. Series for work still landing elsewhere (evictions and their breaker for
+self-healing, the alert outbox and notifications for alerting) are defined here so
+dashboards and rules can rely on them now; the owners update them through the
+attributes below (``set_outbox_depth_source`` for a callback-driven depth).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from controller.detect.correlate import EVICTABLE_KINDS
+
+BREAKERS = ("eviction",)
 
 
 class ControllerMetrics:
@@ -36,9 +50,7 @@ class ControllerMetrics:
             buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
             registry=r,
         )
-        self.incidents_open = Gauge(
-            "starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r
-        )
+        self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)
         self.detection_seconds = Histogram(
             "starpulse_detection_latency_seconds",
             "From an incident's first condition to the incident being opened.",
@@ -48,3 +60,36 @@ class ControllerMetrics:
         self.command_queue = Gauge(
             "starpulse_command_queue_depth", "Commands waiting to be sent to agents.", registry=r
         )
+        # Self-healing. kind: the incident kind behind the eviction; reason: "incident"
+        # (automatic) or "manual" (operator). Pre-created at 0 so the series exist, and
+        # increase() sees the first eviction, before self-healing ever runs.
+        self.evictions = Counter(
+            "starpulse_evictions",
+            "Nodes evicted from scheduling, by incident kind and reason.",
+            ["kind", "reason"],
+            registry=r,
+        )
+        for kind in sorted(EVICTABLE_KINDS):
+            self.evictions.labels(kind, "incident")
+        self.breaker_open = Gauge(
+            "starpulse_breaker_open",
+            "Circuit breaker state: 0 closed (actions allowed), 1 open (actions suspended).",
+            ["breaker"],
+            registry=r,
+        )
+        for name in BREAKERS:
+            self.breaker_open.labels(name).set(0)
+        # Alerting.
+        self.alert_outbox = Gauge(
+            "starpulse_alert_outbox_depth", "Alert notifications waiting in the outbox to be delivered.", registry=r
+        )
+        self.alert_notifications = Counter(
+            "starpulse_alert_notifications",
+            "Alert notification deliveries, by receiver and outcome (sent, failed, dropped).",
+            ["receiver", "outcome"],
+            registry=r,
+        )
+
+    def set_outbox_depth_source(self, depth: Callable[[], float]) -> None:
+        """Read the outbox depth at scrape time (no bookkeeping on every enqueue/dequeue)."""
+        self.alert_outbox.set_function(depth)

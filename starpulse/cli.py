@@ -76,6 +76,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         role=_role(args.role),
         interval_s=args.interval_s,
         buffer_path=str(state_dir / "agent-buffer.db"),
+        metrics_listen=args.metrics,
     )
     sim = SimNode(args.node_id, state_dir / "sim", seed=args.seed) if args.backend == "sim" else None
     try:
@@ -429,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--kmsg", default="/dev/kmsg", help="kernel log to tail ('' to disable)")
     a.add_argument("--mount", action="append", help="mount point whose disk usage to report (repeatable)")
     a.add_argument("--seed", type=int, default=0, help="sim backend: seed of the simulated hardware")
+    a.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus /metrics here")
     a.add_argument("--log-level", default="info")
     a.set_defaults(func=cmd_agent)
 
