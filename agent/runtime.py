@@ -152,6 +152,7 @@ class AgentConfig:
     storm_window_s: float = 60.0
     storm_burst: int = 5
     boot_id_path: str = "/proc/sys/kernel/random/boot_id"  # a new boot restarts kernel-log seqs
+    flush_timeout_s: float = 2.0  # on shutdown, wait this long for the controller to ack what is buffered
     metrics_listen: str | None = None  # HOST:PORT for Prometheus /metrics; None: no metrics server
 
 
@@ -318,6 +319,16 @@ class Agent:
             await asyncio.to_thread(self.collectors.close)
             self.buffer.close()
             log.info("agent_stopped", node=self.config.node_id)
+
+    async def _flush(self, timeout_s: float) -> None:
+        """On shutdown, give buffered events a moment to be acked (they stay on disk if not)."""
+        deadline = time.monotonic() + timeout_s
+        while self.link.connected.is_set() and self.link.acked_event_seq < self.buffer.next_seq - 1:
+            if time.monotonic() >= deadline:
+                log.info("agent_shutdown_unacked", buffered=self.buffer.depth())
+                return
+            self.link.wake()
+            await asyncio.sleep(0.05)
 
     @property
     def interval_s(self) -> float:
