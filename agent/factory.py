@@ -19,6 +19,7 @@ from agent.collectors.kmsg import KmsgCollector
 from agent.collectors.lldp import LldpCollector
 from agent.collectors.pci import pair_nics_with_gpus
 from agent.collectors.rdma import RdmaSysfsCollector
+from agent.collectors.sonic import SonicSwitchCollector, default_redis_factory
 from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
 from starpulse.findings import Finding
@@ -135,3 +136,13 @@ def build_agent(config: AgentConfig, backend: str, **factory_kwargs: Any) -> Age
     )
     holder.append(agent)
     return agent
+
+
+def build_switch_agent(config: AgentConfig, redis_factory: Callable[[int], Any] | None = None) -> Agent:
+    """An agent on a SONiC switch: one collector reading the switch's own Redis databases.
+
+    The node id is the switch's name in the fabric (e.g. "leaf-b0-r3"); the controller
+    treats a silent switch agent as a switch condition, never as a dead compute node.
+    """
+    collector = SonicSwitchCollector(redis_factory or default_redis_factory, config.node_id)
+    return Agent(config, [collector])

@@ -78,6 +78,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
         buffer_path=str(state_dir / "agent-buffer.db"),
         metrics_listen=args.metrics,
     )
+    if args.role == "switch":
+        from agent.factory import build_switch_agent
+
+        switch_agent = build_switch_agent(config, _redis_factory(args.redis) if args.redis else None)
+        asyncio.run(_run_agent(switch_agent))
+        return 0
     sim = SimNode(args.node_id, state_dir / "sim", seed=args.seed) if args.backend == "sim" else None
     try:
         agent = build_agent(
@@ -91,14 +97,25 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except BackendUnavailable as exc:
         print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
         return 2
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        _install_stop(stop)
-        await agent.run(stop)
-
-    asyncio.run(main())
+    asyncio.run(_run_agent(agent))
     return 0
+
+
+def _redis_factory(address: str) -> Any:
+    """Clients for a SONiC switch's Redis at HOST:PORT (default: its unix socket or :6379)."""
+    import redis
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"starpulse agent: --redis {address!r} is not HOST:PORT")
+    return lambda db: redis.Redis(host=host, port=int(port), db=db, decode_responses=True, socket_timeout=5.0)
+
+
+async def _run_agent(agent: Any) -> None:
+    """Run until SIGINT/SIGTERM; the agent flushes what it can and keeps the rest on disk."""
+    stop = asyncio.Event()
+    _install_stop(stop)
+    await agent.run(stop)
 
 
 # -- scan ---------------------------------------------------------------------------------
@@ -430,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--kmsg", default="/dev/kmsg", help="kernel log to tail ('' to disable)")
     a.add_argument("--mount", action="append", help="mount point whose disk usage to report (repeatable)")
     a.add_argument("--seed", type=int, default=0, help="sim backend: seed of the simulated hardware")
+    a.add_argument("--redis", default=None, help="--role switch: SONiC Redis HOST:PORT (default: its socket)")
     a.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus /metrics here")
     a.add_argument("--log-level", default="info")
     a.set_defaults(func=cmd_agent)
