@@ -16,6 +16,7 @@ from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
 from controller.fabric import Fabric, load_fabric
 from controller.http import build_app
+from controller.notify import NotifyConfig, Notifier, Outbox
 from controller.ingest import TelemetryServicer
 from controller.metrics import ControllerMetrics
 from controller.query import QueryServicer
@@ -49,6 +50,7 @@ class ControllerConfig:
     rules_path: Path | None = None  # None: the packaged default rules
     jobs: dict[str, list[str]] = field(default_factory=dict)  # job -> nodes, until a job registry exists
     detection: DetectionConfig = field(default_factory=DetectionConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)  # alert receivers (none: alerts off)
     controller_id: str = "controller-0"
     grace_s: float = 5.0
     extra_listen: list[str] = field(default_factory=list)
@@ -90,6 +92,10 @@ class Controller:
             fleet_size=self._fleet_size,
         )
         self.registry.listeners.append(self.detection)
+        self.notifier = Notifier(config.notify, Outbox(self.store.connection))
+        self.detection.listeners.append(self.notifier)
+        self._notify_stop = asyncio.Event()
+        self._notify_task: asyncio.Task[None] | None = None
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.telemetry = TelemetryServicer(
             self.registry,
@@ -144,6 +150,7 @@ class Controller:
         await site.start()
         self.http_port = int(self._runner.addresses[0][1]) if self._runner.addresses else port
         self._sweeper = asyncio.create_task(self._sweep_loop())
+        self._notify_task = asyncio.create_task(self.notifier.run(self._notify_stop))
         log.info(
             "controller_started",
             grpc=f"{split_host_port(cfg.listen)[0]}:{self.grpc_port}",
@@ -173,6 +180,9 @@ class Controller:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        self._notify_stop.set()
+        if self._notify_task is not None:
+            await self._notify_task  # in-flight deliveries finish; the rest waits in the outbox
         if self._server is not None:
             await self._server.stop(self.config.grace_s)
         if self._runner is not None:

@@ -27,11 +27,27 @@ def _install_stop(stop: asyncio.Event) -> None:
 
 # -- controller ---------------------------------------------------------------------------
 def cmd_controller(args: argparse.Namespace) -> int:
+    from controller.notify import NotifyConfig
     from controller.service import Controller, ControllerConfig
     from starpulse.logs import configure_logging
 
     configure_logging(args.log_level)
+    notify = NotifyConfig()
+    if args.notify:
+        import yaml
+
+        from controller.notify import NotifyConfigError, parse_notify_config
+
+        path = Path(args.notify)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+            section = raw.get("notify", raw) if isinstance(raw, dict) else raw
+            notify = parse_notify_config(section, str(path), base_dir=path.parent)
+        except (OSError, yaml.YAMLError, NotifyConfigError) as exc:
+            print(f"starpulse controller: {exc}", file=sys.stderr)
+            return 2
     config = ControllerConfig(
+        notify=notify,
         listen=args.listen,
         http=args.http,
         db_path=Path(args.db),
@@ -433,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--heartbeat-timeout-s", type=float, default=15.0)
     c.add_argument("--fabric", default=None, help="declared fabric file (JSON/YAML from `topology generate`)")
     c.add_argument("--rules", default=None, help="detection rules file (default: the packaged rules)")
+    c.add_argument("--notify", default=None, help="alert receivers file (YAML; see docs/alerts.md)")
     c.add_argument("--log-level", default="info")
     c.set_defaults(func=cmd_controller)
 

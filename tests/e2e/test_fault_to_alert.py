@@ -1,0 +1,54 @@
+"""The whole loop without healing: a GPU fault injected at a simulated node's NVML is
+detected by the controller, becomes an incident, and a signed webhook receives it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.fabric import generate_fabric
+from controller.notify import parse_notify_config
+from controller.service import Controller, ControllerConfig
+from tests.e2e.test_alerting import Receiver, receiving
+from tests.helpers import free_port, make_sim_agent, wait_for
+
+
+class TestFaultToAlert:
+    async def test_injected_xid_reaches_a_signed_webhook_as_one_incident(self, tmp_path: Path) -> None:
+        """Xid 79 on node-001/gpu-2 -> gpu_fault incident -> one signed 'firing' notice naming the GPU."""
+        fabric = generate_fabric(nodes=2, gpus_per_node=8, rails=8, nodes_per_block=2, spines=1)
+        receiver = Receiver(port=free_port(), secret="s3cret")
+        notify = parse_notify_config(
+            {"receivers": [{"name": "ops", "type": "webhook", "url": receiver.url, "secret": "s3cret"}]}
+        )
+        port = free_port()
+        ctl = Controller(
+            ControllerConfig(
+                listen=f"127.0.0.1:{port}",
+                http="127.0.0.1:0",
+                db_path=tmp_path / "c.db",
+                fabric=fabric,
+                allowed_nodes=[*fabric.nodes(), *fabric.switches()],
+                sweep_interval_s=0.2,
+                notify=notify,
+            )
+        )
+        ctl.detection.correlator.config.settle_s = 0.5
+        async with receiving(receiver):
+            await ctl.start()
+            agents = [make_sim_agent(n, tmp_path, [f"127.0.0.1:{port}"], seed=i) for i, n in enumerate(fabric.nodes())]
+            try:
+                for a in agents:
+                    a.start()
+                await wait_for(lambda: len(ctl.registry.nodes) == 2, what="registration")
+                agents[1].sim.inject("gpu_xid", "gpu-2", xid=79)
+                await wait_for(lambda: len(receiver.hits) >= 1, 30, "the webhook notice")
+                body = receiver.hits[0].json
+                text = str(body)
+                assert "node-001/gpu-2" in text and "gpu_fault" in text and "firing" in text
+                incidents = ctl.detection.incidents.list_incidents(active_only=True)
+                assert [(i.kind, i.root_cause) for i in incidents] == [("gpu_fault", "node-001/gpu-2")]
+                assert receiver.refused == []  # the signature verified
+            finally:
+                for a in agents:
+                    await a.halt()
+                await ctl.stop()
