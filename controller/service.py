@@ -16,9 +16,9 @@ from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
 from controller.fabric import Fabric, load_fabric
 from controller.http import build_app
-from controller.notify import NotifyConfig, Notifier, Outbox
 from controller.ingest import TelemetryServicer
 from controller.metrics import ControllerMetrics
+from controller.notify import Notifier, NotifyConfig, Outbox
 from controller.query import QueryServicer
 from controller.registry import NodeRegistry
 from controller.store import Store
