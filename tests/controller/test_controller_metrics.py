@@ -1,0 +1,84 @@
+"""The controller's Prometheus exposition: existing names kept, new series present, promtool-clean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+from prometheus_client import generate_latest
+
+from controller.detect.correlate import EVICTABLE_KINDS
+from controller.metrics import ControllerMetrics
+from controller.service import Controller, ControllerConfig
+from tests.agent.test_agent_metrics import find, one, promtool_check, samples
+from tests.helpers import free_port
+
+
+def controller_exposition() -> str:
+    """A controller registry with every family exercised, as a busy controller would have it."""
+    m = ControllerMetrics()
+    m.reports.inc(3)
+    m.samples.labels("gpu").inc(24)
+    m.events.labels("xid").inc()
+    m.rejected.labels("rate_limited").inc()
+    m.streams.set(2)
+    m.nodes.labels("online").set(2)
+    m.nodes.labels("unreachable").set(1)
+    m.ingest_seconds.observe(0.002)
+    m.incidents_open.labels("gpu_fault").set(1)
+    m.detection_seconds.observe(2.5)
+    m.command_queue.set(1)
+    m.evictions.labels("gpu_fault", "incident").inc()
+    m.breaker_open.labels("eviction").set(1)
+    m.set_outbox_depth_source(lambda: 4)
+    m.alert_notifications.labels("webhook", "sent").inc()
+    return generate_latest(m.registry).decode()
+
+
+class TestControllerSeries:
+    def test_existing_names_still_exposed(self) -> None:
+        text = controller_exposition()
+        assert one(text, "starpulse_reports_received_total") == 3
+        assert one(text, "starpulse_samples_received_total", kind="gpu") == 24
+        assert one(text, "starpulse_nodes", state="unreachable") == 1
+        assert one(text, "starpulse_incidents_open", kind="gpu_fault") == 1
+        assert one(text, "starpulse_agent_streams") == 2
+        assert one(text, "starpulse_command_queue_depth") == 1
+        assert one(text, "starpulse_detection_latency_seconds_count") == 1
+        assert one(text, "starpulse_detection_latency_seconds_bucket", le="3.0") == 1
+        assert one(text, "starpulse_ingest_seconds_count") == 1
+
+    def test_new_series(self) -> None:
+        text = controller_exposition()
+        assert one(text, "starpulse_evictions_total", kind="gpu_fault", reason="incident") == 1
+        assert one(text, "starpulse_breaker_open", breaker="eviction") == 1
+        assert one(text, "starpulse_alert_outbox_depth") == 4
+        assert one(text, "starpulse_alert_notifications_total", receiver="webhook", outcome="sent") == 1
+
+    def test_eviction_and_breaker_series_exist_before_any_action(self) -> None:
+        """Zero-valued series from the start: rules and increase() work before self-healing exists."""
+        text = generate_latest(ControllerMetrics().registry).decode()
+        kinds = {s.labels["kind"] for s in find(text, "starpulse_evictions_total")}
+        assert kinds == set(EVICTABLE_KINDS)
+        assert all(s.value == 0 for s in find(text, "starpulse_evictions_total"))
+        assert one(text, "starpulse_breaker_open", breaker="eviction") == 0
+        assert one(text, "starpulse_alert_outbox_depth") == 0
+
+    def test_promtool_check_metrics(self) -> None:
+        promtool_check(controller_exposition())
+        promtool_check(generate_latest(ControllerMetrics().registry).decode())
+
+
+async def test_http_metrics_route_serves_new_series(tmp_path: Path) -> None:
+    ctl = Controller(ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"))
+    await ctl.start()
+    try:
+        url = f"http://127.0.0.1:{ctl.http_port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            assert resp.status == 200
+            text = await resp.text()
+    finally:
+        await ctl.stop()
+    names = {s.name for s in samples(text)}
+    assert {"starpulse_breaker_open", "starpulse_evictions_total", "starpulse_reports_received_total"} <= names
+    promtool_check(text)
