@@ -312,6 +312,7 @@ class Agent:
             if metrics_server is not None:
                 await asyncio.to_thread(metrics_server.close)
             self._drain_findings()
+            await self._flush(self.config.flush_timeout_s)
             await self.link.stop()
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
