@@ -1,0 +1,664 @@
+/* starpulse dashboard: plain JS, no build step, no network beyond this controller. */
+"use strict";
+
+(function () {
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const POLL_MS = 5000; // fallback when the event stream is down
+  const REFRESH_MS = 15000; // last-seen times move even when nothing "changes"
+  const SEVERITY_RANK = { ok: -1, info: 0, warning: 1, critical: 2, fatal: 3 };
+
+  const state = {
+    fabric: null,
+    incidents: [],
+    nodes: [],
+    summary: null,
+    byId: new Map(),
+    version: null,
+    mode: "connecting",
+    loading: false,
+    again: false,
+    pollTimer: null,
+  };
+
+  // -- small helpers ------------------------------------------------------------------------
+
+  function $(id) {
+    return document.getElementById(id);
+  }
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    setAttrs(node, attrs);
+    for (const child of children) {
+      if (child !== null && child !== undefined) node.append(child);
+    }
+    return node;
+  }
+
+  function svg(tag, attrs) {
+    const node = document.createElementNS(SVG_NS, tag);
+    setAttrs(node, attrs);
+    return node;
+  }
+
+  function setAttrs(node, attrs) {
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "text") node.textContent = v;
+      else node.setAttribute(k, String(v));
+    }
+  }
+
+  async function getJSON(url) {
+    const resp = await fetch(url, { cache: "no-store" });
+    if (!resp.ok) throw new Error(url + ": HTTP " + resp.status);
+    return resp.json();
+  }
+
+  function fmtClock(ms) {
+    if (!ms) return "–";
+    return new Date(Number(ms)).toLocaleTimeString([], { hour12: false });
+  }
+
+  function fmtAgo(ms) {
+    if (!ms) return "never";
+    const s = Math.max(0, Math.round((Date.now() - Number(ms)) / 1000));
+    if (s < 60) return s + " s ago";
+    if (s < 3600) return Math.floor(s / 60) + " min ago";
+    if (s < 86400) return Math.floor(s / 3600) + " h ago";
+    return Math.floor(s / 86400) + " d ago";
+  }
+
+  function fmtDuration(ms) {
+    const s = Math.round(ms / 1000);
+    if (s < 90) return s + " s";
+    if (s < 5400) return Math.round(s / 60) + " min";
+    return (s / 3600).toFixed(1) + " h";
+  }
+
+  function incidentsOf(item) {
+    return (item.root_cause_of || []).concat(item.affected_by || []);
+  }
+
+  function listNodes(names, max) {
+    if (names.length <= max) return names.join(", ");
+    return names.slice(0, max).join(", ") + " +" + (names.length - max) + " more";
+  }
+
+  // -- data ---------------------------------------------------------------------------------
+
+  async function refresh() {
+    if (state.loading) {
+      state.again = true;
+      return;
+    }
+    state.loading = true;
+    try {
+      const [fabric, incidents, summary, nodes] = await Promise.all([
+        getJSON("/api/fabric"),
+        getJSON("/api/incidents?all=1&limit=200"),
+        getJSON("/api/summary"),
+        getJSON("/api/nodes"),
+      ]);
+      state.fabric = fabric;
+      state.incidents = incidents.incidents;
+      state.byId = new Map(state.incidents.map((i) => [i.id, i]));
+      state.summary = summary;
+      state.nodes = nodes.nodes || [];
+      render();
+      if (state.mode === "offline") setMode(isSnapshot() ? "snapshot" : "polling");
+    } catch (err) {
+      console.warn("refresh failed", err);
+      setMode("offline");
+    } finally {
+      state.loading = false;
+      if (state.again) {
+        state.again = false;
+        refresh();
+      }
+    }
+  }
+
+  function render() {
+    renderSummary(state.summary);
+    renderFabric(state.fabric);
+    renderIncidents(state.incidents);
+    renderNodes();
+    document.body.dataset.version = String(state.summary ? state.summary.version : "");
+  }
+
+  // -- header -------------------------------------------------------------------------------
+
+  function chip(label, value, cls) {
+    return el("span", { class: "chip " + (cls || "") }, el("b", { text: value }), " " + label);
+  }
+
+  function renderSummary(summary) {
+    const box = $("summary");
+    box.replaceChildren();
+    if (!summary) return;
+    const n = summary.nodes;
+    box.append(chip("online", n.online || 0, "ok"));
+    if (n.unreachable) box.append(chip("unreachable", n.unreachable, "bad"));
+    if (n.unknown) box.append(chip("never seen", n.unknown, ""));
+    const open = summary.incidents.open;
+    box.append(chip(open === 1 ? "open incident" : "open incidents", open, open ? "warn" : "ok"));
+    for (const [kind, count] of Object.entries(summary.incidents.by_kind)) {
+      box.append(chip(kind, count, "kind"));
+    }
+    renderBreaker(summary.breaker || {});
+  }
+
+  function renderBreaker(breaker) {
+    const node = $("breaker");
+    const st = breaker.state || "unknown";
+    node.dataset.state = st;
+    node.replaceChildren("breaker: ", el("b", { text: st }));
+    if (breaker.available === false) node.append(el("span", { class: "na", text: " (n/a)" }));
+  }
+
+  function setMode(mode) {
+    state.mode = mode;
+    const node = $("live");
+    node.dataset.mode = mode;
+    node.textContent = { live: "live", polling: "polling every 5 s", offline: "controller unreachable", snapshot: "snapshot" }[mode] || mode;
+  }
+
+  // -- fabric layout ------------------------------------------------------------------------
+
+  /** Glyph sizes by fabric size: labels while they fit, small squares for big fabrics. */
+  function scaleFor(nodeCount, rails) {
+    if (nodeCount <= 64 && rails <= 8) return { leafW: 66, leafH: 24, nodeW: 66, nodeH: 22, gap: 6, labels: true, spineW: 86 };
+    if (nodeCount <= 256) return { leafW: 30, leafH: 16, nodeW: 26, nodeH: 14, gap: 4, labels: false, spineW: 60 };
+    return { leafW: 12, leafH: 12, nodeW: 8, nodeH: 8, gap: 2, labels: false, spineW: 40 };
+  }
+
+  function layoutFabric(f, width) {
+    const blocks = f.blocks.length ? f.blocks : [{ block: "", leaves: [], nodes: f.nodes }];
+    const nodeCount = blocks.reduce((n, b) => n + b.nodes.length, 0);
+    const rails = Math.max(1, f.rails.length);
+    const s = scaleFor(nodeCount, rails);
+    const pad = 10;
+    const railW = rails * (s.leafW + s.gap) - s.gap;
+    const maxNodes = Math.max(1, ...blocks.map((b) => b.nodes.length));
+    let cols = Math.max(1, Math.floor((railW + s.gap) / (s.nodeW + s.gap)));
+    if (!f.blocks.length) cols = Math.max(1, Math.floor((width - 2 * pad) / (s.nodeW + s.gap)));
+    else if (cols < 4) cols = Math.min(maxNodes, 4);
+    const gridW = cols * (s.nodeW + s.gap) - s.gap;
+    const blockW = Math.max(railW, gridW) + 2 * pad;
+    const blockGap = 18;
+    const perRow = Math.max(1, Math.floor((width - 20 + blockGap) / (blockW + blockGap)));
+    const rows = Math.ceil(maxNodes / cols);
+    const titleH = 18;
+    const linkGap = s.labels ? 34 : 18;
+    const blockH = titleH + (f.blocks.length ? s.leafH + linkGap : 0) + rows * (s.nodeH + s.gap) + pad;
+    const spines = f.spines || [];
+    const spineGap = 10;
+    const spineW = spines.length ? Math.min(s.spineW, (width - 40) / spines.length - spineGap) : 0;
+    const spineH = s.labels ? 26 : 16;
+    const spineTop = 14;
+    const blocksTop = spines.length ? spineTop + spineH + (perRow >= blocks.length ? 70 : 40) : 10;
+    const usedRows = Math.ceil(blocks.length / perRow);
+    const usedW = Math.min(blocks.length, perRow) * (blockW + blockGap) - blockGap;
+    const left = Math.max(10, (width - usedW) / 2);
+    return {
+      s, pad, cols, blocks, blockW, blockH, blockGap, perRow, titleH, linkGap, left,
+      spines, spineW, spineH, spineTop, spineGap, blocksTop,
+      singleRow: usedRows === 1,
+      height: blocksTop + usedRows * (blockH + blockGap) - blockGap + 6,
+      width,
+    };
+  }
+
+  function blockOrigin(L, i) {
+    const col = i % L.perRow;
+    const row = Math.floor(i / L.perRow);
+    return { x: L.left + col * (L.blockW + L.blockGap), y: L.blocksTop + row * (L.blockH + L.blockGap) };
+  }
+
+  // -- fabric drawing -----------------------------------------------------------------------
+
+  function statusClasses(item) {
+    const cls = ["st-" + (item.status || "ok")];
+    if ((item.root_cause_of || []).length) cls.push("fault");
+    else if ((item.affected_by || []).length) cls.push("affected");
+    if (item.state) cls.push(item.state);
+    return cls.join(" ");
+  }
+
+  /** One element: a <g> with id/class/data-*, wrapped content in an <a> when incidents name it. */
+  function drawElement(parent, item, id, kind, box, label) {
+    const ids = incidentsOf(item);
+    const g = svg("g", {
+      id: id,
+      class: kind + " " + statusClasses(item),
+      "data-name": item.name,
+      "data-status": item.status || "ok",
+      "data-state": item.state || null,
+      "data-incident": ids[0] || null,
+      "data-incidents": ids.length ? ids.join(" ") : null,
+      "aria-label": item.name + (ids.length ? " (" + item.status + ": " + ids.join(", ") + ")" : ""),
+    });
+    const holder = ids.length ? svg("a", { href: "#incident-" + ids[0] }) : g;
+    if (holder !== g) g.append(holder);
+    if ((item.root_cause_of || []).length) {
+      holder.append(svg("rect", { class: "halo", x: box.x - 4, y: box.y - 4, width: box.w + 8, height: box.h + 8, rx: 5 }));
+    }
+    holder.append(svg("rect", { class: "glyph", x: box.x, y: box.y, width: box.w, height: box.h, rx: Math.min(4, box.h / 4) }));
+    if (label) {
+      holder.append(svg("text", { x: box.x + box.w / 2, y: box.y + box.h / 2 + 4, "text-anchor": "middle", text: label }));
+    }
+    parent.append(g);
+    return g;
+  }
+
+  function line(parent, a, b, cls) {
+    parent.append(svg("line", { class: cls, x1: a.x, y1: a.y, x2: b.x, y2: b.y }));
+  }
+
+  function cableClass(item) {
+    return item && (item.root_cause_of || []).length ? "cable st-" + item.status : "cable";
+  }
+
+  function renderFabric(f) {
+    const root = $("fabric-svg");
+    const hasAny = f && (f.blocks.length || f.nodes.length);
+    $("fabric-empty").hidden = !!hasAny;
+    root.replaceChildren();
+    if (!hasAny) {
+      root.setAttribute("height", "0");
+      return;
+    }
+    const width = Math.max(640, $("fabric").clientWidth || 1200);
+    const L = layoutFabric(f, width);
+    root.setAttribute("viewBox", "0 0 " + width + " " + L.height);
+    root.setAttribute("height", String(L.height));
+    const pos = new Map();
+    const layers = { bg: svg("g", { class: "backdrop" }), cables: svg("g", { class: "cables" }), shapes: svg("g", { class: "shapes" }) };
+    root.append(layers.bg, layers.cables, layers.shapes);
+    const cables = layers.cables;
+    drawSpines(layers.shapes, L, pos);
+    L.blocks.forEach((b, i) => drawBlock(layers, L, b, i, pos));
+    drawUplinks(cables, L, pos);
+    drawFaultyLinks(root, f.links || [], pos);
+    renderFabricMeta(f);
+  }
+
+  function renderFabricMeta(f) {
+    const s = f.summary;
+    $("fabric-meta").textContent = s
+      ? s.node + " nodes · " + s.blocks + " blocks · " + s.rails + " rails · " + s.leaf + " leaves · " + s.spine + " spines"
+      : f.nodes.length + " nodes (no fabric declared)";
+  }
+
+  function drawSpines(parent, L, pos) {
+    const n = L.spines.length;
+    if (!n) return;
+    const total = n * (L.spineW + L.spineGap) - L.spineGap;
+    let x = (L.width - total) / 2;
+    const labels = L.spineW >= 50;
+    for (const sp of L.spines) {
+      const box = { x: x, y: L.spineTop, w: L.spineW, h: L.spineH };
+      drawElement(parent, sp, "sw-" + sp.name, "switch spine", box, labels ? sp.name : null);
+      pos.set(sp.name, { x: x + L.spineW / 2, y: L.spineTop + L.spineH, item: sp, box });
+      x += L.spineW + L.spineGap;
+    }
+  }
+
+  function drawBlock(layers, L, b, i, pos) {
+    const o = blockOrigin(L, i);
+    const s = L.s;
+    const shapes = layers.shapes;
+    layers.bg.append(svg("rect", { class: "block-bg", x: o.x, y: o.y, width: L.blockW, height: L.blockH, rx: 6 }));
+    const title = b.block === "" ? "nodes" : "block " + b.block;
+    layers.bg.append(svg("text", { class: "title", x: o.x + L.pad, y: o.y + 13, text: title.toUpperCase() }));
+    let y = o.y + L.titleH + 4;
+    const leafPos = [];
+    b.leaves.forEach((leaf, r) => {
+      const box = { x: o.x + L.pad + r * (s.leafW + s.gap), y: y, w: s.leafW, h: s.leafH };
+      const label = s.labels ? "r" + leaf.rail : null;
+      drawElement(shapes, leaf, "sw-" + leaf.name, "switch leaf", box, label);
+      const p = { x: box.x + box.w / 2, top: box.y, y: box.y + box.h, item: leaf, box };
+      pos.set(leaf.name, p);
+      leafPos.push(p);
+    });
+    if (b.leaves.length) y += s.leafH + L.linkGap;
+    const nodePos = b.nodes.map((node, k) => drawNode(shapes, L, node, o, y, k, pos));
+    drawNodeCables(layers.cables, L, leafPos, nodePos, y);
+  }
+
+  function drawNode(parent, L, node, o, y, k, pos) {
+    const s = L.s;
+    const col = k % L.cols;
+    const row = Math.floor(k / L.cols);
+    const box = { x: o.x + L.pad + col * (s.nodeW + s.gap), y: y + row * (s.nodeH + s.gap), w: s.nodeW, h: s.nodeH };
+    const label = s.labels ? node.name.replace(/^node-/, "n") : null;
+    const kind = "node" + (node.spare ? " spare" : "");
+    drawElement(parent, node, "nd-" + node.name, kind, box, label);
+    const p = { x: box.x + box.w / 2, y: box.y, item: node, box };
+    pos.set(node.name, p);
+    return p;
+  }
+
+  /** Node-leaf cables: every cable for small blocks, else a bus under the leaf row. */
+  function drawNodeCables(parent, L, leafPos, nodePos, nodesTop) {
+    if (!leafPos.length || !nodePos.length) return;
+    if (leafPos.length * nodePos.length <= 64) {
+      for (const lp of leafPos) {
+        for (const np of nodePos) line(parent, { x: lp.x, y: lp.y }, { x: np.x, y: np.y }, cableClass(lp.item));
+      }
+      return;
+    }
+    const busY = nodesTop - L.linkGap / 2;
+    const xs = leafPos.map((p) => p.x).concat(nodePos.map((p) => p.x));
+    line(parent, { x: Math.min(...xs), y: busY }, { x: Math.max(...xs), y: busY }, "cable bus");
+    for (const lp of leafPos) line(parent, { x: lp.x, y: lp.y }, { x: lp.x, y: busY }, cableClass(lp.item));
+    const seen = new Set();
+    for (const np of nodePos) {
+      if (seen.has(np.x)) continue;
+      seen.add(np.x);
+      line(parent, { x: np.x, y: busY }, { x: np.x, y: nodesTop }, "cable");
+    }
+  }
+
+  /** Leaf-spine cables: each one when the fabric is small, else one trunk per block. */
+  function drawUplinks(parent, L, pos) {
+    if (!L.spines.length) return;
+    const leaves = L.blocks.flatMap((b) => b.leaves);
+    if (L.singleRow && leaves.length * L.spines.length <= 512) {
+      for (const leaf of leaves) {
+        const lp = pos.get(leaf.name);
+        for (const k of leaf.spines || []) {
+          const sp = pos.get(L.spines[k].name);
+          const hot = (leaf.root_cause_of || []).length ? leaf : sp.item;
+          line(parent, { x: sp.x, y: sp.y }, { x: lp.x, y: lp.top }, cableClass(hot));
+        }
+      }
+      return;
+    }
+    drawTrunks(parent, L, pos);
+  }
+
+  function drawTrunks(parent, L, pos) {
+    const first = pos.get(L.spines[0].name);
+    const last = pos.get(L.spines[L.spines.length - 1].name);
+    const busY = first.y + 12;
+    line(parent, { x: first.x, y: busY }, { x: last.x, y: busY }, "cable bus");
+    for (const sp of L.spines) {
+      const p = pos.get(sp.name);
+      line(parent, { x: p.x, y: p.y }, { x: p.x, y: busY }, cableClass(sp));
+    }
+    L.blocks.forEach((b, i) => {
+      const o = blockOrigin(L, i);
+      const chX = o.x - L.blockGap / 2;
+      const hot = b.leaves.find((lf) => (lf.root_cause_of || []).length);
+      const cls = cableClass(hot) + " bus";
+      const pts = [chX, busY, chX, o.y + 9, o.x, o.y + 9].join(" ");
+      parent.append(svg("polyline", { class: cls, points: pts }));
+    });
+  }
+
+  /** Cables that are themselves the root cause of an incident, drawn on top and linked. */
+  function drawFaultyLinks(parent, links, pos) {
+    for (const link of links) {
+      const a = pos.get(link.a);
+      const b = pos.get(link.b);
+      if (!a || !b) continue;
+      const g = svg("g", {
+        class: "link fault st-" + link.status,
+        "data-name": link.name,
+        "data-incident": link.incident,
+        "data-incidents": link.incident,
+      });
+      const anchor = svg("a", { href: "#incident-" + link.incident });
+      anchor.append(svg("line", { x1: a.box.x + a.box.w / 2, y1: a.box.y + a.box.h / 2, x2: b.box.x + b.box.w / 2, y2: b.box.y + b.box.h / 2 }));
+      g.append(anchor);
+      parent.append(g);
+    }
+  }
+
+  // -- tooltip ------------------------------------------------------------------------------
+
+  function findItem(name) {
+    const f = state.fabric;
+    if (!f) return null;
+    for (const sp of f.spines) if (sp.name === name) return sp;
+    for (const b of f.blocks) {
+      for (const lf of b.leaves) if (lf.name === name) return lf;
+      for (const n of b.nodes) if (n.name === name) return n;
+    }
+    for (const n of f.nodes) if (n.name === name) return n;
+    for (const l of f.links) if (l.name === name) return { name: l.name, status: l.status, root_cause_of: [l.incident] };
+    return null;
+  }
+
+  function tooltipContent(item) {
+    const parts = [el("div", { class: "tt-name", text: item.name })];
+    const facts = [];
+    if (item.state) facts.push(item.state);
+    if (item.spare) facts.push("spare");
+    if (item.last_seen_ms) facts.push("seen " + fmtAgo(item.last_seen_ms));
+    facts.push("status " + (item.status || "ok"));
+    parts.push(el("div", { class: "tt-row", text: facts.join(" · ") }));
+    if ((item.parts || []).length) parts.push(el("div", { class: "tt-row", text: "faulty: " + item.parts.join(", ") }));
+    for (const [role, ids] of [["root cause of", item.root_cause_of || []], ["affected by", item.affected_by || []]]) {
+      for (const id of ids) {
+        const inc = state.byId.get(id);
+        const what = inc ? inc.kind + " (" + inc.severity + ")" + (inc.root_cause ? " on " + inc.root_cause : "") : "";
+        parts.push(el("div", { class: "tt-inc", text: role + " " + id + ": " + what }));
+      }
+    }
+    return parts;
+  }
+
+  function onFabricHover(ev) {
+    const tip = $("tooltip");
+    const target = ev.target.closest ? ev.target.closest("[data-name]") : null;
+    const item = target ? findItem(target.dataset.name) : null;
+    if (!item) {
+      tip.hidden = true;
+      return;
+    }
+    tip.replaceChildren(...tooltipContent(item));
+    tip.hidden = false;
+    const x = Math.min(ev.clientX + 14, window.innerWidth - tip.offsetWidth - 8);
+    const y = Math.min(ev.clientY + 14, window.innerHeight - tip.offsetHeight - 8);
+    tip.style.left = x + "px";
+    tip.style.top = y + "px";
+  }
+
+  function highlight(id, on) {
+    for (const node of document.querySelectorAll('[data-incidents~="' + CSS.escape(id) + '"]')) {
+      node.classList.toggle("hl", on);
+    }
+  }
+
+  // -- incidents ----------------------------------------------------------------------------
+
+  function renderIncidents(incidents) {
+    const showResolved = $("show-resolved").checked;
+    const open = incidents.filter((i) => i.open);
+    const resolved = incidents.filter((i) => !i.open).slice(0, 50);
+    const shown = showResolved ? open.concat(resolved) : open;
+    const list = $("incidents");
+    list.replaceChildren(...shown.map(incidentItem));
+    $("incidents-empty").hidden = shown.length > 0;
+    $("incidents-meta").textContent = open.length + " open" + (showResolved ? " · " + resolved.length + " recently resolved" : "");
+    if (location.hash.startsWith("#incident-")) {
+      const target = document.getElementById(location.hash.slice(1));
+      if (target) target.classList.add("hl");
+    }
+  }
+
+  function incidentItem(inc) {
+    const cls = "incident sev-" + inc.severity + (inc.open ? " open" : " resolved");
+    const li = el("li", { id: "incident-" + inc.id, class: cls, "data-incident": inc.id, "data-kind": inc.kind });
+    const when = inc.open
+      ? fmtClock(inc.opened_ms) + " · " + fmtAgo(inc.opened_ms)
+      : fmtClock(inc.opened_ms) + " → " + fmtClock(inc.resolved_ms) + " (" + fmtDuration(inc.resolved_ms - inc.opened_ms) + ")";
+    li.append(
+      el(
+        "div",
+        { class: "inc-head" },
+        el("span", { class: "sev sev-" + inc.severity + (inc.open ? "" : " resolved"), text: inc.open ? inc.severity : "resolved" }),
+        el("span", { class: "kind", text: inc.kind }),
+        el("span", { class: "rc", text: inc.root_cause || "(network)" }),
+        el("time", { datetime: new Date(inc.opened_ms).toISOString(), text: when }),
+      ),
+      el(
+        "div",
+        { class: "inc-body" },
+        "action ",
+        el("span", { class: "action", text: inc.action }),
+        " · " + inc.affected_nodes.length + " node" + (inc.affected_nodes.length === 1 ? "" : "s") + ": ",
+        el("span", { class: "nodes", text: listNodes(inc.affected_nodes, 6) || "–" }),
+        inc.affected_jobs.length ? " · jobs " + inc.affected_jobs.join(", ") : null,
+        " · " + inc.id,
+      ),
+      evidenceBlock(inc.evidence || []),
+    );
+    li.addEventListener("mouseenter", () => highlight(inc.id, true));
+    li.addEventListener("mouseleave", () => highlight(inc.id, false));
+    return li;
+  }
+
+  function evidenceBlock(evidence) {
+    if (!evidence.length) return null;
+    const items = evidence.slice(0, 20).map((e) =>
+      el("li", {}, el("code", { text: e.component || "" }), " " + (e.message || e.rule || "") + (e.count > 1 ? " ×" + e.count : "")),
+    );
+    if (evidence.length > 20) items.push(el("li", { text: "+" + (evidence.length - 20) + " more" }));
+    return el("details", {}, el("summary", { text: "evidence (" + evidence.length + ")" }), el("ul", {}, ...items));
+  }
+
+  // -- nodes table --------------------------------------------------------------------------
+
+  function nodeRows() {
+    const marks = new Map();
+    const f = state.fabric;
+    if (f) {
+      for (const b of f.blocks) for (const n of b.nodes) marks.set(n.name, n);
+      for (const n of f.nodes) marks.set(n.name, n);
+    }
+    const rows = new Map();
+    for (const n of state.nodes) {
+      if (n.role === "NODE_ROLE_SWITCH") continue;
+      rows.set(n.node_id, {
+        name: n.node_id,
+        state: n.state,
+        last_seen_ms: Number(n.last_seen_ms || 0),
+        gpus: n.gpu_count || 0,
+        nics: n.nic_count || 0,
+        events: n.open_events || 0,
+      });
+    }
+    for (const [name, m] of marks) {
+      if (!rows.has(name)) rows.set(name, { name, state: "unknown", last_seen_ms: 0, gpus: "", nics: "", events: "" });
+    }
+    const list = Array.from(rows.values()).map((r) => Object.assign(r, { mark: marks.get(r.name) || {} }));
+    list.sort((a, b) => rank(b) - rank(a) || a.name.localeCompare(b.name));
+    return list;
+  }
+
+  function rank(row) {
+    const sev = incidentsOf(row.mark).length ? SEVERITY_RANK[row.mark.status] + 2 : 0;
+    return (row.state === "unreachable" ? 10 : 0) + sev;
+  }
+
+  function renderNodes() {
+    const filter = $("node-filter").value.trim().toLowerCase();
+    const rows = nodeRows();
+    const shown = filter ? rows.filter((r) => (r.name + " " + r.state).toLowerCase().includes(filter)) : rows;
+    $("nodes").tBodies[0].replaceChildren(...shown.map(nodeRow));
+    const bad = rows.filter((r) => r.state === "unreachable").length;
+    $("nodes-meta").textContent = rows.length + " nodes" + (bad ? " · " + bad + " unreachable" : "");
+  }
+
+  function nodeRow(r) {
+    const ids = incidentsOf(r.mark);
+    const cls = [r.state, ids.length ? "has-incident st-" + r.mark.status : ""].join(" ").trim();
+    const links = ids.map((id) => el("a", { href: "#incident-" + id, text: id }));
+    const incCell = el("td", {});
+    links.forEach((a, i) => incCell.append(i ? ", " : "", a));
+    return el(
+      "tr",
+      { id: "row-" + r.name, class: cls, "data-node": r.name },
+      el("td", { text: r.name }),
+      el("td", {}, el("span", { class: "state " + r.state, text: r.state })),
+      el("td", { title: r.last_seen_ms ? new Date(r.last_seen_ms).toISOString() : "", text: fmtAgo(r.last_seen_ms) }),
+      el("td", { class: "num", text: r.gpus }),
+      el("td", { class: "num", text: r.nics }),
+      el("td", { class: "num", text: r.events }),
+      incCell,
+    );
+  }
+
+  // -- live updates -------------------------------------------------------------------------
+
+  function startPolling() {
+    if (state.pollTimer === null) state.pollTimer = setInterval(refresh, POLL_MS);
+  }
+
+  function stopPolling() {
+    if (state.pollTimer !== null) clearInterval(state.pollTimer);
+    state.pollTimer = null;
+  }
+
+  function startStream() {
+    if (!window.EventSource) {
+      setMode("polling");
+      startPolling();
+      return;
+    }
+    const es = new EventSource("/api/stream");
+    es.addEventListener("open", () => {
+      setMode("live");
+      stopPolling();
+    });
+    es.addEventListener("changed", (ev) => {
+      const version = JSON.parse(ev.data).version;
+      if (version !== state.version) {
+        state.version = version;
+        refresh();
+      }
+    });
+    es.addEventListener("error", () => {
+      if (state.mode !== "offline") setMode("polling");
+      startPolling(); // EventSource reconnects by itself; "open" stops the polling again
+    });
+  }
+
+  function debounce(fn, ms) {
+    let timer = null;
+    return () => {
+      clearTimeout(timer);
+      timer = setTimeout(fn, ms);
+    };
+  }
+
+  function init() {
+    $("fabric-svg").addEventListener("mousemove", onFabricHover);
+    $("fabric-svg").addEventListener("mouseleave", () => ($("tooltip").hidden = true));
+    $("show-resolved").addEventListener("change", () => renderIncidents(state.incidents));
+    $("node-filter").addEventListener("input", renderNodes);
+    window.addEventListener("resize", debounce(() => renderFabric(state.fabric), 150));
+    window.addEventListener("hashchange", () => {
+      for (const node of document.querySelectorAll(".incident.hl")) node.classList.remove("hl");
+      renderIncidents(state.incidents);
+    });
+    refresh();
+    if (isSnapshot()) {
+      setMode("snapshot");
+      return;
+    }
+    setInterval(refresh, REFRESH_MS);
+    startStream();
+  }
+
+  /** ``?live=0``: render once, no event stream or polling (screenshots, headless checks, reports). */
+  function isSnapshot() {
+    return new URLSearchParams(location.search).get("live") === "0";
+  }
+
+  document.addEventListener("DOMContentLoaded", init);
+})();
