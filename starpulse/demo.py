@@ -1,7 +1,10 @@
 """`starpulse demo`: a controller and N simulated agents on loopback, with faults on a timer.
 
 Everything here is the real code path (gRPC streams, SQLite, collectors reading fake
-NVML and sysfs); only the hardware is simulated. It prints what happens as it happens.
+NVML and sysfs); only the hardware is simulated. The controller gets a generated fabric
+matching the simulated nodes (8 rails, blocks of up to 16 nodes, 4 spines), so its web
+dashboard draws the fabric and the faults; the first line printed is the dashboard's
+address. It prints what happens as it happens.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from agent.factory import build_agent
 from agent.runtime import AgentConfig
 from agent.sim.node import SimNode
+from controller.fabric import Fabric, generate_fabric
 from controller.registry import NodeRecord
 from controller.service import Controller, ControllerConfig
 from starpulse.findings import event_kind_name, severity_name
@@ -63,19 +67,50 @@ class DemoPrinter:
         print(f"{self.stamp()} controller: {node.node_id} {old_state} -> {new_state}", flush=True)
 
 
+DEMO_RAILS = 8  # SimNode has 8 RoCE rails (+ a bond, not on the fabric)
+DEMO_SPINES = 4
+DEMO_BLOCK = 16
+
+
+def demo_fabric(nodes: int) -> Fabric:
+    """The demo's declared fabric: ``nodes`` nodes in blocks of up to 16, 8 rails, 4 spines."""
+    if nodes < 1:
+        raise ValueError("the demo needs at least 1 node")
+    return generate_fabric(
+        nodes=nodes, gpus_per_node=8, rails=DEMO_RAILS, nodes_per_block=min(DEMO_BLOCK, nodes), spines=DEMO_SPINES
+    )
+
+
+def dashboard_url(http: str, port: int) -> str:
+    """Where a browser on this machine finds the dashboard (a wildcard bind is reached on loopback)."""
+    host = http.rsplit(":", 1)[0].strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/"
+
+
 async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: Path) -> None:
     t0 = time.monotonic()
+    fabric = demo_fabric(nodes)
     controller = Controller(
-        ControllerConfig(listen=listen, http=http, db_path=workdir / "controller.db", heartbeat_timeout_s=6.0)
+        ControllerConfig(
+            listen=listen, http=http, db_path=workdir / "controller.db", heartbeat_timeout_s=6.0, fabric=fabric
+        )
     )
     printer = DemoPrinter(t0)
     controller.registry.listeners.append(printer)
     await controller.start()
     target = f"127.0.0.1:{controller.grpc_port}"
+    dashboard = dashboard_url(http, controller.http_port)
+    print(f"dashboard: {dashboard}", flush=True)
+    summary = fabric.summary()
     print(
-        f"starpulse demo: controller on {target}, HTTP http://{http.rsplit(':', 1)[0]}:{controller.http_port}/"
+        f"starpulse demo: controller on {target}; fabric {summary['node']} nodes, {summary['blocks']} blocks,"
+        f" {summary['rails']} rails, {summary['leaf']} leaves, {summary['spine']} spines"
     )
-    print(f"  metrics:  http://127.0.0.1:{controller.http_port}/metrics")
+    print(f"  metrics:  {dashboard}metrics")
     print(f"  nodes:    starpulse nodes --controller {target}")
     print(f"  events:   starpulse events --controller {target}")
     print(f"starting {nodes} simulated nodes (8 GPUs, 8 RoCE rails + 1 bond each) in {workdir}", flush=True)
@@ -88,8 +123,7 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
 
     sims: list[SimNode] = []
     tasks = []
-    for i in range(nodes):
-        node_id = f"node-{i:03d}"
+    for i, node_id in enumerate(fabric.nodes()):
         sim = SimNode(node_id, workdir / node_id, seed=i)
         agent = build_agent(
             AgentConfig(

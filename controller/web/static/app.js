@@ -169,8 +169,8 @@
   /** Glyph sizes by fabric size: labels while they fit, small squares for big fabrics. */
   function scaleFor(nodeCount, rails) {
     if (nodeCount <= 64 && rails <= 8) return { leafW: 66, leafH: 24, nodeW: 66, nodeH: 22, gap: 6, labels: true, spineW: 86 };
-    if (nodeCount <= 256) return { leafW: 30, leafH: 16, nodeW: 26, nodeH: 14, gap: 4, labels: false, spineW: 60 };
-    return { leafW: 12, leafH: 12, nodeW: 8, nodeH: 8, gap: 2, labels: false, spineW: 40 };
+    if (nodeCount <= 256) return { leafW: 26, leafH: 16, nodeW: 26, nodeH: 14, gap: 4, labels: false, spineW: 60 };
+    return { leafW: 10, leafH: 10, nodeW: 10, nodeH: 8, gap: 2, labels: false, spineW: 40, tiny: true };
   }
 
   function layoutFabric(f, width) {
@@ -186,11 +186,11 @@
     else if (cols < 4) cols = Math.min(maxNodes, 4);
     const gridW = cols * (s.nodeW + s.gap) - s.gap;
     const blockW = Math.max(railW, gridW) + 2 * pad;
-    const blockGap = 18;
+    const blockGap = s.tiny ? 12 : 18;
     const perRow = Math.max(1, Math.floor((width - 20 + blockGap) / (blockW + blockGap)));
     const rows = Math.ceil(maxNodes / cols);
-    const titleH = 18;
-    const linkGap = s.labels ? 34 : 18;
+    const titleH = s.tiny ? 14 : 18;
+    const linkGap = s.labels ? 34 : s.tiny ? 10 : 18;
     const blockH = titleH + (f.blocks.length ? s.leafH + linkGap : 0) + rows * (s.nodeH + s.gap) + pad;
     const spines = f.spines || [];
     const spineGap = 10;
@@ -310,7 +310,7 @@
     const s = L.s;
     const shapes = layers.shapes;
     layers.bg.append(svg("rect", { class: "block-bg", x: o.x, y: o.y, width: L.blockW, height: L.blockH, rx: 6 }));
-    const title = b.block === "" ? "nodes" : "block " + b.block;
+    const title = b.block === "" ? "nodes" : (L.s.tiny ? "b" : "block ") + b.block;
     layers.bg.append(svg("text", { class: "title", x: o.x + L.pad, y: o.y + 13, text: title.toUpperCase() }));
     let y = o.y + L.titleH + 4;
     const leafPos = [];
@@ -365,7 +365,7 @@
   function drawUplinks(parent, L, pos) {
     if (!L.spines.length) return;
     const leaves = L.blocks.flatMap((b) => b.leaves);
-    if (L.singleRow && leaves.length * L.spines.length <= 512) {
+    if (L.singleRow && leaves.length * L.spines.length <= 96) {
       for (const leaf of leaves) {
         const lp = pos.get(leaf.name);
         for (const k of leaf.spines || []) {
@@ -392,7 +392,7 @@
       const o = blockOrigin(L, i);
       const chX = o.x - L.blockGap / 2;
       const hot = b.leaves.find((lf) => (lf.root_cause_of || []).length);
-      const cls = cableClass(hot) + " bus";
+      const cls = cableClass(hot) + " trunk";
       const pts = [chX, busY, chX, o.y + 9, o.x, o.y + 9].join(" ");
       parent.append(svg("polyline", { class: cls, points: pts }));
     });
