@@ -142,7 +142,9 @@ class Controller:
             self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         self._serving = True
 
-        app = build_app(self.registry, self.store, self.metrics, healthy=lambda: self._serving)
+        app = build_app(
+            self.registry, self.store, self.metrics, healthy=lambda: self._serving, detection=self.detection
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = split_host_port(cfg.http)
