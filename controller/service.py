@@ -92,7 +92,12 @@ class Controller:
             fleet_size=self._fleet_size,
         )
         self.registry.listeners.append(self.detection)
-        self.notifier = Notifier(config.notify, Outbox(self.store.connection))
+        self.notifier = Notifier(
+            config.notify,
+            Outbox(self.store.connection),
+            metrics_hook=lambda outcome, receiver, n: self.metrics.alert_notifications.labels(receiver, outcome).inc(n),
+        )
+        self.metrics.set_outbox_depth_source(self.notifier.outbox_depth)
         self.detection.listeners.append(self.notifier)
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
