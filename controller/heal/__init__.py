@@ -1,0 +1,1 @@
+"""Self-healing: remediation state, policy, guards and hot spares for the controller."""

@@ -1,0 +1,495 @@
+"""Guards between a policy decision and an action on the fleet.
+
+Why: automation that evicts on every fault will, on the day a shared cause (a bad
+driver push, a power event, a detector bug) hits half the fleet, evict half the fleet.
+Every automatic action passes these checks first, in this order (the first that fails
+answers):
+
+1. ``alert_only`` passes (nothing is touched).
+2. Never an action on a node for an incident the correlator does not call evictable
+   (switch, link, partition, node_down) - whatever the policy said.
+3. Circuit breaker: opens by itself on a mass fault (``breaker_trip_share`` of the fleet's
+   nodes, or ``breaker_trip_incidents`` evictable incidents, within ``breaker_window_s``)
+   and STAYS open until a named person resets it. While open, nothing is acted on.
+4. A node someone else drained (``drained_by`` not starpulse) is left to them.
+5. Flap protection: a node that came back to healthy more than ``flap_max`` times within
+   ``flap_window_s`` is held for a person, not evicted again.
+6. Cool-down: no new automatic action on a node within ``cooldown_s`` of the last one.
+7. Eviction budget: at most ``max_evictions_per_window`` distinct nodes evicted per
+   ``window_s``; and at most ``max_fleet_share`` of the fleet out of service at once.
+8. Mode: ``enforce`` allows; ``dry_run`` (shadow) answers not-allowed with mode
+   ``dry_run`` so the orchestrator logs what it WOULD do; ``manual`` files an approval
+   request and allows only once a person approved it (the other guards still apply).
+
+A verdict that allows is recorded as a grant (node, incident, mode), so asking again for
+the same incident on the same node is idempotent (it does not spend budget twice nor
+trip its own cool-down) and a restarted controller keeps its budget. Dry-run grants are
+kept apart from real ones, so shadow mode simulates the budget it would have spent.
+
+Returning a node to service is guarded separately (``check_resume``): never for a node
+someone else drained, unless a person asks with ``force``.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from controller.detect.correlate import evictable
+from controller.detect.model import Incident
+from controller.heal.policy import ALERT_ONLY, Decision, target_node
+from controller.heal.states import (
+    AUTOMATIC,
+    OUT_OF_SERVICE,
+    NodeHealState,
+    RemediationStore,
+    is_human,
+    transaction,
+)
+
+log = structlog.get_logger(__name__)
+
+Mode = Literal["enforce", "dry_run", "manual"]
+MODES: tuple[str, ...] = ("enforce", "dry_run", "manual")
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """Limits on automatic remediation. Times in seconds, shares as fractions of the fleet (0..1)."""
+
+    max_evictions_per_window: int = 2
+    """Distinct nodes that may be evicted (evict/reset_gpu/reboot/rma) per ``window_s``."""
+    window_s: float = 600.0
+    """Sliding window of the eviction budget, seconds."""
+    max_fleet_share: float = 0.05
+    """Share of the fleet's nodes that automation may hold out of service at once
+    (cordoned, draining, evicted, in repair by starpulse); at least one node is always allowed."""
+    breaker_trip_share: float = 0.5
+    """The breaker opens when nodes with evictable incidents opened within ``breaker_window_s``
+    reach this share of the fleet (and at least ``breaker_min_nodes``)."""
+    breaker_window_s: float = 300.0
+    """How far back incidents count towards tripping the breaker, seconds."""
+    breaker_trip_incidents: int = 0
+    """The breaker also opens at this many evictable incidents within the window (0: off)."""
+    breaker_min_nodes: int = 2
+    """Never trip on fewer faulty nodes than this (a 2-node lab is not a mass fault at 1)."""
+    mode: Mode = "enforce"
+    """enforce: act; dry_run: decide and log, never act; manual: act only on a person's approval."""
+    cooldown_s: float = 1800.0
+    """No new automatic action on a node within this many seconds of its last one."""
+    flap_window_s: float = 3600.0
+    """Window of flap protection, seconds."""
+    flap_max: int = 3
+    """A node that returned to healthy more than this many times within ``flap_window_s`` is held."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"guard mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        for name in ("window_s", "breaker_window_s", "cooldown_s", "flap_window_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_fleet_share", "breaker_trip_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be a share in (0, 1], got {getattr(self, name)}")
+        for name in ("max_evictions_per_window", "breaker_trip_incidents", "breaker_min_nodes", "flap_max"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the orchestrator may act now, and why (``code`` is stable, for metrics and tests)."""
+
+    allowed: bool
+    reason: str
+    mode: str
+    code: str = "ok"
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    open: bool
+    opened_ms: int | None
+    reason: str
+    closed_by: str | None
+    closed_ms: int | None
+
+
+@dataclass(frozen=True)
+class Approval:
+    incident_id: str
+    node: str
+    action: str
+    status: str  # pending | approved | rejected
+    requested_ms: int
+    decided_by: str | None
+    decided_ms: int | None
+    reason: str
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS heal_breaker (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    state TEXT NOT NULL,
+    opened_ms INTEGER,
+    reason TEXT NOT NULL DEFAULT '',
+    closed_by TEXT,
+    closed_ms INTEGER
+);
+CREATE TABLE IF NOT EXISTS heal_breaker_log (
+    at_ms INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS heal_grants (
+    node TEXT NOT NULL,
+    incident_id TEXT NOT NULL,
+    action TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    PRIMARY KEY (node, incident_id, mode)
+);
+CREATE INDEX IF NOT EXISTS heal_grants_at ON heal_grants(mode, at_ms);
+CREATE TABLE IF NOT EXISTS heal_approvals (
+    incident_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    action TEXT NOT NULL,
+    status TEXT NOT NULL,
+    requested_ms INTEGER NOT NULL,
+    decided_by TEXT,
+    decided_ms INTEGER,
+    reason TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (incident_id, node)
+);
+"""
+
+
+class CircuitBreaker:
+    """Fleet-wide stop switch, persisted: once open, only a named person closes it."""
+
+    def __init__(self, conn: sqlite3.Connection, clock_ms: Callable[[], int]) -> None:
+        self._db = conn
+        self._clock = clock_ms
+        self._db.executescript(_SCHEMA)
+
+    def state(self) -> BreakerState:
+        row = self._db.execute(
+            "SELECT state, opened_ms, reason, closed_by, closed_ms FROM heal_breaker WHERE id = 1"
+        ).fetchone()
+        if row is None:
+            return BreakerState(False, None, "", None, None)
+        return BreakerState(row[0] == "open", row[1], row[2], row[3], row[4])
+
+    @property
+    def is_open(self) -> bool:
+        return self.state().open
+
+    def trip(self, reason: str, actor: str = AUTOMATIC) -> bool:
+        """Open the breaker; True when it was closed. An open breaker keeps its first reason."""
+        now = self._clock()
+        with transaction(self._db):
+            if self.state().open:
+                return False
+            self._db.execute(
+                "INSERT INTO heal_breaker(id, state, opened_ms, reason, closed_by, closed_ms) "
+                "VALUES (1, 'open', ?, ?, NULL, NULL) ON CONFLICT(id) DO UPDATE SET state = 'open', "
+                "opened_ms = excluded.opened_ms, reason = excluded.reason, closed_by = NULL, closed_ms = NULL",
+                (now, reason),
+            )
+            self._db.execute(
+                "INSERT INTO heal_breaker_log(at_ms, event, actor, reason) VALUES (?, 'open', ?, ?)",
+                (now, actor, reason),
+            )
+        log.warning("heal_breaker_opened", reason=reason, actor=actor)
+        return True
+
+    def reset(self, actor: str, reason: str = "") -> bool:
+        """Close the breaker; only a named person may. True when it was open."""
+        if not is_human(actor):
+            raise PermissionError(f"the circuit breaker is closed by a named person, not {actor!r}")
+        now = self._clock()
+        with transaction(self._db):
+            if not self.state().open:
+                return False
+            self._db.execute(
+                "UPDATE heal_breaker SET state = 'closed', closed_by = ?, closed_ms = ? WHERE id = 1", (actor, now)
+            )
+            self._db.execute(
+                "INSERT INTO heal_breaker_log(at_ms, event, actor, reason) VALUES (?, 'close', ?, ?)",
+                (now, actor, reason),
+            )
+        log.warning("heal_breaker_closed", actor=actor, reason=reason)
+        return True
+
+    def log(self) -> list[tuple[int, str, str, str]]:
+        """(at_ms, open|close, actor, reason), oldest first."""
+        return [
+            tuple(r)
+            for r in self._db.execute("SELECT at_ms, event, actor, reason FROM heal_breaker_log ORDER BY rowid")
+        ]
+
+
+class Guards:
+    """The checks of the module docstring, over the remediation store and their own tables."""
+
+    def __init__(
+        self,
+        config: GuardConfig,
+        store: RemediationStore,
+        conn: sqlite3.Connection | None = None,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self._db = conn if conn is not None else store.conn
+        self._clock = clock_ms if clock_ms is not None else store.clock_ms
+        self.breaker = CircuitBreaker(self._db, self._clock)
+
+    # -- the check ---------------------------------------------------------------------------
+
+    def check(
+        self,
+        node: str | None,
+        decision: Decision,
+        incident: Incident,
+        fleet_size: int,
+        active_evictable_incidents: Sequence[Incident] = (),
+    ) -> Verdict:
+        """May the orchestrator carry out ``decision`` on ``node`` now? Records a grant when so."""
+        verdict = self._check(node, decision, incident, fleet_size, active_evictable_incidents)
+        log.info(
+            "heal_guard_verdict",
+            node=node,
+            incident=incident.id,
+            action=decision.action,
+            allowed=verdict.allowed,
+            code=verdict.code,
+            mode=verdict.mode,
+            reason=verdict.reason,
+        )
+        return verdict
+
+    def _check(
+        self,
+        node: str | None,
+        decision: Decision,
+        incident: Incident,
+        fleet_size: int,
+        active: Sequence[Incident],
+    ) -> Verdict:
+        mode = self.config.mode
+        if decision.action == ALERT_ONLY:
+            return Verdict(True, "alert only: nothing on the fleet is touched", mode, "alert_only")
+        if not evictable(incident):
+            return Verdict(
+                False, f"{incident.kind} is not evictable: never act on a node for it", mode, "not_evictable"
+            )
+        if not node:
+            return Verdict(False, f"{incident.id} names no single node to act on", mode, "no_node")
+        self.observe([*active, incident], fleet_size)
+        breaker = self.breaker.state()
+        if breaker.open:
+            return Verdict(
+                False, f"circuit breaker open since {breaker.opened_ms}: {breaker.reason}", mode, "breaker_open"
+            )
+        record = self.store.record(node)
+        if record.drained_by not in (None, AUTOMATIC):
+            return Verdict(
+                False, f"{node} was drained by {record.drained_by}; leaving it to them", mode, "foreign_drain"
+            )
+        now = self._clock()
+        granted_mode = "dry_run" if mode == "dry_run" else "real"
+        already = self._db.execute(
+            "SELECT 1 FROM heal_grants WHERE node = ? AND incident_id = ? AND mode = ?",
+            (node, incident.id, granted_mode),
+        ).fetchone()
+        if already is None:
+            denied = self._limits(node, decision, fleet_size, granted_mode, now)
+            if denied is not None:
+                return denied
+        if mode == "dry_run":
+            self._grant(node, incident, decision, granted_mode, now)
+            return Verdict(False, f"dry run: would {decision.action} {node} for {incident.id}", mode, "dry_run")
+        if mode == "manual":
+            approval = self.request_approval(incident, node, decision)
+            if approval.status == "rejected":
+                return Verdict(False, f"rejected by {approval.decided_by}", mode, "rejected")
+            if approval.status != "approved":
+                return Verdict(
+                    False,
+                    f"waiting for a person to approve {decision.action} {node} ({incident.id})",
+                    mode,
+                    "approval_required",
+                )
+        self._grant(node, incident, decision, granted_mode, now)
+        why = "within limits"
+        if mode == "manual":
+            decided = self.approval(incident.id, node)
+            why = f"approved by {decided.decided_by if decided else '?'}"
+        return Verdict(True, f"{decision.action} {node}: {why}", mode, "ok")
+
+    def _limits(self, node: str, decision: Decision, fleet_size: int, granted_mode: str, now: int) -> Verdict | None:
+        cfg, mode = self.config, self.config.mode
+        flap_since = now - int(cfg.flap_window_s * 1000)
+        flaps = sum(
+            1
+            for t in self.store.history(node, since_ms=flap_since)
+            if t.to_state == NodeHealState.HEALTHY and t.from_state != NodeHealState.HEALTHY
+        )
+        if flaps > cfg.flap_max:
+            return Verdict(
+                False,
+                f"{node} flapped {flaps} times in {cfg.flap_window_s:g}s (max {cfg.flap_max}): held for a person",
+                mode,
+                "flapping",
+            )
+        last = self._db.execute(
+            "SELECT MAX(at_ms) FROM heal_grants WHERE node = ? AND mode = ?", (node, granted_mode)
+        ).fetchone()[0]
+        if last is not None and now - last < cfg.cooldown_s * 1000:
+            return Verdict(
+                False,
+                f"{node} cooling down: last action {(now - last) / 1000:g}s ago (cooldown {cfg.cooldown_s:g}s)",
+                mode,
+                "cooldown",
+            )
+        since = now - int(cfg.window_s * 1000)
+        if decision.evicts:
+            evicted = {
+                r[0]
+                for r in self._db.execute(
+                    "SELECT node FROM heal_grants WHERE mode = ? AND at_ms > ? AND action IN "
+                    "('evict', 'reset_gpu', 'reboot', 'rma')",
+                    (granted_mode, since),
+                )
+            } - {node}
+            if len(evicted) >= cfg.max_evictions_per_window:
+                return Verdict(
+                    False,
+                    f"eviction budget spent: {len(evicted)} nodes in {cfg.window_s:g}s "
+                    f"(max {cfg.max_evictions_per_window})",
+                    mode,
+                    "budget",
+                )
+        out = {r.node for r in self.store.all_records() if r.state in OUT_OF_SERVICE and r.drained_by == AUTOMATIC}
+        out |= {
+            r[0]
+            for r in self._db.execute(
+                "SELECT node FROM heal_grants WHERE mode = ? AND at_ms > ?", (granted_mode, since)
+            )
+        }
+        limit = max(1, math.floor(cfg.max_fleet_share * fleet_size))
+        if node not in out and len(out) + 1 > limit:
+            return Verdict(
+                False,
+                f"fleet share: {len(out)} of {fleet_size} nodes already out (max {cfg.max_fleet_share:g} = {limit})",
+                mode,
+                "fleet_share",
+            )
+        return None
+
+    def _grant(self, node: str, incident: Incident, decision: Decision, granted_mode: str, now: int) -> None:
+        with transaction(self._db):
+            self._db.execute(
+                "INSERT OR IGNORE INTO heal_grants(node, incident_id, action, mode, at_ms) VALUES (?, ?, ?, ?, ?)",
+                (node, incident.id, decision.action, granted_mode, now),
+            )
+
+    def observe(self, incidents: Sequence[Incident], fleet_size: int) -> bool:
+        """Trip the breaker on a mass fault; call it every tick, not only on decisions. True when it opened."""
+        cfg = self.config
+        since = self._clock() - int(cfg.breaker_window_s * 1000)
+        recent = {i.id: i for i in incidents if evictable(i) and i.active and i.opened_ms >= since}
+        nodes: set[str] = set()
+        for inc in recent.values():
+            n = target_node(inc)
+            nodes.update([n] if n else inc.affected_nodes)
+        need = max(cfg.breaker_min_nodes, math.ceil(cfg.breaker_trip_share * fleet_size))
+        reason = ""
+        if fleet_size > 0 and len(nodes) >= need:
+            reason = (
+                f"{len(nodes)} of {fleet_size} nodes faulty within {cfg.breaker_window_s:g}s "
+                f"(trip at {cfg.breaker_trip_share:g} = {need})"
+            )
+        elif cfg.breaker_trip_incidents and len(recent) >= cfg.breaker_trip_incidents:
+            reason = (
+                f"{len(recent)} evictable incidents within {cfg.breaker_window_s:g}s "
+                f"(trip at {cfg.breaker_trip_incidents})"
+            )
+        return bool(reason) and self.breaker.trip(reason)
+
+    # -- returning to service ----------------------------------------------------------------
+
+    def check_resume(self, node: str, actor: str = AUTOMATIC, force: bool = False) -> Verdict:
+        """May ``actor`` put ``node`` back into service? Never someone else's drain, unless a person forces it."""
+        mode = self.config.mode
+        owner = self.store.drained_by(node)
+        if owner in (None, AUTOMATIC) or owner == actor:
+            return Verdict(True, f"{node} was taken out by {owner or 'nobody'}", mode, "ok")
+        if is_human(actor) and force:
+            log.warning("heal_forced_resume", node=node, actor=actor, drained_by=owner)
+            return Verdict(True, f"{actor} forces {node} back over a drain by {owner}", mode, "forced")
+        return Verdict(
+            False, f"{node} was drained by {owner}; only a person with force may return it", mode, "foreign_drain"
+        )
+
+    # -- approvals ---------------------------------------------------------------------------
+
+    def request_approval(self, incident: Incident, node: str, decision: Decision) -> Approval:
+        """File (once) a request for a person to approve ``decision`` on ``node``; returns its current row."""
+        with transaction(self._db):
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO heal_approvals(incident_id, node, action, status, requested_ms, reason) "
+                "VALUES (?, ?, ?, 'pending', ?, ?)",
+                (incident.id, node, decision.action, self._clock(), decision.reason),
+            )
+        if cur.rowcount:
+            log.info("heal_approval_requested", incident=incident.id, node=node, action=decision.action)
+        approval = self.approval(incident.id, node)
+        assert approval is not None
+        return approval
+
+    def approve(self, incident_id: str, actor: str, node: str | None = None) -> list[Approval]:
+        """A person approves the pending request(s) of an incident (one node, or all of them)."""
+        return self._decide(incident_id, actor, node, "approved")
+
+    def reject(self, incident_id: str, actor: str, node: str | None = None) -> list[Approval]:
+        return self._decide(incident_id, actor, node, "rejected")
+
+    def _decide(self, incident_id: str, actor: str, node: str | None, status: str) -> list[Approval]:
+        if not is_human(actor):
+            raise PermissionError(f"approvals are decided by a named person, not {actor!r}")
+        q = "WHERE incident_id = ? AND status = 'pending'" + (" AND node = ?" if node else "")
+        args: tuple[str, ...] = (incident_id, node) if node else (incident_id,)
+        with transaction(self._db):
+            nodes = [r[0] for r in self._db.execute(f"SELECT node FROM heal_approvals {q}", args)]
+            self._db.execute(
+                f"UPDATE heal_approvals SET status = ?, decided_by = ?, decided_ms = ? {q}",
+                (status, actor, self._clock(), *args),
+            )
+        if not nodes:
+            raise KeyError(f"no pending approval for {incident_id}" + (f" on {node}" if node else ""))
+        log.info("heal_approval_decided", incident=incident_id, nodes=nodes, status=status, actor=actor)
+        return [a for a in (self.approval(incident_id, n) for n in nodes) if a is not None]
+
+    def approval(self, incident_id: str, node: str) -> Approval | None:
+        row = self._db.execute(
+            "SELECT incident_id, node, action, status, requested_ms, decided_by, decided_ms, reason "
+            "FROM heal_approvals WHERE incident_id = ? AND node = ?",
+            (incident_id, node),
+        ).fetchone()
+        return Approval(*row) if row else None
+
+    def pending_approvals(self) -> list[Approval]:
+        """Requests waiting for a person, oldest first."""
+        rows = self._db.execute(
+            "SELECT incident_id, node, action, status, requested_ms, decided_by, decided_ms, reason "
+            "FROM heal_approvals WHERE status = 'pending' ORDER BY requested_ms, incident_id, node"
+        )
+        return [Approval(*r) for r in rows]

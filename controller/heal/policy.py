@@ -1,0 +1,531 @@
+"""Self-healing policy as data: what to do about each incident kind.
+
+Why data: the right response to an Xid differs between fleets (one site resets GPUs,
+another never reboots unattended); operators tune a YAML file, not code. The file is
+validated in full at load with one line per problem (file, key, what is wrong).
+
+Schema (``default_policy.yaml`` is the annotated reference)::
+
+    version: 1
+    kinds:
+      <incident kind>:
+        action: alert_only | cordon | evict | reset_gpu | reboot | rma
+        min_severity: info | warning | critical | fatal     # below it: alert_only
+        checkpoint_first: true | false | {when: MATCH, unless: MATCH}
+        by_action: {<incident action>: <action>}             # e.g. reboot: reboot
+        by_xid: {<xid number>: <action>}                     # wins over by_action
+    agent_commands: [reset_gpu, reboot]                      # may be requested from agents
+    escalation:
+      same_gpu_fatal_xid: {count: 3, window: 24h, min_severity: critical, action: rma}
+      max_repair_loops: 2
+      repair_loop_action: rma
+    # MATCH: {actions: [...], rules: [...], severities: [...], xids: [...]}; matches when any
+    # listed item is present (the incident's action, a rule / Xid of its evidence, its severity).
+
+Hard rule: kinds the correlator does not call evictable (switch_fault, link_fault,
+partition, node_down, other...) only ever get ``alert_only``; the loader refuses anything
+else for them and ``decide`` asserts it whatever the file says.
+
+Escalation counts serious GPU incidents per GPU (root cause) in SQLite so it survives a
+restart. It counts incidents, not events: a recurrence the correlator folds into the same
+incident (same id, flap damping) counts once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+import yaml
+
+from controller.detect.correlate import EVICTABLE_KINDS, evictable
+from controller.detect.model import SEVERITY_ORDER, Incident
+from controller.detect.rules import parse_quantity
+from controller.heal.states import RemediationStore, transaction
+
+log = structlog.get_logger(__name__)
+
+SUPPORTED_VERSION = 1
+DEFAULT_POLICY_FILE = "default_policy.yaml"
+
+ALERT_ONLY = "alert_only"
+CORDON = "cordon"
+EVICT = "evict"
+RESET_GPU = "reset_gpu"
+REBOOT = "reboot"
+RMA = "rma"
+ACTIONS: tuple[str, ...] = (ALERT_ONLY, CORDON, EVICT, RESET_GPU, REBOOT, RMA)
+"""Least to most disruptive."""
+EVICTING_ACTIONS: frozenset[str] = frozenset({EVICT, RESET_GPU, REBOOT, RMA})
+"""Actions that move jobs off the node (reset/reboot/rma all start with an eviction)."""
+AGENT_COMMANDS: tuple[str, ...] = (RESET_GPU, REBOOT)
+
+NEVER_EVICT_KINDS: frozenset[str] = frozenset({"switch_fault", "link_fault", "partition", "node_down"})
+"""The node is not the culprit (or is unreachable): alert only, always."""
+
+_MATCH_KEYS = ("actions", "rules", "severities", "xids")
+_KIND_KEYS = ("action", "min_severity", "checkpoint_first", "by_action", "by_xid")
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+@dataclass(frozen=True)
+class Match:
+    """Any-of matcher on an incident: its action, its severity, evidence rules or Xids."""
+
+    actions: frozenset[str] = frozenset()
+    rules: frozenset[str] = frozenset()
+    severities: frozenset[str] = frozenset()
+    xids: frozenset[int] = frozenset()
+
+    def matches(self, incident: Incident) -> bool:
+        if incident.action in self.actions or incident.severity in self.severities:
+            return True
+        return bool(self.rules & set(evidence_rules(incident)) or self.xids & set(evidence_xids(incident)))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """When to ask the job to checkpoint before evicting: ``when`` matches and ``unless`` does not."""
+
+    always: bool = False
+    when: Match | None = None
+    unless: Match | None = None
+
+    def wanted(self, incident: Incident) -> bool:
+        if self.unless is not None and self.unless.matches(incident):
+            return False
+        return self.always or (self.when is not None and self.when.matches(incident))
+
+
+@dataclass(frozen=True)
+class KindPolicy:
+    action: str = ALERT_ONLY
+    min_severity: str = "info"
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    by_action: dict[str, str] = field(default_factory=dict)
+    by_xid: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Escalation:
+    same_gpu_count: int = 3
+    same_gpu_window_s: float = 86400.0
+    same_gpu_min_severity: str = "critical"
+    same_gpu_action: str = RMA
+    max_repair_loops: int = 2
+    repair_loop_action: str = RMA
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy wants done about one incident (before the guards)."""
+
+    action: str
+    checkpoint_first: bool
+    reason: str
+    escalated: bool = False
+    node: str | None = None  # the node the action is for (None: alert only, or no single node)
+
+    @property
+    def evicts(self) -> bool:
+        return self.action in EVICTING_ACTIONS
+
+    @property
+    def touches_node(self) -> bool:
+        """Whether the action takes the node (or part of it) out of service."""
+        return self.action != ALERT_ONLY
+
+
+class HealHistory(Protocol):
+    """What ``Policy.decide`` needs to know about the past."""
+
+    def record_fault(self, incident: Incident) -> None:
+        """Count a serious GPU incident for its GPU (idempotent per incident id)."""
+
+    def fault_count(self, component: str, window_s: float) -> int:
+        """Serious incidents counted for ``component`` within the last ``window_s``."""
+
+    def repair_loops(self, node: str) -> int:
+        """Times the node has been through repair."""
+
+
+class SqliteHealHistory:
+    """``HealHistory`` on the controller's SQLite connection (table ``heal_gpu_faults``)."""
+
+    def __init__(self, store: RemediationStore, clock_ms: Callable[[], int] | None = None) -> None:
+        self._store = store
+        self._db: sqlite3.Connection = store.conn
+        self._clock = clock_ms if clock_ms is not None else store.clock_ms
+        self._db.executescript(
+            """CREATE TABLE IF NOT EXISTS heal_gpu_faults (
+                   component TEXT NOT NULL,
+                   incident_id TEXT NOT NULL,
+                   node TEXT,
+                   severity TEXT NOT NULL,
+                   at_ms INTEGER NOT NULL,
+                   PRIMARY KEY (component, incident_id)
+               );
+               CREATE INDEX IF NOT EXISTS heal_gpu_faults_at ON heal_gpu_faults(component, at_ms);"""
+        )
+
+    def record_fault(self, incident: Incident) -> None:
+        with transaction(self._db):
+            self._db.execute(
+                "INSERT OR IGNORE INTO heal_gpu_faults(component, incident_id, node, severity, at_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (incident.root_cause, incident.id, target_node(incident), incident.severity, self._clock()),
+            )
+
+    def fault_count(self, component: str, window_s: float) -> int:
+        since = self._clock() - int(window_s * 1000)
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM heal_gpu_faults WHERE component = ? AND at_ms > ?", (component, since)
+        ).fetchone()
+        return int(row[0])
+
+    def repair_loops(self, node: str) -> int:
+        return self._store.repair_loops(node)
+
+
+def evidence_rules(incident: Incident) -> list[str]:
+    return [str(e["rule"]) for e in incident.evidence if isinstance(e, dict) and e.get("rule")]
+
+
+def evidence_xids(incident: Incident) -> list[int]:
+    out: list[int] = []
+    for e in incident.evidence:
+        inner = e.get("evidence") if isinstance(e, dict) else None
+        if isinstance(inner, dict) and isinstance(inner.get("xid"), int):
+            out.append(int(inner["xid"]))
+    return out
+
+
+def target_node(incident: Incident) -> str | None:
+    """The one node an incident blames: the root cause's node ("node-003/gpu-5" -> "node-003").
+
+    None for incidents that blame no node (partitions) or several nodes without a node root cause.
+    """
+    if incident.root_cause and incident.component_type in ("gpu", "nic", "node"):
+        return incident.root_cause.split("/", 1)[0]
+    if len(incident.affected_nodes) == 1 and incident.component_type in ("gpu", "nic", "node"):
+        return incident.affected_nodes[0]
+    return None
+
+
+def _rank(action: str) -> int:
+    return ACTIONS.index(action)
+
+
+@dataclass(frozen=True)
+class Policy:
+    kinds: dict[str, KindPolicy]
+    agent_commands: frozenset[str]
+    escalation: Escalation
+    source: str = "<policy>"
+
+    def decide(self, incident: Incident, history: HealHistory | None = None) -> Decision:
+        """The action for ``incident``; ``history`` (when given) feeds escalation.
+
+        Deterministic and idempotent: deciding the same incident twice counts it once
+        towards same-GPU escalation.
+        """
+        decision = self._decide(incident, history)
+        if not evictable(incident):
+            assert decision.action == ALERT_ONLY, f"policy produced {decision.action} for {incident.kind}"
+        log.info(
+            "heal_decision",
+            incident=incident.id,
+            kind=incident.kind,
+            node=decision.node,
+            action=decision.action,
+            checkpoint_first=decision.checkpoint_first,
+            escalated=decision.escalated,
+            reason=decision.reason,
+        )
+        return decision
+
+    def _decide(self, incident: Incident, history: HealHistory | None) -> Decision:
+        kind = incident.kind
+        if kind in NEVER_EVICT_KINDS or not evictable(incident):
+            return Decision(ALERT_ONLY, False, f"{kind}: the node is not the culprit; alert only, never evict")
+        node = target_node(incident)
+        rule = self.kinds.get(kind)
+        if rule is None:
+            return Decision(ALERT_ONLY, False, f"no policy for {kind}", node=node)
+        if SEVERITY_ORDER.get(incident.severity, 0) < SEVERITY_ORDER[rule.min_severity]:
+            return Decision(
+                ALERT_ONLY, False, f"{kind} severity {incident.severity} below {rule.min_severity}", node=node
+            )
+        action, why = rule.action, f"{kind} -> {rule.action}"
+        xid_hits = [(x, rule.by_xid[x]) for x in evidence_xids(incident) if x in rule.by_xid]
+        if xid_hits:
+            x, action = max(xid_hits, key=lambda h: (_rank(h[1]), h[0]))
+            why = f"{kind} with Xid {x} -> {action}"
+        elif incident.action in rule.by_action:
+            action = rule.by_action[incident.action]
+            why = f"{kind} recommending {incident.action} -> {action}"
+        escalated = False
+        esc = self.escalation
+        if (
+            history is not None
+            and kind == "gpu_fault"
+            and incident.root_cause
+            and SEVERITY_ORDER.get(incident.severity, 0) >= SEVERITY_ORDER[esc.same_gpu_min_severity]
+        ):
+            history.record_fault(incident)
+            n = history.fault_count(incident.root_cause, esc.same_gpu_window_s)
+            if n >= esc.same_gpu_count and _rank(esc.same_gpu_action) > _rank(action):
+                action, escalated = esc.same_gpu_action, True
+                why = (
+                    f"{incident.root_cause}: {n} serious GPU incidents within {esc.same_gpu_window_s:g}s "
+                    f"(limit {esc.same_gpu_count}) -> {action} (hardware inspection)"
+                )
+        if history is not None and node and action != ALERT_ONLY:
+            loops = history.repair_loops(node)
+            if loops >= esc.max_repair_loops and _rank(esc.repair_loop_action) > _rank(action):
+                action, escalated = esc.repair_loop_action, True
+                why = f"{node} failed again after {loops} repair loops (max {esc.max_repair_loops}) -> {action}"
+        if action in AGENT_COMMANDS and action not in self.agent_commands:
+            why += f"; {action} not in agent_commands -> evict only"
+            action = EVICT
+        checkpoint = action in EVICTING_ACTIONS and rule.checkpoint.wanted(incident)
+        return Decision(action, checkpoint, why, escalated, node)
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def default_policy_path() -> Path:
+    return Path(str(resources.files("controller.heal").joinpath(DEFAULT_POLICY_FILE)))
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """Load and validate a policy file (None: the packaged default); PolicyError lists every problem."""
+    where = default_policy_path() if path is None else Path(path)
+    try:
+        text = where.read_text(encoding="utf-8")
+    except OSError as err:
+        raise PolicyError([f"{where}: cannot read policy file: {err.strerror or err}"]) from None
+    policy = parse_policy(text, str(where))
+    log.info("heal_policy_loaded", source=str(where), kinds=sorted(policy.kinds))
+    return policy
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise PolicyError([f"{source}: not valid YAML{where}: {getattr(err, 'problem', None) or err}"]) from None
+    return policy_from_dict(doc, source)
+
+
+def policy_from_dict(doc: Any, source: str = "<policy>") -> Policy:
+    """Validate an already-parsed policy document."""
+    errors: list[str] = []
+    if not isinstance(doc, dict):
+        raise PolicyError([f"{source}: expected a mapping with 'version' and 'kinds', got {type(doc).__name__}"])
+    for key in doc:
+        if key not in ("version", "kinds", "agent_commands", "escalation"):
+            errors.append(
+                f"{source}: unknown top-level key {key!r} (expected version, kinds, agent_commands, escalation)"
+            )
+    if doc.get("version") != SUPPORTED_VERSION:
+        errors.append(f"{source}: 'version': must be {SUPPORTED_VERSION}, got {doc.get('version')!r}")
+    kinds: dict[str, KindPolicy] = {}
+    raw_kinds = doc.get("kinds")
+    if not isinstance(raw_kinds, dict) or not raw_kinds:
+        errors.append(f"{source}: 'kinds': expected a mapping of incident kind to its policy")
+        raw_kinds = {}
+    for kind, raw in raw_kinds.items():
+        kp = _parse_kind(str(kind), raw, f"{source}: kinds.{kind}", errors)
+        if kp is not None:
+            kinds[str(kind)] = kp
+    commands = _parse_commands(doc.get("agent_commands", list(AGENT_COMMANDS)), f"{source}: agent_commands", errors)
+    escalation = _parse_escalation(doc.get("escalation"), f"{source}: escalation", errors)
+    if errors:
+        raise PolicyError(errors)
+    return Policy(kinds, commands, escalation, source)
+
+
+def _action(raw: Any, where: str, errors: list[str]) -> str | None:
+    if raw not in ACTIONS:
+        errors.append(f"{where}: unknown action {raw!r} (expected one of {', '.join(ACTIONS)})")
+        return None
+    return str(raw)
+
+
+def _severity(raw: Any, where: str, errors: list[str]) -> str | None:
+    if raw not in SEVERITY_ORDER:
+        errors.append(f"{where}: unknown severity {raw!r} (expected one of {', '.join(SEVERITY_ORDER)})")
+        return None
+    return str(raw)
+
+
+def _parse_kind(kind: str, raw: Any, where: str, errors: list[str]) -> KindPolicy | None:
+    if not isinstance(raw, dict):
+        errors.append(f"{where}: expected a mapping with at least 'action', got {type(raw).__name__}")
+        return None
+    n = len(errors)
+    for key in raw:
+        if key not in _KIND_KEYS:
+            errors.append(f"{where}: unknown key {key!r} (expected one of {', '.join(_KIND_KEYS)})")
+    if "action" not in raw:
+        errors.append(f"{where}: 'action' is required")
+    action = _action(raw.get("action", ALERT_ONLY), f"{where}.action", errors) or ALERT_ONLY
+    min_sev = _severity(raw.get("min_severity", "info"), f"{where}.min_severity", errors) or "info"
+    by_action: dict[str, str] = {}
+    raw_ba = raw.get("by_action", {})
+    if not isinstance(raw_ba, dict):
+        errors.append(f"{where}.by_action: expected a mapping of incident action to policy action")
+        raw_ba = {}
+    for k, v in raw_ba.items():
+        a = _action(v, f"{where}.by_action.{k}", errors)
+        if a is not None:
+            by_action[str(k)] = a
+    by_xid: dict[int, str] = {}
+    raw_bx = raw.get("by_xid", {})
+    if not isinstance(raw_bx, dict):
+        errors.append(f"{where}.by_xid: expected a mapping of Xid number to policy action")
+        raw_bx = {}
+    for k, v in raw_bx.items():
+        try:
+            x = int(k)
+        except (TypeError, ValueError):
+            errors.append(f"{where}.by_xid: key {k!r} is not an Xid number")
+            continue
+        a = _action(v, f"{where}.by_xid.{k}", errors)
+        if a is not None:
+            by_xid[x] = a
+    checkpoint = _parse_checkpoint(raw.get("checkpoint_first", False), f"{where}.checkpoint_first", errors)
+    if kind not in EVICTABLE_KINDS:
+        wanted = {action, *by_action.values(), *by_xid.values()} - {ALERT_ONLY}
+        if wanted:
+            why = (
+                "the node is not the culprit"
+                if kind in NEVER_EVICT_KINDS
+                else "the correlator does not call it evictable"
+            )
+            errors.append(f"{where}: {kind} may only be alert_only ({why}), got {', '.join(sorted(wanted))}")
+    return KindPolicy(action, min_sev, checkpoint, by_action, by_xid) if len(errors) == n else None
+
+
+def _parse_checkpoint(raw: Any, where: str, errors: list[str]) -> Checkpoint:
+    if isinstance(raw, bool):
+        return Checkpoint(always=raw)
+    if not isinstance(raw, dict):
+        errors.append(f"{where}: expected true, false or a mapping with 'when'/'unless', got {raw!r}")
+        return Checkpoint()
+    for key in raw:
+        if key not in ("when", "unless"):
+            errors.append(f"{where}: unknown key {key!r} (expected when, unless)")
+    when = _parse_match(raw["when"], f"{where}.when", errors) if "when" in raw else None
+    unless = _parse_match(raw["unless"], f"{where}.unless", errors) if "unless" in raw else None
+    if when is None and "when" not in raw:
+        errors.append(f"{where}: 'when' is required (use true for always)")
+    return Checkpoint(False, when, unless)
+
+
+def _parse_match(raw: Any, where: str, errors: list[str]) -> Match | None:
+    if not isinstance(raw, dict):
+        errors.append(f"{where}: expected a mapping with any of {', '.join(_MATCH_KEYS)}")
+        return None
+    lists: dict[str, list[Any]] = {}
+    for key, value in raw.items():
+        if key not in _MATCH_KEYS:
+            errors.append(f"{where}: unknown key {key!r} (expected any of {', '.join(_MATCH_KEYS)})")
+        elif not isinstance(value, list):
+            errors.append(f"{where}.{key}: expected a list, got {value!r}")
+        else:
+            lists[key] = value
+    for sev in lists.get("severities", []):
+        _severity(sev, f"{where}.severities", errors)
+    xids: set[int] = set()
+    for x in lists.get("xids", []):
+        if isinstance(x, bool) or not isinstance(x, int):
+            errors.append(f"{where}.xids: {x!r} is not an Xid number")
+        else:
+            xids.add(x)
+    return Match(
+        frozenset(map(str, lists.get("actions", []))),
+        frozenset(map(str, lists.get("rules", []))),
+        frozenset(map(str, lists.get("severities", []))),
+        frozenset(xids),
+    )
+
+
+def _parse_commands(raw: Any, where: str, errors: list[str]) -> frozenset[str]:
+    if not isinstance(raw, list):
+        errors.append(f"{where}: expected a list drawn from {', '.join(AGENT_COMMANDS)}")
+        return frozenset()
+    bad = [c for c in raw if c not in AGENT_COMMANDS]
+    if bad:
+        errors.append(f"{where}: unknown command(s) {bad} (expected any of {', '.join(AGENT_COMMANDS)})")
+    return frozenset(c for c in raw if c in AGENT_COMMANDS)
+
+
+def _parse_escalation(raw: Any, where: str, errors: list[str]) -> Escalation:
+    if raw is None:
+        return Escalation()
+    if not isinstance(raw, dict):
+        errors.append(f"{where}: expected a mapping")
+        return Escalation()
+    for key in raw:
+        if key not in ("same_gpu_fatal_xid", "max_repair_loops", "repair_loop_action"):
+            errors.append(
+                f"{where}: unknown key {key!r} (expected same_gpu_fatal_xid, max_repair_loops, repair_loop_action)"
+            )
+    d = Escalation()
+    values: dict[str, Any] = {}
+    same = raw.get("same_gpu_fatal_xid")
+    if same is not None:
+        w = f"{where}.same_gpu_fatal_xid"
+        if not isinstance(same, dict):
+            errors.append(f"{w}: expected a mapping with count, window, action")
+        else:
+            for key in same:
+                if key not in ("count", "window", "min_severity", "action"):
+                    errors.append(f"{w}: unknown key {key!r} (expected count, window, min_severity, action)")
+            values["same_gpu_count"] = _positive_int(same.get("count", d.same_gpu_count), f"{w}.count", errors)
+            try:
+                q = parse_quantity(same.get("window", "24h"), ("time",))
+                if q.value <= 0:
+                    raise ValueError(f"{q.text!r} must be greater than zero")
+                values["same_gpu_window_s"] = q.value
+            except ValueError as err:
+                errors.append(f"{w}.window: {err}")
+            values["same_gpu_min_severity"] = (
+                _severity(same.get("min_severity", d.same_gpu_min_severity), f"{w}.min_severity", errors)
+                or d.same_gpu_min_severity
+            )
+            values["same_gpu_action"] = _action(same.get("action", RMA), f"{w}.action", errors) or RMA
+    if "max_repair_loops" in raw:
+        values["max_repair_loops"] = _positive_int(raw["max_repair_loops"], f"{where}.max_repair_loops", errors)
+    if "repair_loop_action" in raw:
+        values["repair_loop_action"] = _action(raw["repair_loop_action"], f"{where}.repair_loop_action", errors) or RMA
+    return Escalation(**{k: v for k, v in values.items() if v is not None})
+
+
+def _positive_int(raw: Any, where: str, errors: list[str]) -> int | None:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        errors.append(f"{where}: expected a whole number >= 1, got {raw!r}")
+        return None
+    return raw
+
+
+def kinds_covered(policy: Policy) -> Iterable[str]:
+    """Kinds with an explicit entry, by name (for `starpulse heal policy show`)."""
+    return sorted(policy.kinds)
