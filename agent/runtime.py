@@ -19,6 +19,8 @@ import structlog
 
 from agent.collectors.base import Collector
 from agent.collectors.kmsg import KmsgCollector
+from agent.commands import CommandHandler
+from agent.jobs import JobCollector, JobGateway
 from agent.transport.buffer import EventBuffer
 from agent.transport.link import ControllerLink
 from agent.transport.storm import StormSuppressor
@@ -154,6 +156,8 @@ class AgentConfig:
     boot_id_path: str = "/proc/sys/kernel/random/boot_id"  # a new boot restarts kernel-log seqs
     flush_timeout_s: float = 2.0  # on shutdown, wait this long for the controller to ack what is buffered
     metrics_listen: str | None = None  # HOST:PORT for Prometheus /metrics; None: no metrics server
+    job_socket: str | None = None  # unix socket for training jobs (starpulse.job); None: no job gateway
+    allowed_commands: dict[str, list[str]] = field(default_factory=dict)  # kind -> argv template (agent.commands)
 
 
 class Agent:
@@ -167,6 +171,9 @@ class Agent:
         inventory_hooks: Sequence[Callable[[ipb.Inventory], None]] = (),
     ) -> None:
         self.config = config
+        self.jobs = JobGateway(config.job_socket) if config.job_socket else None
+        if self.jobs is not None:
+            collectors = [*collectors, JobCollector(self.jobs)]
         self.collectors = CollectorSet(collectors)
         self.buffer = EventBuffer(config.buffer_path, max_events=config.buffer_max_events)
         self.storms = StormSuppressor(window_s=config.storm_window_s, burst=config.storm_burst)
@@ -176,7 +183,8 @@ class Agent:
         self._kmsg = kmsg
         self._inventory_hooks = inventory_hooks
         self.boot_id = read_boot_id(config.boot_id_path)
-        self.link = ControllerLink(config.controllers, self._hello, self.buffer)
+        self.commands = CommandHandler(self.jobs, config.allowed_commands)
+        self.link = ControllerLink(config.controllers, self._hello, self.buffer, on_command=self.commands)
         self._report_seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
@@ -277,6 +285,11 @@ class Agent:
 
             metrics_server = serve_agent_metrics(self, self.config.metrics_listen)
             self.metrics_port = metrics_server.port
+        if self.jobs is not None:
+            try:
+                await self.jobs.start()
+            except OSError:  # the agent still monitors the node without it
+                log.exception("job_gateway_failed", socket=self.config.job_socket)
         link_task = asyncio.create_task(self.link.run())
         log.info(
             "agent_started",
@@ -311,6 +324,8 @@ class Agent:
         finally:
             if metrics_server is not None:
                 await asyncio.to_thread(metrics_server.close)
+            if self.jobs is not None:
+                await self.jobs.close()
             self._drain_findings()
             await self._flush(self.config.flush_timeout_s)
             await self.link.stop()

@@ -85,6 +85,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except InvalidName as exc:
         print(f"starpulse agent: {exc}", file=sys.stderr)
         return 2
+    try:
+        allowed = _allowed_commands(args.allow_command or [])
+    except ValueError as exc:
+        print(f"starpulse agent: {exc}", file=sys.stderr)
+        return 2
     state_dir = Path(args.state_dir)
     config = AgentConfig(
         node_id=args.node_id,
@@ -93,6 +98,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         interval_s=args.interval_s,
         buffer_path=str(state_dir / "agent-buffer.db"),
         metrics_listen=args.metrics,
+        job_socket=args.job_socket or None,
+        allowed_commands=allowed,
     )
     if args.role == "switch":
         from agent.factory import build_switch_agent
@@ -115,6 +122,21 @@ def cmd_agent(args: argparse.Namespace) -> int:
         return 2
     asyncio.run(_run_agent(agent))
     return 0
+
+
+def _allowed_commands(specs: list[str]) -> dict[str, list[str]]:
+    """'gpu_reset=/usr/bin/nvidia-smi,-r,-i,{gpu}' -> {'gpu_reset': ['/usr/bin/nvidia-smi', '-r', '-i', '{gpu}']}."""
+    from agent.commands import CONFIGURABLE, CommandHandler
+
+    allowed: dict[str, list[str]] = {}
+    for spec in specs:
+        kind, sep, argv = spec.partition("=")
+        if not sep or kind not in CONFIGURABLE or not argv:
+            raise ValueError(f"--allow-command {spec!r}: expected KIND=ARGV0,ARG,... with KIND one of "
+                             f"{', '.join(CONFIGURABLE)}")
+        allowed[kind] = argv.split(",")
+    CommandHandler(None, allowed)  # validates the templates now, not when the controller asks
+    return allowed
 
 
 def _redis_factory(address: str) -> Any:
@@ -466,6 +488,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0, help="sim backend: seed of the simulated hardware")
     a.add_argument("--redis", default=None, help="--role switch: SONiC Redis HOST:PORT (default: its socket)")
     a.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus /metrics here")
+    a.add_argument("--job-socket", default=None, metavar="PATH",
+                   help="unix socket for training jobs (starpulse.job), e.g. /run/starpulse/jobs.sock; off if unset")
+    a.add_argument("--allow-command", action="append", metavar="KIND=ARGV0,ARG,...",
+                   help="let the controller run this here (repeatable), e.g. "
+                        "gpu_reset=/usr/bin/nvidia-smi,-r,-i,{gpu}; kinds: gpu_reset, reboot, run_diagnostic. "
+                        "No shell; {gpu} must be a GPU index")
     a.add_argument("--log-level", default="info")
     a.set_defaults(func=cmd_agent)
 
