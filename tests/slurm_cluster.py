@@ -1,0 +1,303 @@
+"""A real Slurm 22.05 cluster on this host for tests: munged, slurmctld and N slurmd.
+
+Why a harness: the scheduler backend must be checked against real scontrol/sinfo/squeue
+behaviour (drain reasons, requeue holds, signals), which no fake reproduces faithfully.
+It follows docs/shared services.md: no systemd, every daemon a plain foreground process
+on loopback with its own temp folder, ports picked free, SLURM_CONF exported for every
+client command, and every process stopped by its PID, even when a test fails.
+
+Needs the Debian packages slurmctld, slurmd, slurm-client and munge; `SlurmCluster`
+skips the test (pytest.skip) with that reason when a binary is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pytest
+
+BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "sbatch", "scancel")
+MISSING_REASON = (
+    "Slurm/munge not installed (apt-get install --no-install-recommends slurmctld slurmd slurm-client munge)"
+)
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def missing_binaries() -> list[str]:
+    """Names of the Slurm/munge binaries this host lacks (empty when the harness can run)."""
+    return [b for b in BINARIES if _which(b) is None]
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on loopback (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class SlurmCluster:
+    """Context manager: a Slurm controller and `nodes` slurmd (gpu01..) on 127.0.0.1.
+
+    `env` carries SLURM_CONF for client commands; `sbatch`, `sinfo_rows`, `squeue_rows`
+    and `job` are the helpers tests use. KillWait is short so a requeued run ends fast.
+    """
+
+    def __init__(self, tmpdir: Path, nodes: int = 4, partition: str = "gpu", start_timeout_s: float = 30.0) -> None:
+        self.requested_dir = Path(tmpdir)
+        self.n = nodes
+        self.partition = partition
+        self.start_timeout_s = start_timeout_s
+        self.node_names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.dir = self.requested_dir
+        self.conf = self.dir / "slurm.conf"
+        self.env: dict[str, str] = {}
+        self._own_dir: str | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+    def __enter__(self) -> SlurmCluster:
+        missing = missing_binaries()
+        if missing:
+            pytest.skip(f"{MISSING_REASON}; missing: {', '.join(missing)}")
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        # A unix socket path must stay under 108 bytes: pytest's tmp paths can be long.
+        d = self.requested_dir / "slurm"
+        if len(str(d)) > 60:
+            self._own_dir = tempfile.mkdtemp(prefix="sp-slurm-")
+            d = Path(self._own_dir)
+        self.dir = d
+        for sub in ("state", "spool"):
+            shutil.rmtree(d / sub, ignore_errors=True)
+        for sub in ("munge", "state", "spool", "log"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        for name in self.node_names:
+            (d / "spool" / name).mkdir(exist_ok=True)
+        # munged refuses a socket folder (or parents) not mode 755-like.
+        for p in (d, d / "munge"):
+            p.chmod(0o755)
+        for parent in list(d.parents)[:4]:
+            with contextlib.suppress(OSError):
+                if parent.stat().st_mode & 0o777 == 0o700:
+                    parent.chmod(0o755)
+        key = d / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        sock = d / "munge" / "munge.socket.2"
+        ctld_port, slurmd_port, *node_ports = _free_ports(2 + self.n)
+        self.conf = d / "slurm.conf"
+        self.conf.write_text(self._conf_text(sock, ctld_port, slurmd_port, node_ports))
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+        self._spawn(
+            "munged",
+            [
+                _which("munged") or "munged",
+                "-F",
+                f"--key-file={key}",
+                f"--socket={sock}",
+                f"--pid-file={d / 'munge' / 'munged.pid'}",
+                f"--log-file={d / 'log' / 'munged.log'}",
+                f"--seed-file={d / 'munge' / 'munged.seed'}",
+            ],
+        )
+        self._wait(sock.exists, "munged socket")
+        self._spawn("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-c", "-f", str(self.conf)])
+        self._wait(lambda: "UP" in self.run("scontrol", "ping", check=False).stdout, "slurmctld UP")
+        for name in self.node_names:
+            self._spawn(f"slurmd-{name}", [_which("slurmd") or "slurmd", "-D", "-N", name, "-f", str(self.conf)])
+        self.wait_idle(self.n, timeout=self.start_timeout_s)
+
+    def _conf_text(self, sock: Path, ctld_port: int, slurmd_port: int, node_ports: list[int]) -> str:
+        d = self.dir
+        lines = [
+            "ClusterName=starpulse",
+            "SlurmctldHost=localhost",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={sock}",
+            "CredType=cred/munge",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmdSpoolDir={d / 'spool'}/%n",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d}/slurmd-%n.pid",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "ReturnToService=2",
+            "MpiDefault=none",
+            "JobCompType=jobcomp/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "SwitchType=switch/none",
+            "MailProg=/bin/true",
+            "SlurmdTimeout=30",
+            # Short waits so a requeued or cancelled run ends within seconds.
+            "KillWait=2",
+            "MinJobAge=300",
+            "SchedulerParameters=sched_interval=1",
+        ]
+        for name, port in zip(self.node_names, node_ports, strict=True):
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+                "CPUs=1 RealMemory=1000 State=UNKNOWN"
+            )
+        nodes = ",".join(self.node_names)
+        lines.append(f"PartitionName={self.partition} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.dir / "log" / f"{name}.out", "ab")  # noqa: SIM115 - kept open for the process's life
+        try:
+            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        finally:
+            log.close()
+
+    def _wait(self, cond: Any, what: str, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.start_timeout_s)
+        while not cond():
+            dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+            if dead:
+                raise RuntimeError(f"{what}: process exited early {dead}; logs in {self.dir / 'log'}\n{self.logs()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}; logs in {self.dir / 'log'}\n{self.logs()}")
+            time.sleep(0.1)
+
+    def logs(self, tail: int = 15) -> str:
+        out = []
+        for f in sorted((self.dir / "log").glob("*")):
+            with contextlib.suppress(OSError):
+                lines = f.read_text(errors="replace").splitlines()[-tail:]
+                out.append(f"--- {f.name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        """Cancel jobs, then stop every daemon by PID (SIGTERM, then SIGKILL)."""
+        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
+            with contextlib.suppress(Exception):
+                self.run("scancel", "--full", "--partition", self.partition, check=False, timeout=10)
+                self._wait_quiet(10.0)
+        order = [n for n in self.procs if n.startswith("slurmd-")] + ["slurmctld", "munged"]
+        for name in order:
+            p = self.procs.get(name)
+            if p is None or p.poll() is not None:
+                continue
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        self.procs.clear()
+        if self._own_dir:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+            self._own_dir = None
+
+    def _wait_quiet(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.run("squeue", "-h", "-o", "%i", check=False, timeout=5).stdout.strip():
+                return
+            time.sleep(0.2)
+
+    # -- client helpers ------------------------------------------------------------
+    def run(self, *argv: str, check: bool = True, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command with SLURM_CONF set (no shell)."""
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check, timeout=timeout)
+
+    def wait_idle(self, n: int, timeout: float = 30.0) -> None:
+        def idle() -> bool:
+            out = self.run("sinfo", "-h", "-t", "idle", "-o", "%D", check=False).stdout.strip()
+            return out.isdigit() and int(out) >= n
+
+        self._wait(idle, f"{n} idle nodes", timeout)
+
+    def sbatch(
+        self,
+        script: str | Path,
+        nodes: int = 1,
+        nodelist: list[str] | None = None,
+        exclude: list[str] | None = None,
+        job_name: str = "train",
+        output: Path | None = None,
+        extra: list[str] | None = None,
+    ) -> str:
+        """Submit a batch script (a path, or shell text written to a file); return the job id."""
+        path = Path(script) if isinstance(script, Path) else None
+        if path is None:
+            path = self.dir / f"job-{time.monotonic_ns()}.sh"
+            path.write_text(str(script))
+            path.chmod(0o755)
+        argv = ["sbatch", "--parsable", f"--nodes={nodes}", f"--job-name={job_name}", "--requeue"]
+        if nodelist:
+            argv.append(f"--nodelist={','.join(nodelist)}")
+        if exclude:
+            argv.append(f"--exclude={','.join(exclude)}")
+        if output:
+            argv += [f"--output={output}", "--open-mode=append"]
+        argv += extra or []
+        argv.append(str(path))
+        out = self.run(*argv).stdout.strip()
+        return out.split(";")[0]
+
+    def sinfo_rows(self) -> list[dict[str, str]]:
+        """One row per node: node, state, reason (from `sinfo -N -o "%N|%T|%E"`)."""
+        out = self.run("sinfo", "-N", "-h", "-o", "%N|%T|%E").stdout
+        rows = []
+        for line in out.splitlines():
+            node, state, reason = [*line.split("|", 2), "", ""][:3]
+            rows.append({"node": node, "state": state, "reason": reason})
+        return rows
+
+    def squeue_rows(self) -> list[dict[str, Any]]:
+        """Jobs as `squeue --json` reports them."""
+        data = json.loads(self.run("squeue", "--json").stdout)
+        return list(data.get("jobs", []))
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """Key=value fields from `scontrol -o show job <id>`."""
+        out = self.run("scontrol", "-o", "show", "job", job_id).stdout
+        fields: dict[str, str] = {}
+        for tok in out.split():
+            k, sep, v = tok.partition("=")
+            if sep:
+                fields[k] = v
+        return fields
