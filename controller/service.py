@@ -15,12 +15,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
 from controller.fabric import Fabric, load_fabric
+from controller.heal.guards import GuardConfig, Guards
+from controller.heal.healer import HealConfig, Healer
+from controller.heal.jobs import JobRegistry
+from controller.heal.policy import SqliteHealHistory, load_policy
+from controller.heal.scheduler.base import Scheduler
+from controller.heal.spares import SparePool
+from controller.heal.states import RemediationStore
 from controller.http import build_app
 from controller.ingest import TelemetryServicer
 from controller.metrics import ControllerMetrics
 from controller.notify import Notifier, NotifyConfig, Outbox
 from controller.query import QueryServicer
-from controller.registry import NodeRegistry
+from controller.registry import NodeRegistry, now_ms
 from controller.store import Store
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -29,6 +36,16 @@ log = structlog.get_logger(__name__)
 
 TELEMETRY_SERVICE = "starpulse.v1.Telemetry"
 QUERY_SERVICE = "starpulse.v1.Query"
+
+
+@dataclass
+class HealSettings:
+    """Self-healing: which scheduler acts, with which policy and guards."""
+
+    scheduler: Scheduler
+    policy_path: Path | None = None  # None: the packaged default policy
+    guards: GuardConfig = field(default_factory=GuardConfig)
+    heal: HealConfig = field(default_factory=HealConfig)
 
 
 @dataclass
@@ -51,6 +68,7 @@ class ControllerConfig:
     jobs: dict[str, list[str]] = field(default_factory=dict)  # job -> nodes, until a job registry exists
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)  # alert receivers (none: alerts off)
+    heal: HealSettings | None = None  # self-healing (None: detect and alert only)
     controller_id: str = "controller-0"
     grace_s: float = 5.0
     extra_listen: list[str] = field(default_factory=list)
@@ -78,17 +96,17 @@ class Controller:
             heartbeat_timeout_s=config.heartbeat_timeout_s,
             allowed_nodes=allowed,
         )
-        self._jobs_by_node: dict[str, list[str]] = {}
+        self.jobs = JobRegistry(self.store.connection, now_ms)
         for job, nodes in config.jobs.items():
-            for node in nodes:
-                self._jobs_by_node.setdefault(node, []).append(job)
+            self.jobs.register_job(job, nodes)
+        self.registry.listeners.append(self.jobs)
         self.detection = Detection(
             self.store.connection,
             load_rules(config.rules_path),
             self.fabric,
             self.metrics,
             config.detection,
-            jobs_of=lambda node: self._jobs_by_node.get(node, []),
+            jobs_of=self.jobs.jobs_of,
             fleet_size=self._fleet_size,
         )
         self.registry.listeners.append(self.detection)
@@ -101,6 +119,8 @@ class Controller:
         self.detection.listeners.append(self.notifier)
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
+        self.healer = self._build_healer(config.heal) if config.heal is not None else None
+        self._heal_task: asyncio.Task[None] | None = None
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.telemetry = TelemetryServicer(
             self.registry,
@@ -116,6 +136,34 @@ class Controller:
         self.grpc_port = 0
         self.http_port = 0
         self._serving = False
+
+    def _build_healer(self, settings: HealSettings) -> Healer:
+        store = RemediationStore(self.store.connection)
+        guards = Guards(settings.guards, store, self.store.connection)
+        spares = SparePool(self.fabric, self._spare_healthy, store) if self.fabric is not None else None
+        healer = Healer(
+            load_policy(settings.policy_path),
+            guards,
+            store,
+            SqliteHealHistory(store),
+            spares,
+            settings.scheduler,
+            self.jobs,
+            self.registry,
+            self.metrics,
+            fleet_size=self._fleet_size,
+            open_incidents=lambda: self.detection.correlator.incidents(active_only=True, limit=100_000),
+            config=settings.heal,
+        )
+        self.detection.listeners.append(healer)
+        return healer
+
+    def _spare_healthy(self, node: str) -> bool:
+        """A spare is usable when its agent is heard and no open incident touches it."""
+        record = self.registry.nodes.get(node)
+        if record is None or record.state != "online":
+            return False
+        return not any(node in i.affected_nodes for i in self.detection.correlator.incidents(active_only=True))
 
     def _fleet_size(self) -> int:
         if self.fabric is not None:
@@ -158,6 +206,8 @@ class Controller:
         self.http_port = int(self._runner.addresses[0][1]) if self._runner.addresses else port
         self._sweeper = asyncio.create_task(self._sweep_loop())
         self._notify_task = asyncio.create_task(self.notifier.run(self._notify_stop))
+        if self.healer is not None:
+            self._heal_task = asyncio.create_task(self.healer.run(self._notify_stop))
         log.info(
             "controller_started",
             grpc=f"{split_host_port(cfg.listen)[0]}:{self.grpc_port}",
@@ -190,6 +240,8 @@ class Controller:
         self._notify_stop.set()
         if self._notify_task is not None:
             await self._notify_task  # in-flight deliveries finish; the rest waits in the outbox
+        if self._heal_task is not None:
+            await self._heal_task  # a remediation in progress finishes its current step
         if self._server is not None:
             await self._server.stop(self.config.grace_s)
         if self._runner is not None:

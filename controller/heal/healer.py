@@ -1,0 +1,295 @@
+"""The remediation orchestrator: from an incident to a job running again on a healthy node.
+
+For each incident the detection publishes: the policy decides (alert, cordon, evict,
+reset, reboot, RMA), the guards allow it or not (budget, breaker, dry-run, approval,
+cool-down), then the steps run in order, each planned in SQLite before it is performed
+and marked done after, so a restarted controller finishes a half-done remediation
+exactly once (scheduler actions are idempotent):
+
+    checkpoint (when the node still works) -> drain in the scheduler -> pick a spare on
+    the topology -> requeue the node's jobs away from it, onto the spare -> confirm the
+    job resumed from its last complete checkpoint.
+
+Switch, link and partition incidents never touch a node: the policy and the guards both
+refuse, and this module checks once more before any scheduler call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from controller.detect.correlate import evictable
+from controller.detect.model import Incident
+from controller.heal.guards import Guards
+from controller.heal.jobs import JobRegistry
+from controller.heal.policy import HealHistory, Policy
+from controller.heal.scheduler.base import ActionResult, Scheduler
+from controller.heal.spares import SpareError, SparePool
+from controller.heal.states import AUTOMATIC, InvalidTransition, NodeHealState, RemediationStore
+from controller.metrics import ControllerMetrics
+from controller.registry import NodeRegistry
+from starpulse.v1 import service_pb2 as spb
+
+log = structlog.get_logger(__name__)
+
+S = NodeHealState
+
+
+@dataclass
+class HealConfig:
+    checkpoint_timeout_s: float = 30.0  # wait this long for a requested checkpoint before evicting anyway
+    action_retries: int = 5  # temporary scheduler failures are retried this many times
+    retry_delay_s: float = 2.0
+
+
+@dataclass
+class Eviction:
+    """One eviction, as the scenario verdict and `starpulse jobs` report it."""
+
+    node: str
+    incident: str
+    at_ms: int
+    replacement: str | None
+    jobs: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+class Healer:
+    """An IncidentListener: queues incidents and works them off in its own task."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        guards: Guards,
+        store: RemediationStore,
+        history: HealHistory,
+        spares: SparePool | None,
+        scheduler: Scheduler,
+        jobs: JobRegistry,
+        registry: NodeRegistry,
+        metrics: ControllerMetrics,
+        fleet_size: Callable[[], int],
+        open_incidents: Callable[[], list[Incident]],
+        config: HealConfig | None = None,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.guards = guards
+        self.store = store
+        self.history = history
+        self.spares = spares
+        self.scheduler = scheduler
+        self.jobs = jobs
+        self.registry = registry
+        self.metrics = metrics
+        self.fleet_size = fleet_size
+        self.open_incidents = open_incidents
+        self.config = config or HealConfig()
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._queue: asyncio.Queue[Incident] = asyncio.Queue()
+        self.evictions: list[Eviction] = []
+        self.decisions: list[dict[str, Any]] = []
+
+    # -- IncidentListener ------------------------------------------------------------------
+    def on_incident(self, change: str, incident: Incident) -> None:
+        if change in ("opened", "updated"):
+            self._queue.put_nowait(incident)
+
+    # -- the loop ----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Finish what a previous run planned, then work incidents until stop."""
+        await self._replay_planned()
+        while not stop.is_set():
+            getter = asyncio.create_task(self._queue.get())
+            stopper = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if getter not in done:
+                getter.cancel()
+                break
+            incident = getter.result()
+            try:
+                self.guards.observe(self.open_incidents(), self.fleet_size())
+                self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
+                await self.handle(incident)
+            except Exception:
+                log.exception("remediation_failed", incident=incident.id, kind=incident.kind)
+
+    async def handle(self, incident: Incident) -> None:
+        """Decide, guard, and act on one incident."""
+        decision = self.policy.decide(incident, self.history)
+        record = {"incident": incident.id, "kind": incident.kind, "action": decision.action, "node": decision.node}
+        if not decision.touches_node or decision.node is None:
+            self.decisions.append({**record, "outcome": "alert_only", "reason": decision.reason})
+            return
+        if decision.evicts and not evictable(incident):  # belt and braces: policy and guards refuse too
+            log.error("refused_eviction_for_network_incident", incident=incident.id, kind=incident.kind)
+            return
+        node = decision.node
+        open_evictable = [i for i in self.open_incidents() if evictable(i)]
+        verdict = self.guards.check(node, decision, incident, self.fleet_size(), open_evictable)
+        self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
+        self.decisions.append({**record, "outcome": verdict.code, "reason": verdict.reason})
+        if not verdict.allowed:
+            if verdict.code == "dry_run":
+                log.warning("remediation_dry_run", incident=incident.id, node=node, would=decision.action)
+                self.evictions.append(Eviction(node, incident.id, self._clock_ms(), None, dry_run=True))
+            elif verdict.code == "approval_required":
+                self.guards.request_approval(incident, node, decision)
+                log.warning("remediation_awaits_approval", incident=incident.id, node=node, action=decision.action)
+            else:
+                log.warning(
+                    "remediation_refused", incident=incident.id, node=node, code=verdict.code, reason=verdict.reason
+                )
+            return
+        log.warning(
+            "remediation_start",
+            incident=incident.id,
+            node=node,
+            action=decision.action,
+            checkpoint_first=decision.checkpoint_first,
+            reason=decision.reason,
+        )
+        self._transition(node, S.SUSPECT, decision.reason, incident.id)
+        if decision.action == "cordon":
+            await self._act(node, "cordon", incident.id, lambda: self.scheduler.cordon(node, self._reason(incident)))
+            self._transition(node, S.CORDONED, "cordoned by policy", incident.id)
+            return
+        jobs = self.jobs.jobs_of(node)
+        if decision.checkpoint_first and jobs:
+            await self._checkpoint(jobs, incident)
+        self._transition(node, S.CORDONED, "cordoned before draining", incident.id)
+        self._transition(node, S.DRAINING, decision.reason, incident.id)
+        await self._act(node, "drain", incident.id, lambda: self.scheduler.drain(node, self._reason(incident)))
+        spare = self._pick_spare(node, jobs)
+        prefer: list[str] = [spare] if spare else []
+        now = self._clock_ms()
+        for job in jobs:
+            self.jobs.mark_interrupted(job, now, f"{incident.kind} on {node}")
+            await self._act(node, "requeue", incident.id, self._requeue_call(job, node, prefer), job=job)
+            record_job = self.jobs.job(job)
+            resumed_from = record_job.last_complete_step if record_job is not None else 0
+            self.jobs.mark_resumed(job, self._clock_ms(), resumed_from)
+        self._transition(node, S.EVICTED, f"evicted: {decision.reason}", incident.id)
+        self.metrics.evictions.labels(incident.kind, "incident").inc()
+        self.evictions.append(Eviction(node, incident.id, now, spare, jobs))
+        if decision.action in ("reboot", "reset_gpu"):
+            self._agent_command(node, decision.action, incident)
+        if decision.action in ("reboot", "reset_gpu"):
+            self._transition(node, S.IN_REPAIR, f"{decision.action} requested", incident.id)
+        elif decision.action == "rma":
+            self._transition(node, S.RETIRED, "marked for hardware inspection (RMA)", incident.id)
+        log.warning("remediation_done", incident=incident.id, node=node, replacement=spare, jobs=jobs)
+
+    # -- steps -------------------------------------------------------------------------------
+    @staticmethod
+    def _reason(incident: Incident) -> str:
+        return f"{incident.kind} {incident.root_cause} ({incident.id})"
+
+    def _transition(self, node: str, to: NodeHealState, reason: str, incident_id: str) -> None:
+        try:
+            self.store.transition(node, to, reason, incident_id, AUTOMATIC)
+        except InvalidTransition as exc:
+            log.info("heal_transition_skipped", node=node, to=str(to), detail=str(exc))
+
+    async def _act(
+        self,
+        node: str,
+        kind: str,
+        incident_id: str,
+        call: Callable[[], Any],
+        job: str | None = None,
+    ) -> ActionResult:
+        """Plan, perform (retrying temporary failures), mark: exactly-once across restarts."""
+        action = self.store.plan_action(node, kind, incident_id, job)
+        result = ActionResult.temporary("not attempted")
+        for attempt in range(1, self.config.action_retries + 1):
+            result = await call()
+            if result.ok or result.permanent:
+                break
+            log.warning("scheduler_action_retry", node=node, action=kind, attempt=attempt, detail=result.detail)
+            await asyncio.sleep(self.config.retry_delay_s)
+        self.store.mark_action(
+            action.action_id, "done" if result.ok else "failed", None if result.ok else result.detail
+        )
+        log.info("scheduler_action", node=node, action=kind, job=job, ok=result.ok, detail=result.detail)
+        return result
+
+    async def _checkpoint(self, jobs: list[str], incident: Incident) -> None:
+        """Ask every node of the node's jobs to checkpoint; wait (bounded) for it to complete."""
+        before = {j: self._checkpoint_step(j) for j in jobs}
+        for job in jobs:
+            for node in self.jobs.nodes_of(job):
+                self._command(node, spb.COMMAND_KIND_CHECKPOINT_REQUEST, {"job": job}, incident)
+            await self.scheduler.signal_job(job, "USR1")
+        deadline = time.monotonic() + self.config.checkpoint_timeout_s
+        while time.monotonic() < deadline:
+            current = {j: self._checkpoint_step(j) for j in jobs}
+            if all(current[j] > before[j] for j in jobs):
+                log.info("checkpoint_before_eviction", jobs=jobs, steps=current)
+                return
+            await asyncio.sleep(0.2)
+        log.warning("checkpoint_before_eviction_timed_out", jobs=jobs, timeout_s=self.config.checkpoint_timeout_s)
+
+    def _requeue_call(self, job: str, node: str, prefer: list[str]) -> Callable[[], Any]:
+        return lambda: self.scheduler.requeue(job, [node], list(prefer))
+
+    def _checkpoint_step(self, job: str) -> int:
+        record = self.jobs.job(job)
+        return record.last_complete_step if record is not None else 0
+
+    def _pick_spare(self, node: str, jobs: list[str]) -> str | None:
+        if self.spares is None:
+            return None
+        spare = self.spares.choose(node)
+        if spare is None:
+            log.warning("no_healthy_spare", node=node)
+            return None
+        try:
+            self.spares.allocate(spare, node, jobs[0] if jobs else None)
+        except SpareError as exc:
+            log.warning("spare_allocation_failed", spare=spare, detail=str(exc))
+            return None
+        return spare
+
+    def _command(self, node: str, kind: int, args: dict[str, str], incident: Incident) -> None:
+        command = spb.Command(id=f"{incident.id}:{node}:{kind}", kind=kind, args=args)  # type: ignore[arg-type]
+        try:
+            self.registry.send_command(node, command)
+        except LookupError:
+            log.warning("agent_command_no_node", node=node, kind=kind)
+
+    def _agent_command(self, node: str, action: str, incident: Incident) -> None:
+        kind = spb.COMMAND_KIND_REBOOT if action == "reboot" else spb.COMMAND_KIND_GPU_RESET
+        args = {"reason": self._reason(incident)}
+        gpu = incident.root_cause.rsplit("/gpu-", 1)
+        if len(gpu) == 2 and gpu[1].isdigit():
+            args["gpu"] = gpu[1]
+        self._command(node, kind, args, incident)
+
+    def _spare_of(self, node: str) -> str | None:
+        if self.spares is None:
+            return None
+        return next((s.spare for s in self.spares.list() if s.allocated_to == node), None)
+
+    async def _replay_planned(self) -> None:
+        """A controller that died mid-remediation: finish the planned scheduler actions."""
+        for action in self.store.planned():
+            log.warning("remediation_resume_planned", action=action.action_id, node=action.node, kind=action.kind)
+            reason = f"resumed remediation ({action.incident_id})"
+            if action.kind == "drain":
+                result = await self.scheduler.drain(action.node, reason)
+            elif action.kind == "cordon":
+                result = await self.scheduler.cordon(action.node, reason)
+            elif action.kind == "requeue" and action.job:
+                spare = self._spare_of(action.node)
+                result = await self.scheduler.requeue(action.job, [action.node], [spare] if spare else [])
+            else:
+                result = ActionResult.failure(f"no replay for {action.kind}")
+            self.store.mark_action(action.action_id, "done" if result.ok else "failed", result.detail or None)
