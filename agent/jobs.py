@@ -55,6 +55,7 @@ class RankState:
     last_checkpoint_step: int = 0
     checkpoint_path: str = ""
     last_checkpoint_ms: int = 0
+    resumed_from_step: int = 0  # the checkpoint this run of the rank started from (0: fresh start)
     checkpoint_dir: str = ""
     last_seen: float = 0.0  # monotonic
 
@@ -204,6 +205,8 @@ class JobGateway:
                     sig = msg.get("signal")
                     state.signal_name = sig if isinstance(sig, str) and sig in signal.Signals.__members__ else None
                     state.checkpoint_dir = str(msg.get("checkpoint_dir") or "")
+                    if msg.get("resumed_from_step") is not None:
+                        state.resumed_from_step = int(msg["resumed_from_step"])
                     if msg.get("last_checkpoint_step") is not None:
                         state.last_checkpoint_step = int(msg["last_checkpoint_step"])
                         state.checkpoint_path = str(msg.get("checkpoint_path") or "")
@@ -316,6 +319,7 @@ class JobCollector:
                 last_checkpoint_ms=state.last_checkpoint_ms,
                 pid=max(state.pid, 0),
                 world_size=max(state.world_size, 0),
+                resumed_from_step=max(state.resumed_from_step, 0),
             )
         return []
 

@@ -125,6 +125,7 @@ class StarpulseJob:
         self._registered = False
         self._previous_handler: Any = None
         self.last_checkpoint: tuple[int, str, int] | None = None  # (step, path, time_ms)
+        self.resumed_from_step: int | None = None  # set by resume(): where this run started from
         if signal_number is not None:
             self._install_signal(signal_number)
 
@@ -208,6 +209,8 @@ class StarpulseJob:
         if self.last_checkpoint is not None:
             step, path, time_ms = self.last_checkpoint
             msg.update(last_checkpoint_step=step, checkpoint_path=path, last_checkpoint_ms=time_ms)
+        if self.resumed_from_step is not None:
+            msg["resumed_from_step"] = self.resumed_from_step
         return msg
 
     def _connect(self) -> bool:
@@ -370,6 +373,8 @@ class StarpulseJob:
                 continue
             state: bytes | dict[str, Any] = json.loads(data) if manifest.get("format") == "json" else data
             self.last_checkpoint = (step, str(folder), int(manifest.get("time_ms", 0)))
+            self.resumed_from_step = step
+            self._send(self._register_message())  # tell the controller where this run restarted from
             log.info("starpulse: resuming from step %d (%s)", step, folder)
             return step, state
         return None

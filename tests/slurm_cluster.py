@@ -63,12 +63,21 @@ class SlurmCluster:
     and `job` are the helpers tests use. KillWait is short so a requeued run ends fast.
     """
 
-    def __init__(self, tmpdir: Path, nodes: int = 4, partition: str = "gpu", start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        tmpdir: Path,
+        nodes: int = 4,
+        partition: str = "gpu",
+        start_timeout_s: float = 30.0,
+        node_names: list[str] | None = None,
+    ) -> None:
         self.requested_dir = Path(tmpdir)
         self.n = nodes
         self.partition = partition
         self.start_timeout_s = start_timeout_s
-        self.node_names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+        # Names can follow a starpulse fabric (node-000, …) so agents, fabric and Slurm agree.
+        self.node_names = node_names or [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+        self.n = len(self.node_names)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.dir = self.requested_dir
         self.conf = self.dir / "slurm.conf"

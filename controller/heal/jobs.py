@@ -91,6 +91,7 @@ class RankRecord:
     pid: int = 0
     world_size: int = 0
     updated_ms: int = 0
+    resumed_from_step: int = 0  # what this run of the rank says it resumed from (in memory only)
 
 
 @dataclass
@@ -375,6 +376,7 @@ class JobRegistry:
                 pid=s.pid,
                 world_size=s.world_size,
                 updated_ms=now,
+                resumed_from_step=s.resumed_from_step,
             )
             self._note_progress(rec, old, new, now, dirty_restarts, dirty_jobs)
             rec.ranks[s.rank] = new
@@ -439,6 +441,11 @@ class JobRegistry:
         h = rec.history[-1]
         if h.resumed_from_step is None or h.first_step_ms is not None:
             return
+        new_run = old is None or old.pid != new.pid or old.node != new.node
+        if new_run and new.resumed_from_step > 0:
+            # The job itself says where it restarted from: that, not what we expected when we
+            # requeued it, is the resume point (it may have checkpointed again while stopping).
+            h.resumed_from_step = new.resumed_from_step
         if new.step <= h.resumed_from_step:
             return
         if old is not None and (old.step, old.pid, old.node) == (new.step, new.pid, new.node):
