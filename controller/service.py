@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller.admin import AdminServicer
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
 from controller.fabric import Fabric, load_fabric
@@ -36,6 +37,7 @@ log = structlog.get_logger(__name__)
 
 TELEMETRY_SERVICE = "starpulse.v1.Telemetry"
 QUERY_SERVICE = "starpulse.v1.Query"
+ADMIN_SERVICE = "starpulse.v1.Admin"
 
 
 @dataclass
@@ -185,13 +187,14 @@ class Controller:
         )
         sgrpc.add_TelemetryServicer_to_server(self.telemetry, server)
         sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store, self.detection), server)
+        sgrpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.grpc_port = server.add_insecure_port(cfg.listen)
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {cfg.listen}")
         await server.start()
         self._server = server
-        for svc in ("", TELEMETRY_SERVICE, QUERY_SERVICE):
+        for svc in ("", TELEMETRY_SERVICE, QUERY_SERVICE, ADMIN_SERVICE):
             self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         self._serving = True
 

@@ -46,14 +46,21 @@ def cmd_controller(args: argparse.Namespace) -> int:
         except (OSError, yaml.YAMLError, NotifyConfigError) as exc:
             print(f"starpulse controller: {exc}", file=sys.stderr)
             return 2
+    try:
+        fabric, heal = _heal_settings(args)
+    except (OSError, ValueError) as exc:
+        print(f"starpulse controller: {exc}", file=sys.stderr)
+        return 2
     config = ControllerConfig(
         notify=notify,
         listen=args.listen,
         http=args.http,
         db_path=Path(args.db),
         heartbeat_timeout_s=args.heartbeat_timeout_s,
-        fabric_path=Path(args.fabric) if args.fabric else None,
+        fabric=fabric,
+        fabric_path=Path(args.fabric) if args.fabric and fabric is None else None,
         rules_path=Path(args.rules) if args.rules else None,
+        heal=heal,
     )
 
     async def main() -> None:
@@ -63,6 +70,21 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _heal_settings(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(fabric, HealSettings) for `controller --scheduler sim` (a simulated scheduler over the fabric's nodes)."""
+    if args.scheduler == "none":
+        return None, None
+    from controller.fabric import load_fabric
+    from controller.heal.guards import GuardConfig
+    from controller.heal.scheduler.sim import SimScheduler
+    from controller.service import HealSettings
+
+    if not args.fabric:
+        raise ValueError("--scheduler sim needs --fabric (the simulated scheduler runs the fabric's nodes)")
+    fabric = load_fabric(args.fabric)
+    return fabric, HealSettings(scheduler=SimScheduler(fabric.nodes()), guards=GuardConfig(mode=args.heal_mode))
 
 
 # -- agent --------------------------------------------------------------------------------
@@ -354,6 +376,212 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- admin: what a person does to the fleet -------------------------------------------------
+def _admin_stub(address: str) -> Any:
+    import grpc
+
+    from starpulse.v1 import service_pb2_grpc as sgrpc
+
+    return sgrpc.AdminStub(grpc.insecure_channel(address))
+
+
+def default_actor() -> str | None:
+    """The person running the command: $USER, else the OS login name; never the controller's own name."""
+    import getpass
+    import os
+
+    name = os.environ.get("USER", "").strip()
+    if not name:
+        with contextlib.suppress(Exception):
+            name = getpass.getuser().strip()
+    return name if name and name not in ("starpulse", "external") else None
+
+
+def _actor(args: argparse.Namespace, command: str) -> str | None:
+    actor = (args.actor or default_actor() or "").strip()
+    if not actor:
+        print(f"starpulse {command}: who is acting? pass --actor NAME (a person, not 'starpulse')", file=sys.stderr)
+        return None
+    return actor
+
+
+def _admin_call(command: str, address: str, method: str, request: Any) -> Any:
+    """One Admin RPC; None (after one line on stderr) when it fails."""
+    import grpc
+
+    try:
+        return getattr(_admin_stub(address), method)(request, timeout=30)
+    except grpc.RpcError as exc:
+        print(f"starpulse {command}: controller {address}: {exc.code().name} {exc.details()}", file=sys.stderr)
+        return None
+
+
+def _dict(message: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def cmd_node_action(args: argparse.Namespace) -> int:
+    """cordon | uncordon | drain NODE --reason TEXT."""
+    from starpulse.v1 import service_pb2 as spb
+
+    actor = _actor(args, args.command)
+    if actor is None:
+        return 2
+    request = spb.NodeActionRequest(
+        node=args.node, reason=args.reason, actor=actor, force=bool(getattr(args, "force", False))
+    )
+    resp = _admin_call(args.command, args.controller, args.command.capitalize(), request)
+    if resp is None:
+        return 2
+    if args.json:
+        print(json.dumps(_dict(resp), indent=2))
+    else:
+        held = f" (held by {resp.drained_by})" if resp.drained_by else ""
+        print(f"{resp.message}\n{resp.node}: {resp.state}{held}")
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    actor = _actor(args, "approve")
+    if actor is None:
+        return 2
+    request = spb.ApproveRequest(incident_id=args.incident, actor=actor, node=args.node or "")
+    resp = _admin_call("approve", args.controller, "Approve", request)
+    if resp is None:
+        return 2
+    if args.json:
+        print(json.dumps(_dict(resp), indent=2))
+    else:
+        print(f"{resp.message}" + (f"\nnodes: {', '.join(resp.nodes)}" if resp.nodes else ""))
+    return 0 if resp.ok else 1
+
+
+def _print_breaker(resp: Any) -> None:
+    if resp.open:
+        print(f"breaker OPEN since {_age(resp.opened_ms)}: {resp.reason}")
+        print("automatic remediation is stopped until a person resets it: starpulse breaker reset --reason TEXT")
+    else:
+        closed = f" (closed by {resp.closed_by} {_age(resp.closed_ms)})" if resp.closed_by else ""
+        print(f"breaker closed{closed}")
+    print(f"mode {resp.mode}; {resp.pending_approvals} approval(s) pending")
+
+
+def cmd_breaker_status(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = _admin_call("breaker status", args.controller, "GetBreaker", spb.BreakerRequest())
+    if resp is None:
+        return 2
+    if args.json:
+        print(json.dumps(_dict(resp), indent=2))
+    else:
+        _print_breaker(resp)
+    return 0
+
+
+def cmd_breaker_reset(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    actor = _actor(args, "breaker reset")
+    if actor is None:
+        return 2
+    request = spb.BreakerResetRequest(actor=actor, reason=args.reason or "")
+    resp = _admin_call("breaker reset", args.controller, "ResetBreaker", request)
+    if resp is None:
+        return 2
+    if args.json:
+        print(json.dumps(_dict(resp), indent=2))
+    else:
+        print(f"breaker closed by {actor}" if resp.changed else "breaker was not open: nothing to reset")
+        _print_breaker(resp)
+    return 0
+
+
+def cmd_spares(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = _admin_call("spares", args.controller, "ListSpares", spb.SparesRequest())
+    if resp is None:
+        return 2
+    rows = [
+        {
+            "spare": s.spare,
+            "healthy": s.healthy,
+            "allocated_to": s.allocated_to or None,
+            "job": s.job or None,
+            "block": s.block if s.HasField("block") else None,
+            "source": s.source,
+        }
+        for s in resp.spares
+    ]
+    if args.json:
+        print(json.dumps({"spares": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no spares")
+        return 0
+    print(f"{'SPARE':<16} {'HEALTHY':<8} {'BLOCK':>5} {'ALLOCATED TO':<16} {'JOB':<20} SOURCE")
+    for r in rows:
+        block = "-" if r["block"] is None else str(r["block"])
+        print(
+            f"{r['spare']:<16} {'yes' if r['healthy'] else 'no':<8} {block:>5} "
+            f"{r['allocated_to'] or '-':<16} {r['job'] or '-':<20} {r['source']}"
+        )
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = _admin_call("jobs", args.controller, "ListJobs", spb.JobsRequest())
+    if resp is None:
+        return 2
+    rows = [
+        {
+            "job": j.job,
+            "state": j.state,
+            "nodes": list(j.nodes),
+            "world_size": j.world_size,
+            "step": j.step,
+            "checkpoint_dir": j.checkpoint_dir,
+            "last_complete_step": j.last_complete_step,
+            "last_complete_path": j.last_complete_path,
+            "last_complete_ms": j.last_complete_ms or None,
+            "restarts": j.restarts,
+            "steps_lost": j.steps_lost,
+            "downtime_s": j.downtime_s,
+            "resumed_from_step": j.resumed_from_step if j.HasField("resumed_from_step") else None,
+            "resumed_from_checkpoint": (
+                j.resumed_from_checkpoint if j.HasField("resumed_from_checkpoint") else None
+            ),
+        }
+        for j in resp.jobs
+    ]
+    if args.json:
+        print(json.dumps({"jobs": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no jobs")
+        return 0
+    print(
+        f"{'JOB':<20} {'STATE':<12} {'STEP':>8} {'CHECKPOINT':>10} {'RESTARTS':>8} {'LOST':>6} "
+        f"{'DOWN S':>8} {'RESUMED':>8}  NODES"
+    )
+    for r in rows:
+        nodes = r["nodes"]
+        shown = ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else "")
+        resumed = "-" if r["resumed_from_step"] is None else str(r["resumed_from_step"])
+        print(
+            f"{r['job']:<20} {r['state']:<12} {r['step']:>8} {r['last_complete_step']:>10} {r['restarts']:>8} "
+            f"{r['steps_lost']:>6} {r['downtime_s']:>8.1f} {resumed:>8}  {shown}"
+        )
+    return 0
+
+
 def cmd_topology_generate(args: argparse.Namespace) -> int:
     from controller.fabric import generate_fabric, save_fabric
 
@@ -472,6 +700,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fabric", default=None, help="declared fabric file (JSON/YAML from `topology generate`)")
     c.add_argument("--rules", default=None, help="detection rules file (default: the packaged rules)")
     c.add_argument("--notify", default=None, help="alert receivers file (YAML; see docs/alerts.md)")
+    c.add_argument("--scheduler", choices=("none", "sim"), default="none",
+                   help="self-healing scheduler backend; sim: an in-memory scheduler over the --fabric nodes")
+    c.add_argument("--heal-mode", choices=("enforce", "dry_run", "manual"), default="enforce",
+                   help="with --scheduler: act, only log, or act on a person's approval")
     c.add_argument("--log-level", default="info")
     c.set_defaults(func=cmd_controller)
 
@@ -523,6 +755,52 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--limit", type=int, default=100)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_incidents)
+
+    for verb, what in (
+        ("cordon", "stop new work landing on a node"),
+        ("uncordon", "return a node to service (not one someone else drained, unless --force)"),
+        ("drain", "cordon a node and move its work off"),
+    ):
+        na = sub.add_parser(verb, help=what)
+        na.add_argument("node")
+        na.add_argument("--reason", required=True, help="why (recorded with your name)")
+        na.add_argument("--actor", default=None, help="who is acting (default: $USER)")
+        if verb == "uncordon":
+            na.add_argument("--force", action="store_true", help="return a node someone else drained")
+        na.add_argument("--controller", default=DEFAULT_CONTROLLER)
+        na.add_argument("--json", action="store_true")
+        na.set_defaults(func=cmd_node_action)
+
+    ap = sub.add_parser("approve", help="approve a remediation waiting for a person (manual mode), and run it")
+    ap.add_argument("incident")
+    ap.add_argument("--node", default=None, help="approve only this node's request (default: all of the incident)")
+    ap.add_argument("--actor", default=None, help="who approves (default: $USER)")
+    ap.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    ap.add_argument("--json", action="store_true")
+    ap.set_defaults(func=cmd_approve)
+
+    br = sub.add_parser("breaker", help="the self-healing circuit breaker: status, or reset by a person")
+    brsub = br.add_subparsers(dest="breaker_command", required=True)
+    brs = brsub.add_parser("status", help="is automatic remediation stopped, and why")
+    brs.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    brs.add_argument("--json", action="store_true")
+    brs.set_defaults(func=cmd_breaker_status)
+    brr = brsub.add_parser("reset", help="close the breaker (only a named person may)")
+    brr.add_argument("--actor", default=None, help="who closes it (default: $USER)")
+    brr.add_argument("--reason", default="", help="why it is safe to act again")
+    brr.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    brr.add_argument("--json", action="store_true")
+    brr.set_defaults(func=cmd_breaker_reset)
+
+    sp = sub.add_parser("spares", help="hot spares: health, block, allocation")
+    sp.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_spares)
+
+    jb = sub.add_parser("jobs", help="training jobs: restarts, steps lost, downtime, last complete checkpoint")
+    jb.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    jb.add_argument("--json", action="store_true")
+    jb.set_defaults(func=cmd_jobs)
 
     t = sub.add_parser("topology", help="fabric topology: generate a fabric file, show the live graph")
     tsub = t.add_subparsers(dest="topology_command", required=True)

@@ -222,3 +222,153 @@ class TopologyResponse(_message.Message):
     missing_links: _containers.RepeatedScalarFieldContainer[str]
     nodes_reporting_lldp: int
     def __init__(self, summary_json: _Optional[str] = ..., miswired: _Optional[_Iterable[str]] = ..., unknown_devices: _Optional[_Iterable[str]] = ..., missing_links: _Optional[_Iterable[str]] = ..., nodes_reporting_lldp: _Optional[int] = ...) -> None: ...
+
+class NodeActionRequest(_message.Message):
+    __slots__ = ("node", "reason", "actor", "force")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    reason: str
+    actor: str
+    force: bool
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class NodeActionResponse(_message.Message):
+    __slots__ = ("ok", "message", "state", "drained_by", "node")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    message: str
+    state: str
+    drained_by: str
+    node: str
+    def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ..., state: _Optional[str] = ..., drained_by: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ApproveRequest(_message.Message):
+    __slots__ = ("incident_id", "actor", "node")
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    actor: str
+    node: str
+    def __init__(self, incident_id: _Optional[str] = ..., actor: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ApproveResponse(_message.Message):
+    __slots__ = ("ok", "message", "nodes", "outcome", "outcome_reason")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_REASON_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    message: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    outcome: str
+    outcome_reason: str
+    def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., outcome: _Optional[str] = ..., outcome_reason: _Optional[str] = ...) -> None: ...
+
+class BreakerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BreakerResetRequest(_message.Message):
+    __slots__ = ("actor", "reason")
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    actor: str
+    reason: str
+    def __init__(self, actor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BreakerStatus(_message.Message):
+    __slots__ = ("open", "opened_ms", "reason", "closed_by", "closed_ms", "changed", "pending_approvals", "mode")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    OPENED_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_BY_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    open: bool
+    opened_ms: int
+    reason: str
+    closed_by: str
+    closed_ms: int
+    changed: bool
+    pending_approvals: int
+    mode: str
+    def __init__(self, open: _Optional[bool] = ..., opened_ms: _Optional[int] = ..., reason: _Optional[str] = ..., closed_by: _Optional[str] = ..., closed_ms: _Optional[int] = ..., changed: _Optional[bool] = ..., pending_approvals: _Optional[int] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class SparesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SpareInfo(_message.Message):
+    __slots__ = ("spare", "healthy", "allocated_to", "job", "block", "source")
+    SPARE_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_TO_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    spare: str
+    healthy: bool
+    allocated_to: str
+    job: str
+    block: int
+    source: str
+    def __init__(self, spare: _Optional[str] = ..., healthy: _Optional[bool] = ..., allocated_to: _Optional[str] = ..., job: _Optional[str] = ..., block: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
+class SparesResponse(_message.Message):
+    __slots__ = ("spares",)
+    SPARES_FIELD_NUMBER: _ClassVar[int]
+    spares: _containers.RepeatedCompositeFieldContainer[SpareInfo]
+    def __init__(self, spares: _Optional[_Iterable[_Union[SpareInfo, _Mapping]]] = ...) -> None: ...
+
+class JobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("job", "state", "nodes", "world_size", "step", "checkpoint_dir", "last_complete_step", "last_complete_path", "last_complete_ms", "restarts", "steps_lost", "downtime_s", "resumed_from_step", "resumed_from_checkpoint")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMPLETE_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMPLETE_PATH_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMPLETE_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_LOST_FIELD_NUMBER: _ClassVar[int]
+    DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    state: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    world_size: int
+    step: int
+    checkpoint_dir: str
+    last_complete_step: int
+    last_complete_path: str
+    last_complete_ms: int
+    restarts: int
+    steps_lost: int
+    downtime_s: float
+    resumed_from_step: int
+    resumed_from_checkpoint: bool
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., last_complete_step: _Optional[int] = ..., last_complete_path: _Optional[str] = ..., last_complete_ms: _Optional[int] = ..., restarts: _Optional[int] = ..., steps_lost: _Optional[int] = ..., downtime_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from_checkpoint: _Optional[bool] = ...) -> None: ...
+
+class JobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...

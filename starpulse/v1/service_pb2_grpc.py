@@ -297,3 +297,376 @@ class Query:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AdminStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Cordon = channel.unary_unary(
+                '/starpulse.v1.Admin/Cordon',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.NodeActionResponse.FromString,
+                _registered_method=True)
+        self.Uncordon = channel.unary_unary(
+                '/starpulse.v1.Admin/Uncordon',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.NodeActionResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/starpulse.v1.Admin/Drain',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.NodeActionResponse.FromString,
+                _registered_method=True)
+        self.Approve = channel.unary_unary(
+                '/starpulse.v1.Admin/Approve',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.ApproveRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.ApproveResponse.FromString,
+                _registered_method=True)
+        self.GetBreaker = channel.unary_unary(
+                '/starpulse.v1.Admin/GetBreaker',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.BreakerRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.BreakerStatus.FromString,
+                _registered_method=True)
+        self.ResetBreaker = channel.unary_unary(
+                '/starpulse.v1.Admin/ResetBreaker',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.BreakerResetRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.BreakerStatus.FromString,
+                _registered_method=True)
+        self.ListSpares = channel.unary_unary(
+                '/starpulse.v1.Admin/ListSpares',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.SparesRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.SparesResponse.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/starpulse.v1.Admin/ListJobs',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.JobsRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.JobsResponse.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Cordon(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Uncordon(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Approve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBreaker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetBreaker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSpares(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Cordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cordon,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.NodeActionResponse.SerializeToString,
+            ),
+            'Uncordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Uncordon,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.NodeActionResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.NodeActionResponse.SerializeToString,
+            ),
+            'Approve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Approve,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.ApproveRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.ApproveResponse.SerializeToString,
+            ),
+            'GetBreaker': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBreaker,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.BreakerRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.BreakerStatus.SerializeToString,
+            ),
+            'ResetBreaker': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetBreaker,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.BreakerResetRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.BreakerStatus.SerializeToString,
+            ),
+            'ListSpares': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSpares,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.SparesRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.SparesResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.JobsRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.JobsResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'starpulse.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('starpulse.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Cordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/Cordon',
+            starpulse_dot_v1_dot_service__pb2.NodeActionRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.NodeActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Uncordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/Uncordon',
+            starpulse_dot_v1_dot_service__pb2.NodeActionRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.NodeActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/Drain',
+            starpulse_dot_v1_dot_service__pb2.NodeActionRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.NodeActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Approve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/Approve',
+            starpulse_dot_v1_dot_service__pb2.ApproveRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.ApproveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBreaker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/GetBreaker',
+            starpulse_dot_v1_dot_service__pb2.BreakerRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.BreakerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetBreaker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/ResetBreaker',
+            starpulse_dot_v1_dot_service__pb2.BreakerResetRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.BreakerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSpares(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/ListSpares',
+            starpulse_dot_v1_dot_service__pb2.SparesRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.SparesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/ListJobs',
+            starpulse_dot_v1_dot_service__pb2.JobsRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.JobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
