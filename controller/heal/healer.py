@@ -132,6 +132,13 @@ class Healer:
             log.error("refused_eviction_for_network_incident", incident=incident.id, kind=incident.kind)
             return
         node = decision.node
+        current = self.store.state(node)
+        if current in (S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETIRED) or (
+            current == S.CORDONED and not decision.evicts
+        ):
+            # Already out of service (an incident update, or a second incident on the node).
+            self.decisions.append({**record, "outcome": "already_out_of_service", "reason": str(current)})
+            return
         open_evictable = [i for i in self.open_incidents() if evictable(i)]
         verdict = self.guards.check(node, decision, incident, self.fleet_size(), open_evictable)
         self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)

@@ -21,9 +21,12 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.model import Incident
 from controller.detect.pipeline import DetectionConfig
-from controller.service import Controller, ControllerConfig
+from controller.heal.healer import HealConfig
+from controller.heal.scheduler.sim import SimScheduler
+from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.scenario.cluster import SimCluster
 from starpulse.scenario.spec import FaultSpec, Scenario
+from starpulse.scenario.training import SimTraining
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +64,7 @@ class Recorder:
     """Records incident changes with scenario-relative times (a Detection listener)."""
 
     t0: float = 0.0
+    t0_wall: float = 0.0  # the same instant on the wall clock (evictions carry wall times)
     started: bool = False
     records: dict[str, IncidentRecord] = field(default_factory=dict)
 
@@ -160,6 +164,14 @@ def check_expectations(scenario: Scenario, verdict: dict[str, Any]) -> dict[str,
                 failures.append(f"forbidden {kind} incidents: {', '.join(bad)}")
         if expect.max_incidents is not None and len(seen) > expect.max_incidents:
             failures.append(f"{len(seen)} incidents, at most {expect.max_incidents} expected")
+        evicted = sorted(e["node"] for e in verdict.get("evictions", []) if not e.get("dry_run"))
+        if expect.evictions is not None and evicted != sorted(expect.evictions):
+            failures.append(f"evicted {evicted}, expected {sorted(expect.evictions)}")
+        jobs = {j["name"]: j for j in verdict.get("jobs", [])}
+        for name in expect.resumed_jobs:
+            job = jobs.get(name)
+            if job is None or job["restarts"] < 1 or job["resumed_from_step"] is None:
+                failures.append(f"job {name} did not restart and resume: {job}")
     return {"checked": expect is not None, "passed": not failures, "failures": failures}
 
 
@@ -175,6 +187,9 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
     interval = scenario.interval_s
     fabric = scenario.build_fabric()
     jobs = {job.name: scenario.job_nodes(job.name) for job in scenario.jobs}
+    scheduler = SimScheduler(list(fabric.nodes()))
+    for name, nodes in jobs.items():
+        scheduler.add_job(name, nodes)
     controller = Controller(
         ControllerConfig(
             listen="127.0.0.1:0",
@@ -189,11 +204,23 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
                 failslow=FailSlowConfig(window_s=max(10 * interval, 5.0), min_samples=4, persist_evaluations=2),
                 failslow_every_s=max(2 * interval, 1.0),
             ),
+            heal=HealSettings(
+                scheduler=scheduler,
+                heal=HealConfig(checkpoint_timeout_s=max(4 * interval, 2.0), retry_delay_s=0.2),
+            ),
         )
     )
     recorder = Recorder()
     controller.detection.listeners.append(recorder)
     await controller.start()
+    training = SimTraining(
+        scheduler,
+        controller.jobs,
+        controller.registry.nodes.get,
+        {job.name: job.checkpoint_every_s or 0.0 for job in scenario.jobs},
+    )
+    training_stop = asyncio.Event()
+    training_task = asyncio.create_task(training.run(training_stop))
     cluster = SimCluster(scenario, workdir, f"127.0.0.1:{controller.grpc_port}", interval)
     injected: dict[int, float] = {}
     try:
@@ -211,6 +238,7 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
         while controller.detection.correlator.incidents(active_only=True) and time.monotonic() < quiet_by:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         recorder.t0 = time.monotonic()
+        recorder.t0_wall = time.time()
         recorder.started = True
         log.info("scenario_started", scenario=scenario.name, agents=expected)
         events: list[tuple[float, int, str]] = []
@@ -235,6 +263,35 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
         recorder.started = False  # tearing the cluster down is not part of the scenario
     finally:
         recorder.started = False
+        training_stop.set()
+        await training_task
+        healer = controller.healer
+        assert healer is not None
+        breaker_open = healer.guards.breaker.is_open
+        job_records = controller.jobs.jobs()
         await cluster.stop()
         await controller.stop()
-    return build_verdict(scenario, recorder, injected)
+    verdict = build_verdict(scenario, recorder, injected)
+    verdict["evictions"] = [
+        {
+            "node": e.node,
+            "at_s": round((e.at_ms / 1000) - recorder.t0_wall, 3),
+            "replacement": e.replacement,
+            "incident": e.incident,
+            "dry_run": e.dry_run,
+        }
+        for e in healer.evictions
+    ]
+    verdict["jobs"] = [
+        {
+            "name": j.job,
+            "restarts": j.restarts,
+            "steps_lost": j.steps_lost,
+            "downtime_s": round(j.downtime_s, 3),
+            "resumed_from_step": j.resumed_from_step,
+        }
+        for j in job_records
+    ]
+    verdict["breaker_open"] = breaker_open
+    verdict["expectations"] = check_expectations(scenario, verdict)
+    return verdict

@@ -133,6 +133,8 @@ class Expectations:
     incidents: list[ExpectedIncident] = field(default_factory=list)
     forbid_kinds: list[str] = field(default_factory=list)
     max_incidents: int | None = None
+    evictions: list[str] | None = None  # exactly these nodes evicted (None: not checked)
+    resumed_jobs: list[str] = field(default_factory=list)  # jobs that must restart and resume
 
 
 @dataclass
@@ -434,7 +436,7 @@ def _parse_params(c: _Checker, kind: str, params: dict[str, Any], where: str, fa
 
 def _parse_expect(c: _Checker, raw: Any, fabric: Fabric) -> Expectations:
     m = c.mapping(raw, "expect")
-    c.keys(m, {"incidents", "forbid_kinds", "max_incidents"}, "expect")
+    c.keys(m, {"incidents", "forbid_kinds", "max_incidents", "evictions", "resumed_jobs"}, "expect")
     incidents: list[ExpectedIncident] = []
     raw_incidents = m.get("incidents", [])
     if not isinstance(raw_incidents, list):
@@ -469,4 +471,19 @@ def _parse_expect(c: _Checker, raw: Any, fabric: Fabric) -> Expectations:
     max_incidents = c.integer(m, "max_incidents", "expect", None, 0) if "max_incidents" in m else None
     if max_incidents is not None and max_incidents < len(incidents):
         raise c.fail("expect.max_incidents", f"{max_incidents} is fewer than the {len(incidents)} incidents expected")
-    return Expectations(incidents=incidents, forbid_kinds=list(forbid), max_incidents=max_incidents)
+    evictions: list[str] | None = None
+    if "evictions" in m:
+        raw_ev = m["evictions"]
+        if not isinstance(raw_ev, list) or not all(isinstance(n, str) and n in fabric for n in raw_ev):
+            raise c.fail("expect.evictions", f"must be a list of fabric nodes, got {raw_ev!r}")
+        evictions = list(raw_ev)
+    resumed = m.get("resumed_jobs", [])
+    if not isinstance(resumed, list) or not all(isinstance(j, str) for j in resumed):
+        raise c.fail("expect.resumed_jobs", f"must be a list of job names, got {resumed!r}")
+    return Expectations(
+        incidents=incidents,
+        forbid_kinds=list(forbid),
+        max_incidents=max_incidents,
+        evictions=evictions,
+        resumed_jobs=list(resumed),
+    )

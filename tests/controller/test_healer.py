@@ -1,0 +1,145 @@
+"""The remediation orchestrator with the in-memory scheduler: decide, guard, act, verify."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from controller.detect.model import Incident
+from controller.fabric import generate_fabric
+from controller.heal.guards import GuardConfig, Guards
+from controller.heal.healer import HealConfig, Healer
+from controller.heal.jobs import JobRegistry
+from controller.heal.policy import SqliteHealHistory, load_policy
+from controller.heal.scheduler.sim import SimScheduler
+from controller.heal.spares import SparePool
+from controller.heal.states import NodeHealState, RemediationStore
+from controller.metrics import ControllerMetrics
+from controller.registry import NodeRegistry
+from controller.store import Store
+
+NODES = [f"node-{i:03d}" for i in range(8)]
+
+
+def _incident(iid: str, kind: str, root: str, node: str, action: str = "reset_gpu", severity: str = "critical"):
+    return Incident(
+        iid,
+        kind,
+        root,
+        "gpu" if kind == "gpu_fault" else "node",
+        [node],
+        [],
+        severity,
+        action,
+        [],
+        int(time.time() * 1000),
+    )
+
+
+def _healer(tmp_path: Path, mode: str = "enforce", db: str = "c.db") -> tuple[Healer, SimScheduler, Store]:
+    fabric = generate_fabric(nodes=8, gpus_per_node=8, rails=4, nodes_per_block=4, spines=2, spares=1)
+    store = Store(tmp_path / db)
+    conn: sqlite3.Connection = store.connection
+    states = RemediationStore(conn)
+    scheduler = SimScheduler([*fabric.nodes()])
+    scheduler.add_job("llm", NODES)
+    jobs = JobRegistry(conn, lambda: int(time.time() * 1000))
+    jobs.register_job("llm", NODES)
+    metrics = ControllerMetrics()
+    healer = Healer(
+        load_policy(None),
+        Guards(GuardConfig(mode=mode), states, conn),
+        states,
+        SqliteHealHistory(states),
+        SparePool(fabric, lambda n: True, states),
+        scheduler,
+        jobs,
+        NodeRegistry(store, metrics),
+        metrics,
+        fleet_size=lambda: 8,
+        open_incidents=lambda: [],
+        config=HealConfig(checkpoint_timeout_s=0.2, retry_delay_s=0.01),
+    )
+    return healer, scheduler, store
+
+
+class TestHealer:
+    async def test_gpu_fault_drains_takes_a_spare_in_the_same_block_and_requeues(self, tmp_path: Path) -> None:
+        """A GPU fault evicts its node: drained with a reason, spare allocated, job requeued away from it."""
+        healer, sched, _ = _healer(tmp_path)
+        await healer.handle(_incident("inc-1", "gpu_fault", "node-002/gpu-1", "node-002"))
+        kinds = [(a[0], a[1]) for a in sched.actions]
+        assert ("drain", "node-002") in kinds and ("requeue", "llm") in kinds
+        assert "node-002" not in sched.jobs["llm"].nodes and "node-008" in sched.jobs["llm"].nodes
+        assert [(e.node, e.replacement) for e in healer.evictions] == [("node-002", "node-008")]
+        # reset_gpu: evicted, then in repair while the agent is asked to reset the GPU
+        assert healer.store.state("node-002") == NodeHealState.IN_REPAIR
+        history = [(str(t.to_state), t.actor) for t in healer.store.history("node-002")]
+        assert ("evicted", "starpulse") in history and history[-1] == ("in_repair", "starpulse")
+        job = healer.jobs.job("llm")
+        assert job is not None and job.restarts == 1
+
+    async def test_the_same_incident_twice_evicts_once(self, tmp_path: Path) -> None:
+        """An incident update after the eviction does not drain or requeue again."""
+        healer, sched, _ = _healer(tmp_path)
+        inc = _incident("inc-1", "gpu_fault", "node-002/gpu-1", "node-002")
+        await healer.handle(inc)
+        before = list(sched.actions)
+        await healer.handle(inc)
+        assert sched.actions == before and len(healer.evictions) == 1
+
+    async def test_switch_fault_touches_no_node(self, tmp_path: Path) -> None:
+        """A leaf-switch incident affecting four nodes is alert-only: no scheduler action at all."""
+        healer, sched, _ = _healer(tmp_path)
+        leaf = Incident(
+            "inc-2",
+            "switch_fault",
+            "leaf-b0-r1",
+            "switch",
+            NODES[:4],
+            ["llm"],
+            "critical",
+            "investigate_switch",
+            [],
+            int(time.time() * 1000),
+        )
+        await healer.handle(leaf)
+        assert sched.actions == [] and healer.evictions == []
+        assert healer.decisions[-1]["outcome"] == "alert_only"
+
+    async def test_dry_run_records_what_it_would_do_and_does_nothing(self, tmp_path: Path) -> None:
+        """Shadow mode: the eviction is recorded as a dry run and the scheduler is untouched."""
+        healer, sched, _ = _healer(tmp_path, mode="dry_run")
+        await healer.handle(_incident("inc-3", "gpu_fault", "node-001/gpu-0", "node-001"))
+        assert sched.actions == []
+        assert [(e.node, e.dry_run) for e in healer.evictions] == [("node-001", True)]
+
+    async def test_working_node_checkpoints_before_eviction(self, tmp_path: Path) -> None:
+        """A NIC fault still lets the node work: the job is asked to checkpoint (USR1) before the drain."""
+        healer, sched, _ = _healer(tmp_path)
+        nic = Incident(
+            "inc-4",
+            "nic_fault",
+            "node-003/nic-1",
+            "nic",
+            ["node-003"],
+            [],
+            "warning",
+            "check_link",
+            [],
+            int(time.time() * 1000),
+        )
+        await healer.handle(nic)
+        assert sched.jobs["llm"].signals[:1] == ["USR1"]
+        assert ("drain", "node-003") in [(a[0], a[1]) for a in sched.actions]
+
+    async def test_a_planned_step_is_finished_after_a_restart(self, tmp_path: Path) -> None:
+        """A drain planned but not done when the controller died is performed by the next one."""
+        healer, _sched, store = _healer(tmp_path)
+        healer.store.plan_action("node-005", "drain", "inc-9")
+        store.close()
+        again, sched2, _ = _healer(tmp_path)
+        await again._replay_planned()
+        assert ("drain", "node-005") in [(a[0], a[1]) for a in sched2.actions]
+        assert again.store.planned() == []
