@@ -21,8 +21,10 @@ from agent.factory import build_agent
 from agent.runtime import AgentConfig
 from agent.sim.node import SimNode
 from controller.fabric import Fabric, generate_fabric
+from controller.heal.healer import HealConfig
+from controller.heal.scheduler.sim import SimScheduler
 from controller.registry import NodeRecord
-from controller.service import Controller, ControllerConfig
+from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.findings import event_kind_name, severity_name
 from starpulse.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -77,7 +79,12 @@ def demo_fabric(nodes: int) -> Fabric:
     if nodes < 1:
         raise ValueError("the demo needs at least 1 node")
     return generate_fabric(
-        nodes=nodes, gpus_per_node=8, rails=DEMO_RAILS, nodes_per_block=min(DEMO_BLOCK, nodes), spines=DEMO_SPINES
+        nodes=nodes,
+        gpus_per_node=8,
+        rails=DEMO_RAILS,
+        nodes_per_block=min(DEMO_BLOCK, nodes),
+        spines=DEMO_SPINES,
+        spares=1,
     )
 
 
@@ -94,9 +101,18 @@ def dashboard_url(http: str, port: int) -> str:
 async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: Path) -> None:
     t0 = time.monotonic()
     fabric = demo_fabric(nodes)
+    workers = [n for n in fabric.nodes() if not fabric.is_spare(n)]
+    scheduler = SimScheduler(list(fabric.nodes()))
+    scheduler.add_job("demo-train", workers)
     controller = Controller(
         ControllerConfig(
-            listen=listen, http=http, db_path=workdir / "controller.db", heartbeat_timeout_s=6.0, fabric=fabric
+            listen=listen,
+            http=http,
+            db_path=workdir / "controller.db",
+            heartbeat_timeout_s=6.0,
+            fabric=fabric,
+            jobs={"demo-train": workers},
+            heal=HealSettings(scheduler=scheduler, heal=HealConfig(checkpoint_timeout_s=3.0)),
         )
     )
     printer = DemoPrinter(t0)
@@ -113,7 +129,11 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
     print(f"  metrics:  {dashboard}metrics")
     print(f"  nodes:    starpulse nodes --controller {target}")
     print(f"  events:   starpulse events --controller {target}")
-    print(f"starting {nodes} simulated nodes (8 GPUs, 8 RoCE rails + 1 bond each) in {workdir}", flush=True)
+    print(
+        f"starting {nodes} simulated nodes + 1 hot spare (8 GPUs, 8 RoCE rails + 1 bond each) in {workdir};"
+        " self-healing on the in-memory scheduler",
+        flush=True,
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -141,6 +161,7 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
     rng = random.Random(7)
     active: list[tuple[float, SimNode, str, str]] = []
     next_fault = time.monotonic() + 6.0
+    shown_decisions = shown_evictions = 0
     try:
         while not stop.is_set():
             now = time.monotonic()
@@ -158,6 +179,23 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
                 sim.inject(kind, target_component, **params)
                 active.append((now + 20.0, sim, kind, target_component))
                 next_fault = now + rng.uniform(5.0, 9.0)
+            healer = controller.healer
+            if healer is not None:
+                for decision in healer.decisions[shown_decisions:]:
+                    print(
+                        f"{printer.stamp()} healer: {decision['incident']} {decision['kind']} -> "
+                        f"{decision['action']} on {decision['node'] or '-'}: {decision['outcome']} "
+                        f"({decision['reason']})",
+                        flush=True,
+                    )
+                shown_decisions = len(healer.decisions)
+                for eviction in healer.evictions[shown_evictions:]:
+                    print(
+                        f"{printer.stamp()} healer: evicted {eviction.node}, jobs {eviction.jobs} requeued "
+                        f"onto spare {eviction.replacement}" + (" (dry run)" if eviction.dry_run else ""),
+                        flush=True,
+                    )
+                shown_evictions = len(healer.evictions)
             for item in [a for a in active if a[0] <= now]:
                 active.remove(item)
                 _, sim, kind, target_component = item
@@ -171,7 +209,7 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
         online = sum(1 for n in controller.registry.nodes.values() if n.state == "online")
         stored = controller.store.count_events()
         await controller.stop()
-        print(f"demo over: {online}/{nodes} nodes online, {stored} events stored, {printer.events} shown")
+        print(f"demo over: {online}/{len(fabric.nodes())} nodes online, {stored} events stored, {printer.events} shown")
 
 
 def run_demo(
