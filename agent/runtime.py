@@ -24,7 +24,7 @@ from agent.jobs import JobCollector, JobGateway
 from agent.transport.buffer import EventBuffer
 from agent.transport.link import ControllerLink
 from agent.transport.storm import StormSuppressor
-from starpulse import __version__
+from starpulse import __version__, sdnotify
 from starpulse.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -298,6 +298,7 @@ class Agent:
             interval_s=self.config.interval_s,
             buffered=self.buffer.depth(),
         )
+        sdnotify.ready(f"collecting every {self.config.interval_s:g}s")
         try:
             next_at = time.monotonic()
             while not stop.is_set():
@@ -308,6 +309,7 @@ class Agent:
                     self.emit(finding)
                 self._drain_findings()
                 self.link.offer_report(result.report)
+                sdnotify.watchdog()  # a completed cycle vouches for liveness (WatchdogSec= > 2 x interval)
                 next_at += self.interval_s
                 while not stop.is_set():
                     remaining = next_at - time.monotonic()
@@ -322,6 +324,7 @@ class Agent:
                 if time.monotonic() - next_at > self.interval_s:
                     next_at = time.monotonic()  # fell behind: do not burst to catch up
         finally:
+            sdnotify.stopping("flushing buffered events")
             if metrics_server is not None:
                 await asyncio.to_thread(metrics_server.close)
             if self.jobs is not None:

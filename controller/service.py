@@ -30,6 +30,7 @@ from controller.notify import Notifier, NotifyConfig, Outbox
 from controller.query import QueryServicer
 from controller.registry import NodeRegistry, now_ms
 from controller.store import Store
+from starpulse import sdnotify
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -218,8 +219,10 @@ class Controller:
             db=str(cfg.db_path),
             nodes_known=len(self.registry.nodes),
         )
+        sdnotify.ready(f"serving gRPC on port {self.grpc_port}, HTTP on port {self.http_port}")
 
     async def _sweep_loop(self) -> None:
+        watchdog = sdnotify.Watchdog()  # WATCHDOG=1 every half WatchdogSec= while sweeps keep running
         while True:
             await asyncio.sleep(self.config.sweep_interval_s)
             try:
@@ -231,9 +234,11 @@ class Controller:
                 self.detection.tick()
             except Exception:
                 log.exception("detection_tick_failed")
+            watchdog.kick()
 
     async def stop(self) -> None:
         """Graceful: NOT_SERVING first, let streams end, flush presence, close the store."""
+        sdnotify.stopping("flushing and closing")
         self._serving = False
         self.health.enter_graceful_shutdown()
         if self._sweeper is not None:
