@@ -31,6 +31,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from controller.service import Controller, ControllerConfig
     from starpulse.logs import configure_logging
 
+    if args.config:
+        return _controller_from_config(args)
     configure_logging(args.log_level)
     notify = NotifyConfig()
     if args.notify:
@@ -101,7 +103,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from starpulse.logs import configure_logging
     from starpulse.names import InvalidName, validate_node_id
 
+    if args.config:
+        return _agent_from_config(args)
     configure_logging(args.log_level)
+    if not args.node_id:
+        print("starpulse agent: --node-id is required (or agent.node_id in --config FILE)", file=sys.stderr)
+        return 2
     try:
         validate_node_id(args.node_id)
     except InvalidName as exc:
@@ -687,12 +694,180 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- config files -------------------------------------------------------------------------
+_CONFIG_HELP = (
+    "settings file (YAML or TOML; see deploy/). Precedence: the file, then STARPULSE_<SECTION>__<KEY> "
+    "environment overrides, then flags given on this command line"
+)
+# flag dest -> dotted setting, for flags that map one to one (the others are in *_overrides)
+_CONTROLLER_FLAGS = {
+    "listen": "server.listen",
+    "http": "server.http",
+    "db": "server.db_path",
+    "heartbeat_timeout_s": "ingest.heartbeat_timeout_s",
+    "fabric": "fabric.path",
+    "rules": "detection.rules_path",
+    "heal_mode": "heal.guards.mode",
+    "log_level": "log.level",
+    "tls_ca": "tls.ca_file",
+    "tls_cert": "tls.cert_file",
+    "tls_key": "tls.key_file",
+    "admin_token_file": "auth.admin_token_file",
+    "admin_cert_name": "auth.admin_cert_names",
+}
+_AGENT_FLAGS = {
+    "node_id": "agent.node_id",
+    "role": "agent.role",
+    "interval_s": "agent.interval_s",
+    "state_dir": "agent.state_dir",
+    "backend": "hardware.backend",
+    "sysfs_root": "hardware.sysfs_root",
+    "kmsg": "hardware.kmsg",
+    "mount": "hardware.mounts",
+    "seed": "hardware.seed",
+    "redis": "hardware.redis",
+    "metrics": "metrics.listen",
+    "job_socket": "jobs.socket",
+    "log_level": "log.level",
+    "tls_ca": "tls.ca_file",
+    "tls_cert": "tls.cert_file",
+    "tls_key": "tls.key_file",
+}
+
+
+def _explicit_flags(args: argparse.Namespace) -> set[str]:
+    """Dests of the flags given on the command line (not left at their defaults)."""
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        return set()
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in subs.choices[args.command]._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv))) - {"command", "func"}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _controller_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """Settings the controller's explicit flags override, as (flag, value)."""
+    given = _explicit_flags(args)
+    out = {key: (_flag(d), getattr(args, d)) for d, key in _CONTROLLER_FLAGS.items() if d in given}
+    if "scheduler" in given:
+        out["heal.enabled"] = ("--scheduler", args.scheduler != "none")
+        if args.scheduler != "none":
+            out["heal.scheduler.type"] = ("--scheduler", args.scheduler)
+    if "require_read_token" in given:
+        out["auth.open_reads"] = ("--require-read-token", not args.require_read_token)
+    if "notify" in given and args.notify:
+        import yaml
+
+        from starpulse.config import ConfigError
+
+        try:
+            raw = yaml.safe_load(Path(args.notify).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError([f"--notify {args.notify}: {exc}"]) from exc
+        out["notify"] = ("--notify", raw.get("notify", raw) if isinstance(raw, dict) else raw)
+    return out
+
+
+def _agent_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """Settings the agent's explicit flags override, as (flag, value)."""
+    given = _explicit_flags(args)
+    out = {key: (_flag(d), getattr(args, d)) for d, key in _AGENT_FLAGS.items() if d in given}
+    if "kmsg" in given and not args.kmsg:
+        out["hardware.kmsg"] = ("--kmsg", None)
+    if "controller" in given:
+        out["agent.controllers"] = ("--controller", [c for part in args.controller for c in part.split(",") if c])
+    if "allow_command" in given:
+        from starpulse.config import ConfigError
+
+        try:
+            out["jobs.allowed_commands"] = ("--allow-command", _allowed_commands(args.allow_command or []))
+        except ValueError as exc:
+            raise ConfigError([str(exc)]) from exc
+    return out
+
+
+def _config_errors(command: str, exc: Any) -> int:
+    for line in exc.errors:
+        print(f"starpulse {command}: {line}", file=sys.stderr)
+    return 2
+
+
+def _controller_from_config(args: argparse.Namespace) -> int:
+    """`controller --config FILE`: file < environment < explicit flags."""
+    from controller.service import Controller
+    from starpulse.config import ConfigError, load_controller_settings
+    from starpulse.logs import configure_logging
+
+    try:
+        settings = load_controller_settings(args.config, overrides=_controller_overrides(args))
+    except ConfigError as exc:
+        return _config_errors("controller", exc)
+    configure_logging(settings.log.level, fmt="console" if settings.log.format == "console" else "json")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _install_stop(stop)
+        await Controller(settings.controller).serve_forever(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def _agent_from_config(args: argparse.Namespace) -> int:
+    """`agent --config FILE`: file < environment < explicit flags."""
+    from agent.factory import BackendUnavailable, build_agent
+    from agent.sim.node import SimNode
+    from starpulse.config import ConfigError, load_agent_config
+    from starpulse.logs import configure_logging
+
+    try:
+        config, opt = load_agent_config(args.config, overrides=_agent_overrides(args))
+    except ConfigError as exc:
+        return _config_errors("agent", exc)
+    configure_logging(opt.log.level, fmt="console" if opt.log.format == "console" else "json")
+    if opt.role == "switch":
+        from agent.factory import build_switch_agent
+
+        asyncio.run(_run_agent(build_switch_agent(config, _redis_factory(opt.redis) if opt.redis else None)))
+        return 0
+    sim = SimNode(config.node_id, opt.state_dir / "sim", seed=opt.seed) if opt.backend == "sim" else None
+    try:
+        agent = build_agent(config, opt.backend, sysfs_root=opt.sysfs_root, kmsg_path=opt.kmsg, sim=sim,
+                            mounts=opt.mounts, ethtool=opt.ethtool)
+    except BackendUnavailable as exc:
+        print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_run_agent(agent))
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    """Print 'ok: <summary>' (exit 0), or every error one a line (exit 2)."""
+    from starpulse.config import ConfigError, check_file
+
+    try:
+        summary = check_file(args.file, args.kind)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line)
+        return 2
+    print(f"ok: {summary}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="starpulse", description=__doc__)
     p.add_argument("--version", action="version", version=f"starpulse {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("controller", help="run the controller service")
+    c.add_argument("--config", default=None, metavar="FILE", help=_CONFIG_HELP)
     c.add_argument("--listen", default="127.0.0.1:50051", help="gRPC HOST:PORT for agents and the CLI")
     c.add_argument("--http", default="127.0.0.1:8080", help="HTTP HOST:PORT for /metrics, /healthz, /api")
     c.add_argument("--db", default="starpulse.db", help="SQLite database path")
@@ -709,7 +884,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("agent", help="run the node agent")
     a.add_argument("--controller", action="append", default=[], help="controller HOST:PORT (repeat or comma-separate)")
-    a.add_argument("--node-id", required=True)
+    a.add_argument("--config", default=None, metavar="FILE", help=_CONFIG_HELP)
+    a.add_argument("--node-id", default=None, help="this node's id (required, here or in --config FILE)")
     a.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     a.add_argument("--role", choices=("compute", "switch"), default="compute")
     a.add_argument("--interval-s", type=float, default=5.0)
@@ -833,6 +1009,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--http", default="127.0.0.1:8080")
     d.set_defaults(func=cmd_demo)
 
+    cf = sub.add_parser("config", help="service configuration files")
+    cfsub = cf.add_subparsers(dest="config_command", required=True)
+    cfc = cfsub.add_parser("check", help="check a controller or agent file (and STARPULSE_* overrides): "
+                                         "exit 0 and 'ok: <summary>', or exit 2 and every error, one a line")
+    cfc.add_argument("file")
+    cfc.add_argument("--kind", choices=("controller", "agent"), default=None,
+                     help="default: by the sections in the file (agent/hardware: agent)")
+    cfc.set_defaults(func=cmd_config_check)
+
     v = sub.add_parser("version", help="print the version")
     v.set_defaults(func=cmd_version)
     return p
@@ -840,6 +1025,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])  # --config: which flags were given
     from starpulse.logs import configure_logging
 
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `starpulse … | head` ends quietly

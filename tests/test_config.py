@@ -1,0 +1,454 @@
+"""Service config files: schema errors, environment overrides, precedence, deploy examples, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from starpulse import cli
+from starpulse.config import (
+    AGENT_SCHEMA,
+    CONTROLLER_SCHEMA,
+    ConfigError,
+    check_file,
+    iter_settings,
+    load_agent_config,
+    load_controller_config,
+    load_controller_settings,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+AGENT_MIN = {"agent": {"node_id": "node-001", "controllers": ["127.0.0.1:50051"]}}
+
+
+def write(tmp_path: Path, data: Any, name: str = "controller.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def errors_of(fn: Any, *args: Any, **kwargs: Any) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        fn(*args, **kwargs)
+    return info.value.errors
+
+
+# -- schema errors ----------------------------------------------------------------------------
+CONTROLLER_ERRORS = [
+    ({"ingest": {"heartbeat_timeout_s": "soon"}}, "ingest.heartbeat_timeout_s: must be a number > 0, got 'soon'"),
+    ({"ingest": {"heartbeat_timeout_s": 0}}, "ingest.heartbeat_timeout_s: must be a number > 0, got 0"),
+    ({"ingest": {"heartbeat_timeout_s": None}}, "ingest.heartbeat_timeout_s: must be a number > 0, got null"),
+    ({"ingest": {"max_message_bytes": 1.5}}, "ingest.max_message_bytes: must be an integer >= 1024, got 1.5"),
+    ({"ingest": {"max_message_bytes": True}}, "ingest.max_message_bytes: must be an integer >= 1024, got True"),
+    ({"ingest": {"report_interval_s": -1}}, "ingest.report_interval_s: must be a number >= 0, got -1"),
+    (
+        {"detection": {"correlation": {"partition_fleet_share": 1.5}}},
+        "detection.correlation.partition_fleet_share: must be a number > 0 and <= 1, got 1.5",
+    ),
+    (
+        {"detection": {"failslow": {"signals": ["power_w", "bogus"]}}},
+        "detection.failslow.signals: must be a list with items from sm_clock_mhz, power_w, gpu_util_pct, "
+        "nic_gbps, step_time_s, got ['power_w', 'bogus']",
+    ),
+    (
+        {"detection": {"failslow": {"job_ttl_s": "1h"}}},
+        "detection.failslow.job_ttl_s: must be a number > 0, or null, got '1h'",
+    ),
+    ({"heal": {"guards": {"mode": "yolo"}}}, "heal.guards.mode: must be one of enforce, dry_run, manual, got 'yolo'"),
+    (
+        {"heal": {"scheduler": {"type": "pbs"}}},
+        "heal.scheduler.type: must be one of slurm, kubernetes, exec, sim, got 'pbs'",
+    ),
+    ({"heal": {"enabled": "yes"}}, "heal.enabled: must be true or false, got 'yes'"),
+    ({"server": {"listen": "nowhere"}}, "server.listen: must be HOST:PORT, got 'nowhere'"),
+    ({"server": {"listen": "host:99999"}}, "server.listen: must be HOST:PORT, got 'host:99999'"),
+    ({"server": {"controller_id": " "}}, "server.controller_id: must be a non-empty string, got ' '"),
+    ({"server": {"db_path": 5}}, "server.db_path: must be a path, got 5"),
+    ({"fabric": {"jobs": {"j1": "node-1"}}}, "fabric.jobs: must be a mapping of names to lists of strings, got "
+                                             "{'j1': 'node-1'}"),
+    ({"ingest": {"heartbeat_timout_s": 3}}, "ingest.heartbeat_timout_s: unknown key, did you mean "
+                                            "'heartbeat_timeout_s'?"),
+    ({"ingets": {}}, "ingets: unknown key, did you mean 'ingest'?"),
+    ({"frobnicate": 1}, "frobnicate: unknown key"),
+    ({"ingest": 5}, "ingest: must be a mapping, got 5"),
+    ({"notify": {"receivers": "x"}}, "notify.receivers: must be a list"),
+    ({"notify": {"recievers": []}}, "notify: unknown key 'recievers'"),
+    (
+        {"tls": {"ca_file": "ca.pem"}},
+        "tls: set all of ca_file, cert_file and key_file or none; missing cert_file, key_file",
+    ),
+    (
+        {"heal": {"enabled": True, "scheduler": {"type": "sim"}}},
+        "heal.scheduler.sim.nodes: is required when fabric.path is not set",
+    ),
+    (
+        {"heal": {"enabled": True, "scheduler": {"type": "exec", "exec": {"hooks": {"explode": ["/bin/true"]}}}}},
+        "heal.scheduler.exec: unknown hook actions ['explode']; known: ('cordon', 'drain', 'resume', 'requeue', "
+        "'signal_job', 'node_status', 'job_nodes', 'list_nodes')",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), CONTROLLER_ERRORS, ids=[m.split(":")[0] for _, m in CONTROLLER_ERRORS])
+def test_controller_errors_name_file_and_key(tmp_path: Path, data: dict[str, Any], message: str) -> None:
+    path = write(tmp_path, data)
+    errors = errors_of(load_controller_settings, path, {})
+    if message.startswith("notify: unknown key"):  # the notify parser words its own messages
+        assert len(errors) == 1 and errors[0].startswith(f"{path}: notify"), errors
+        assert "recievers" in errors[0]
+        return
+    assert errors == [f"{path}: {message}"]
+
+
+AGENT_ERRORS = [
+    ({}, ["agent.node_id: is required", "agent.controllers: is required"]),
+    ({"agent": {"node_id": "node-001", "controllers": []}},
+     ["agent.controllers: must be a non-empty list of HOST:PORT, got []"]),
+    ({**AGENT_MIN, "hardware": {"backend": "rocm"}}, ["hardware.backend: must be one of nvml, sim, got 'rocm'"]),
+    ({**AGENT_MIN, "hardware": {"seed": -1}}, ["hardware.seed: must be an integer >= 0, got -1"]),
+    ({**AGENT_MIN, "hardware": {"mounts": "/"}}, ["hardware.mounts: must be a list of strings, got '/'"]),
+    ({**AGENT_MIN, "metrics": {"listen": ":x"}}, ["metrics.listen: must be HOST:PORT, or null, got ':x'"]),
+    ({**AGENT_MIN, "jobs": {"allowed_commands": {"format_disk": ["/sbin/mkfs"]}}},
+     ["jobs.allowed_commands: unknown command kinds ['format_disk']; configurable: gpu_reset, reboot, run_diagnostic"]),
+    ({**AGENT_MIN, "server": {}}, ["server: unknown key"]),
+]
+
+
+@pytest.mark.parametrize(("data", "messages"), AGENT_ERRORS, ids=[m[0].split(":")[0] for _, m in AGENT_ERRORS])
+def test_agent_errors(tmp_path: Path, data: dict[str, Any], messages: list[str]) -> None:
+    path = write(tmp_path, data, "agent.yaml")
+    assert errors_of(load_agent_config, path, {}) == [f"{path}: {m}" for m in messages]
+
+
+def test_bad_node_id_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, {"agent": {"node_id": "bad node!", "controllers": ["c:1"]}}, "agent.yaml")
+    (err,) = errors_of(load_agent_config, path, {})
+    assert err.startswith(f"{path}: agent.node_id: ")
+
+
+def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, {
+        "server": {"listen": "nowhere", "http": 8080},
+        "ingest": {"heartbeat_timeout_s": "soon", "rate_burst": 0},
+        "heal": {"guards": {"mode": "yolo", "flap_max": 0}},
+        "log": {"level": "loud"},
+    })
+    assert len(errors_of(load_controller_settings, path, {})) == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("server: [1, 2\n", "not valid YAML at line 2"),
+        ("- a\n- b\n", "must be a mapping of sections, got ['a', 'b']"),
+    ],
+)
+def test_unreadable_files(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    (err,) = errors_of(load_controller_settings, path, {})
+    assert err.startswith(f"{path}: {message}")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    assert errors_of(load_controller_settings, path, {}) == [f"{path}: cannot read: No such file or directory"]
+
+
+def test_empty_file_is_all_defaults_and_toml_works(tmp_path: Path) -> None:
+    cfg = load_controller_config(write(tmp_path, ""), {})
+    assert cfg.listen == "127.0.0.1:50051" and cfg.heartbeat_timeout_s == 15.0 and cfg.heal is None
+    assert cfg.db_path == Path("starpulse.db")  # a default stays relative to the working directory
+    toml = write(tmp_path, '[ingest]\nheartbeat_timeout_s = 30\n[heal.guards]\nmode = "manual"\n', "c.toml")
+    cfg = load_controller_config(toml, {})
+    assert cfg.heartbeat_timeout_s == 30.0
+
+
+# -- environment overrides ------------------------------------------------------------------
+def test_env_overrides_valid(tmp_path: Path) -> None:
+    path = write(tmp_path, {"ingest": {"heartbeat_timeout_s": 10}})
+    env = {
+        "STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S": "30",
+        "STARPULSE_INGEST__MAX_MESSAGE_BYTES": "8388608",
+        "STARPULSE_SERVER__LISTEN": "0.0.0.0:6000",
+        "STARPULSE_SERVER__DB_PATH": "rel/state.db",
+        "STARPULSE_FABRIC__ALLOWED_NODES": "node-001, node-002",
+        "STARPULSE_DETECTION__CORRELATION__SETTLE_S": "0.5",
+        "STARPULSE_DETECTION__FAILSLOW__SIGNALS": "[power_w, step_time_s]",
+        "STARPULSE_NOTIFY__EXTERNAL_URL": "http://ctl:8080/",
+        "STARPULSE_NOTIFY__BATCH_SIZE": "7",
+        "STARPULSE_AGENT__NODE_ID": "not-this-service",  # another service's section: ignored
+        "STARPULSE_JOB_SOCKET": "/run/x.sock",  # not an override (no double underscore)
+    }
+    cfg = load_controller_config(path, env)
+    assert cfg.heartbeat_timeout_s == 30.0
+    assert cfg.max_message_bytes == 8388608
+    assert cfg.listen == "0.0.0.0:6000"
+    assert cfg.db_path == Path("rel/state.db")  # relative to the working directory, not the file
+    assert cfg.allowed_nodes == ["node-001", "node-002"]
+    assert cfg.detection.correlation.settle_s == 0.5
+    assert cfg.detection.failslow.signals == ("power_w", "step_time_s")
+    assert cfg.notify.external_url == "http://ctl:8080" and cfg.notify.batch_size == 7
+
+
+def test_env_bool_and_null(tmp_path: Path) -> None:
+    path = write(tmp_path, {**AGENT_MIN, "metrics": {"listen": "0.0.0.0:9400"}}, "agent.yaml")
+    env = {"STARPULSE_HARDWARE__ETHTOOL": "false", "STARPULSE_METRICS__LISTEN": "", "STARPULSE_HARDWARE__KMSG": "null",
+           "STARPULSE_AGENT__CONTROLLERS": "a:1,b:2"}
+    config, opt = load_agent_config(path, env)
+    assert opt.ethtool is False and opt.kmsg is None and config.metrics_listen is None
+    assert config.controllers == ["a:1", "b:2"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S": "soon"},
+         "STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S: ingest.heartbeat_timeout_s: must be a number > 0, got 'soon'"),
+        ({"STARPULSE_HEAL__GUARDS__MODE": "yolo"},
+         "STARPULSE_HEAL__GUARDS__MODE: heal.guards.mode: must be one of enforce, dry_run, manual, got 'yolo'"),
+        ({"STARPULSE_HEAL__ENABLED": "maybe"}, "STARPULSE_HEAL__ENABLED: heal.enabled: must be true or false, "
+                                               "got 'maybe'"),
+        ({"STARPULSE_INGEST__HEARTBEAT_TIMOUT_S": "3"},
+         "STARPULSE_INGEST__HEARTBEAT_TIMOUT_S: unknown setting ingest.heartbeat_timout_s, "
+         "did you mean 'heartbeat_timeout_s'?"),
+        ({"STARPULSE_INGEST": "x", "STARPULSE_DETECTION__CORRELATION": "1"},
+         "STARPULSE_DETECTION__CORRELATION: detection.correlation is a section, not a setting"),
+        ({"STARPULSE_NOTIFY__BATCH_SIZE": "0"}, "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be >= 1"),
+    ],
+)
+def test_env_overrides_invalid_name_the_variable(tmp_path: Path, env: dict[str, str], message: str) -> None:
+    path = write(tmp_path, {})
+    assert errors_of(load_controller_settings, path, env) == [message]
+
+
+# -- precedence: file < environment < explicit flags ------------------------------------------
+def _controller_args(argv: list[str]) -> Any:
+    args = cli.build_parser().parse_args(argv)
+    args.argv = argv
+    return args
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, {
+        "server": {"listen": "0.0.0.0:1111", "http": "0.0.0.0:2222"},
+        "ingest": {"heartbeat_timeout_s": 10, "rate_burst": 100},
+        "heal": {"guards": {"mode": "dry_run"}},
+    })
+    env = {"STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S": "20", "STARPULSE_SERVER__HTTP": "0.0.0.0:3333",
+           "STARPULSE_SERVER__LISTEN": "0.0.0.0:4444"}
+    # --listen is given at its default value: an explicit flag still wins; --http is not given.
+    args = _controller_args(["controller", "--config", str(path), "--listen", "127.0.0.1:50051",
+                             "--heartbeat-timeout-s", "30"])
+    cfg = load_controller_settings(path, env, cli._controller_overrides(args)).controller
+    assert cfg.listen == "127.0.0.1:50051"  # flag > env > file
+    assert cfg.heartbeat_timeout_s == 30.0  # flag > env > file
+    assert cfg.http == "0.0.0.0:3333"  # env > file
+    assert cfg.rate_burst == 100.0  # file > default
+    assert cfg.heal is None
+
+
+def test_flag_values_are_checked_and_named(tmp_path: Path) -> None:
+    path = write(tmp_path, {})
+    args = _controller_args(["controller", "--config", str(path), "--listen", "nowhere", "--heartbeat-timeout-s", "-1"])
+    assert errors_of(load_controller_settings, path, {}, cli._controller_overrides(args)) == [
+        "--listen: server.listen: must be HOST:PORT, got 'nowhere'",
+        "--heartbeat-timeout-s: ingest.heartbeat_timeout_s: must be a number > 0, got -1.0",
+    ]
+
+
+def test_scheduler_flag_enables_healing(tmp_path: Path) -> None:
+    path = write(tmp_path, {"heal": {"scheduler": {"sim": {"nodes": ["node-001", "node-002"]}}}})
+    args = _controller_args(["controller", "--config", str(path), "--scheduler", "sim", "--heal-mode", "manual"])
+    cfg = load_controller_settings(path, {}, cli._controller_overrides(args)).controller
+    assert cfg.heal is not None and cfg.heal.scheduler.name == "sim" and cfg.heal.guards.mode == "manual"
+    assert sorted(cfg.heal.scheduler.nodes) == ["node-001", "node-002"]
+
+
+def test_agent_flags_override_file(tmp_path: Path) -> None:
+    path = write(tmp_path, {**AGENT_MIN, "agent": {**AGENT_MIN["agent"], "interval_s": 7}}, "agent.yaml")
+    argv = ["agent", "--config", str(path), "--node-id", "node-009", "--controller", "x:1,y:2", "--kmsg", "",
+            "--allow-command", "reboot=/sbin/reboot"]
+    args = cli.build_parser().parse_args(argv)
+    args.argv = argv
+    config, opt = load_agent_config(path, {"STARPULSE_AGENT__INTERVAL_S": "9"}, cli._agent_overrides(args))
+    assert config.node_id == "node-009" and config.controllers == ["x:1", "y:2"]
+    assert config.interval_s == 9.0 and opt.kmsg is None
+    assert config.allowed_commands == {"reboot": ["/sbin/reboot"]}
+
+
+# -- the deploy examples --------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "schema"), [("controller.yaml", CONTROLLER_SCHEMA), ("agent.yaml", AGENT_SCHEMA)])
+def test_deploy_example_sets_every_setting_to_its_default(name: str, schema: Any) -> None:
+    data = yaml.safe_load((DEPLOY / name).read_text())
+    settings = dict(iter_settings(schema))
+
+    def walk(node: Any, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if key in settings:
+                out[key] = v
+            else:
+                assert isinstance(v, dict), f"{name}: {key} is not a setting"
+                out.update(walk(v, key + "."))
+        return out
+
+    values = walk(data, "")
+    assert set(values) == set(settings), f"{name}: missing {set(settings) - set(values)}"
+    for key, setting in settings.items():
+        if setting.required:
+            continue
+        if key == "notify":
+            assert values[key]["receivers"] == []
+            continue
+        assert values[key] == setting.default, f"{name}: {key}: example {values[key]!r} != default {setting.default!r}"
+    text = (DEPLOY / name).read_text()
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and ":" in line and not line.rstrip().endswith(":"):
+            assert "#" in line, f"{name}: undocumented line {line!r}"
+
+
+def test_deploy_examples_load() -> None:
+    cfg = load_controller_config(DEPLOY / "controller.yaml", {})
+    assert cfg.heartbeat_timeout_s == 15.0 and cfg.db_path == DEPLOY / "starpulse.db"
+    config, opt = load_agent_config(DEPLOY / "agent.yaml", {})
+    assert config.node_id == "gpu-node-001" and opt.backend == "nvml"
+
+
+def test_controller_example_documents_every_notify_key() -> None:
+    from controller.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
+
+    text = (DEPLOY / "controller.yaml").read_text()
+    for cls in (NotifyConfig, ReceiverConfig, BackoffConfig):
+        for f in dataclasses.fields(cls):
+            assert f"{f.name}:" in text, f"controller.yaml does not document notify {cls.__name__}.{f.name}"
+
+
+def test_schema_defaults_match_the_code() -> None:
+    """The schema mirrors the service dataclasses: same names, same defaults."""
+    from agent.runtime import AgentConfig
+    from controller.detect.correlate import CorrelationConfig
+    from controller.detect.failslow import SIGNALS, FailSlowConfig
+    from controller.heal.guards import GuardConfig
+    from controller.heal.healer import HealConfig
+    from controller.service import ControllerConfig
+
+    def check(cls: Any, section: dict[str, Any], skip: frozenset[str] | set[str] = frozenset()) -> None:
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            assert f.name in section, f"{cls.__name__}.{f.name} has no setting"
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
+            if isinstance(default, tuple):
+                default = list(default)
+            assert section[f.name].default == default, f"{cls.__name__}.{f.name}"
+
+    c: Any = CONTROLLER_SCHEMA
+    check(CorrelationConfig, c["detection"]["correlation"])
+    check(FailSlowConfig, c["detection"]["failslow"])
+    assert tuple(c["detection"]["failslow"]["signals"].default) == SIGNALS
+    check(GuardConfig, c["heal"]["guards"])
+    check(HealConfig, c["heal"])
+    flat = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(c)}
+    check(ControllerConfig, flat, {"db_path", "fabric", "fabric_path", "rules_path", "detection", "notify", "heal",
+                                   "tls", "auth", "allowed_nodes"})
+    a = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(AGENT_SCHEMA)}
+    a["metrics_listen"], a["job_socket"] = a["listen"], a["socket"]
+    check(AgentConfig, a, {"node_id", "controllers", "role", "buffer_path", "boot_id_path", "tls"})
+
+
+# -- building: healing, relative paths, the CLI --------------------------------------------------
+def test_exec_scheduler_and_relative_paths(tmp_path: Path) -> None:
+    path = write(tmp_path, {
+        "server": {"db_path": "state/starpulse.db"},
+        "heal": {"enabled": True, "policy_path": "policy.yaml", "checkpoint_timeout_s": 5,
+                 "scheduler": {"type": "exec", "exec": {"hooks": {"drain": ["/bin/true"]}, "env": {"X": 1}}}},
+    })
+    cfg = load_controller_config(path, {})
+    assert cfg.db_path == tmp_path / "state/starpulse.db"
+    assert cfg.heal.scheduler.name == "exec" and cfg.heal.scheduler.env == {"X": "1"}
+    assert cfg.heal.policy_path == tmp_path / "policy.yaml" and cfg.heal.heal.checkpoint_timeout_s == 5.0
+
+
+def test_check_file_summary() -> None:
+    assert check_file(DEPLOY / "controller.yaml", env={}).startswith("controller: grpc 127.0.0.1:50051")
+    assert check_file(DEPLOY / "agent.yaml", env={}).startswith("agent gpu-node-001 (compute, nvml)")
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "starpulse.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=60, check=False)
+
+
+def test_config_check_subprocess(tmp_path: Path) -> None:
+    for name, kind in (("controller.yaml", "controller"), ("agent.yaml", "agent")):
+        done = _run_cli("config", "check", str(DEPLOY / name), "--kind", kind)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith(f"ok: {kind}") and len(done.stdout.splitlines()) == 1
+    bad = write(tmp_path, {"ingest": {"heartbeat_timeout_s": "soon"}, "server": {"lisen": "x:1"}})
+    done = _run_cli("config", "check", str(bad))
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == [
+        f"{bad}: server.lisen: unknown key, did you mean 'listen'?",
+        f"{bad}: ingest.heartbeat_timeout_s: must be a number > 0, got 'soon'",
+    ]
+    done = _run_cli("config", "check", str(DEPLOY / "controller.yaml"), "--kind", "agent")
+    assert done.returncode == 2 and "agent.node_id: is required" in done.stdout
+
+
+def test_controller_runs_with_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`starpulse controller --config FILE` serves with the file's settings."""
+    from controller.service import Controller
+
+    db = tmp_path / "ctl.db"
+    path = write(tmp_path, {"server": {"listen": "127.0.0.1:0", "http": "127.0.0.1:0", "db_path": str(db)},
+                            "ingest": {"heartbeat_timeout_s": 42}, "log": {"level": "warning"}})
+    seen: dict[str, Any] = {}
+
+    async def serve(self: Controller, stop: asyncio.Event) -> None:
+        await self.start()
+        seen["config"], seen["port"] = self.config, self.grpc_port
+        await self.stop()
+
+    monkeypatch.setattr(Controller, "serve_forever", serve)
+    monkeypatch.setenv("STARPULSE_INGEST__RATE_BURST", "77")
+    assert cli.main(["controller", "--config", str(path), "--http", "127.0.0.1:0"]) == 0
+    cfg = seen["config"]
+    assert cfg.heartbeat_timeout_s == 42.0 and cfg.db_path == db and cfg.rate_burst == 77.0
+    assert seen["port"] > 0 and db.exists()
+
+
+def test_controller_config_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, {"ingest": {"heartbeat_timeout_s": "soon"}})
+    assert cli.main(["controller", "--config", str(path)]) == 2
+    assert f"starpulse controller: {path}: ingest.heartbeat_timeout_s: must be" in capsys.readouterr().err
+
+
+def test_agent_runs_with_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, {"agent": {"node_id": "node-007", "controllers": ["127.0.0.1:1"], "interval_s": 3,
+                                      "state_dir": str(tmp_path / "state")},
+                            "hardware": {"backend": "sim", "ethtool": False}}, "agent.yaml")
+    seen: list[Any] = []
+
+    async def run(agent: Any) -> None:
+        seen.append(agent)
+
+    monkeypatch.setattr(cli, "_run_agent", run)
+    assert cli.main(["agent", "--config", str(path), "--interval-s", "4"]) == 0
+    (agent,) = seen
+    assert agent.config.node_id == "node-007" and agent.config.interval_s == 4.0
+    assert agent.config.buffer_path == str(tmp_path / "state" / "agent-buffer.db")
+
+
+def test_agent_without_node_id_or_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["agent", "--controller", "x:1"]) == 2
+    assert "--node-id is required" in capsys.readouterr().err
