@@ -26,6 +26,7 @@ from agent.transport.link import ControllerLink
 from agent.transport.storm import StormSuppressor
 from starpulse import __version__, sdnotify
 from starpulse.findings import Finding
+from starpulse.tls import TLSSettings, load_channel_credentials
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -158,6 +159,7 @@ class AgentConfig:
     metrics_listen: str | None = None  # HOST:PORT for Prometheus /metrics; None: no metrics server
     job_socket: str | None = None  # unix socket for training jobs (starpulse.job); None: no job gateway
     allowed_commands: dict[str, list[str]] = field(default_factory=dict)  # kind -> argv template (agent.commands)
+    tls: TLSSettings | None = None  # mutual TLS to the controller (None: plaintext)
 
 
 class Agent:
@@ -184,7 +186,10 @@ class Agent:
         self._inventory_hooks = inventory_hooks
         self.boot_id = read_boot_id(config.boot_id_path)
         self.commands = CommandHandler(self.jobs, config.allowed_commands)
-        self.link = ControllerLink(config.controllers, self._hello, self.buffer, on_command=self.commands)
+        credentials = load_channel_credentials(config.tls) if config.tls is not None else None
+        self.link = ControllerLink(
+            config.controllers, self._hello, self.buffer, on_command=self.commands, credentials=credentials
+        )
         self._report_seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()

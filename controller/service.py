@@ -31,6 +31,8 @@ from controller.query import QueryServicer
 from controller.registry import NodeRegistry, now_ms
 from controller.store import Store
 from starpulse import sdnotify
+from starpulse.auth import AuthConfig, AuthInterceptor
+from starpulse.tls import TLSSettings, load_server_credentials, peer_node_id
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -75,6 +77,11 @@ class ControllerConfig:
     controller_id: str = "controller-0"
     grace_s: float = 5.0
     extra_listen: list[str] = field(default_factory=list)
+    # Mutual TLS on the gRPC port (None: plaintext). With it a node may report only as the
+    # node id its client certificate names (starpulse.tls.peer_node_id).
+    tls: TLSSettings | None = None
+    # Admin credential and whether reads need it (starpulse.auth). Default: dev mode, open.
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -132,6 +139,7 @@ class Controller:
             burst=config.rate_burst,
             report_interval_s=config.report_interval_s,
             controller_id=config.controller_id,
+            identity_of=peer_node_id if config.tls is not None else None,
         )
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
@@ -175,7 +183,9 @@ class Controller:
 
     async def start(self) -> None:
         cfg = self.config
+        credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
         server = grpc.aio.server(
+            interceptors=[AuthInterceptor(cfg.auth)],
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", 16 * 1024 * 1024),
@@ -190,7 +200,10 @@ class Controller:
         sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store, self.detection), server)
         sgrpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        self.grpc_port = server.add_insecure_port(cfg.listen)
+        if credentials is not None:
+            self.grpc_port = server.add_secure_port(cfg.listen, credentials)
+        else:
+            self.grpc_port = server.add_insecure_port(cfg.listen)
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {cfg.listen}")
         await server.start()
@@ -218,7 +231,18 @@ class Controller:
             http=f"{host}:{self.http_port}",
             db=str(cfg.db_path),
             nodes_known=len(self.registry.nodes),
+            tls=cfg.tls is not None,
+            admin_auth="open" if cfg.auth.admin_open else "required",
+            open_reads=cfg.auth.open_reads,
         )
+        if cfg.tls is None:
+            log.warning("grpc_plaintext", detail="no TLS: any client can claim any node id")
+        if cfg.auth.admin_open:
+            log.warning(
+                "admin_open",
+                detail="no admin tokens configured: anyone who reaches the gRPC port may "
+                "cordon, drain, approve and reset the breaker (dev mode)",
+            )
         sdnotify.ready(f"serving gRPC on port {self.grpc_port}, HTTP on port {self.http_port}")
 
     async def _sweep_loop(self) -> None:

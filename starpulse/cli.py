@@ -53,7 +53,15 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"starpulse controller: {exc}", file=sys.stderr)
         return 2
+    try:
+        tls = _tls_settings(args)
+        auth = _auth_config(args)
+    except ValueError as exc:
+        print(f"starpulse controller: {exc}", file=sys.stderr)
+        return 2
     config = ControllerConfig(
+        tls=tls,
+        auth=auth,
         notify=notify,
         listen=args.listen,
         http=args.http,
@@ -119,6 +127,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"starpulse agent: {exc}", file=sys.stderr)
         return 2
+    try:
+        tls = _tls_settings(args)
+        if tls is not None:
+            from starpulse.tls import load_material
+
+            load_material(tls)  # a bad file is one line now, not a traceback in the link
+    except ValueError as exc:
+        print(f"starpulse agent: {exc}", file=sys.stderr)
+        return 2
     state_dir = Path(args.state_dir)
     config = AgentConfig(
         node_id=args.node_id,
@@ -129,6 +146,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics,
         job_socket=args.job_socket or None,
         allowed_commands=allowed,
+        tls=tls,
     )
     if args.role == "switch":
         from agent.factory import build_switch_agent
@@ -251,13 +269,117 @@ def _print_scan(out: dict[str, Any]) -> None:
         print(f"  [{f['severity']:>8}] {f['component']:<14} {f['kind']}{xid} -> {f['action']}: {f['message']}")
 
 
-# -- queries ------------------------------------------------------------------------------
-def _query_stub(address: str) -> Any:
+# -- TLS and credentials -------------------------------------------------------------------
+ADMIN_TOKEN_ENV = "STARPULSE_ADMIN_TOKEN"
+
+
+def _add_tls_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-ca", default=None, metavar="PEM", help="CA certificate (mutual TLS; with the two below)")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="this side's certificate")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="this side's private key")
+
+
+def _add_client_auth_flags(parser: argparse.ArgumentParser) -> None:
+    _add_tls_flags(parser)
+    parser.add_argument(
+        "--admin-token-file", default=None, metavar="PATH",
+        help=f"file whose first line is the admin token to send (default: ${ADMIN_TOKEN_ENV})",
+    )
+
+
+def _tls_settings(args: argparse.Namespace) -> Any:
+    """TLSSettings from --tls-ca/--tls-cert/--tls-key (all three or none); ValueError otherwise."""
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--tls-ca, --tls-cert and --tls-key go together")
+    from starpulse.tls import TLSSettings
+
+    return TLSSettings(ca_file=Path(args.tls_ca), cert_file=Path(args.tls_cert), key_file=Path(args.tls_key))
+
+
+def _auth_config(args: argparse.Namespace) -> Any:
+    """The controller's AuthConfig from --admin-token-file, --require-read-token, --admin-cert-name."""
+    from starpulse.auth import AuthConfig, load_tokens
+
+    tokens = load_tokens(args.admin_token_file) if args.admin_token_file else None
+    return AuthConfig(
+        admin_tokens=tokens, open_reads=not args.require_read_token, admin_cert_names=list(args.admin_cert_name or [])
+    )
+
+
+def _client_token(args: argparse.Namespace) -> str | None:
+    """The admin token to send: --admin-token-file (first token in it), else $STARPULSE_ADMIN_TOKEN."""
+    import os
+
+    if getattr(args, "admin_token_file", None):
+        from starpulse.auth import load_tokens
+
+        return load_tokens(args.admin_token_file)[0]
+    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+
+
+def _client_channel(args: argparse.Namespace) -> Any:
+    """A channel to args.controller: mutual TLS when --tls-* are given, the admin token on every call."""
     import grpc
 
+    tls = _tls_settings(args)
+    if tls is not None:
+        from starpulse.tls import load_channel_credentials
+
+        channel = grpc.secure_channel(args.controller, load_channel_credentials(tls))
+    else:
+        channel = grpc.insecure_channel(args.controller)
+    token = _client_token(args)
+    if token is None:
+        return channel
+    from starpulse.auth import bearer_metadata
+
+    extra = list(bearer_metadata(token))
+
+    class CallDetails(grpc.ClientCallDetails):
+        def __init__(self, details: Any, metadata: list[tuple[str, str]]) -> None:
+            self.method = details.method
+            self.timeout = details.timeout
+            self.metadata = metadata
+            self.credentials = details.credentials
+            self.wait_for_ready = getattr(details, "wait_for_ready", None)
+            self.compression = getattr(details, "compression", None)
+
+    class TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
+        """Adds ``authorization: Bearer <token>`` to every unary call."""
+
+        def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+            metadata = [*(client_call_details.metadata or ()), *extra]
+            return continuation(CallDetails(client_call_details, metadata), request)
+
+    return grpc.intercept_channel(channel, TokenInterceptor())
+
+
+def cmd_tls_make_test_ca(args: argparse.Namespace) -> int:
+    from starpulse.names import InvalidName
+    from starpulse.tls import make_test_ca
+
+    nodes = [n.strip() for part in args.nodes for n in part.split(",") if n.strip()]
+    hosts = [h.strip() for part in (args.controller_host or ["localhost,127.0.0.1"]) for h in part.split(",")
+             if h.strip()]
+    try:
+        ca = make_test_ca(Path(args.out), nodes, controller_hosts=hosts)
+    except (InvalidName, ValueError, OSError) as exc:
+        print(f"starpulse tls make-test-ca: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote a test CA to {args.out}: ca.pem, controller.pem (hosts {', '.join(hosts)}), "
+          f"admin.pem and {len(ca.nodes)} node certificates (keys are mode 0600)")
+    print("not for production: the CA key (ca.key) sits next to the certificates")
+    return 0
+
+
+# -- queries ------------------------------------------------------------------------------
+def _query_stub(args: argparse.Namespace) -> Any:
     from starpulse.v1 import service_pb2_grpc as sgrpc
 
-    return sgrpc.QueryStub(grpc.insecure_channel(address))
+    return sgrpc.QueryStub(_client_channel(args))
 
 
 def _age(ms: int) -> str:
@@ -274,7 +396,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
     try:
-        resp = _query_stub(args.controller).ListNodes(spb.ListNodesRequest(), timeout=10)
+        resp = _query_stub(args).ListNodes(spb.ListNodesRequest(), timeout=10)
     except grpc.RpcError as exc:
         print(
             f"starpulse nodes: controller {args.controller}: {exc.code().name} {exc.details()}",
@@ -304,7 +426,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
     try:
-        resp = _query_stub(args.controller).ListEvents(
+        resp = _query_stub(args).ListEvents(
             spb.ListEventsRequest(node_id=args.node or "", limit=args.limit), timeout=10
         )
     except grpc.RpcError as exc:
@@ -345,7 +467,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
     try:
-        resp = _query_stub(args.controller).ListIncidents(
+        resp = _query_stub(args).ListIncidents(
             spb.ListIncidentsRequest(include_resolved=args.all, limit=args.limit), timeout=10
         )
     except grpc.RpcError as exc:
@@ -384,12 +506,10 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
 
 # -- admin: what a person does to the fleet -------------------------------------------------
-def _admin_stub(address: str) -> Any:
-    import grpc
-
+def _admin_stub(args: argparse.Namespace) -> Any:
     from starpulse.v1 import service_pb2_grpc as sgrpc
 
-    return sgrpc.AdminStub(grpc.insecure_channel(address))
+    return sgrpc.AdminStub(_client_channel(args))
 
 
 def default_actor() -> str | None:
@@ -412,12 +532,13 @@ def _actor(args: argparse.Namespace, command: str) -> str | None:
     return actor
 
 
-def _admin_call(command: str, address: str, method: str, request: Any) -> Any:
+def _admin_call(command: str, args: argparse.Namespace, method: str, request: Any) -> Any:
     """One Admin RPC; None (after one line on stderr) when it fails."""
     import grpc
 
+    address = args.controller
     try:
-        return getattr(_admin_stub(address), method)(request, timeout=30)
+        return getattr(_admin_stub(args), method)(request, timeout=30)
     except grpc.RpcError as exc:
         print(f"starpulse {command}: controller {address}: {exc.code().name} {exc.details()}", file=sys.stderr)
         return None
@@ -439,7 +560,7 @@ def cmd_node_action(args: argparse.Namespace) -> int:
     request = spb.NodeActionRequest(
         node=args.node, reason=args.reason, actor=actor, force=bool(getattr(args, "force", False))
     )
-    resp = _admin_call(args.command, args.controller, args.command.capitalize(), request)
+    resp = _admin_call(args.command, args, args.command.capitalize(), request)
     if resp is None:
         return 2
     if args.json:
@@ -457,7 +578,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
     if actor is None:
         return 2
     request = spb.ApproveRequest(incident_id=args.incident, actor=actor, node=args.node or "")
-    resp = _admin_call("approve", args.controller, "Approve", request)
+    resp = _admin_call("approve", args, "Approve", request)
     if resp is None:
         return 2
     if args.json:
@@ -480,7 +601,7 @@ def _print_breaker(resp: Any) -> None:
 def cmd_breaker_status(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
-    resp = _admin_call("breaker status", args.controller, "GetBreaker", spb.BreakerRequest())
+    resp = _admin_call("breaker status", args, "GetBreaker", spb.BreakerRequest())
     if resp is None:
         return 2
     if args.json:
@@ -497,7 +618,7 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
     if actor is None:
         return 2
     request = spb.BreakerResetRequest(actor=actor, reason=args.reason or "")
-    resp = _admin_call("breaker reset", args.controller, "ResetBreaker", request)
+    resp = _admin_call("breaker reset", args, "ResetBreaker", request)
     if resp is None:
         return 2
     if args.json:
@@ -511,7 +632,7 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
 def cmd_spares(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
-    resp = _admin_call("spares", args.controller, "ListSpares", spb.SparesRequest())
+    resp = _admin_call("spares", args, "ListSpares", spb.SparesRequest())
     if resp is None:
         return 2
     rows = [
@@ -544,7 +665,7 @@ def cmd_spares(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
-    resp = _admin_call("jobs", args.controller, "ListJobs", spb.JobsRequest())
+    resp = _admin_call("jobs", args, "ListJobs", spb.JobsRequest())
     if resp is None:
         return 2
     rows = [
@@ -625,7 +746,7 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
     try:
-        resp = _query_stub(args.controller).GetTopology(spb.TopologyRequest(), timeout=10)
+        resp = _query_stub(args).GetTopology(spb.TopologyRequest(), timeout=10)
     except grpc.RpcError as exc:
         print(
             f"starpulse topology show: controller {args.controller}: {exc.code().name} {exc.details()}", file=sys.stderr
@@ -879,6 +1000,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="self-healing scheduler backend; sim: an in-memory scheduler over the --fabric nodes")
     c.add_argument("--heal-mode", choices=("enforce", "dry_run", "manual"), default="enforce",
                    help="with --scheduler: act, only log, or act on a person's approval")
+    _add_tls_flags(c)
+    c.add_argument("--admin-token-file", default=None, metavar="PATH",
+                   help="admin tokens, one per line: Admin RPCs then need one (default: admin open, dev mode)")
+    c.add_argument("--require-read-token", action="store_true",
+                   help="Query RPCs (nodes, events, incidents, topology) need an admin token too")
+    c.add_argument("--admin-cert-name", action="append", metavar="NAME",
+                   help="with mutual TLS: a client certificate naming NAME counts as admin (repeatable)")
     c.add_argument("--log-level", default="info")
     c.set_defaults(func=cmd_controller)
 
@@ -902,6 +1030,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let the controller run this here (repeatable), e.g. "
                         "gpu_reset=/usr/bin/nvidia-smi,-r,-i,{gpu}; kinds: gpu_reset, reboot, run_diagnostic. "
                         "No shell; {gpu} must be a GPU index")
+    _add_tls_flags(a)
     a.add_argument("--log-level", default="info")
     a.set_defaults(func=cmd_agent)
 
@@ -915,11 +1044,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("nodes", help="list nodes the controller knows")
     n.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(n)
     n.add_argument("--json", action="store_true")
     n.set_defaults(func=cmd_nodes)
 
     e = sub.add_parser("events", help="list recent events")
     e.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(e)
     e.add_argument("--node", default=None)
     e.add_argument("--limit", type=int, default=50)
     e.add_argument("--json", action="store_true")
@@ -927,6 +1058,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("incidents", help="list incidents (root causes on the fabric)")
     i.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(i)
     i.add_argument("--all", action="store_true", help="include resolved incidents")
     i.add_argument("--limit", type=int, default=100)
     i.add_argument("--json", action="store_true")
@@ -944,6 +1076,7 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "uncordon":
             na.add_argument("--force", action="store_true", help="return a node someone else drained")
         na.add_argument("--controller", default=DEFAULT_CONTROLLER)
+        _add_client_auth_flags(na)
         na.add_argument("--json", action="store_true")
         na.set_defaults(func=cmd_node_action)
 
@@ -952,6 +1085,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--node", default=None, help="approve only this node's request (default: all of the incident)")
     ap.add_argument("--actor", default=None, help="who approves (default: $USER)")
     ap.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(ap)
     ap.add_argument("--json", action="store_true")
     ap.set_defaults(func=cmd_approve)
 
@@ -959,22 +1093,26 @@ def build_parser() -> argparse.ArgumentParser:
     brsub = br.add_subparsers(dest="breaker_command", required=True)
     brs = brsub.add_parser("status", help="is automatic remediation stopped, and why")
     brs.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(brs)
     brs.add_argument("--json", action="store_true")
     brs.set_defaults(func=cmd_breaker_status)
     brr = brsub.add_parser("reset", help="close the breaker (only a named person may)")
     brr.add_argument("--actor", default=None, help="who closes it (default: $USER)")
     brr.add_argument("--reason", default="", help="why it is safe to act again")
     brr.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(brr)
     brr.add_argument("--json", action="store_true")
     brr.set_defaults(func=cmd_breaker_reset)
 
     sp = sub.add_parser("spares", help="hot spares: health, block, allocation")
     sp.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(sp)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_spares)
 
     jb = sub.add_parser("jobs", help="training jobs: restarts, steps lost, downtime, last complete checkpoint")
     jb.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(jb)
     jb.add_argument("--json", action="store_true")
     jb.set_defaults(func=cmd_jobs)
 
@@ -991,6 +1129,7 @@ def build_parser() -> argparse.ArgumentParser:
     tg.set_defaults(func=cmd_topology_generate)
     ts = tsub.add_parser("show", help="summarise the live graph (or a fabric file)")
     ts.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    _add_client_auth_flags(ts)
     ts.add_argument("--file", default=None)
     ts.add_argument("--json", action="store_true")
     ts.set_defaults(func=cmd_topology_show)
@@ -1008,6 +1147,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--listen", default="127.0.0.1:0")
     d.add_argument("--http", default="127.0.0.1:8080")
     d.set_defaults(func=cmd_demo)
+
+    tl = sub.add_parser("tls", help="TLS helpers")
+    tlsub = tl.add_subparsers(dest="tls_command", required=True)
+    mk = tlsub.add_parser("make-test-ca", help="a throwaway CA with controller, admin and node certificates")
+    mk.add_argument("--out", required=True, metavar="DIR", help="folder for the PEM files")
+    mk.add_argument("--nodes", action="append", required=True, metavar="ID,ID,...", help="node ids (comma-separated)")
+    mk.add_argument("--controller-host", action="append", metavar="HOST",
+                    help="host name or IP in the controller certificate (repeatable; default localhost,127.0.0.1)")
+    mk.set_defaults(func=cmd_tls_make_test_ca)
 
     cf = sub.add_parser("config", help="service configuration files")
     cfsub = cf.add_subparsers(dest="config_command", required=True)
@@ -1031,7 +1179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `starpulse … | head` ends quietly
     # One-shot commands keep stdout for their output; services reconfigure for JSON on stdout.
     configure_logging("warning", fmt="console", stream=sys.stderr)
-    return int(args.func(args))
+    from starpulse.auth import AuthConfigError
+    from starpulse.tls import TLSConfigError
+
+    try:
+        return int(args.func(args))
+    except (TLSConfigError, AuthConfigError) as exc:  # a bad TLS or token file: one line, not a traceback
+        command = " ".join(str(a) for a in (argv if argv is not None else sys.argv[1:])[:1])
+        print(f"starpulse {command}: {exc}".replace("  ", " "), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
