@@ -29,6 +29,12 @@ DEPLOY = ROOT / "deploy"
 AGENT_MIN = {"agent": {"node_id": "node-001", "controllers": ["127.0.0.1:50051"]}}
 
 
+@pytest.fixture(autouse=True)
+def _quiet_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Services reconfigure logging onto pytest's captured stdout; later tests would write to it closed."""
+    monkeypatch.setattr("starpulse.logs.configure_logging", lambda *a, **k: None)
+
+
 def write(tmp_path: Path, data: Any, name: str = "controller.yaml") -> Path:
     path = tmp_path / name
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
