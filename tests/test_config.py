@@ -458,3 +458,17 @@ def test_agent_runs_with_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_agent_without_node_id_or_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["agent", "--controller", "x:1"]) == 2
     assert "--node-id is required" in capsys.readouterr().err
+
+
+def test_tls_and_auth_sections_build_the_service_settings(tmp_path: Path) -> None:
+    token = tmp_path / "admin.tokens"
+    token.write_text("# ops\n" + "t" * 40 + "\n")
+    path = write(tmp_path, {"tls": {"ca_file": "ca.pem", "cert_file": "c.pem", "key_file": "c.key"},
+                            "auth": {"admin_token_file": "admin.tokens", "open_reads": False}})
+    settings = load_controller_settings(path, {})
+    assert settings.tls is not None and settings.tls.ca_file == tmp_path / "ca.pem"
+    assert settings.controller.tls == settings.tls
+    assert settings.controller.auth.admin_tokens == ["t" * 40] and settings.controller.auth.open_reads is False
+    token.write_text("short\n")
+    (err,) = errors_of(load_controller_settings, path, {})
+    assert err.startswith(f"{path}: auth: ")
