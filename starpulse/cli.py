@@ -1176,7 +1176,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(argv if argv is not None else sys.argv[1:])  # --config: which flags were given
     from starpulse.logs import configure_logging
 
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `starpulse … | head` ends quietly
     # One-shot commands keep stdout for their output; services reconfigure for JSON on stdout.
     configure_logging("warning", fmt="console", stream=sys.stderr)
     from starpulse.auth import AuthConfigError
@@ -1190,5 +1189,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def entrypoint() -> int:
+    """The console script: like main(), but a closed stdout (`starpulse … | head`) ends quietly.
+
+    Kept out of main() because tests call main() in-process, where SIG_DFL for SIGPIPE
+    would let any write to a closed pipe kill the test runner.
+    """
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return main()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entrypoint())
