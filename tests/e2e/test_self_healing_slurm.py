@@ -129,10 +129,16 @@ class TestSelfHealingOnSlurm:
 
             await wait_for(lambda: len(resumed_lines()) >= 3, 90, "three ranks resumed after the requeue")
             t_resumed = time.monotonic()
+            resumed = resumed_lines()
+
+            def confirmed() -> bool:  # the ranks' next reports carry the step they resumed from
+                rec = ctl.jobs.job(job)
+                return rec is not None and rec.resumed_from_step == min(resumed)
+
+            await wait_for(confirmed, 30, "the registry to confirm the resume step from the job's reports")
             record = ctl.jobs.job(job)
             assert record is not None and record.restarts == 1
-            resumed = resumed_lines()
-            assert min(resumed) == record.resumed_from_step and min(resumed) >= 20  # confirmed by the job
+            assert min(resumed) >= 20
             squeue = [r for r in cluster.squeue_rows() if str(r.get("job_id")) == job]
             nodes = str(squeue[0].get("nodes", "")) if squeue else ""
             assert "node-003" in nodes or "003" in nodes, squeue
