@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.factory import build_agent
 from agent.runtime import Agent, AgentConfig
@@ -70,3 +71,34 @@ def make_sim_agent(
     agent.link.backoff.initial_s = 0.1
     agent.link.backoff.max_s = 0.5
     return SimAgent(sim=sim, agent=agent, stop=asyncio.Event())
+
+
+async def stream_session(channel: Any, *messages: Any) -> Any:
+    """Send AgentMessages on one Telemetry stream while reading; return the status it ended with.
+
+    Reading concurrently matters: a server that ends the call mid-write must be seen by its
+    status, not by the client's failed write.
+    """
+    import grpc
+
+    from starpulse.v1 import service_pb2_grpc as sgrpc
+
+    async with channel as ch:
+        call = sgrpc.TelemetryStub(ch).Connect()
+
+        async def read_all() -> grpc.StatusCode:
+            try:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            except grpc.aio.AioRpcError as err:
+                return err.code()
+            return await call.code()
+
+        reader = asyncio.create_task(read_all())
+        try:
+            for m in messages:
+                await call.write(m)
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the server ended the call mid-write: the status the reader saw is what counts
+        return await asyncio.wait_for(reader, 20)

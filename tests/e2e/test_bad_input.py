@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,9 +11,8 @@ import pytest
 from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
-from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.helpers import free_port
+from tests.helpers import free_port, stream_session
 
 
 @pytest.fixture
@@ -43,27 +41,10 @@ def _hello(node_id: str = "node-000") -> spb.AgentMessage:
 
 async def _session(ctl: Controller, *messages: spb.AgentMessage) -> grpc.StatusCode:
     """Send messages on one stream while reading; return the status the controller ended it with."""
-    async with grpc.aio.insecure_channel(
+    channel = grpc.aio.insecure_channel(
         f"127.0.0.1:{ctl.grpc_port}", options=[("grpc.max_send_message_length", 8 * 1024 * 1024)]
-    ) as ch:
-        call = sgrpc.TelemetryStub(ch).Connect()
-
-        async def read_all() -> grpc.StatusCode:
-            try:
-                while await call.read() is not grpc.aio.EOF:
-                    pass
-            except grpc.aio.AioRpcError as err:
-                return err.code()
-            return await call.code()
-
-        reader = asyncio.create_task(read_all())
-        try:
-            for m in messages:
-                await call.write(m)
-            await call.done_writing()
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            pass  # the server ended the call mid-write: the status the reader saw is what counts
-        return await reader
+    )
+    return await stream_session(channel, *messages)
 
 
 async def _still_serving(ctl: Controller) -> None:

@@ -26,7 +26,7 @@ from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.helpers import make_sim_agent, wait_for
+from tests.helpers import make_sim_agent, stream_session, wait_for
 
 TOKEN = secrets.token_urlsafe(24)
 NODES = ["node-000", "node-001", "node-002"]
@@ -86,25 +86,7 @@ def _hello(node_id: str) -> spb.AgentMessage:
 
 async def _session(channel: grpc.aio.Channel, *messages: spb.AgentMessage) -> grpc.StatusCode:
     """Send messages on one Telemetry stream; return the status it ended with."""
-    async with channel as ch:
-        call = sgrpc.TelemetryStub(ch).Connect()
-
-        async def read_all() -> grpc.StatusCode:
-            try:
-                while await call.read() is not grpc.aio.EOF:
-                    pass
-            except grpc.aio.AioRpcError as err:
-                return err.code()
-            return await call.code()
-
-        reader = asyncio.create_task(read_all())
-        try:
-            for m in messages:
-                await call.write(m)
-            await call.done_writing()
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            pass
-        return await asyncio.wait_for(reader, 20)
+    return await stream_session(channel, *messages)
 
 
 def _cordon(node: str = "node-000") -> spb.NodeActionRequest:
