@@ -390,18 +390,12 @@ def _age(ms: int) -> str:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    import grpc
     from google.protobuf.json_format import MessageToDict
 
     from starpulse.v1 import service_pb2 as spb
 
-    try:
-        resp = _query_stub(args).ListNodes(spb.ListNodesRequest(), timeout=10)
-    except grpc.RpcError as exc:
-        print(
-            f"starpulse nodes: controller {args.controller}: {exc.code().name} {exc.details()}",
-            file=sys.stderr,
-        )
+    resp = _rpc("nodes", args, _query_stub(args), "ListNodes", spb.ListNodesRequest(), 10)
+    if resp is None:
         return 2
     if args.json:
         rows = [
@@ -420,20 +414,13 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    import grpc
 
     from starpulse.findings import event_kind_name, severity_name
     from starpulse.v1 import service_pb2 as spb
 
-    try:
-        resp = _query_stub(args).ListEvents(
-            spb.ListEventsRequest(node_id=args.node or "", limit=args.limit), timeout=10
-        )
-    except grpc.RpcError as exc:
-        print(
-            f"starpulse events: controller {args.controller}: {exc.code().name} {exc.details()}",
-            file=sys.stderr,
-        )
+    request = spb.ListEventsRequest(node_id=args.node or "", limit=args.limit)
+    resp = _rpc("events", args, _query_stub(args), "ListEvents", request, 10)
+    if resp is None:
         return 2
     rows = [
         {
@@ -462,16 +449,12 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
-    import grpc
 
     from starpulse.v1 import service_pb2 as spb
 
-    try:
-        resp = _query_stub(args).ListIncidents(
-            spb.ListIncidentsRequest(include_resolved=args.all, limit=args.limit), timeout=10
-        )
-    except grpc.RpcError as exc:
-        print(f"starpulse incidents: controller {args.controller}: {exc.code().name} {exc.details()}", file=sys.stderr)
+    request = spb.ListIncidentsRequest(include_resolved=args.all, limit=args.limit)
+    resp = _rpc("incidents", args, _query_stub(args), "ListIncidents", request, 10)
+    if resp is None:
         return 2
     rows = [
         {
@@ -532,16 +515,20 @@ def _actor(args: argparse.Namespace, command: str) -> str | None:
     return actor
 
 
-def _admin_call(command: str, args: argparse.Namespace, method: str, request: Any) -> Any:
-    """One Admin RPC; None (after one line on stderr) when it fails."""
+def _rpc(command: str, args: argparse.Namespace, stub: Any, method: str, request: Any, timeout_s: float) -> Any:
+    """One RPC; None (after one line on stderr naming the controller and the status) when it fails."""
     import grpc
 
-    address = args.controller
     try:
-        return getattr(_admin_stub(args), method)(request, timeout=30)
+        return getattr(stub, method)(request, timeout=timeout_s)
     except grpc.RpcError as exc:
-        print(f"starpulse {command}: controller {address}: {exc.code().name} {exc.details()}", file=sys.stderr)
+        print(f"starpulse {command}: controller {args.controller}: {exc.code().name} {exc.details()}", file=sys.stderr)
         return None
+
+
+def _admin_call(command: str, args: argparse.Namespace, method: str, request: Any) -> Any:
+    """One Admin RPC; None (after one line on stderr) when it fails."""
+    return _rpc(command, args, _admin_stub(args), method, request, 30)
 
 
 def _dict(message: Any) -> dict[str, Any]:
@@ -741,16 +728,11 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
             return 2
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
-    import grpc
 
     from starpulse.v1 import service_pb2 as spb
 
-    try:
-        resp = _query_stub(args).GetTopology(spb.TopologyRequest(), timeout=10)
-    except grpc.RpcError as exc:
-        print(
-            f"starpulse topology show: controller {args.controller}: {exc.code().name} {exc.details()}", file=sys.stderr
-        )
+    resp = _rpc("topology show", args, _query_stub(args), "GetTopology", spb.TopologyRequest(), 10)
+    if resp is None:
         return 2
     out = {
         "summary": json.loads(resp.summary_json or "{}"),
