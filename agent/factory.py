@@ -16,7 +16,7 @@ from agent.collectors.ethtool import EthtoolCollector
 from agent.collectors.gpu import NvmlGpuCollector, nvml_unavailable_reason
 from agent.collectors.host import HostCollector
 from agent.collectors.kmsg import KmsgCollector
-from agent.collectors.lldp import LldpCollector
+from agent.collectors.lldp import LldpCollector, lldpcli_command
 from agent.collectors.pci import pair_nics_with_gpus
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.collectors.sonic import SonicSwitchCollector, default_redis_factory
@@ -81,6 +81,8 @@ def build_collectors(
     lldp: bool = True,
     ethtool: bool = True,
     kmsg_from_start: bool = False,
+    lldpcli_socket: str | None = None,
+    lldp_interval_s: float = 30.0,
 ) -> CollectorPlan:
     """The collectors for one node, in the order they run (ethtool after nic: it reads its netdevs)."""
     if backend not in BACKENDS:
@@ -95,7 +97,9 @@ def build_collectors(
         sysfs_root = sim.sysfs_root
         kmsg_path = sim.kmsg_path if kmsg_path else None  # None: no kernel-log tail (one-shot scan)
         ethtool_dir = sim.sysfs.ethtool_dir
-        lldp = False  # simulated nodes have no lldpd; the scenario runner feeds LLDP itself
+        # A simulated node has no lldpd (the scenario runner feeds LLDP itself) unless it is
+        # given one's socket: the netns harness runs a real lldpd beside each simulated node.
+        lldp = lldp and lldpcli_socket is not None
     gpu = NvmlGpuCollector(nvml, sink)
     collectors: list[Collector] = [gpu, RdmaSysfsCollector(sysfs_root)]
     starters: list[Callable[[], object]] = [gpu.start_events]
@@ -108,7 +112,7 @@ def build_collectors(
         collectors.append(kmsg)
         starters.append(kmsg.start)
     if lldp:
-        collectors.append(LldpCollector())
+        collectors.append(LldpCollector(lldpcli_command(lldpcli_socket), min_interval_s=lldp_interval_s))
     return CollectorPlan(
         collectors=collectors,
         starters=starters,

@@ -107,7 +107,6 @@ def _role(name: str) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from agent.factory import BackendUnavailable, build_agent
     from agent.runtime import AgentConfig
-    from agent.sim.node import SimNode
     from starpulse.logs import configure_logging
     from starpulse.names import InvalidName, validate_node_id
 
@@ -154,7 +153,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         switch_agent = build_switch_agent(config, _redis_factory(args.redis) if args.redis else None)
         asyncio.run(_run_agent(switch_agent))
         return 0
-    sim = SimNode(args.node_id, state_dir / "sim", seed=args.seed) if args.backend == "sim" else None
+    sim = _sim_node(args.node_id, state_dir, args.backend, args.seed, args.sim_gpus, args.sim_nics,
+                    args.sim_real_netdevs)
     try:
         agent = build_agent(
             config,
@@ -163,12 +163,27 @@ def cmd_agent(args: argparse.Namespace) -> int:
             kmsg_path=args.kmsg or None,
             sim=sim,
             mounts=args.mount or ("/",),
+            lldpcli_socket=args.lldpcli_socket,
+            lldp_interval_s=args.lldp_interval_s,
         )
     except BackendUnavailable as exc:
         print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
         return 2
     asyncio.run(_run_agent(agent))
     return 0
+
+
+def _sim_node(node_id: str, state_dir: Path, backend: str, seed: int, gpus: int, nics: int,
+              real_netdevs: bool) -> Any:
+    """The SimNode for `--backend sim` (None otherwise); with real_netdevs its ports follow this host's links."""
+    if backend != "sim":
+        return None
+    from agent.sim.node import SimNode
+
+    sim = SimNode(node_id, state_dir / "sim", gpus=gpus, nics=nics, seed=seed)
+    if real_netdevs:
+        sim.follow_real_netdevs()
+    return sim
 
 
 def _allowed_commands(specs: list[str]) -> dict[str, list[str]]:
@@ -829,6 +844,11 @@ _AGENT_FLAGS = {
     "mount": "hardware.mounts",
     "seed": "hardware.seed",
     "redis": "hardware.redis",
+    "lldpcli_socket": "hardware.lldpcli_socket",
+    "lldp_interval_s": "hardware.lldp_interval_s",
+    "sim_gpus": "hardware.sim_gpus",
+    "sim_nics": "hardware.sim_nics",
+    "sim_real_netdevs": "hardware.sim_real_netdevs",
     "metrics": "metrics.listen",
     "job_socket": "jobs.socket",
     "log_level": "log.level",
@@ -925,7 +945,6 @@ def _controller_from_config(args: argparse.Namespace) -> int:
 def _agent_from_config(args: argparse.Namespace) -> int:
     """`agent --config FILE`: file < environment < explicit flags."""
     from agent.factory import BackendUnavailable, build_agent
-    from agent.sim.node import SimNode
     from starpulse.config import ConfigError, load_agent_config
     from starpulse.logs import configure_logging
 
@@ -939,10 +958,12 @@ def _agent_from_config(args: argparse.Namespace) -> int:
 
         asyncio.run(_run_agent(build_switch_agent(config, _redis_factory(opt.redis) if opt.redis else None)))
         return 0
-    sim = SimNode(config.node_id, opt.state_dir / "sim", seed=opt.seed) if opt.backend == "sim" else None
+    sim = _sim_node(config.node_id, opt.state_dir, opt.backend, opt.seed, opt.sim_gpus, opt.sim_nics,
+                    opt.sim_real_netdevs)
     try:
         agent = build_agent(config, opt.backend, sysfs_root=opt.sysfs_root, kmsg_path=opt.kmsg, sim=sim,
-                            mounts=opt.mounts, ethtool=opt.ethtool)
+                            mounts=opt.mounts, ethtool=opt.ethtool, lldpcli_socket=opt.lldpcli_socket,
+                            lldp_interval_s=opt.lldp_interval_s)
     except BackendUnavailable as exc:
         print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
         return 2
@@ -1005,6 +1026,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--mount", action="append", help="mount point whose disk usage to report (repeatable)")
     a.add_argument("--seed", type=int, default=0, help="sim backend: seed of the simulated hardware")
     a.add_argument("--redis", default=None, help="--role switch: SONiC Redis HOST:PORT (default: its socket)")
+    a.add_argument("--lldpcli-socket", default=None, metavar="PATH",
+                   help="lldpd control socket to read neighbours from (lldpcli -u; default: lldpd's own)")
+    a.add_argument("--lldp-interval-s", type=float, default=30.0, help="read LLDP neighbours at most this often")
+    a.add_argument("--sim-gpus", type=int, default=8, help="sim backend: GPUs of the simulated node")
+    a.add_argument("--sim-nics", type=int, default=8, help="sim backend: rail NICs of the simulated node")
+    a.add_argument("--sim-real-netdevs", action="store_true",
+                   help="sim backend: rail netdevs (ens1f0np0...) that exist on this host are real; "
+                        "each port's state follows its carrier (network-namespace tests)")
     a.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus /metrics here")
     a.add_argument("--job-socket", default=None, metavar="PATH",
                    help="unix socket for training jobs (starpulse.job), e.g. /run/starpulse/jobs.sock; off if unset")

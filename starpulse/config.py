@@ -252,6 +252,13 @@ AGENT_SCHEMA: Schema = {
         "ethtool": _s("bool", True, "collect NIC counters with ethtool"),
         "seed": _s("int", 0, "sim backend: seed of the simulated hardware", ge=0),
         "redis": _s("address", None, "role switch: SONiC Redis; null: its default socket", nullable=True),
+        "lldpcli_socket": _s("path", None, "lldpd control socket to read neighbours from (lldpcli -u); "
+                             "null: lldpd's default", nullable=True),
+        "lldp_interval_s": _s("float", 30.0, "read LLDP neighbours at most this often", gt=0),
+        "sim_gpus": _s("int", 8, "sim backend: GPUs of the simulated node", ge=1, le=32),
+        "sim_nics": _s("int", 8, "sim backend: rail NICs of the simulated node", ge=0, le=28),
+        "sim_real_netdevs": _s("bool", False, "sim backend: rail netdevs that exist here are real; "
+                               "port state follows their carrier"),
     },
     "jobs": {
         "socket": _s("path", None, "unix socket for training jobs (starpulse.job); null: off", nullable=True),
@@ -318,6 +325,11 @@ class AgentOptions:
     ethtool: bool = True
     seed: int = 0
     redis: str | None = None
+    lldpcli_socket: str | None = None
+    lldp_interval_s: float = 30.0
+    sim_gpus: int = 8
+    sim_nics: int = 8
+    sim_real_netdevs: bool = False
     tls: Any = None  # starpulse.tls.TLSSettings | None
     log: LogSettings = field(default_factory=LogSettings)
 
@@ -777,6 +789,11 @@ def load_agent_config(
         ethtool=hw["ethtool"],
         seed=hw["seed"],
         redis=hw["redis"],
+        lldpcli_socket=str(hw["lldpcli_socket"]) if hw["lldpcli_socket"] is not None else None,
+        lldp_interval_s=hw["lldp_interval_s"],
+        sim_gpus=hw["sim_gpus"],
+        sim_nics=hw["sim_nics"],
+        sim_real_netdevs=hw["sim_real_netdevs"],
         tls=_tls(v),
         log=_log(v),
     )

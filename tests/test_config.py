@@ -472,3 +472,20 @@ def test_tls_and_auth_sections_build_the_service_settings(tmp_path: Path) -> Non
     token.write_text("short\n")
     (err,) = errors_of(load_controller_settings, path, {})
     assert err.startswith(f"{path}: auth: ")
+
+
+def test_agent_lldp_socket_and_sim_shape(tmp_path: Path) -> None:
+    hw = {"backend": "sim", "lldpcli_socket": "lldpd.sock", "lldp_interval_s": 2, "sim_gpus": 2, "sim_nics": 2,
+          "sim_real_netdevs": True}
+    path = write(tmp_path, {**AGENT_MIN, "hardware": hw}, "agent.yaml")
+    _, opt = load_agent_config(path, {})
+    assert opt.lldpcli_socket == str(tmp_path / "lldpd.sock")  # relative to the file
+    assert (opt.lldp_interval_s, opt.sim_gpus, opt.sim_nics, opt.sim_real_netdevs) == (2.0, 2, 2, True)
+    argv = ["agent", "--config", str(path), "--sim-nics", "4", "--lldpcli-socket", "/run/l.sock"]
+    args = cli.build_parser().parse_args(argv)
+    args.argv = argv
+    _, opt = load_agent_config(path, {}, cli._agent_overrides(args))
+    assert opt.sim_nics == 4 and opt.lldpcli_socket == "/run/l.sock"
+    bad = write(tmp_path, {**AGENT_MIN, "hardware": {"sim_nics": 29}}, "bad.yaml")
+    expected = f"{bad}: hardware.sim_nics: must be an integer >= 0 and <= 28, got 29"
+    assert errors_of(load_agent_config, bad, {}) == [expected]

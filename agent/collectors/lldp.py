@@ -28,6 +28,17 @@ DEFAULT_COMMAND = ("lldpcli", "-f", "json", "show", "neighbors")
 _TIMEOUT_S = 5.0
 
 
+def lldpcli_command(socket: str | None = None) -> tuple[str, ...]:
+    """The neighbours command; with ``socket``, asked of the lldpd listening there (``lldpcli -u``).
+
+    One host may run several lldpd (one per network namespace, or a second instance next
+    to the system one); each has its own control socket.
+    """
+    if not socket:
+        return DEFAULT_COMMAND
+    return ("lldpcli", "-u", socket, *DEFAULT_COMMAND[1:])
+
+
 def default_runner(argv: Sequence[str]) -> str:
     """Run a command without a shell; raise on failure; return stdout."""
     res = subprocess.run(list(argv), capture_output=True, text=True, timeout=_TIMEOUT_S, check=True)

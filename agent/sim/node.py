@@ -15,6 +15,7 @@ import structlog
 from agent.sim.fake_kmsg import FakeKmsg
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.fake_sysfs import FakeSysfs
+from agent.sim.real_netdev import RealNetdevs
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +75,13 @@ class SimNode:
         self.base_throughput_gbps = throughput_gbps
         self._throughput = [throughput_gbps] * nics
         self._lock = threading.Lock()
+        self.real_netdevs: RealNetdevs | None = None
+
+    def follow_real_netdevs(self, net_root: str = "/sys/class/net") -> list[int]:
+        """NICs whose netdev is a real interface here: their port state follows its carrier from now on."""
+        self.real_netdevs = RealNetdevs(self.sysfs, net_root)
+        self.real_netdevs.sync()
+        return sorted(self.real_netdevs.linked)
 
     def _gpu_buses(self, gpus: int) -> list[int]:
         """Bus numbers that put GPU i beside NIC i, where the fake sysfs tree placed it."""
@@ -90,6 +98,10 @@ class SimNode:
 
     def advance(self, dt_s: float) -> None:
         """Move counters forward by dt_s of simulated traffic (called before each collect)."""
+        if self.real_netdevs is not None:
+            for i, up in self.real_netdevs.sync().items():
+                with self._lock:
+                    self._throughput[i] = self.base_throughput_gbps if up else 0.0
         with self._lock:
             throughput = list(self._throughput)
         self.sysfs.advance(max(dt_s, 0.0), throughput_gbps=throughput)
