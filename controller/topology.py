@@ -2,7 +2,9 @@
 
 Miswiring is reported once per change ("node-007/nic-3 expected on leaf-b0-r3, seen on
 leaf-b0-r4"), and the learned cable replaces the declared one in the fabric so root
-cause follows the real wiring.
+cause follows the real wiring. LLDP is always compared with the declaration (a copy kept
+apart), never with the fabric the learned cables were applied to: a miswire stays
+reported while it lasts, and clears, and the fabric follows, when the cable is put back.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class TopologyTracker:
 
     def __init__(self, fabric: Fabric | None, min_interval_s: float = 1.0) -> None:
         self.fabric = fabric
+        self.declared = Fabric(fabric.graph.copy(), fabric.params) if fabric is not None else None
         self.min_interval_s = min_interval_s
         self._hosts: dict[str, list[tuple[str, str, str]]] = {}
         self._switches: dict[str, list[tuple[str, str, str]]] = {}
@@ -56,15 +59,15 @@ class TopologyTracker:
 
     def tick(self) -> ReconcileReport | None:
         """Reconcile when something changed (rate-limited); returns the new report, if any."""
-        if self.fabric is None or not self._dirty:
+        if self.fabric is None or self.declared is None or not self._dirty:
             return None
         now = time.monotonic()
         if now - self._last_run < self.min_interval_s:
             return None
         self._dirty = False
         self._last_run = now
-        report = reconcile(self.fabric, self._hosts, self._switches, nic_of_interface=self._interfaces)
-        changes = self.fabric.apply_learned(report) if report.miswired else []
+        report = reconcile(self.declared, self._hosts, self._switches, nic_of_interface=self._interfaces)
+        changes = self.fabric.apply_learned(report)  # also puts back cables that match the declaration again
         messages = set(report.messages())
         for message in sorted(messages - self._reported):
             log.warning("topology_mismatch", detail=message)

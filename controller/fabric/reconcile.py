@@ -200,12 +200,17 @@ def reconcile(
     confirmed: set[tuple[str, str]] = set()
     for nic, seen in seen_nic.items():
         exp_leaf, exp_port = fabric.leaf_of(nic), fabric.port_of(nic)
+        # One cable has one far end. A NIC seen on two switch ports is a view in transition
+        # (lldpd keeps the old neighbour until its TTL runs out after a re-cabling): report
+        # what is seen, but learn nothing from it, or adopting both ends would uncable a NIC.
+        ambiguous = len({w for w, _ in seen}) > 1 or len({(w, p) for w, p in seen if p}) > 1
         for (where, port), source in seen.items():
             if where == exp_leaf and (port == exp_port or not check_ports or not port):
                 confirmed.add((nic, where))
-                report.learned.append(LearnedEdge(nic, where, "nic-leaf", exp_port or port, source))
+                if not ambiguous:
+                    report.learned.append(LearnedEdge(nic, where, "nic-leaf", exp_port or port, source))
                 continue
-            if fabric.kind(where) == "leaf":
+            if fabric.kind(where) == "leaf" and not ambiguous:
                 report.learned.append(LearnedEdge(nic, where, "nic-leaf", port, source))
             if where == exp_leaf:
                 msg = f"{nic} expected on {exp_leaf} port {exp_port}, seen on {where} port {port}"

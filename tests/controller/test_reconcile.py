@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller.fabric import Fabric, generate_fabric, reconcile
@@ -158,3 +160,46 @@ class TestApplyLearned:
         assert fabric.peer_at("leaf-b0-r0", "Ethernet64") == "spine-1"
         assert fabric.spines_of("leaf-b0-r0") == ["spine-1"]
         assert "leaf-b0-r0" not in fabric.leaves_of("spine-0")
+
+
+class TestTransitions:
+    def test_nic_seen_on_two_ports_is_reported_but_not_learned(self, fabric):
+        """Right after a re-cabling lldpd still lists the old neighbour: adopting both ends would uncable a NIC."""
+        view = host_view("node-007", 7)
+        view.append(("node-007/nic-3", "leaf-b0-r4", "Ethernet28"))  # new far end; the old one not aged out yet
+        view.append(("node-007/nic-4", "leaf-b0-r3", "Ethernet28"))
+        report = reconcile(fabric, {"node-007": view})
+        assert sorted(m.component for m in report.miswired) == ["node-007/nic-3", "node-007/nic-4"]
+        assert not [e for e in report.learned if e.a in ("node-007/nic-3", "node-007/nic-4")]
+        assert fabric.apply_learned(report) == []
+        assert fabric.leaf_of("node-007/nic-3") == "leaf-b0-r3" and fabric.leaf_of("node-007/nic-4") == "leaf-b0-r4"
+
+
+def _record(node: str, view: list[tuple[str, str, str]]) -> Any:
+    from controller.registry import NodeRecord
+
+    lldp = [ipb.LldpNeighbor(local_interface=i.rsplit("/", 1)[-1], chassis_name=n, port_id=p) for i, n, p in view]
+    return NodeRecord(node, ipb.NODE_ROLE_COMPUTE, "online", 0, 0, lldp=lldp)
+
+
+class TestTracker:
+    def test_miswire_reported_while_it_lasts_and_the_fabric_follows_both_ways(self, fabric):
+        from controller.topology import TopologyTracker
+
+        tracker = TopologyTracker(fabric, min_interval_s=0)
+        good = host_view("node-007", 7)
+        swapped = list(good)
+        swapped[3] = ("node-007/nic-3", "leaf-b0-r4", "Ethernet28")
+        swapped[4] = ("node-007/nic-4", "leaf-b0-r3", "Ethernet28")
+        expected = ["node-007/nic-3 expected on leaf-b0-r3, seen on leaf-b0-r4",
+                    "node-007/nic-4 expected on leaf-b0-r4, seen on leaf-b0-r3"]
+        for _ in range(2):  # a second reconcile, after the rewire, still compares with the declaration
+            tracker.update(_record("node-007", swapped))
+            report = tracker.tick()
+            assert report is not None and sorted(m.message for m in report.miswired) == expected
+            assert fabric.leaf_of("node-007/nic-3") == "leaf-b0-r4"  # root cause follows the real cable
+        tracker.update(_record("node-007", good))
+        report = tracker.tick()
+        assert report is not None and report.ok
+        assert fabric.leaf_of("node-007/nic-3") == "leaf-b0-r3" and fabric.leaf_of("node-007/nic-4") == "leaf-b0-r4"
+        assert tracker.declared is not None and tracker.declared.leaf_of("node-007/nic-3") == "leaf-b0-r3"
