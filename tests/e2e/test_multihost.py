@@ -20,7 +20,7 @@ import pytest
 
 from controller.detect.correlate import EVICTABLE_KINDS
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.netns.cluster import HEARTBEAT_TIMEOUT_S, MultiHostCluster, start_cluster
+from tests.netns.cluster import AGENT_INTERVAL_S, HEARTBEAT_TIMEOUT_S, MultiHostCluster, start_cluster
 from tests.netns.harness import require_lab, run, sigterm_raises, sweep_stale, wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -208,6 +208,26 @@ class TestMultiHost:
             toggle(up)
         ids = {i.id for i in _incidents_since(net, t0, root_cause=cable.nic)}
         assert ids == {first[0].id}, f"a flapping NIC keeps its one incident, got {ids}"
+
+    def test_swapped_cables_are_miswires_and_the_fabric_follows(self, net: MultiHostCluster) -> None:
+        """node-000's two cables swapped: both miswires reported from real LLDP while it lasts, gone when put back."""
+        a, b = net.cable("node-000", 0), net.cable("node-000", 1)
+        net.swap_cables_at_node(a.node, a.rail, b.rail)
+        swapped = sorted([(a.netdev, b.leaf, b.port), (b.netdev, a.leaf, a.port)])
+        wait_until(lambda: sorted(net.lldp_neighbours(a.node)) == swapped, 15, "lldpd hears the new wiring")
+        expected = sorted([f"{a.nic} expected on {a.leaf}, seen on {b.leaf}",
+                           f"{b.nic} expected on {b.leaf}, seen on {a.leaf}"])
+        wait_until(lambda: sorted(net.topology().miswired) == expected, 20, "both miswires reported",
+                   diagnose=net._why)
+        time.sleep(2 * AGENT_INTERVAL_S + 1.0)  # later reconciles (after the rewire) must keep reporting them
+        topo = net.topology()
+        assert sorted(topo.miswired) == expected and list(topo.missing_links) == []
+        net.restore()
+        wait_until(lambda: sorted(net.lldp_neighbours(a.node)) == sorted([(a.netdev, a.leaf, a.port),
+                                                                           (b.netdev, b.leaf, b.port)]),
+                   15, "lldpd hears the original wiring")
+        wait_until(lambda: not net.topology().miswired, 20, "the miswires cleared once cabled back",
+                   diagnose=net._why)
 
     def test_packet_loss_still_delivers_every_event(self, net: MultiHostCluster) -> None:
         """25% of node-003's management packets dropped each way (nftables): every event arrives exactly once."""

@@ -20,6 +20,7 @@ Layout (names from ``generate_fabric``: blocks of nodes, one leaf per rail and b
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import sys
 import tempfile
@@ -91,6 +92,7 @@ class MultiHostCluster:
     _gpu_pci: list[str] = field(default_factory=list)
     _channel: grpc.Channel | None = None
     _sockdir: Path | None = None
+    _swaps: list[tuple[str, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.fabric = generate_fabric(self.nodes, gpus_per_node=self.gpus, rails=self.rails,
@@ -260,6 +262,25 @@ class MultiHostCluster:
         rec = self._kmsg[node].xid(self._gpu_pci[gpu], xid, note)
         return int(rec.split(",")[1])
 
+    def swap_cables_at_node(self, node: str, rail_a: int, rail_b: int) -> None:
+        """Plug two of a node's cables into each other's NIC (a miswire after a repair); restore() undoes it.
+
+        The veth that was rail_a's port becomes rail_b's netdev and back, so the RDMA device of
+        rail_a now sits on the cable to rail_b's leaf. (Moving the switch end between leaf
+        namespaces instead would leave lldpd there sending on the vanished interface.)
+        """
+        lab = self.lab
+        a, b = rail_netdev(rail_a), rail_netdev(rail_b)
+        for ifname in (a, b):
+            lab.set_link(node, ifname, False)
+        tmp = f"sw{secrets.token_hex(3)}"
+        lab.ip(node, "link", "set", a, "name", tmp)
+        lab.ip(node, "link", "set", b, "name", a)
+        lab.ip(node, "link", "set", tmp, "name", b)
+        for ifname in (a, b):
+            lab.set_link(node, ifname, True)
+        self._swaps.append((node, rail_a, rail_b))
+
     # -- health ------------------------------------------------------------------------------
     def diagnose(self) -> str:
         parts = []
@@ -297,6 +318,10 @@ class MultiHostCluster:
 
     def restore(self) -> None:
         """Every cable and uplink up, no packet filter: the state each scenario starts from."""
+        while self._swaps:
+            node, rail_a, rail_b = self._swaps.pop()
+            self.swap_cables_at_node(node, rail_a, rail_b)
+            self._swaps.pop()
         for c in self.cables:
             self.lab.set_link(c.leaf, c.port, True)
             self.lab.set_link(c.node, c.netdev, True)
