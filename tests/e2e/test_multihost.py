@@ -118,7 +118,8 @@ class TestMultiHost:
         assert list(topo.missing_links) == [] and list(topo.miswired) == [] and list(topo.unknown_devices) == []
 
     def test_management_cut_buffers_events_and_replays_them(self, net: MultiHostCluster) -> None:
-        """node-000 loses its management link: unreachable; events written meanwhile arrive once when it is back."""
+        """node-000 loses its management link: unreachable; events written meanwhile, before and after
+        its agent restarts, arrive once each when it is back."""
         node, neighbour = "node-000", "node-001"  # same management switch, different port
         leaf = net.mgmt_leaf(node)
         t0 = _now_ms()
@@ -127,7 +128,11 @@ class TestMultiHost:
         wait_until(lambda: net.node_states().get(node) == "unreachable", HEARTBEAT_TIMEOUT_S + 10,
                    f"{node} unreachable", diagnose=net.diagnose)
         assert net.node_states()[neighbour] == "online"
+        wait_until(lambda: net.buffered_events(node) >= len(injected), 15, "the events held in the agent's buffer")
         assert not injected & set(_stored_kmsg_seqs(net, node)), "events crossed a cut link"
+        net.restart_agent(node)  # the buffer survives on disk; the new agent cannot reach the controller either
+        injected |= _inject_xids(net, node, 4, "after-restart")
+        wait_until(lambda: net.buffered_events(node) >= len(injected), 15, "the new events buffered too")
         wait_until(lambda: _incidents_since(net, t0, kind="node_down", root_cause=node), 15,
                    f"node_down incident for {node}")
         net.lab.set_link(leaf, f"m-{node}", True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import sqlite3
 import sys
 import tempfile
 import time
@@ -93,6 +94,7 @@ class MultiHostCluster:
     _channel: grpc.Channel | None = None
     _sockdir: Path | None = None
     _swaps: list[tuple[str, int, int]] = field(default_factory=list)
+    _starts: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fabric = generate_fabric(self.nodes, gpus_per_node=self.gpus, rails=self.rails,
@@ -220,8 +222,17 @@ class MultiHostCluster:
             "--sim-real-netdevs", "--lldpcli-socket", str(self.lldp_socket(node)), "--lldp-interval-s", "0.5",
             "--interval-s", str(AGENT_INTERVAL_S), "--state-dir", str(state),
         ]
-        self.agents[node] = self.lab.spawn(node, f"agent-{node}", argv, cwd=REPO)
-        self._kmsg[node] = FakeKmsg(str(state / "sim" / "kmsg"))
+        self._starts[node] = self._starts.get(node, 0) + 1
+        self.agents[node] = self.lab.spawn(node, f"agent-{node}-{self._starts[node]}", argv, cwd=REPO)
+        if node not in self._kmsg:  # one writer per node: its kernel-log seqs keep growing across restarts
+            self._kmsg[node] = FakeKmsg(str(state / "sim" / "kmsg"))
+
+    def restart_agent(self, node: str) -> None:
+        """Stop the node's agent (SIGTERM) and start it again on the same state folder."""
+        old = self.agents.pop(node)
+        self.lab.stop(old)
+        self.lab.procs.remove(old)
+        self._start_agent(node, seed=self.node_ids.index(node))
 
     # -- the controller's view -------------------------------------------------------------
     def query(self) -> sgrpc.QueryStub:
@@ -255,6 +266,16 @@ class MultiHostCluster:
         from agent.collectors.lldp import parse_lldpcli_json
 
         return [(n.local_interface, n.chassis_name, n.port_id) for n in parse_lldpcli_json(res.stdout)]
+
+    def buffered_events(self, node: str) -> int:
+        """Events in the agent's on-disk buffer (written, not yet acked by the controller)."""
+        db = self.workdir / node / "agent-buffer.db"
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            (count,) = conn.execute("SELECT COUNT(*) FROM events").fetchone()
+        finally:
+            conn.close()
+        return int(count)
 
     # -- faults -----------------------------------------------------------------------------
     def xid(self, node: str, gpu: int, xid: int, note: str) -> int:
