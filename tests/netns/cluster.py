@@ -40,7 +40,7 @@ from controller.fabric.generate import generate_fabric
 from controller.fabric.io import save_fabric
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-from tests.netns.harness import Lab, Proc, run, wait_until
+from tests.netns.harness import Lab, Proc, run, tool, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CTL = "ctl"
@@ -166,7 +166,7 @@ class MultiHostCluster:
             lines.append("configure lldp portidsubtype ifname")
         conf.write_text("\n".join(lines) + "\n")
         conf.chmod(0o644)
-        argv = ["/usr/sbin/lldpd", "-d", "-u", str(sock), "-O", str(conf), "-I", ",".join(interfaces)]
+        argv = [tool("lldpd"), "-d", "-u", str(sock), "-O", str(conf), "-I", ",".join(interfaces)]
         proc = self.lab.spawn(host, f"lldpd-{host}", argv)
         self.lldpd[host] = proc
         return proc
@@ -260,7 +260,7 @@ class MultiHostCluster:
 
     def lldp_neighbours(self, host: str) -> list[tuple[str, str, str]]:
         """(local interface, neighbour name, neighbour port) as that host's lldpd sees it."""
-        res = run(["lldpcli", "-u", str(self.lldp_socket(host)), "-f", "json", "show", "neighbors"], check=False)
+        res = run([tool("lldpcli"), "-u", str(self.lldp_socket(host)), "-f", "json", "show", "neighbors"], check=False)
         if res.returncode != 0:
             return []
         from agent.collectors.lldp import parse_lldpcli_json

@@ -73,7 +73,8 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
+    """Path of a system tool (root's PATH may lack /usr/sbin)."""
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
@@ -98,13 +99,13 @@ def _pid_alive(pid: int) -> bool:
 
 def list_namespaces() -> list[str]:
     """Names of every network namespace (``ip netns list`` prints "name (id: N)")."""
-    out = run([_tool("ip"), "netns", "list"]).stdout
+    out = run([tool("ip"), "netns", "list"]).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
 def _kill_namespace_processes(ns: str) -> None:
     """SIGKILL whatever still runs in ``ns`` (after the polite stop), by pid."""
-    res = run([_tool("ip"), "netns", "pids", ns], check=False)
+    res = run([tool("ip"), "netns", "pids", ns], check=False)
     for tok in res.stdout.split():
         if tok.isdigit():
             with contextlib.suppress(ProcessLookupError):
@@ -114,7 +115,7 @@ def _kill_namespace_processes(ns: str) -> None:
 def delete_namespace(ns: str) -> None:
     """Kill what runs in ``ns`` and delete it (its links go with it)."""
     _kill_namespace_processes(ns)
-    run([_tool("ip"), "netns", "delete", ns], check=False)
+    run([tool("ip"), "netns", "delete", ns], check=False)
 
 
 def sweep_stale() -> list[str]:
@@ -175,18 +176,18 @@ class Lab:
 
     def add_host(self, host: str) -> str:
         ns = self.prefix + host
-        run([_tool("ip"), "netns", "add", ns])
+        run([tool("ip"), "netns", "add", ns])
         self.hosts[host] = ns
         self.ip(host, "link", "set", "lo", "up")
         return ns
 
     def ip(self, host: str, *args: str) -> subprocess.CompletedProcess[str]:
         """``ip -n <ns> ...`` in one of this lab's hosts."""
-        return run([_tool("ip"), "-n", self.ns(host), *args])
+        return run([tool("ip"), "-n", self.ns(host), *args])
 
     def link(self, a: str, a_if: str, b: str, b_if: str) -> None:
         """A cable: a veth pair with one end in each host, both up."""
-        run([_tool("ip"), "link", "add", a_if, "netns", self.ns(a), "type", "veth",
+        run([tool("ip"), "link", "add", a_if, "netns", self.ns(a), "type", "veth",
              "peer", "name", b_if, "netns", self.ns(b)])
         self.ip(a, "link", "set", a_if, "up")
         self.ip(b, "link", "set", b_if, "up")
@@ -220,10 +221,10 @@ class Lab:
 
     def nft(self, host: str, ruleset: str) -> None:
         """Load an nftables ruleset inside ``host``."""
-        run([_tool("ip"), "netns", "exec", self.ns(host), _tool("nft"), "-f", "-"], input_text=ruleset)
+        run([tool("ip"), "netns", "exec", self.ns(host), tool("nft"), "-f", "-"], input_text=ruleset)
 
     def nft_flush(self, host: str) -> None:
-        run([_tool("ip"), "netns", "exec", self.ns(host), _tool("nft"), "flush", "ruleset"])
+        run([tool("ip"), "netns", "exec", self.ns(host), tool("nft"), "flush", "ruleset"])
 
     # -- processes --------------------------------------------------------------------
     def spawn(self, host: str, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -232,7 +233,7 @@ class Lab:
         log = self.workdir / f"{name}.log"
         with log.open("wb") as fh:  # the child keeps its own descriptor
             popen = subprocess.Popen(
-                [_tool("ip"), "netns", "exec", self.ns(host), *argv],
+                [tool("ip"), "netns", "exec", self.ns(host), *argv],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
             )
