@@ -118,14 +118,20 @@ def delete_namespace(ns: str) -> None:
     run([tool("ip"), "netns", "delete", ns], check=False)
 
 
-def sweep_stale() -> list[str]:
-    """Delete namespaces of this harness whose creating process is dead (a run that was killed)."""
+def sweep_stale(tmp_dir: str = "/tmp") -> list[str]:
+    """Delete namespaces (and socket folders under ``tmp_dir``) of this harness whose creating
+    process is dead: what a run killed with SIGKILL left behind."""
     swept = []
     for ns in list_namespaces():
         m = _STALE_RE.match(ns)
         if m and not _pid_alive(int(m.group(1))):
             delete_namespace(ns)
             swept.append(ns)
+    for entry in os.scandir(tmp_dir):
+        m = _STALE_RE.match(entry.name)
+        if m and entry.is_dir(follow_symlinks=False) and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            swept.append(entry.path)
     return swept
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.netns import harness
 from tests.netns.harness import Lab, list_namespaces, require_lab, run, sweep_stale
 
 pytestmark = pytest.mark.netns
@@ -20,6 +21,15 @@ def test_addresses_outside_the_lab_subnet_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="outside the lab subnet"):
         lab.check_address("10.9.9.9")
     assert str(lab.check_address("10.213.0.7")) == "10.213.0.7"
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_missing_prerequisites_skip_locally_and_fail_in_ci(monkeypatch: pytest.MonkeyPatch, ci: str) -> None:
+    monkeypatch.setattr(harness, "missing_prerequisites", lambda: ["not root"])
+    monkeypatch.setenv("CI", ci)
+    outcome = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(outcome, match="not root"):
+        require_lab()
 
 
 def test_close_removes_namespaces_links_and_processes(tmp_path: Path) -> None:
@@ -59,13 +69,17 @@ def test_sweep_removes_only_namespaces_of_dead_runs(tmp_path: Path) -> None:
     dead.wait()
     stale = f"spn{dead.pid}x0badc0-node-000"
     lab = Lab(tmp_path)  # a live run: this process
+    stale_dir, live_dir = tmp_path / f"spn{dead.pid}x0badc0-sock", tmp_path / f"{lab.prefix}sock"
+    stale_dir.mkdir()
+    live_dir.mkdir()
     try:
         run(["ip", "netns", "add", stale])
         lab.add_host("live")
-        swept = sweep_stale()
-        assert stale in swept
+        swept = sweep_stale(str(tmp_path))
+        assert stale in swept and str(stale_dir) in swept
         names = list_namespaces()
         assert stale not in names and lab.ns("live") in names
+        assert not stale_dir.exists() and live_dir.exists()
     finally:
         run(["ip", "netns", "delete", stale], check=False)
         lab.close()
