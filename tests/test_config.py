@@ -343,6 +343,7 @@ def test_schema_defaults_match_the_code() -> None:
     from agent.runtime import AgentConfig
     from controller.detect.correlate import CorrelationConfig
     from controller.detect.failslow import SIGNALS, FailSlowConfig
+    from controller.ha.config import HAConfig
     from controller.heal.guards import GuardConfig
     from controller.heal.healer import HealConfig
     from controller.service import ControllerConfig
@@ -365,7 +366,8 @@ def test_schema_defaults_match_the_code() -> None:
     check(HealConfig, c["heal"])
     flat = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(c)}
     check(ControllerConfig, flat, {"db_path", "fabric", "fabric_path", "rules_path", "detection", "notify", "heal",
-                                   "tls", "auth", "allowed_nodes"})
+                                   "tls", "auth", "allowed_nodes", "ha"})
+    check(HAConfig, c["ha"])
     a = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(AGENT_SCHEMA)}
     a["metrics_listen"], a["job_socket"] = a["listen"], a["socket"]
     check(AgentConfig, a, {"node_id", "controllers", "role", "buffer_path", "boot_id_path", "tls"})
