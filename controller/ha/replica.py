@@ -101,10 +101,13 @@ class Replica:
             won = await elector.campaign(stop)
         finally:
             follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            # Bounded: a watch being torn down inside aetcd must not hold up a takeover.
+            done, _ = await asyncio.wait({follower}, timeout=2.0)
+            log.info("ha_standby_stopping", step="follower stopped" if done else "follower still stopping")
             await server.stop(0)
             await runner.cleanup()
             store.close()
+            log.info("ha_standby_stopped")
         if won:
             self.elected_at = time.monotonic()
         return won
@@ -142,6 +145,7 @@ class Replica:
         restore_store = Store(self.config.db_path)
         await StateMirror(restore_store.connection, client, self.ha, elector).restore()
         restore_store.close()
+        log.info("ha_takeover", step="state restored")
         config = self.config
         fenced: FencedScheduler | None = None
         if config.heal is not None:
@@ -154,6 +158,7 @@ class Replica:
         controller.telemetry.before_ack = mirror.flush  # acks only for events already in etcd
         self.controller, self.mirror = controller, mirror
         await mirror.check()  # still ours? (the lease may have run out while restoring)
+        log.info("ha_takeover", step="controller built, lease confirmed")
         await controller.start()
         self.role = "leader"
         self.acting_at = time.monotonic()
