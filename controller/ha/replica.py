@@ -43,6 +43,7 @@ from controller.service import (
     split_host_port,
 )
 from controller.store import Store
+from starpulse import sdnotify
 from starpulse.auth import AuthInterceptor
 from starpulse.tls import load_server_credentials
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -96,10 +97,13 @@ class Replica:
         self.role = "standby"
         server, runner = await self._start_standby_servers(store, elector)
         follower = asyncio.create_task(mirror.follow())
+        watchdog = asyncio.create_task(self._watchdog_loop())
         log.info("ha_standby", me=self.advertise, grpc=self.config.listen)
+        sdnotify.ready(f"standby, serving reads on {self.config.listen}")
         try:
             won = await elector.campaign(stop)
         finally:
+            watchdog.cancel()
             follower.cancel()
             # Bounded: a watch being torn down inside aetcd must not hold up a takeover.
             done, _ = await asyncio.wait({follower}, timeout=2.0)
@@ -111,6 +115,14 @@ class Replica:
         if won:
             self.elected_at = time.monotonic()
         return won
+
+    @staticmethod
+    async def _watchdog_loop() -> None:
+        """WATCHDOG=1 while a standby waits (the leader's sweep loop does it once elected)."""
+        watchdog = sdnotify.Watchdog()
+        while True:
+            watchdog.kick()
+            await asyncio.sleep(1.0)
 
     async def _start_standby_servers(self, store: Store, elector: Elector) -> tuple[grpc.aio.Server, web.AppRunner]:
         cfg = self.config
