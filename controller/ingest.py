@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -55,6 +56,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
         self._active: dict[str, asyncio.Task[Any]] = {}
+        # Awaited before every ack (HA: the events must be in etcd before the agent may forget them).
+        self.before_ack: Callable[[], Awaitable[Any]] | None = None
 
     async def _reject(
         self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, detail: str
@@ -208,6 +211,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 ack_needed.clear()
                 current = (node.acked_event_seq, node.acked_report_seq)
                 if current != sent:
+                    if self.before_ack is not None:
+                        await self.before_ack()  # read before: only what is stored by now is acked
                     await context.write(
                         spb.ControllerMessage(ack=spb.Ack(event_seq=current[0], report_seq=current[1]))
                     )

@@ -16,6 +16,7 @@ from controller.admin import AdminServicer
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
 from controller.fabric import Fabric, load_fabric
+from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
 from controller.heal.jobs import JobRegistry
@@ -82,6 +83,8 @@ class ControllerConfig:
     tls: TLSSettings | None = None
     # Admin credential and whether reads need it (starpulse.auth). Default: dev mode, open.
     auth: AuthConfig = field(default_factory=AuthConfig)
+    # Several replicas coordinated by etcd (controller.ha.replica); None: one controller on SQLite.
+    ha: HAConfig | None = None
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -28,7 +28,7 @@ def _install_stop(stop: asyncio.Event) -> None:
 # -- controller ---------------------------------------------------------------------------
 def cmd_controller(args: argparse.Namespace) -> int:
     from controller.notify import NotifyConfig
-    from controller.service import Controller, ControllerConfig
+    from controller.service import ControllerConfig
     from starpulse.logs import configure_logging
 
     if args.config:
@@ -59,7 +59,13 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"starpulse controller: {exc}", file=sys.stderr)
         return 2
+    try:
+        ha = _ha_settings(args)
+    except ValueError as exc:
+        print(f"starpulse controller: {exc}", file=sys.stderr)
+        return 2
     config = ControllerConfig(
+        ha=ha,
         tls=tls,
         auth=auth,
         notify=notify,
@@ -73,13 +79,44 @@ def cmd_controller(args: argparse.Namespace) -> int:
         heal=heal,
     )
 
+    return _serve_controller(config)
+
+
+def _serve_controller(config: Any) -> int:
+    """Run one controller, or one HA replica when config.ha is set; exit 3 when a replica lost its leadership."""
+    from controller.service import Controller
+
     async def main() -> None:
         stop = asyncio.Event()
         _install_stop(stop)
-        await Controller(config).serve_forever(stop)
+        if config.ha is not None:
+            from controller.ha.replica import Replica
 
-    asyncio.run(main())
+            await Replica(config).serve_forever(stop)
+        else:
+            await Controller(config).serve_forever(stop)
+
+    try:
+        asyncio.run(main())
+    except Exception as exc:
+        from controller.ha.etcd import EtcdUnavailable
+        from controller.ha.replica import LeadershipLost
+
+        if isinstance(exc, LeadershipLost | EtcdUnavailable):
+            print(f"starpulse controller: {exc}", file=sys.stderr)
+            return 3
+        raise
     return 0
+
+
+def _ha_settings(args: argparse.Namespace) -> Any:
+    """HAConfig from --etcd (which turns HA on), --ha-lease-ttl, --ha-cluster, --advertise; None without --etcd."""
+    if not args.etcd:
+        return None
+    from controller.ha.config import HAConfig
+
+    return HAConfig(etcd=[e for part in args.etcd for e in part.split(",") if e], lease_ttl_s=args.ha_lease_ttl,
+                    cluster=args.ha_cluster, advertise=args.advertise or "")
 
 
 def _heal_settings(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -832,6 +869,9 @@ _CONTROLLER_FLAGS = {
     "tls_key": "tls.key_file",
     "admin_token_file": "auth.admin_token_file",
     "admin_cert_name": "auth.admin_cert_names",
+    "ha_lease_ttl": "ha.lease_ttl_s",
+    "ha_cluster": "ha.cluster",
+    "advertise": "ha.advertise",
 }
 _AGENT_FLAGS = {
     "node_id": "agent.node_id",
@@ -882,6 +922,9 @@ def _controller_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]
         out["heal.enabled"] = ("--scheduler", args.scheduler != "none")
         if args.scheduler != "none":
             out["heal.scheduler.type"] = ("--scheduler", args.scheduler)
+    if "etcd" in given and args.etcd:
+        out["ha.enabled"] = ("--etcd", True)
+        out["ha.etcd"] = ("--etcd", [e for part in args.etcd for e in part.split(",") if e])
     if "require_read_token" in given:
         out["auth.open_reads"] = ("--require-read-token", not args.require_read_token)
     if "notify" in given and args.notify:
@@ -923,7 +966,6 @@ def _config_errors(command: str, exc: Any) -> int:
 
 def _controller_from_config(args: argparse.Namespace) -> int:
     """`controller --config FILE`: file < environment < explicit flags."""
-    from controller.service import Controller
     from starpulse.config import ConfigError, load_controller_settings
     from starpulse.logs import configure_logging
 
@@ -932,14 +974,7 @@ def _controller_from_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _config_errors("controller", exc)
     configure_logging(settings.log.level, fmt="console" if settings.log.format == "console" else "json")
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        _install_stop(stop)
-        await Controller(settings.controller).serve_forever(stop)
-
-    asyncio.run(main())
-    return 0
+    return _serve_controller(settings.controller)
 
 
 def _agent_from_config(args: argparse.Namespace) -> int:
@@ -1010,6 +1045,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Query RPCs (nodes, events, incidents, topology) need an admin token too")
     c.add_argument("--admin-cert-name", action="append", metavar="NAME",
                    help="with mutual TLS: a client certificate naming NAME counts as admin (repeatable)")
+    c.add_argument("--etcd", action="append", default=[], metavar="HOST:PORT",
+                   help="run as one of several replicas, leader elected through this etcd (repeat or comma-separate)")
+    c.add_argument("--ha-lease-ttl", type=int, default=5, metavar="SECONDS",
+                   help="with --etcd: the leader's lease; a dead leader is replaced within this (default 5)")
+    c.add_argument("--ha-cluster", default="default", help="with --etcd: this installation's name in etcd")
+    c.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                   help="with --etcd: the gRPC address standbys send agents to (default: --listen)")
     c.add_argument("--log-level", default="info")
     c.set_defaults(func=cmd_controller)
 

@@ -220,6 +220,20 @@ CONTROLLER_SCHEMA: Schema = {
             },
         },
     },
+    "ha": {
+        "enabled": _s("bool", False, "run as one of several replicas, leader elected through etcd "
+                      "(false: one controller on SQLite)"),
+        "etcd": _s("list", ["127.0.0.1:2379"], "etcd client addresses, tried in order", item_address=True,
+                   nonempty=True),
+        "prefix": _s("str", "/starpulse", "etcd key prefix", nonempty=True),
+        "cluster": _s("str", "default", "this installation's name under the prefix", nonempty=True),
+        "lease_ttl_s": _s("int", 5, "leader lease: a dead leader is replaced within this", ge=2, le=60),
+        "advertise": _s("str", "", "gRPC HOST:PORT standbys send agents to; empty: server.listen"),
+        "flush_interval_s": _s("float", 0.05, "the leader pushes changed state to etcd this often", gt=0),
+        "event_retention_s": _s("float", 7 * 86400.0, "events stay in etcd this long; 0: forever", ge=0),
+        "poll_interval_s": _s("float", 0.2, "a standby looks for a vacant leader key this often", gt=0),
+        "etcd_timeout_s": _s("float", 5.0, "per etcd request", gt=0),
+    },
     "tls": TLS_SCHEMA,
     "auth": {
         "admin_token_file": _s("path", None, "file holding the admin API bearer token; null: no token",
@@ -659,6 +673,7 @@ def load_controller_settings(
                     guards=guards,
                     heal=HealConfig(h["checkpoint_timeout_s"], h["action_retries"], h["retry_delay_s"]),
                 )
+    ha = _ha(doc, v["ha"])
     if doc.errors:
         raise ConfigError(doc.errors)
     assert correlation is not None and failslow is not None and notify is not None
@@ -684,6 +699,7 @@ def load_controller_settings(
         detection=DetectionConfig(correlation, failslow, det["failslow_every_s"]),
         notify=notify,
         heal=heal,
+        ha=ha,
     )
     tls = _tls(v)
     names = {f.name for f in fields(ControllerConfig)}
@@ -692,6 +708,23 @@ def load_controller_settings(
     if "auth" in names:
         setattr(cfg, "auth", auth_config)  # noqa: B010
     return ControllerSettings(cfg, tls, auth, _log(v), v)
+
+
+def _ha(doc: _Doc, h: dict[str, Any]) -> Any:
+    """The HAConfig of the ``ha`` section (None unless enabled)."""
+    from controller.ha.config import HAConfig
+
+    if not h["enabled"]:
+        return None
+    if h["advertise"] and not _address_ok(h["advertise"]):
+        doc.err("ha.advertise", f"must be HOST:PORT or empty, got {h['advertise']!r}")
+        return None
+    try:
+        options: dict[str, Any] = {k: x for k, x in h.items() if k != "enabled"}
+        return HAConfig(**{**options, "etcd": list(h["etcd"])})
+    except ValueError as exc:
+        doc.err("ha", str(exc))
+        return None
 
 
 def _auth_config(auth: AuthSettings) -> Any:

@@ -49,6 +49,9 @@ def errors_of(fn: Any, *args: Any, **kwargs: Any) -> list[str]:
 
 # -- schema errors ----------------------------------------------------------------------------
 CONTROLLER_ERRORS = [
+    ({"ha": {"lease_ttl_s": 1}}, "ha.lease_ttl_s: must be an integer >= 2 and <= 60, got 1"),
+    ({"ha": {"enabled": True, "advertise": "nowhere"}}, "ha.advertise: must be HOST:PORT or empty, got 'nowhere'"),
+    ({"ha": {"enabled": True, "cluster": "a/b"}}, "ha: ha.cluster must be a non-empty name without '/', got 'a/b'"),
     ({"ingest": {"heartbeat_timeout_s": "soon"}}, "ingest.heartbeat_timeout_s: must be a number > 0, got 'soon'"),
     ({"ingest": {"heartbeat_timeout_s": 0}}, "ingest.heartbeat_timeout_s: must be a number > 0, got 0"),
     ({"ingest": {"heartbeat_timeout_s": None}}, "ingest.heartbeat_timeout_s: must be a number > 0, got null"),
@@ -343,6 +346,7 @@ def test_schema_defaults_match_the_code() -> None:
     from agent.runtime import AgentConfig
     from controller.detect.correlate import CorrelationConfig
     from controller.detect.failslow import SIGNALS, FailSlowConfig
+    from controller.ha.config import HAConfig
     from controller.heal.guards import GuardConfig
     from controller.heal.healer import HealConfig
     from controller.service import ControllerConfig
@@ -365,13 +369,29 @@ def test_schema_defaults_match_the_code() -> None:
     check(HealConfig, c["heal"])
     flat = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(c)}
     check(ControllerConfig, flat, {"db_path", "fabric", "fabric_path", "rules_path", "detection", "notify", "heal",
-                                   "tls", "auth", "allowed_nodes"})
+                                   "tls", "auth", "allowed_nodes", "ha"})
+    check(HAConfig, c["ha"])
     a = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(AGENT_SCHEMA)}
     a["metrics_listen"], a["job_socket"] = a["listen"], a["socket"]
     check(AgentConfig, a, {"node_id", "controllers", "role", "buffer_path", "boot_id_path", "tls"})
 
 
 # -- building: healing, relative paths, the CLI --------------------------------------------------
+def test_ha_section_and_flags(tmp_path: Path) -> None:
+    """ha.enabled builds an HAConfig; without it the controller stays a single SQLite one; --etcd turns it on."""
+    assert load_controller_config(write(tmp_path, {}), {}).ha is None
+    path = write(tmp_path, {"ha": {"enabled": True, "etcd": ["10.0.0.1:2379"], "lease_ttl_s": 3}})
+    ha = load_controller_config(path, {}).ha
+    assert ha.etcd == ["10.0.0.1:2379"] and ha.lease_ttl_s == 3 and ha.advertise == ""
+    from starpulse.cli import _controller_overrides, build_parser
+
+    argv = ["controller", "--config", str(path), "--etcd", "e1:2379,e2:2379", "--advertise", "c1:50051"]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    ha = load_controller_config(write(tmp_path, {}), {}, _controller_overrides(args)).ha
+    assert ha.etcd == ["e1:2379", "e2:2379"] and ha.advertise == "c1:50051"
+
+
 def test_exec_scheduler_and_relative_paths(tmp_path: Path) -> None:
     path = write(tmp_path, {
         "server": {"db_path": "state/starpulse.db"},

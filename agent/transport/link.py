@@ -26,6 +26,9 @@ log = structlog.get_logger(__name__)
 
 CommandHandler = Callable[[spb.Command], Awaitable[spb.CommandResult]]
 
+# A standby controller refuses the stream with FAILED_PRECONDITION and names the leader here.
+LEADER_METADATA_KEY = "starpulse-leader"
+
 CLIENT_CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -137,6 +140,8 @@ class ControllerLink:
                 )
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
                     self._target_index += 1
+                elif err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self._follow_leader(target, err)
             except Exception:
                 log.exception("controller_stream_error", target=target)
             finally:
@@ -147,6 +152,22 @@ class ControllerLink:
             delay = self.backoff.next_delay(self._rng)
             log.info("controller_reconnect_wait", delay_s=round(delay, 2))
             await asyncio.sleep(delay)
+
+    def _follow_leader(self, target: str, err: grpc.aio.AioRpcError) -> None:
+        """A standby said who leads: go there next (added to the list when new); no hint: try the next one."""
+        leader = ""
+        for key, value in err.trailing_metadata() or ():
+            if key == LEADER_METADATA_KEY:
+                leader = value if isinstance(value, str) else value.decode()
+        if not leader or leader == target:
+            self._target_index += 1
+            return
+        if leader not in self.targets:
+            log.warning("controller_leader_not_configured", leader=leader, configured=self.targets)
+            self.targets.append(leader)
+        self._target_index = self.targets.index(leader)
+        self.backoff.reset()  # not a failure of the controllers: go straight to the leader
+        log.info("controller_follow_leader", standby=target, leader=leader)
 
     async def stop(self) -> None:
         """Stop streaming; unsent events stay in the buffer for the next start."""

@@ -28,7 +28,7 @@ from controller.detect.correlate import evictable
 from controller.detect.model import Incident
 from controller.heal.guards import Guards
 from controller.heal.jobs import JobRegistry
-from controller.heal.policy import HealHistory, Policy
+from controller.heal.policy import Decision, HealHistory, Policy
 from controller.heal.scheduler.base import ActionResult, Scheduler
 from controller.heal.spares import SpareError, SparePool
 from controller.heal.states import AUTOMATIC, InvalidTransition, NodeHealState, RemediationStore
@@ -105,6 +105,7 @@ class Healer:
     async def run(self, stop: asyncio.Event) -> None:
         """Finish what a previous run planned, then work incidents until stop."""
         await self._replay_planned()
+        await self._resume_interrupted()
         while not stop.is_set():
             getter = asyncio.create_task(self._queue.get())
             stopper = asyncio.create_task(stop.wait())
@@ -173,11 +174,24 @@ class Healer:
             await self._checkpoint(jobs, incident)
         self._transition(node, S.CORDONED, "cordoned before draining", incident.id)
         self._transition(node, S.DRAINING, decision.reason, incident.id)
+        await self._evict(node, decision, incident, jobs)
+
+    async def _evict(
+        self, node: str, decision: Decision, incident: Incident, jobs: list[str], resumed: bool = False
+    ) -> None:
+        """Drain, pick a spare, requeue the node's jobs onto it, then the follow-up (reset, reboot, RMA).
+
+        Every scheduler step is planned and marked (``_act``), so running this again for
+        the same incident (``resumed``: a new controller finishing what a dead one began)
+        performs only the steps not yet done.
+        """
         await self._act(node, "drain", incident.id, lambda: self.scheduler.drain(node, self._reason(incident)))
-        spare = self._pick_spare(node, jobs)
+        spare = (self._spare_of(node) if resumed else None) or self._pick_spare(node, jobs)
         prefer: list[str] = [spare] if spare else []
         now = self._clock_ms()
         for job in jobs:
+            if resumed and self._done(node, "requeue", incident.id, job):
+                continue
             self.jobs.mark_interrupted(job, now, f"{incident.kind} on {node}")
             await self._act(node, "requeue", incident.id, self._requeue_call(job, node, prefer), job=job)
             record_job = self.jobs.job(job)
@@ -215,6 +229,9 @@ class Healer:
     ) -> ActionResult:
         """Plan, perform (retrying temporary failures), mark: exactly-once across restarts."""
         action = self.store.plan_action(node, kind, incident_id, job)
+        if action.status == "done":  # performed (and marked) by an earlier run: never twice
+            log.info("scheduler_action_already_done", node=node, action=kind, job=job, action_id=action.action_id)
+            return ActionResult.success("already done")
         result = ActionResult.temporary("not attempted")
         for attempt in range(1, self.config.action_retries + 1):
             result = await call()
@@ -284,6 +301,36 @@ class Healer:
         if self.spares is None:
             return None
         return next((s.spare for s in self.spares.list() if s.allocated_to == node), None)
+
+    def _done(self, node: str, kind: str, incident_id: str, job: str | None) -> bool:
+        return any(
+            a.kind == kind and a.incident_id == incident_id and a.job == job and a.status == "done"
+            for a in self.store.actions(node)
+        )
+
+    async def _resume_interrupted(self) -> None:
+        """A controller that died between a remediation's steps: finish the eviction it began.
+
+        A node we were draining (state ``draining``, taken out by us, for an incident still
+        open) gets the remaining steps of ``_evict``; those already done are skipped.
+        """
+        open_by_id = {i.id: i for i in self.open_incidents()}
+        for record in self.store.all_records():
+            if record.state != S.DRAINING or record.drained_by != AUTOMATIC or record.incident_id is None:
+                continue
+            incident = open_by_id.get(record.incident_id)
+            if incident is None:
+                log.warning("remediation_resume_incident_gone", node=record.node, incident=record.incident_id)
+                continue
+            decision = self.policy.decide(incident, self.history)
+            if not decision.evicts or decision.node != record.node:
+                log.warning("remediation_resume_decision_changed", node=record.node, incident=incident.id)
+                continue
+            log.warning("remediation_resume", node=record.node, incident=incident.id, action=decision.action)
+            try:
+                await self._evict(record.node, decision, incident, self.jobs.jobs_of(record.node), resumed=True)
+            except Exception:
+                log.exception("remediation_resume_failed", node=record.node, incident=incident.id)
 
     async def _replay_planned(self) -> None:
         """A controller that died mid-remediation: finish the planned scheduler actions."""

@@ -143,3 +143,25 @@ class TestHealer:
         await again._replay_planned()
         assert ("drain", "node-005") in [(a[0], a[1]) for a in sched2.actions]
         assert again.store.planned() == []
+
+    async def test_an_eviction_interrupted_after_the_drain_is_finished_once(self, tmp_path: Path) -> None:
+        """Drain done, requeue never started when the controller died: the next one requeues once, drains no more."""
+        healer, sched, store = _healer(tmp_path)
+        incident = _incident("inc-7", "gpu_fault", "node-002/gpu-1", "node-002")
+        for state in (NodeHealState.SUSPECT, NodeHealState.CORDONED, NodeHealState.DRAINING):
+            healer.store.transition("node-002", state, "gpu_fault -> evict", "inc-7")
+        done = healer.store.plan_action("node-002", "drain", "inc-7")
+        assert (await sched.drain("node-002", "gpu_fault")).ok
+        healer.store.mark_action(done.action_id, "done")
+        store.close()
+        again, _, _ = _healer(tmp_path)
+        again.scheduler = sched  # the cluster outlives the controller
+        again.open_incidents = lambda: [incident]
+        await again._replay_planned()
+        await again._resume_interrupted()
+        assert [a[0] for a in sched.actions].count("drain") == 1
+        assert [a[:2] for a in sched.actions if a[0] == "requeue"] == [("requeue", "llm")]
+        assert "node-002" not in sched.jobs["llm"].nodes
+        assert again.store.state("node-002") in (NodeHealState.EVICTED, NodeHealState.IN_REPAIR)
+        await again._resume_interrupted()  # nothing left to do: no second requeue
+        assert [a[0] for a in sched.actions].count("requeue") == 1

@@ -1,0 +1,75 @@
+"""What a standby serves over real gRPC: reads from its replicated SQLite, refusals naming the leader."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.ha.standby import LEADER_METADATA_KEY, StandbyQuery, StandbyTelemetry, standby_admin
+from controller.service import Controller, ControllerConfig
+from controller.store import Store, StoredNode
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import service_pb2_grpc as sgrpc
+from tests.helpers import make_sim_agent, wait_for
+
+
+@pytest.fixture
+async def leader(tmp_path: Path) -> AsyncIterator[Controller]:
+    ctl = Controller(ControllerConfig(listen="127.0.0.1:0", http="127.0.0.1:0", db_path=tmp_path / "leader.db"))
+    await ctl.start()
+    yield ctl
+    await ctl.stop()
+
+
+@pytest.fixture
+async def standby(tmp_path: Path, leader: Controller) -> AsyncIterator[tuple[str, Store]]:
+    store = Store(tmp_path / "standby.db")
+    row = StoredNode("node-007", ipb.NODE_ROLE_COMPUTE, "online", 1, 2, "1.0", "h7", ipb.Inventory(), "e", 0)
+    store.upsert_node(row)
+    hint = f"127.0.0.1:{leader.grpc_port}"
+    server = grpc.aio.server()
+    sgrpc.add_TelemetryServicer_to_server(StandbyTelemetry(lambda: hint), server)
+    sgrpc.add_QueryServicer_to_server(StandbyQuery(store, lambda: hint), server)
+    sgrpc.add_AdminServicer_to_server(standby_admin(lambda: hint), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield f"127.0.0.1:{port}", store
+    await server.stop(0)
+    store.close()
+
+
+class TestStandby:
+    async def test_reads_come_from_the_replicated_tables(self, standby: tuple[str, Store]) -> None:
+        """ListNodes on a standby answers from its SQLite copy."""
+        async with grpc.aio.insecure_channel(standby[0]) as ch:
+            resp = await sgrpc.QueryStub(ch).ListNodes(spb.ListNodesRequest())
+        assert [(n.node_id, n.hostname) for n in resp.nodes] == [("node-007", "h7")]
+
+    async def test_admin_calls_are_refused_with_the_leaders_address(
+        self, standby: tuple[str, Store], leader: Controller
+    ) -> None:
+        """An operator write on a standby: FAILED_PRECONDITION, the leader in details and trailing metadata."""
+        async with grpc.aio.insecure_channel(standby[0]) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await sgrpc.AdminStub(ch).Cordon(spb.NodeActionRequest(node="node-007", actor="alice"))
+        err = info.value
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"127.0.0.1:{leader.grpc_port}" in (err.details() or "")
+        assert (LEADER_METADATA_KEY, f"127.0.0.1:{leader.grpc_port}") in tuple(err.trailing_metadata() or ())
+
+    async def test_agent_follows_the_hint_to_the_leader(
+        self, tmp_path: Path, standby: tuple[str, Store], leader: Controller
+    ) -> None:
+        """An agent configured with only the standby ends up streaming to the leader it names."""
+        agent = make_sim_agent("node-001", tmp_path, [standby[0]])
+        agent.start()
+        try:
+            await wait_for(agent.agent.link.connected.is_set, 20, "the agent to reach the leader")
+            await wait_for(lambda: "node-001" in leader.registry.nodes, 10, "the leader to know the node")
+            assert agent.agent.link.targets == [standby[0], f"127.0.0.1:{leader.grpc_port}"]
+        finally:
+            await agent.halt()
