@@ -187,30 +187,37 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     raise InvalidMessage(f"unexpected message {which!r} after Hello")
             except InvalidMessage as exc:
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc)) from None
-            self.metrics.ingest_seconds.observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.metrics.ingest_seconds.observe(elapsed)
+            if which == "report":
+                self.metrics.report_decision_seconds.observe(elapsed)
             ack_needed.set()
 
-    async def _write_loop(
-        self, context: grpc.aio.ServicerContext, node: NodeRecord, ack_needed: asyncio.Event
-    ) -> None:
-        """Send acks (coalesced: one per batch of messages read) and queued commands."""
+    async def _write_loop(self, context: grpc.aio.ServicerContext, node: NodeRecord, wake: asyncio.Event) -> None:
+        """Send acks (coalesced: one per batch of messages read) and queued commands.
+
+        One event wakes it for both: a command arriving sets it through a done callback,
+        so an ack costs one Event wait, not two tasks and an asyncio.wait per message.
+        """
         sent = (-1, -1)
-        while True:
-            command_wait = asyncio.create_task(node.commands.get())
-            ack_wait = asyncio.create_task(ack_needed.wait())
-            done, _ = await asyncio.wait({command_wait, ack_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if command_wait in done:
-                self.metrics.command_queue.dec()
-                await context.write(spb.ControllerMessage(command=command_wait.result()))
-            else:
-                command_wait.cancel()
-            if ack_wait in done:
-                ack_needed.clear()
+
+        def next_command() -> asyncio.Future[spb.Command]:
+            fut = asyncio.ensure_future(node.commands.get())
+            fut.add_done_callback(lambda _: wake.set())
+            return fut
+
+        command_wait = next_command()
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                if command_wait.done():
+                    self.metrics.command_queue.dec()
+                    await context.write(spb.ControllerMessage(command=command_wait.result()))
+                    command_wait = next_command()
                 current = (node.acked_event_seq, node.acked_report_seq)
                 if current != sent:
-                    await context.write(
-                        spb.ControllerMessage(ack=spb.Ack(event_seq=current[0], report_seq=current[1]))
-                    )
+                    await context.write(spb.ControllerMessage(ack=spb.Ack(event_seq=current[0], report_seq=current[1])))
                     sent = current
-            else:
-                ack_wait.cancel()
+        finally:
+            command_wait.cancel()

@@ -50,6 +50,15 @@ class ControllerMetrics:
             buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
             registry=r,
         )
+        # A report's decision: validated, recorded, and detection's verdict on it committed
+        # (condition changes handed to the correlator). Acks go out only after it, so an
+        # agent's report->ack round trip bounds this plus any queueing from above.
+        self.report_decision_seconds = Histogram(
+            "starpulse_report_decision_seconds",
+            "From a report read off its stream to detection's decision on it being committed.",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
         self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)
         self.detection_seconds = Histogram(
             "starpulse_detection_latency_seconds",

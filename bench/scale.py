@@ -1,0 +1,306 @@
+"""One controller, thousands of simulated agents: sustained ingest, report->decision latency, CPU, RSS.
+
+The controller runs as its own process (``python -m starpulse.cli controller``). Load comes
+from ``--workers`` processes (``bench.loadgen``), each with many grpc.aio streams, one
+channel (TCP connection) per simulated node. Each node has 8 GPUs and 9 NIC ports, sends
+real reports whose counters move, every ``--interval-s`` with jitter; ``--fault-pct`` of
+them develop NIC error bursts and Xids, so detection opens conditions and incidents.
+
+"Decision": the controller has validated the report, recorded it, and run detection on
+it (the condition engine's opened/updated/resolved changes are committed and handed to the
+correlator). The controller acks a report only after that, so the report->ack round trip
+the load generator measures bounds report-to-decision latency from above, including any
+time the report waited in the controller's queues. The controller's own histogram
+``starpulse_report_decision_seconds`` (read -> decision, no queueing) is scraped too.
+
+    .venv/bin/python -m bench.scale [--quick] [--nodes 1000 4000 10000] [--duration-s 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.common import ProcSampler, free_port, percentile, quiet_logging, table, write_result
+from bench.loadgen import Templates, build_templates, worker
+
+NAME = "scale"
+
+
+def start_controller(workdir: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], int, int, Path]:
+    port, http = free_port(), free_port()
+    log_path = workdir / "controller.log"
+    cmd = [
+        sys.executable, "-m", "starpulse.cli", "controller",
+        "--listen", f"127.0.0.1:{port}",
+        "--http", f"127.0.0.1:{http}",
+        "--db", str(workdir / "c.db"),
+        "--heartbeat-timeout-s", "600",
+        *extra,
+    ]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"controller exited ({proc.returncode}); see {log_path}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, port, http, log_path
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("controller did not listen within 60 s")
+
+
+def stop_controller(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def scrape(http_port: int) -> dict[str, float]:
+    """Prometheus text -> {series: value} (only the lines this bench reads)."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(
+            ("starpulse_report_decision_seconds", "starpulse_reports_received_total", "starpulse_incidents_open")
+        ):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = float(value)
+    return out
+
+
+def histogram_quantile(before: dict[str, float], after: dict[str, float], base: str, q: float) -> float:
+    """q-quantile (upper bucket bound) of the observations between two scrapes."""
+    buckets: list[tuple[float, float]] = []
+    for key, v in after.items():
+        if key.startswith(base + "_bucket{"):
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            bound = math.inf if le == "+Inf" else float(le)
+            buckets.append((bound, v - before.get(key, 0.0)))
+    if not buckets:
+        return float("nan")
+    buckets.sort()
+    total = buckets[-1][1]
+    if total <= 0:
+        return float("nan")
+    for bound, count in buckets:
+        if count >= q * total:
+            return bound
+    return math.inf
+
+
+def run_size(
+    nodes: int,
+    tpl: Templates,
+    workdir: Path,
+    workers: int,
+    interval_s: float,
+    jitter: float,
+    duration_s: float,
+    fault_pct: float,
+    controller_args: list[str],
+) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctl, port, http, _log_path = start_controller(workdir, controller_args)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    controls = [ctx.Queue() for _ in range(workers)]
+    node_ids = [f"node-{i:05d}" for i in range(nodes)]
+    n_faulty = round(nodes * fault_pct / 100)
+    faulty = set(node_ids[:: max(1, nodes // n_faulty)][:n_faulty]) if n_faulty else set()
+    procs = []
+    done: dict[int, dict[str, Any]] = {}
+    try:
+        base_rss = ProcSampler(ctl.pid).start().stop()["rss_mib_max"]
+        connect_sampler = ProcSampler(ctl.pid).start()
+        for w in range(workers):
+            cfg = {
+                "worker": w,
+                "port": port,
+                "node_ids": node_ids[w::workers],
+                "faulty": sorted(faulty & set(node_ids[w::workers])),
+                "templates": tpl,
+                "interval_s": interval_s,
+                "jitter": jitter,
+            }
+            p = ctx.Process(target=worker, args=(cfg, controls[w], results), daemon=True)
+            p.start()
+            procs.append(p)
+        ready: dict[int, dict[str, Any]] = {}
+        while len(ready) < workers:
+            _, w, info = results.get(timeout=900)
+            ready[w] = info
+        connect = connect_sampler.stop()
+        connect_wall = max(r["connect_s"] for r in ready.values())
+        connected = sum(r["streams"] for r in ready.values())
+        warmup = interval_s + 2.0  # every node's first report (counters' first sight) falls before the window
+        t_launch = time.time() + 0.5
+        t_start = t_launch + warmup
+        t_end = t_start + duration_s
+        for q in controls:
+            q.put((t_launch, t_start, t_end))
+        time.sleep(max(0.0, t_start - time.time()))
+        m0 = scrape(http)
+        ctl_s = ProcSampler(ctl.pid).start()
+        gen_s = [ProcSampler(p.pid).start() for p in procs if p.pid is not None]
+        time.sleep(max(0.0, t_end - time.time()))
+        ctl_sum = ctl_s.stop()
+        gen_sum = [g.stop() for g in gen_s]
+        m1 = scrape(http)
+        while len(done) < workers:
+            kind, w, info = results.get(timeout=120)
+            if kind == "done":
+                done[w] = info
+        for p in procs:
+            p.join(15)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        stop_controller(ctl)
+    acked = sum(d["acked_in_window"] for d in done.values())
+    lat = [x * 1000 for d in done.values() for x in d["latencies"]]
+    hello = [x * 1000 for d in done.values() for x in d["hello_rtt"]]
+    errors: dict[str, int] = {}
+    for d in done.values():
+        for k, v in d["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    rate = acked / duration_s
+    cpu_frac = ctl_sum["cpu_pct_of_one_core"] / 100
+    dec = "starpulse_report_decision_seconds"
+    incidents = sum(v for k, v in m1.items() if k.startswith("starpulse_incidents_open"))
+    return {
+        "nodes": nodes,
+        "streams_connected": connected,
+        "faulty_nodes": len(faulty),
+        "interval_s": interval_s,
+        "jitter": jitter,
+        "duration_s": duration_s,
+        "workers": workers,
+        "expected_reports_per_s": round(nodes / interval_s, 1),
+        "reports_per_s": round(rate, 1),
+        "samples_per_s": round(rate * (tpl.gpus + tpl.nics), 1),
+        "report_bytes": tpl.report_bytes,
+        "rtt_samples": len(lat),
+        "rtt_ms_p50": round(percentile(lat, 50), 2),
+        "rtt_ms_p99": round(percentile(lat, 99), 2),
+        "rtt_ms_max": round(max(lat), 2) if lat else float("nan"),
+        "decision_ms_p50_bucket": round(1000 * histogram_quantile(m0, m1, dec, 0.50), 3),
+        "decision_ms_p99_bucket": round(1000 * histogram_quantile(m0, m1, dec, 0.99), 3),
+        "decisions_in_window": m1.get(f"{dec}_count", 0.0) - m0.get(f"{dec}_count", 0.0),
+        "incidents_open_at_end": incidents,
+        "controller_cpu_pct": ctl_sum["cpu_pct_of_one_core"],
+        "controller_cpu_ms_per_report": round(1000 * cpu_frac / rate, 3) if rate else float("nan"),
+        "controller_rss_mib_idle": base_rss,
+        "controller_rss_mib_median": ctl_sum["rss_mib_median"],
+        "controller_rss_mib_max": ctl_sum["rss_mib_max"],
+        "load_generator_cpu_pct": [g["cpu_pct_of_one_core"] for g in gen_sum],
+        "load_generator_rss_mib_max": [g["rss_mib_max"] for g in gen_sum],
+        "connect_wall_s": round(connect_wall, 2),
+        "hellos_per_s": round(connected / connect_wall, 1) if connect_wall else float("nan"),
+        "hello_rtt_ms_p99": round(percentile(hello, 99), 2),
+        "controller_cpu_pct_during_connect": connect["cpu_pct_of_one_core"],
+        "events_sent": sum(d["events_sent"] for d in done.values()),
+        "errors": errors,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="500 nodes, 10 s window")
+    ap.add_argument("--nodes", type=int, nargs="*", default=None, help="cluster sizes (1000 4000 10000)")
+    ap.add_argument("--interval-s", type=float, default=5.0)
+    ap.add_argument("--jitter", type=float, default=0.05, help="per-report interval jitter (fraction)")
+    ap.add_argument("--duration-s", type=float, default=None, help="measurement window (30; quick 10)")
+    ap.add_argument("--workers", type=int, default=2, help="load generator processes")
+    ap.add_argument("--fault-pct", type=float, default=1.0, help="percent of nodes that develop faults")
+    ap.add_argument("--controller-arg", action="append", default=[], help="extra controller CLI argument")
+    ap.add_argument("--tag", default="", help="suffix for the result file (scale-<tag>.json)")
+    args = ap.parse_args(argv)
+    sizes = args.nodes or ([500] if args.quick else [1000, 4000, 10000])
+    duration = args.duration_s or (10.0 if args.quick else 30.0)
+    quiet_logging()
+    steps = int((duration + args.interval_s + 10) / (args.interval_s * (1 - args.jitter))) + 3
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sp-bench-scale-") as tmp:
+        t0 = time.perf_counter()
+        tpl = build_templates(Path(tmp) / "sim", steps, args.interval_s)
+        print(f"templates: {steps} steps x {1 + len(tpl.faulty)} profiles in {time.perf_counter() - t0:.1f} s")
+        for n in sizes:
+            r = run_size(
+                n,
+                tpl,
+                Path(tmp) / f"n{n}",
+                args.workers,
+                args.interval_s,
+                args.jitter,
+                duration,
+                args.fault_pct,
+                args.controller_arg,
+            )
+            runs.append(r)
+            rows: list[tuple[str, Any]] = [
+                ("streams connected (faulty)", f"{r['streams_connected']} ({r['faulty_nodes']})"),
+                ("reports acked/s (expected)", f"{r['reports_per_s']} ({r['expected_reports_per_s']})"),
+                ("samples/s (GPU + NIC)", r["samples_per_s"]),
+                ("report->ack RTT ms p50 / p99 / max", f"{r['rtt_ms_p50']} / {r['rtt_ms_p99']} / {r['rtt_ms_max']}"),
+                (
+                    "read->decision ms p50 / p99 (histogram bucket)",
+                    f"{r['decision_ms_p50_bucket']} / {r['decision_ms_p99_bucket']}",
+                ),
+                ("controller CPU % of one core", r["controller_cpu_pct"]),
+                ("controller CPU ms per report", r["controller_cpu_ms_per_report"]),
+                (
+                    "controller RSS MiB idle / median / max",
+                    f"{r['controller_rss_mib_idle']} / {r['controller_rss_mib_median']}"
+                    f" / {r['controller_rss_mib_max']}",
+                ),
+                ("load generators CPU % (each)", " / ".join(f"{x:.0f}" for x in r["load_generator_cpu_pct"])),
+                ("connect: s for all streams (Hello/s)", f"{r['connect_wall_s']} ({r['hellos_per_s']})"),
+                ("incidents open at end / events sent", f"{r['incidents_open_at_end']:.0f} / {r['events_sent']}"),
+                ("stream errors", r["errors"] or "none"),
+                ("load average (1/5/15)", r["load_average"]),
+            ]
+            print(table(f"scale: {n} nodes every {args.interval_s:g} s, {duration:.0f} s window", rows))
+            print()
+    params = {
+        "quick": args.quick,
+        "nodes": sizes,
+        "interval_s": args.interval_s,
+        "jitter": args.jitter,
+        "duration_s": duration,
+        "workers": args.workers,
+        "fault_pct": args.fault_pct,
+        "controller_args": args.controller_arg,
+    }
+    path = write_result(NAME + (f"-{args.tag}" if args.tag else ""), params, {"runs": runs})
+    print(f"wrote {path}")
+    return {"runs": runs}
+
+
+if __name__ == "__main__":
+    main()
