@@ -62,8 +62,9 @@ EVENT_TAG = b"\x1a"  # AgentMessage.event = 3
 class Profile:
     """One kind of node: its report template per step and the events it sends at each step."""
 
-    reports: list[bytes]
+    reports: list[bytes]  # full reports
     events: dict[int, list[bytes]] = field(default_factory=dict)
+    deltas: list[bytes] = field(default_factory=list)  # as the agent's ReportDelta encodes them
 
 
 @dataclass
@@ -73,11 +74,12 @@ class Templates:
     faulty: list[Profile]  # different fault start steps, so faults do not all start together
     gpus: int
     nics: int
-    report_bytes: int
+    report_bytes: int  # mean full report
+    delta_report_bytes: int  # mean on the wire with delta reports (fulls included)
 
 
 def _run_sim(
-    workdir: Path, steps: int, interval_s: float, fault_at: int | None, seed: int
+    workdir: Path, steps: int, interval_s: float, fault_at: int | None, seed: int, full_every: int
 ) -> tuple[Profile, bytes, int, int]:
     from agent.factory import build_collectors
     from agent.runtime import CollectorSet
@@ -91,7 +93,11 @@ def _run_sim(
     inv = cs.describe()
     for hook in plan.inventory_hooks:
         hook(inv)
+    from agent.transport.delta import ReportDelta
+
     profile = Profile([])
+    encoder = ReportDelta(full_every)
+    encoder.reset(enabled=True)
     gpus = nics = 0
     try:
         for step in range(steps):
@@ -115,21 +121,29 @@ def _run_sim(
             report.timestamp_ms = 0
             gpus, nics = len(report.gpus), len(report.nics)
             profile.reports.append(report.SerializeToString())
+            profile.deltas.append(encoder.encode(report).SerializeToString())
     finally:
         cs.close()
     return profile, inv.SerializeToString(), gpus, nics
 
 
 def build_templates(
-    workdir: Path, steps: int, interval_s: float, fault_starts: tuple[int, ...] = (2, 4, 6)
+    workdir: Path, steps: int, interval_s: float, full_every: int = 12, fault_starts: tuple[int, ...] = (2, 4, 6)
 ) -> Templates:
-    """Healthy and faulty report sequences, ``steps`` reports long, from real collect cycles."""
-    healthy, inventory, gpus, nics = _run_sim(workdir / "healthy", steps, interval_s, None, seed=0)
+    """Healthy and faulty report sequences from real collect cycles, full and delta-encoded.
+
+    ``steps`` is rounded up to a multiple of ``full_every`` so that a node wrapping around
+    the sequence lands on a full report.
+    """
+    steps = -(-steps // full_every) * full_every
+    healthy, inventory, gpus, nics = _run_sim(workdir / "healthy", steps, interval_s, None, 0, full_every)
     faulty = [
-        _run_sim(workdir / f"faulty-{f}", steps, interval_s, f, seed=i + 1)[0] for i, f in enumerate(fault_starts)
+        _run_sim(workdir / f"faulty-{f}", steps, interval_s, f, i + 1, full_every)[0]
+        for i, f in enumerate(fault_starts)
     ]
-    size = max(len(r) for r in healthy.reports) + 12
-    return Templates(inventory, healthy, faulty, gpus, nics, size)
+    size = sum(len(r) for r in healthy.reports) // steps + 12
+    delta_size = sum(len(r) for r in healthy.deltas) // steps + 12
+    return Templates(inventory, healthy, faulty, gpus, nics, size, delta_size)
 
 
 # -- worker process ---------------------------------------------------------------------------
@@ -141,7 +155,7 @@ class NodeStats:
     events_sent: int = 0
 
 
-async def open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, Any, float]:
+async def open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, Any, float, bool]:
     import grpc
 
     from agent.transport.link import CLIENT_CHANNEL_OPTIONS
@@ -164,12 +178,13 @@ async def open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, A
     first = await call.read()
     if first is grpc.aio.EOF or not first.HasField("welcome"):
         raise ConnectionError(f"{node_id}: no Welcome")
-    return channel, call, time.perf_counter() - t0
+    return channel, call, time.perf_counter() - t0, first.welcome.accepts_delta_reports
 
 
 async def run_node(
     call: Any,
     profile: Profile,
+    delta: bool,
     interval_s: float,
     jitter: float,
     first_at: float,
@@ -204,6 +219,7 @@ async def run_node(
     seq = 0
     event_seq = 0
     steps = len(profile.reports)
+    wire = profile.deltas if delta else profile.reports
     try:
         next_at = first_at
         while not rd.done():
@@ -218,7 +234,7 @@ async def run_node(
                 event_seq += 1
                 st.events_sent += 1
                 await call.write(encode(EVENT_TAG, ev, event_seq, ts))
-            payload = encode(REPORT_TAG, profile.reports[step], seq, ts)
+            payload = encode(REPORT_TAG, wire[step], seq, ts)
             if now >= t_start:
                 sent_at[seq] = time.perf_counter()
             await call.write(payload)
@@ -236,19 +252,19 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
     ids: list[str] = cfg["node_ids"]
     faulty: set[str] = set(cfg["faulty"])
     sem = asyncio.Semaphore(cfg.get("connect_parallel", 64))
-    opened: list[tuple[str, Any, Any]] = []
+    opened: list[tuple[str, Any, Any, bool]] = []
     hello_rtt: list[float] = []
     errors: dict[str, int] = {}
 
     async def open_one(node_id: str) -> None:
         async with sem:
             try:
-                ch, call, rtt = await open_stream(cfg["port"], node_id, tpl.inventory)
+                ch, call, rtt, accepts_delta = await open_stream(cfg["port"], node_id, tpl.inventory)
             except Exception as exc:
                 key = type(exc).__name__
                 errors[key] = errors.get(key, 0) + 1
                 return
-            opened.append((node_id, ch, call))
+            opened.append((node_id, ch, call, accepts_delta and cfg["delta"]))
             hello_rtt.append(rtt)
 
     t0 = time.perf_counter()
@@ -261,12 +277,12 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
     stats = [NodeStats() for _ in opened]
 
     async def drive(i: int) -> None:
-        node_id, _, call = opened[i]
+        node_id, _, call, delta = opened[i]
         profile = tpl.faulty[i % len(tpl.faulty)] if node_id in faulty else tpl.healthy
         phase = rng.uniform(0, cfg["interval_s"])
         try:
             await run_node(
-                call, profile, cfg["interval_s"], cfg["jitter"], t_launch + phase, t_start, t_end, rng, stats[i]
+                call, profile, delta, cfg["interval_s"], cfg["jitter"], t_launch + phase, t_start, t_end, rng, stats[i]
             )
         except grpc.aio.AioRpcError as exc:
             key = exc.code().name
@@ -276,9 +292,9 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
             stats[i].errors[key] = stats[i].errors.get(key, 0) + 1
 
     await asyncio.gather(*(drive(i) for i in range(len(opened))))
-    for _, _, call in opened:
+    for _, _, call, _ in opened:
         call.cancel()
-    await asyncio.gather(*(ch.close(grace=None) for _, ch, _ in opened), return_exceptions=True)
+    await asyncio.gather(*(ch.close(grace=None) for _, ch, _, _ in opened), return_exceptions=True)
     for s in stats:
         for k, v in s.errors.items():
             errors[k] = errors.get(k, 0) + v

@@ -122,6 +122,7 @@ def run_size(
     duration_s: float,
     fault_pct: float,
     controller_args: list[str],
+    delta: bool,
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     ctl, port, http, _log_path = start_controller(workdir, controller_args)
@@ -145,6 +146,7 @@ def run_size(
                 "templates": tpl,
                 "interval_s": interval_s,
                 "jitter": jitter,
+                "delta": delta,
             }
             p = ctx.Process(target=worker, args=(cfg, controls[w], results), daemon=True)
             p.start()
@@ -203,7 +205,8 @@ def run_size(
         "expected_reports_per_s": round(nodes / interval_s, 1),
         "reports_per_s": round(rate, 1),
         "samples_per_s": round(rate * (tpl.gpus + tpl.nics), 1),
-        "report_bytes": tpl.report_bytes,
+        "delta_reports": delta,
+        "report_bytes_mean": tpl.delta_report_bytes if delta else tpl.report_bytes,
         "rtt_samples": len(lat),
         "rtt_ms_p50": round(percentile(lat, 50), 2),
         "rtt_ms_p99": round(percentile(lat, 99), 2),
@@ -240,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--fault-pct", type=float, default=1.0, help="percent of nodes that develop faults")
     ap.add_argument("--controller-arg", action="append", default=[], help="extra controller CLI argument")
     ap.add_argument("--tag", default="", help="suffix for the result file (scale-<tag>.json)")
+    ap.add_argument("--no-delta", action="store_true", help="send full reports only (as agents before delta reports)")
+    ap.add_argument("--full-every", type=int, default=12, help="delta reports: a full report every N")
     args = ap.parse_args(argv)
     sizes = args.nodes or ([500] if args.quick else [1000, 4000, 10000])
     duration = args.duration_s or (10.0 if args.quick else 30.0)
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sp-bench-scale-") as tmp:
         t0 = time.perf_counter()
-        tpl = build_templates(Path(tmp) / "sim", steps, args.interval_s)
+        tpl = build_templates(Path(tmp) / "sim", steps, args.interval_s, args.full_every)
         print(f"templates: {steps} steps x {1 + len(tpl.faulty)} profiles in {time.perf_counter() - t0:.1f} s")
         for n in sizes:
             r = run_size(
@@ -261,12 +266,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 duration,
                 args.fault_pct,
                 args.controller_arg,
+                not args.no_delta,
             )
             runs.append(r)
             rows: list[tuple[str, Any]] = [
                 ("streams connected (faulty)", f"{r['streams_connected']} ({r['faulty_nodes']})"),
                 ("reports acked/s (expected)", f"{r['reports_per_s']} ({r['expected_reports_per_s']})"),
                 ("samples/s (GPU + NIC)", r["samples_per_s"]),
+                ("report bytes, mean (delta reports)", f"{r['report_bytes_mean']} ({r['delta_reports']})"),
                 ("report->ack RTT ms p50 / p99 / max", f"{r['rtt_ms_p50']} / {r['rtt_ms_p99']} / {r['rtt_ms_max']}"),
                 (
                     "read->decision ms p50 / p99 (histogram bucket)",
@@ -296,6 +303,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "workers": args.workers,
         "fault_pct": args.fault_pct,
         "controller_args": args.controller_arg,
+        "delta_reports": not args.no_delta,
+        "full_every": args.full_every,
     }
     path = write_result(NAME + (f"-{args.tag}" if args.tag else ""), params, {"runs": runs})
     print(f"wrote {path}")

@@ -121,6 +121,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     acked_report_seq=node.acked_report_seq,
                     report_interval_s=self.report_interval_s,
                     controller_id=self.controller_id,
+                    accepts_delta_reports=True,
                 )
             )
         )
@@ -153,6 +154,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         writer: asyncio.Task[None],
     ) -> None:
         bucket = TokenBucket(self.rate_per_s, self.burst)
+        full_seen = False  # a delta report needs a full one before it on the same stream
         while True:
             msg = await self._read(context)
             if msg is grpc.aio.EOF:
@@ -169,8 +171,13 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             which = msg.WhichOneof("body")
             try:
                 if which == "report":
-                    validate_report(msg.report)
-                    self.registry.record_report(node, msg.report)
+                    report = msg.report
+                    validate_report(report)
+                    if not report.counters_delta:
+                        full_seen = True
+                    elif not full_seen:
+                        node.full_report_needed = True  # still used: absent counters read as unchanged
+                    self.registry.record_report(node, report)
                 elif which == "event":
                     validate_event(msg.event)
                     self.registry.record_events(node, [msg.event])
@@ -216,8 +223,12 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     await context.write(spb.ControllerMessage(command=command_wait.result()))
                     command_wait = next_command()
                 current = (node.acked_event_seq, node.acked_report_seq)
-                if current != sent:
-                    await context.write(spb.ControllerMessage(ack=spb.Ack(event_seq=current[0], report_seq=current[1])))
+                if current != sent or node.full_report_needed:
+                    ack = spb.Ack(event_seq=current[0], report_seq=current[1])
+                    if node.full_report_needed:
+                        node.full_report_needed = False
+                        ack.full_report_needed = True
+                    await context.write(spb.ControllerMessage(ack=ack))
                     sent = current
         finally:
             command_wait.cancel()

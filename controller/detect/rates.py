@@ -245,11 +245,13 @@ class CounterRate:
             saturated = any(v is not None and v >= sat for v, sat in zip(values, sats, strict=True))
             self._groups[entity] = _Group(names, values, ts_ms, saturated, sats, index)
             return {}
-        if group.values == values and not group.saturated:
+        prev = group.values
+        merged = values
+        if None in values:  # absent: unchanged (a delta report) or not read this time
+            merged = tuple(p if v is None else v for v, p in zip(values, prev, strict=True))
+        if merged == prev and not group.saturated:
             group.ts_ms = max(group.ts_ms, ts_ms)
             return None
-        prev = group.values
-        merged = tuple(p if v is None else v for v, p in zip(values, prev, strict=True)) if None in values else values
         elapsed_ms = ts_ms - group.ts_ms
         group.values = merged
         if elapsed_ms <= 0:  # duplicate report or clock stepped back: re-base, no sample
