@@ -153,6 +153,7 @@ class NodeStats:
     latencies: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     events_sent: int = 0
+    sent_in_window: int = 0
 
 
 async def open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, Any, float, bool]:
@@ -237,6 +238,7 @@ async def run_node(
             payload = encode(REPORT_TAG, wire[step], seq, ts)
             if now >= t_start:
                 sent_at[seq] = time.perf_counter()
+                st.sent_in_window += 1
             await call.write(payload)
             next_at += interval_s * (1.0 + rng.uniform(-jitter, jitter))
         await asyncio.wait({rd}, timeout=3.0)  # the last acks
@@ -307,6 +309,7 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
                 "latencies": [x for s in stats for x in s.latencies],
                 "hello_rtt": hello_rtt,
                 "events_sent": sum(s.events_sent for s in stats),
+                "sent_in_window": sum(s.sent_in_window for s in stats),
                 "errors": errors,
             },
         )

@@ -8,6 +8,7 @@ what was wrong; the controller itself never goes down for a bad message.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -45,6 +46,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         report_interval_s: float = 0.0,
         controller_id: str = "",
         identity_of: Any = None,
+        report_ack_interval_s: float = 0.0,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -52,6 +54,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         self.burst = burst
         self.report_interval_s = report_interval_s
         self.controller_id = controller_id
+        self.report_ack_interval_s = report_ack_interval_s
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
         self._active: dict[str, asyncio.Task[Any]] = {}
@@ -155,6 +158,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
     ) -> None:
         bucket = TokenBucket(self.rate_per_s, self.burst)
         full_seen = False  # a delta report needs a full one before it on the same stream
+        report_woke_at = -math.inf
         while True:
             msg = await self._read(context)
             if msg is grpc.aio.EOF:
@@ -197,7 +201,16 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             elapsed = time.perf_counter() - started
             self.metrics.ingest_seconds.observe(elapsed)
             if which == "report":
-                self.metrics.report_decision_seconds.observe(elapsed)
+                stamp = msg.report.timestamp_ms
+                if stamp:
+                    self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp / 1000))
+            if which == "report" and not node.full_report_needed:
+                # Reports are state, not history: ack them at most every report_ack_interval_s
+                # (an ack is one of the dearest things a stream does); everything else at once.
+                now = time.monotonic()
+                if now - report_woke_at < self.report_ack_interval_s:
+                    continue
+                report_woke_at = now
             ack_needed.set()
 
     async def _write_loop(self, context: grpc.aio.ServicerContext, node: NodeRecord, wake: asyncio.Event) -> None:

@@ -51,12 +51,16 @@ class ControllerMetrics:
             registry=r,
         )
         # A report's decision: validated, recorded, and detection's verdict on it committed
-        # (condition changes handed to the correlator). Acks go out only after it, so an
-        # agent's report->ack round trip bounds this plus any queueing from above.
-        self.report_decision_seconds = Histogram(
-            "starpulse_report_decision_seconds",
-            "From a report read off its stream to detection's decision on it being committed.",
-            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        # (condition changes handed to the correlator); ingest_seconds is the processing
+        # share of it. Report acks go out after it (at most every report_ack_interval_s).
+        self.report_age_seconds = Histogram(
+            "starpulse_report_age_at_decision_seconds",
+            "From a report's timestamp (agent clock) to detection's decision on it: the agent's "
+            "collection, transit, queueing in the controller and processing. Agent clock skew shifts it.",
+            buckets=(
+                0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+                0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ),
             registry=r,
         )
         self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)

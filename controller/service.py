@@ -66,6 +66,7 @@ class ControllerConfig:
     rate_per_node_per_s: float = 200.0  # sustained messages/s a node may send
     rate_burst: float = 5000.0  # replay after an outage fits in the burst
     report_interval_s: float = 0.0  # 0: agents keep their own interval
+    report_ack_interval_s: float = 10.0  # report-only acks at most this often per stream (event acks at once)
     allowed_nodes: list[str] | None = None  # None: any valid node id may register (or the fabric's)
     fabric: Fabric | None = None  # the declared fabric (or fabric_path); None: no topology root cause
     fabric_path: Path | None = None
@@ -140,6 +141,7 @@ class Controller:
             report_interval_s=config.report_interval_s,
             controller_id=config.controller_id,
             identity_of=peer_node_id if config.tls is not None else None,
+            report_ack_interval_s=config.report_ack_interval_s,
         )
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
