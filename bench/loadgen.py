@@ -54,6 +54,13 @@ def encode(field_tag: bytes, template: bytes, seq: int, ts_ms: int) -> bytes:
     return field_tag + varint(len(body)) + body
 
 
+def _has_delta_reports() -> bool:
+    from starpulse.v1 import telemetry_pb2 as tpb
+
+    return "counters_delta" in tpb.Report.DESCRIPTOR.fields_by_name
+
+
+DELTA_REPORTS = _has_delta_reports()
 REPORT_TAG = b"\x12"  # AgentMessage.report = 2, length-delimited
 EVENT_TAG = b"\x1a"  # AgentMessage.event = 3
 
@@ -121,7 +128,8 @@ def _run_sim(
             report.timestamp_ms = 0
             gpus, nics = len(report.gpus), len(report.nics)
             profile.reports.append(report.SerializeToString())
-            profile.deltas.append(encoder.encode(report).SerializeToString())
+            if DELTA_REPORTS:  # a checkout from before delta reports (bench's before/after runs)
+                profile.deltas.append(encoder.encode(report).SerializeToString())
     finally:
         cs.close()
     return profile, inv.SerializeToString(), gpus, nics
@@ -142,7 +150,7 @@ def build_templates(
         for i, f in enumerate(fault_starts)
     ]
     size = sum(len(r) for r in healthy.reports) // steps + 12
-    delta_size = sum(len(r) for r in healthy.deltas) // steps + 12
+    delta_size = sum(len(r) for r in healthy.deltas) // steps + 12 if healthy.deltas else size
     return Templates(inventory, healthy, faulty, gpus, nics, size, delta_size)
 
 
@@ -179,7 +187,8 @@ async def open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, A
     first = await call.read()
     if first is grpc.aio.EOF or not first.HasField("welcome"):
         raise ConnectionError(f"{node_id}: no Welcome")
-    return channel, call, time.perf_counter() - t0, first.welcome.accepts_delta_reports
+    accepts = getattr(first.welcome, "accepts_delta_reports", False)  # False: a controller from before them
+    return channel, call, time.perf_counter() - t0, bool(accepts)
 
 
 async def run_node(
@@ -310,6 +319,7 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
                 "hello_rtt": hello_rtt,
                 "events_sent": sum(s.events_sent for s in stats),
                 "sent_in_window": sum(s.sent_in_window for s in stats),
+                "delta_streams": sum(1 for o in opened if o[3]),
                 "errors": errors,
             },
         )

@@ -137,6 +137,7 @@ def run_size(
     controller_args: list[str],
     delta: bool,
     null: bool = False,
+    warmup_s: float | None = None,
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     ctl, port, http, _log_path = start_controller(workdir, controller_args, null)
@@ -172,7 +173,9 @@ def run_size(
         connect = connect_sampler.stop()
         connect_wall = max(r["connect_s"] for r in ready.values())
         connected = sum(r["streams"] for r in ready.values())
-        warmup = interval_s + 2.0  # every node's first report (counters' first sight) falls before the window
+        # every node's first report (counters' first sight) falls before the window; a longer
+        # warm-up lets the controller drain the herd of first reports and measures steady state
+        warmup = warmup_s if warmup_s is not None else interval_s + 2.0
         t_launch = time.time() + 0.5
         t_start = t_launch + warmup
         t_end = t_start + duration_s
@@ -199,6 +202,7 @@ def run_size(
         stop_controller(ctl)
     acked = sum(d["acked_in_window"] for d in done.values())
     hello = [x * 1000 for d in done.values() for x in d["hello_rtt"]]
+    rtt = [x * 1000 for d in done.values() for x in d["latencies"]]
     errors: dict[str, int] = {}
     for d in done.values():
         for k, v in d["errors"].items():
@@ -207,6 +211,8 @@ def run_size(
     age = "starpulse_report_age_at_decision_seconds"
     decided = m1.get(f"{dec}_count", 0.0) - m0.get(f"{dec}_count", 0.0)
     sent = sum(d["sent_in_window"] for d in done.values())
+    if not decided and not null:  # a controller without the decision histogram: count acks
+        decided = acked
     rate = (sent if null else decided) / duration_s
     cpu_frac = ctl_sum["cpu_pct_of_one_core"] / 100
     incidents = sum(v for k, v in m1.items() if k.startswith("starpulse_incidents_open"))
@@ -219,12 +225,15 @@ def run_size(
         "interval_s": interval_s,
         "jitter": jitter,
         "duration_s": duration_s,
+        "warmup_s": warmup,
         "workers": workers,
         "expected_reports_per_s": round(nodes / interval_s, 1),
         "reports_per_s": round(rate, 1),
         "samples_per_s": round(rate * (tpl.gpus + tpl.nics), 1),
-        "delta_reports": delta,
-        "report_bytes_mean": tpl.delta_report_bytes if delta else tpl.report_bytes,
+        "delta_reports": delta and sum(d.get("delta_streams", 0) for d in done.values()) > 0,
+        "report_bytes_mean": tpl.delta_report_bytes
+        if delta and sum(d.get("delta_streams", 0) for d in done.values())
+        else tpl.report_bytes,
         # report timestamp (set by the load generator as it sends) -> decision committed
         "latency_ms_p50": round(1000 * histogram_quantile(m0, m1, age, 0.50), 2),
         "latency_ms_p99": round(1000 * histogram_quantile(m0, m1, age, 0.99), 2),
@@ -234,6 +243,10 @@ def run_size(
         "processing_ms_p99": round(1000 * histogram_quantile(m0, m1, dec, 0.99), 3),
         "decisions_in_window": m1.get(f"{dec}_count", 0.0) - m0.get(f"{dec}_count", 0.0),
         "acked_reports_in_window": acked,
+        # report -> ack round trip at the load generator: meaningful only for a controller
+        # that acks every report (before report acks were spaced out; see README)
+        "ack_rtt_ms_p50": round(percentile(rtt, 50), 2),
+        "ack_rtt_ms_p99": round(percentile(rtt, 99), 2),
         "incidents_open_at_end": incidents,
         "controller_cpu_pct": ctl_sum["cpu_pct_of_one_core"],
         "controller_cpu_ms_per_report": round(1000 * cpu_frac / rate, 3) if rate else float("nan"),
@@ -263,6 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--fault-pct", type=float, default=1.0, help="percent of nodes that develop faults")
     ap.add_argument("--controller-arg", action="append", default=[], help="extra controller CLI argument")
     ap.add_argument("--tag", default="", help="suffix for the result file (scale-<tag>.json)")
+    ap.add_argument("--warmup-s", type=float, default=None, help="seconds before the window (interval + 2)")
     ap.add_argument("--no-delta", action="store_true", help="send full reports only (as agents before delta reports)")
     ap.add_argument("--full-every", type=int, default=12, help="delta reports: a full report every N")
     ap.add_argument(
@@ -292,6 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 args.controller_arg,
                 not args.no_delta,
                 args.null_controller,
+                args.warmup_s,
             )
             runs.append(r)
             rows: list[tuple[str, Any]] = [
@@ -304,6 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"{r['latency_ms_p50']} / {r['latency_ms_p99']} / {r['latency_ms_p999']}",
                 ),
                 ("  of it processing ms p50 / p99", f"{r['processing_ms_p50']} / {r['processing_ms_p99']}"),
+                ("report->ack RTT ms p50 / p99 (acks may be spaced)", f"{r['ack_rtt_ms_p50']} / {r['ack_rtt_ms_p99']}"),
                 ("controller CPU % of one core", r["controller_cpu_pct"]),
                 ("controller CPU ms per report", r["controller_cpu_ms_per_report"]),
                 (
@@ -335,6 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "delta_reports": not args.no_delta,
         "full_every": args.full_every,
         "null_controller": args.null_controller,
+        "warmup_s": args.warmup_s,
     }
     path = write_result(NAME + (f"-{args.tag}" if args.tag else ""), params, {"runs": runs})
     print(f"wrote {path}")

@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller import gcpolicy
 from controller.admin import AdminServicer
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
@@ -285,8 +286,12 @@ class Controller:
         log.info("controller_stopped")
 
     async def serve_forever(self, stop: asyncio.Event) -> None:
+        """The controller process's life (the CLI's): also owns the process-wide GC policy."""
         await self.start()
+        gcpolicy.tune()
+        collections = asyncio.create_task(gcpolicy.run())
         try:
             await stop.wait()
         finally:
+            collections.cancel()
             await self.stop()
