@@ -160,6 +160,9 @@ class AgentConfig:
     job_socket: str | None = None  # unix socket for training jobs (starpulse.job); None: no job gateway
     allowed_commands: dict[str, list[str]] = field(default_factory=dict)  # kind -> argv template (agent.commands)
     tls: TLSSettings | None = None  # mutual TLS to the controller (None: plaintext)
+    # Full reads of slow-moving counters (NIC error counters, NVLink error counters) at
+    # most this often; link state and traffic counters every cycle. 0: every cycle.
+    counters_every_s: float = 5.0
 
 
 class Agent:
@@ -177,6 +180,9 @@ class Agent:
         if self.jobs is not None:
             collectors = [*collectors, JobCollector(self.jobs)]
         self.collectors = CollectorSet(collectors)
+        for c in collectors:
+            if hasattr(c, "slow_every_s"):
+                c.slow_every_s = config.counters_every_s
         self.buffer = EventBuffer(config.buffer_path, max_events=config.buffer_max_events)
         self.storms = StormSuppressor(window_s=config.storm_window_s, burst=config.storm_burst)
         self._findings: queue.SimpleQueue[Finding] = queue.SimpleQueue()

@@ -8,6 +8,7 @@ what was wrong; the controller itself never goes down for a bad message.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,6 +47,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         report_interval_s: float = 0.0,
         controller_id: str = "",
         identity_of: Any = None,
+        report_ack_interval_s: float = 0.0,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -53,6 +55,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         self.burst = burst
         self.report_interval_s = report_interval_s
         self.controller_id = controller_id
+        self.report_ack_interval_s = report_ack_interval_s
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
         self._active: dict[str, asyncio.Task[Any]] = {}
@@ -124,6 +127,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     acked_report_seq=node.acked_report_seq,
                     report_interval_s=self.report_interval_s,
                     controller_id=self.controller_id,
+                    accepts_delta_reports=True,
                 )
             )
         )
@@ -156,6 +160,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         writer: asyncio.Task[None],
     ) -> None:
         bucket = TokenBucket(self.rate_per_s, self.burst)
+        full_seen = False  # a delta report needs a full one before it on the same stream
+        report_woke_at = -math.inf
         while True:
             msg = await self._read(context)
             if msg is grpc.aio.EOF:
@@ -172,8 +178,13 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             which = msg.WhichOneof("body")
             try:
                 if which == "report":
-                    validate_report(msg.report)
-                    self.registry.record_report(node, msg.report)
+                    report = msg.report
+                    validate_report(report)
+                    if not report.counters_delta:
+                        full_seen = True
+                    elif not full_seen:
+                        node.full_report_needed = True  # still used: absent counters read as unchanged
+                    self.registry.record_report(node, report)
                 elif which == "event":
                     validate_event(msg.event)
                     self.registry.record_events(node, [msg.event])
@@ -190,32 +201,52 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     raise InvalidMessage(f"unexpected message {which!r} after Hello")
             except InvalidMessage as exc:
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc)) from None
-            self.metrics.ingest_seconds.observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.metrics.ingest_seconds.observe(elapsed)
+            if which == "report":
+                stamp = msg.report.timestamp_ms
+                if stamp:
+                    self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp / 1000))
+            if which == "report" and not node.full_report_needed:
+                # Reports are state, not history: ack them at most every report_ack_interval_s
+                # (an ack is one of the dearest things a stream does); everything else at once.
+                now = time.monotonic()
+                if now - report_woke_at < self.report_ack_interval_s:
+                    continue
+                report_woke_at = now
             ack_needed.set()
 
-    async def _write_loop(
-        self, context: grpc.aio.ServicerContext, node: NodeRecord, ack_needed: asyncio.Event
-    ) -> None:
-        """Send acks (coalesced: one per batch of messages read) and queued commands."""
+    async def _write_loop(self, context: grpc.aio.ServicerContext, node: NodeRecord, wake: asyncio.Event) -> None:
+        """Send acks (coalesced: one per batch of messages read) and queued commands.
+
+        One event wakes it for both: a command arriving sets it through a done callback,
+        so an ack costs one Event wait, not two tasks and an asyncio.wait per message.
+        """
         sent = (-1, -1)
-        while True:
-            command_wait = asyncio.create_task(node.commands.get())
-            ack_wait = asyncio.create_task(ack_needed.wait())
-            done, _ = await asyncio.wait({command_wait, ack_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if command_wait in done:
-                self.metrics.command_queue.dec()
-                await context.write(spb.ControllerMessage(command=command_wait.result()))
-            else:
-                command_wait.cancel()
-            if ack_wait in done:
-                ack_needed.clear()
+
+        def next_command() -> asyncio.Future[spb.Command]:
+            fut = asyncio.ensure_future(node.commands.get())
+            fut.add_done_callback(lambda _: wake.set())
+            return fut
+
+        command_wait = next_command()
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                if command_wait.done():
+                    self.metrics.command_queue.dec()
+                    await context.write(spb.ControllerMessage(command=command_wait.result()))
+                    command_wait = next_command()
                 current = (node.acked_event_seq, node.acked_report_seq)
-                if current != sent:
+                if current != sent or node.full_report_needed:
                     if self.before_ack is not None:
                         await self.before_ack()  # read before: only what is stored by now is acked
-                    await context.write(
-                        spb.ControllerMessage(ack=spb.Ack(event_seq=current[0], report_seq=current[1]))
-                    )
+                    ack = spb.Ack(event_seq=current[0], report_seq=current[1])
+                    if node.full_report_needed:
+                        node.full_report_needed = False
+                        ack.full_report_needed = True
+                    await context.write(spb.ControllerMessage(ack=ack))
                     sent = current
-            else:
-                ack_wait.cancel()
+        finally:
+            command_wait.cancel()

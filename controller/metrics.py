@@ -50,6 +50,19 @@ class ControllerMetrics:
             buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
             registry=r,
         )
+        # A report's decision: validated, recorded, and detection's verdict on it committed
+        # (condition changes handed to the correlator); ingest_seconds is the processing
+        # share of it. Report acks go out after it (at most every report_ack_interval_s).
+        self.report_age_seconds = Histogram(
+            "starpulse_report_age_at_decision_seconds",
+            "From a report's timestamp (agent clock) to detection's decision on it: the agent's "
+            "collection, transit, queueing in the controller and processing. Agent clock skew shifts it.",
+            buckets=(
+                0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+                0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ),
+            registry=r,
+        )
         self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)
         self.detection_seconds = Histogram(
             "starpulse_detection_latency_seconds",

@@ -48,6 +48,7 @@ class NodeRecord:
     connected: bool = False
     stream_token: int = 0
     commands: asyncio.Queue[spb.Command] = field(default_factory=asyncio.Queue)
+    full_report_needed: bool = False  # ask the agent for a full report with the next ack
 
     def to_stored(self) -> StoredNode:
         return StoredNode(

@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller import gcpolicy
 from controller.admin import AdminServicer
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
@@ -67,6 +68,7 @@ class ControllerConfig:
     rate_per_node_per_s: float = 200.0  # sustained messages/s a node may send
     rate_burst: float = 5000.0  # replay after an outage fits in the burst
     report_interval_s: float = 0.0  # 0: agents keep their own interval
+    report_ack_interval_s: float = 10.0  # report-only acks at most this often per stream (event acks at once)
     allowed_nodes: list[str] | None = None  # None: any valid node id may register (or the fabric's)
     fabric: Fabric | None = None  # the declared fabric (or fabric_path); None: no topology root cause
     fabric_path: Path | None = None
@@ -143,6 +145,7 @@ class Controller:
             report_interval_s=config.report_interval_s,
             controller_id=config.controller_id,
             identity_of=peer_node_id if config.tls is not None else None,
+            report_ack_interval_s=config.report_ack_interval_s,
         )
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
@@ -286,8 +289,12 @@ class Controller:
         log.info("controller_stopped")
 
     async def serve_forever(self, stop: asyncio.Event) -> None:
+        """The controller process's life (the CLI's): also owns the process-wide GC policy."""
         await self.start()
+        gcpolicy.tune()
+        collections = asyncio.create_task(gcpolicy.run())
         try:
             await stop.wait()
         finally:
+            collections.cancel()
             await self.stop()

@@ -131,6 +131,8 @@ CONTROLLER_SCHEMA: Schema = {
         "rate_per_node_per_s": _s("float", 200.0, "sustained messages a node may send per second", gt=0),
         "rate_burst": _s("float", 5000.0, "messages a node may send at once (replay after an outage)", ge=1),
         "report_interval_s": _s("float", 0.0, "interval agents are told to report at; 0: their own", ge=0),
+        "report_ack_interval_s": _s("float", 10.0, "report-only acks at most this often per stream (events: at once)",
+                                    ge=0),
     },
     "fabric": {
         "path": _s("path", None, "declared fabric (JSON/YAML from `starpulse topology generate`)", nullable=True),
@@ -257,6 +259,8 @@ AGENT_SCHEMA: Schema = {
         "storm_burst": _s("int", 5, "identical events per window before suppression", ge=1),
         "flush_timeout_s": _s("float", 2.0, "on shutdown, wait this long for acks of buffered events", ge=0),
         "boot_id_path": _s("path", "/proc/sys/kernel/random/boot_id", "a new boot id restarts kernel-log seqs"),
+        "counters_every_s": _s("float", 5.0, "full reads of slow counters (NIC/NVLink errors) at most this often; "
+                               "0: every cycle", ge=0),
     },
     "hardware": {
         "backend": _s("enum", "nvml", "nvml: real GPUs; sim: simulated hardware", choices=("nvml", "sim")),
@@ -691,6 +695,7 @@ def load_controller_settings(
         rate_per_node_per_s=ing["rate_per_node_per_s"],
         rate_burst=ing["rate_burst"],
         report_interval_s=ing["report_interval_s"],
+        report_ack_interval_s=ing["report_ack_interval_s"],
         allowed_nodes=v["fabric"]["allowed_nodes"],
         fabric=fabric,
         fabric_path=fabric_path if fabric is None else None,
@@ -806,6 +811,7 @@ def load_agent_config(
         storm_burst=a["storm_burst"],
         boot_id_path=str(a["boot_id_path"]),
         flush_timeout_s=a["flush_timeout_s"],
+        counters_every_s=a["counters_every_s"],
         metrics_listen=v["metrics"]["listen"],
         job_socket=str(jobs["socket"]) if jobs["socket"] is not None else None,
         allowed_commands={k: list(x) for k, x in jobs["allowed_commands"].items()},

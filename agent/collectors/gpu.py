@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,6 +230,10 @@ class NvmlGpuCollector:
         self._event_set: Any = None
         self._event_handles: dict[Any, int] = {}
         self._event_lost_unknown_announced = False
+        # Seconds between reads of the NVLink error counters (5 per link, 18 links: 90 NVML
+        # calls per GPU); 0: every cycle. Link state is read every cycle regardless.
+        self.slow_every_s = 0.0
+        self._nvlink_counters: dict[str, tuple[float, dict[int, dict[str, int]]]] = {}
 
     # ---- Collector protocol ---------------------------------------------------------
 
@@ -618,6 +623,10 @@ class NvmlGpuCollector:
         with self._lock:
             known = self._inventory_links.get(ident.key)
         links = sorted(known) if known else range(nvml.NVML_NVLINK_MAX_LINKS)
+        now = time.monotonic()
+        cached = self._nvlink_counters.get(ident.key)
+        fresh = cached is None or now - cached[0] >= self.slow_every_s
+        counters: dict[int, dict[str, int]] = {} if fresh or cached is None else cached[1]
         for link in links:
             state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
             if state is None:
@@ -625,10 +634,18 @@ class NvmlGpuCollector:
                     return
                 continue
             nl = sample.nvlinks.add(link=link, up=state == nvml.NVML_FEATURE_ENABLED)
+            if not fresh and link in counters:
+                for attr, value in counters[link].items():
+                    setattr(nl, attr, value)
+                continue
+            values = counters[link] = {}
             for attr, counter in _NVLINK_COUNTERS:
                 value = r.call("nvmlDeviceGetNvLinkErrorCounter", link, counter, link=True)
                 if value is not None:
+                    values[attr] = int(value)
                     setattr(nl, attr, int(value))
+        if fresh and not r.lost:
+            self._nvlink_counters[ident.key] = (now, counters)
 
     def _read_fields(self, r: _Reader, sample: tpb.GpuSample) -> None:
         """Recovery action and memory temperature via the field-values API (per-element status)."""

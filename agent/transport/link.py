@@ -18,6 +18,7 @@ import grpc
 import structlog
 
 from agent.transport.buffer import EventBuffer
+from agent.transport.delta import ReportDelta
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -83,6 +84,7 @@ class ControllerLink:
         self._rng = random.Random(seed)
         self._wake = asyncio.Event()
         self._latest_report: tpb.Report | None = None
+        self.delta = ReportDelta()  # delta reports, when the controller accepts them
         self._stopping = False
         self._blocked = False
         self._call: grpc.aio.StreamStreamCall | None = None
@@ -198,6 +200,7 @@ class ControllerLink:
             welcome = first.welcome
             self._apply_ack(welcome.acked_event_seq, welcome.acked_report_seq)
             self.report_interval_hint_s = welcome.report_interval_s
+            self.delta.reset(enabled=welcome.accepts_delta_reports)
             self.connects += 1
             self.backoff.reset()
             self.connected.set()
@@ -232,6 +235,8 @@ class ControllerLink:
             which = msg.WhichOneof("body")
             if which == "ack":
                 self._apply_ack(msg.ack.event_seq, msg.ack.report_seq)
+                if msg.ack.full_report_needed:
+                    self.delta.force_full()
                 self._wake.set()
             elif which == "command":
                 task = asyncio.create_task(self._run_command(call, msg.command))
@@ -273,7 +278,7 @@ class ControllerLink:
             report = self._latest_report
             if report is not None:
                 self._latest_report = None
-                await call.write(spb.AgentMessage(report=report))
+                await call.write(spb.AgentMessage(report=self.delta.encode(report)))
                 self.reports_sent += 1
                 progressed = True
             if not progressed:

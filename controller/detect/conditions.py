@@ -170,6 +170,9 @@ class ConditionEngine:
         self._nvlink_names: dict[int, tuple[str, ...]] = {}  # link count -> "nvlink-<pos>/<counter>" names
         self._counter_ms = int(rules.defaults.counter_interval_s * 1000)
         self._sampled: dict[str, int] = {}  # counter entity -> controller time of its last read
+        # NIC counters of each port's last full report: in a delta report an absent counter
+        # has that value (agent.transport.delta), whether or not that report was read.
+        self._nic_base: dict[str, tuple[int | None, ...]] = {}
         self._nic_rate = k["nic_rate"]
         self._port_state = k["switch_port_state"]
         self._pfc_wd = k["switch_pfc_watchdog"]
@@ -229,7 +232,7 @@ class ConditionEngine:
             if self._gpu_missing:
                 self._gpus_missing(nid, ctx, report, now)
         if report.nics and self._has_nic_rules:
-            self._nics(nid, ctx, report.nics, ts, now)
+            self._nics(nid, ctx, report.nics, ts, now, report.counters_delta)
         if report.HasField("host"):
             self._host(nid, report.host, now)
         if report.switch_ports:  # a compute node does not report switch ports; tolerate it
@@ -300,6 +303,8 @@ class ConditionEngine:
             del self._event_windows[wkey]
         for entity in [e for e in self._sampled if e == node_id or e.startswith((f"{node_id}/", f"{node_id}:"))]:
             del self._sampled[entity]
+        for entity in [e for e in self._nic_base if e.startswith((f"{node_id}/", f"{node_id}:"))]:
+            del self._nic_base[entity]
         dropped = self.rates.forget(node_id)
         log.info("condition_node_forgotten", node=node_id, counters_dropped=dropped)
         return self._flush()
@@ -598,7 +603,9 @@ class ConditionEngine:
 
     # -- reports: NIC ----------------------------------------------------------------------
 
-    def _nics(self, nid: str, ctx: _NodeCtx, nics: Iterable[tpb.NicSample], ts: int, now: int) -> None:
+    def _nics(
+        self, nid: str, ctx: _NodeCtx, nics: Iterable[tpb.NicSample], ts: int, now: int, delta: bool = False
+    ) -> None:
         owned = self._by_owner.get(nid)
         rails: list[tuple[str, tpb.NicSample]] = []
         for s in nics:
@@ -631,20 +638,33 @@ class ConditionEngine:
                 elif owned:
                     self._good(owned, rule, comp, now)
             if self._nic_counter:
-                self._nic_counters(nid, comp, s, ts, now, owned)
+                self._nic_counters(nid, comp, s, ts, now, owned, delta)
         if self._nic_rate and rails:
             self._nic_rates(nid, rails, now, owned)
 
     def _nic_counters(
-        self, nid: str, comp: str, s: tpb.NicSample, ts: int, now: int, owned: dict[_Key, _Entry] | None
+        self,
+        nid: str,
+        comp: str,
+        s: tpb.NicSample,
+        ts: int,
+        now: int,
+        owned: dict[_Key, _Entry] | None,
+        delta: bool = False,
     ) -> None:
-        if not self._due(comp, now):
-            return
-        values: list[int | None] = []
-        for source, counters in self._nic_sources:
-            m = getattr(s, source)
-            values += [m.get(c) for c in counters]
-        samples = self.rates.update_group(comp, ts, self._nic_names, tuple(values), now)
+        if delta:
+            if not self._due(comp, now):
+                return
+            base = self._nic_base.get(comp)
+            values = self._nic_values(s)
+            if base is not None:
+                values = tuple(b if v is None else v for v, b in zip(values, base, strict=True))
+        else:
+            values = self._nic_values(s)
+            self._nic_base[comp] = values  # every full report: the base later deltas omit
+            if not self._due(comp, now):
+                return
+        samples = self.rates.update_group(comp, ts, self._nic_names, values, now)
         if samples is None and not (owned and any((r.id, comp) in owned for r in self._nic_counter)):
             return  # nothing moved and nothing open: no verdict can change
         for rule in self._nic_counter:
@@ -672,6 +692,13 @@ class ConditionEngine:
             elif owned and key_ in owned and rule.threshold_is_rate:
                 self._good(owned, rule, comp, now)
             # count rules resolve when their window empties (tick), not on one quiet report
+
+    def _nic_values(self, s: tpb.NicSample) -> tuple[int | None, ...]:
+        values: list[int | None] = []
+        for source, counters in self._nic_sources:
+            m = getattr(s, source)
+            values += [m.get(c) for c in counters]
+        return tuple(values)
 
     def _nic_rates(
         self, nid: str, rails: list[tuple[str, tpb.NicSample]], now: int, owned: dict[_Key, _Entry] | None

@@ -133,6 +133,7 @@ class _NodeState:
 class _NodeSamples:
     series: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)
     nic_prev: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (timestamp ms, words)
+    nic_base: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (tx, rx) of the last full report
     job: str | None = None
     job_seen_ms: int = 0
 
@@ -180,7 +181,7 @@ class FailSlowDetector:
             out[SIGNAL_POWER] = statistics.fmean(power)
         if util:
             out[SIGNAL_UTIL] = statistics.fmean(util)
-        gbps = self._nic_throughput(ns, report.nics, report.timestamp_ms or now)
+        gbps = self._nic_throughput(ns, report.nics, report.timestamp_ms or now, report.counters_delta)
         if gbps is not None:
             out[SIGNAL_NIC] = gbps
         steps = [s for s in report.job_steps if s.step_time_s > 0 and math.isfinite(s.step_time_s)]
@@ -195,21 +196,31 @@ class FailSlowDetector:
         return out
 
     @staticmethod
-    def _nic_throughput(ns: _NodeSamples, nics: Iterable[tpb.NicSample], ts_ms: int) -> float | None:
+    def _nic_throughput(
+        ns: _NodeSamples, nics: Iterable[tpb.NicSample], ts_ms: int, delta: bool = False
+    ) -> float | None:
         """tx + rx Gb/s summed over the node's ports, from counter deltas since the last report.
 
         A port whose counters went backwards (driver reload, counter reset) or that has no
         previous sample contributes nothing this time; None when no port had a usable delta.
+        In a delta report an absent counter has not moved since the last full report.
         """
         total = 0.0
         usable = False
         for nic in nics:
             counters = nic.counters
-            if "port_xmit_data" not in counters or "port_rcv_data" not in counters:
-                continue
             port = f"{nic.rdma_device}/{nic.port}"
-            words = int(counters["port_xmit_data"]) + int(counters["port_rcv_data"])
             prev = ns.nic_prev.get(port)
+            tx, rx = counters.get("port_xmit_data"), counters.get("port_rcv_data")
+            if tx is None or rx is None:
+                base = ns.nic_base.get(port) if delta else None
+                if base is None:
+                    continue
+                tx = base[0] if tx is None else tx
+                rx = base[1] if rx is None else rx
+            elif not delta:
+                ns.nic_base[port] = (tx, rx)
+            words = int(tx) + int(rx)
             ns.nic_prev[port] = (ts_ms, words)
             if prev is None or ts_ms <= prev[0] or words < prev[1]:
                 continue

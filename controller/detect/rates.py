@@ -17,7 +17,7 @@ The hot path is a dict lookup and a few integer operations per counter.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -77,10 +77,57 @@ class _Track:
 
 @dataclass(slots=True)
 class _Group:
+    """Counters sampled together, stored as tuples: no Python object per counter.
+
+    ``values`` holds the last value seen of every counter (None: never seen); windows exist
+    only for counters that ever moved or saturated, so a quiet counter costs one tuple slot.
+    """
+
     names: tuple[str, ...]
-    values: tuple[int | None, ...]  # None: not reported this time
+    values: tuple[int | None, ...]
     ts_ms: int
     saturated: bool
+    sats: tuple[int, ...]  # saturation value per counter
+    index: dict[str, int]  # name -> position (shared by groups with the same names)
+    windows: dict[str, deque[tuple[int, int, bool]]] | None = None
+
+
+class GroupSamples(Mapping[str, RateSample]):
+    """The samples of one group update, by counter name, built lazily.
+
+    Every counter present now and before has a sample (delta 0 included); building them
+    all eagerly would cost an object per counter per update for the few that rules read.
+    """
+
+    __slots__ = ("_group", "_interval_s", "_new", "_prev")
+
+    def __init__(
+        self, group: _Group, prev: tuple[int | None, ...], new: tuple[int | None, ...], interval_s: float
+    ) -> None:
+        self._group = group
+        self._prev = prev
+        self._new = new
+        self._interval_s = interval_s
+
+    def __getitem__(self, name: str) -> RateSample:
+        i = self._group.index.get(name)
+        if i is None:
+            raise KeyError(name)
+        value, prev = self._new[i], self._prev[i]
+        if value is None or prev is None:
+            raise KeyError(name)
+        reset = value < prev
+        delta = value if reset else value - prev
+        saturated = value >= self._group.sats[i]
+        return RateSample(value, delta, self._interval_s, delta / self._interval_s, reset, saturated)
+
+    def __iter__(self) -> Iterator[str]:
+        for name, value, prev in zip(self._group.names, self._new, self._prev, strict=True):
+            if value is not None and prev is not None:
+                yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _root(entity: str) -> str:
@@ -119,6 +166,7 @@ class CounterRate:
         self._by_root: dict[str, set[str]] = {}
         self._overflow_logged: set[str] = set()
         self._groups: dict[str, _Group] = {}
+        self._layouts: dict[tuple[str, ...], tuple[tuple[int, ...], dict[str, int]]] = {}
 
     def saturation_of(self, counter: str) -> int:
         """Saturation value of a counter, by its bare name ('hw_counters/x' -> 'x')."""
@@ -175,56 +223,95 @@ class CounterRate:
         names: tuple[str, ...],
         values: tuple[int | None, ...],
         now_ms: int | None = None,
-    ) -> dict[str, RateSample] | None:
+    ) -> Mapping[str, RateSample] | None:
         """Record counters sampled together; None when none moved (the cheap, common case).
 
         One tuple comparison decides a healthy sample: a quiet NIC costs no per-counter
-        work. When something moved, every counter is updated with the group's interval
-        and the samples are returned by name (first sight of a group: an empty dict).
-        A group with a saturated counter always takes the full path, so its windows keep
-        saying "saturated".
+        work. When something moved, the samples are returned by name, each over the
+        group's interval (first sight of a group, or a timestamp that did not advance: an
+        empty mapping). A counter absent this time (None) keeps its last value. A group
+        with a saturated counter always takes the full path, so its windows keep saying
+        "saturated". Counters live as tuple slots, not objects: 10,000 nodes x ~1,000
+        counters must neither fill memory nor give the garbage collector millions of
+        objects to walk.
         """
         group = self._groups.get(entity)
-        if group is not None and group.names == names and group.values == values and not group.saturated:
+        if group is not None and group.names is not names and group.names != names:
+            group = None  # a new layout (other links or counters): start over
+        if group is None:
+            if entity not in self._by_root.get(_root(entity), ()):
+                self._by_root.setdefault(_root(entity), set()).add(entity)
+            sats, index = self._layout(names)
+            saturated = any(v is not None and v >= sat for v, sat in zip(values, sats, strict=True))
+            self._groups[entity] = _Group(names, values, ts_ms, saturated, sats, index)
+            return {}
+        prev = group.values
+        merged = values
+        if None in values:  # absent: unchanged (a delta report) or not read this time
+            merged = tuple(p if v is None else v for v, p in zip(values, prev, strict=True))
+        if merged == prev and not group.saturated:
             group.ts_ms = max(group.ts_ms, ts_ms)
             return None
-        out: dict[str, RateSample] = {}
-        if group is None or group.names != names:
-            if group is None and entity not in self._tracks:
-                self._tracks[entity] = {}
-                self._by_root.setdefault(_root(entity), set()).add(entity)
-            group = self._groups[entity] = _Group(names, values, ts_ms, False)
-            for name, value in zip(names, values, strict=True):
-                if value is not None:
-                    self.update(entity, name, ts_ms, value, now_ms)
-            group.saturated = any(t.saturated for t in self._tracks.get(entity, {}).values())
-            return out
-        tracks = self._tracks.setdefault(entity, {})
-        prev_ts = group.ts_ms
-        saturated = False
-        for name, value in zip(names, values, strict=True):
+        elapsed_ms = ts_ms - group.ts_ms
+        group.values = merged
+        if elapsed_ms <= 0:  # duplicate report or clock stepped back: re-base, no sample
+            group.saturated = any(v is not None and v >= sat for v, sat in zip(merged, group.sats, strict=True))
+            return {}
+        group.ts_ms = ts_ms
+        stamp = ts_ms if now_ms is None else now_ms
+        saturated_any = False
+        sats = group.sats
+        for i, value in enumerate(values):
             if value is None:
                 continue
-            track = tracks.get(name)
-            if track is not None:
-                track.ts_ms = prev_ts  # sampled with the group, even when unchanged since
-            sample = self.update(entity, name, ts_ms, value, now_ms)
-            if sample is not None:
-                out[name] = sample
-                saturated = saturated or sample.saturated
-        group.values, group.ts_ms, group.saturated = values, max(ts_ms, prev_ts), saturated
-        return out
+            p = prev[i]
+            sat = value >= sats[i]
+            if sat:
+                saturated_any = True
+            if p is None or (value == p and not sat):
+                continue
+            delta = value if value < p else value - p
+            if not (delta or sat):
+                continue
+            windows = group.windows
+            if windows is None:
+                windows = group.windows = {}
+            name = names[i]
+            win = windows.get(name)
+            if win is None:
+                win = windows[name] = deque(maxlen=self.max_window_entries)
+            win.append((stamp, delta, sat))
+            horizon = stamp - self.retain_ms
+            while win and win[0][0] < horizon:
+                win.popleft()
+        group.saturated = saturated_any
+        return GroupSamples(group, prev, values, elapsed_ms / 1000.0)
+
+    def _layout(self, names: tuple[str, ...]) -> tuple[tuple[int, ...], dict[str, int]]:
+        """Saturation values and the name index of a counter layout (shared, cached)."""
+        cached = self._layouts.get(names)
+        if cached is None:
+            cached = self._layouts[names] = (
+                tuple(self.saturation_of(n) for n in names),
+                {n: i for i, n in enumerate(names)},
+            )
+        return cached
 
     def window_sum(self, entity: str, counter: str, window_s: float, now_ms: int) -> tuple[int, bool]:
         """(sum of deltas stamped within the last ``window_s``, whether any was saturated)."""
-        tracks = self._tracks.get(entity)
-        track = tracks.get(counter) if tracks is not None else None
-        if track is None or not track.window:
+        group = self._groups.get(entity)
+        if group is not None and counter in group.index:
+            win = group.windows.get(counter) if group.windows is not None else None
+        else:
+            tracks = self._tracks.get(entity)
+            track = tracks.get(counter) if tracks is not None else None
+            win = track.window if track is not None else None
+        if not win:
             return 0, False
         since = now_ms - int(window_s * 1000)
         total = 0
         saturated = False
-        for stamp, delta, sat in reversed(track.window):
+        for stamp, delta, sat in reversed(win):
             if stamp <= since:
                 break
             total += delta
@@ -233,6 +320,9 @@ class CounterRate:
 
     def last(self, entity: str, counter: str) -> int | None:
         """The last value seen, None when never seen."""
+        group = self._groups.get(entity)
+        if group is not None and counter in group.index:
+            return group.values[group.index[counter]]
         tracks = self._tracks.get(entity)
         track = tracks.get(counter) if tracks is not None else None
         return None if track is None else track.value
@@ -241,7 +331,7 @@ class CounterRate:
         """Drop an entity, or a node and every entity under it; returns how many were dropped."""
         under = self._by_root.pop(entity, None)
         names = set(under) if under is not None else set()
-        if entity in self._tracks:
+        if entity in self._tracks or entity in self._groups:
             names.add(entity)
             root = _root(entity)
             if root != entity and root in self._by_root:
@@ -254,7 +344,8 @@ class CounterRate:
 
     def __len__(self) -> int:
         """Number of tracked (entity, counter) pairs."""
-        return sum(len(t) for t in self._tracks.values())
+        grouped = sum(sum(1 for v in g.values if v is not None) for g in self._groups.values())
+        return sum(len(t) for t in self._tracks.values()) + grouped
 
     def entities(self) -> list[str]:
-        return list(self._tracks)
+        return list(dict.fromkeys([*self._tracks, *self._groups]))

@@ -53,24 +53,28 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[_telemetry_pb2.Report, _Mapping]] = ..., event: _Optional[_Union[_telemetry_pb2.Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("acked_event_seq", "acked_report_seq", "report_interval_s", "controller_id")
+    __slots__ = ("acked_event_seq", "acked_report_seq", "report_interval_s", "controller_id", "accepts_delta_reports")
     ACKED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     ACKED_REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_DELTA_REPORTS_FIELD_NUMBER: _ClassVar[int]
     acked_event_seq: int
     acked_report_seq: int
     report_interval_s: float
     controller_id: str
-    def __init__(self, acked_event_seq: _Optional[int] = ..., acked_report_seq: _Optional[int] = ..., report_interval_s: _Optional[float] = ..., controller_id: _Optional[str] = ...) -> None: ...
+    accepts_delta_reports: bool
+    def __init__(self, acked_event_seq: _Optional[int] = ..., acked_report_seq: _Optional[int] = ..., report_interval_s: _Optional[float] = ..., controller_id: _Optional[str] = ..., accepts_delta_reports: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("event_seq", "report_seq")
+    __slots__ = ("event_seq", "report_seq", "full_report_needed")
     EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FULL_REPORT_NEEDED_FIELD_NUMBER: _ClassVar[int]
     event_seq: int
     report_seq: int
-    def __init__(self, event_seq: _Optional[int] = ..., report_seq: _Optional[int] = ...) -> None: ...
+    full_report_needed: bool
+    def __init__(self, event_seq: _Optional[int] = ..., report_seq: _Optional[int] = ..., full_report_needed: _Optional[bool] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("id", "kind", "args")

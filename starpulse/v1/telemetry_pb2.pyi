@@ -322,7 +322,7 @@ class JobStepSample(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., last_checkpoint_ms: _Optional[int] = ..., pid: _Optional[int] = ..., world_size: _Optional[int] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp")
+    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +332,7 @@ class Report(_message.Message):
     COLLECTORS_FIELD_NUMBER: _ClassVar[int]
     JOB_STEPS_FIELD_NUMBER: _ClassVar[int]
     LLDP_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_DELTA_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
@@ -341,7 +342,8 @@ class Report(_message.Message):
     collectors: _containers.RepeatedCompositeFieldContainer[CollectorStatus]
     job_steps: _containers.RepeatedCompositeFieldContainer[JobStepSample]
     lldp: LldpUpdate
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ...) -> None: ...
+    counters_delta: bool
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ...) -> None: ...
 
 class LldpUpdate(_message.Message):
     __slots__ = ("neighbors",)

@@ -1,0 +1,362 @@
+"""One controller, thousands of simulated agents: sustained ingest, report->decision latency, CPU, RSS.
+
+The controller runs as its own process (``python -m starpulse.cli controller``). Load comes
+from ``--workers`` processes (``bench.loadgen``), each with many grpc.aio streams, one
+channel (TCP connection) per simulated node. Each node has 8 GPUs and 9 NIC ports, sends
+real reports whose counters move, every ``--interval-s`` with jitter; ``--fault-pct`` of
+them develop NIC error bursts and Xids, so detection opens conditions and incidents.
+
+"Decision": the controller has validated the report, recorded it, and run detection on
+it (the condition engine's opened/updated/resolved changes are committed and handed to the
+correlator; grouping into incidents waits for the correlator's settle time by design).
+Latency is from the report's timestamp to that point, read from the controller's
+histogram ``starpulse_report_age_at_decision_seconds``: the load generator stamps each
+report as it sends it, so this is arrival -> decision including every queue on the way
+(same host, one clock). ``starpulse_ingest_seconds`` (read off the stream -> decision,
+any message) is the processing share. Quantiles are interpolated inside histogram buckets.
+
+    .venv/bin/python -m bench.scale [--quick] [--nodes 1000 4000 10000] [--duration-s 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.common import ProcSampler, free_port, percentile, quiet_logging, table, write_result
+from bench.loadgen import Templates, build_templates, worker
+
+NAME = "scale"
+
+
+def start_controller(
+    workdir: Path, extra: list[str], null: bool = False
+) -> tuple[subprocess.Popen[bytes], int, int, Path]:
+    port, http = free_port(), free_port()
+    log_path = workdir / "controller.log"
+    cmd = [sys.executable, "-m", "bench.null_controller", str(port), *extra] if null else [
+        sys.executable, "-m", "starpulse.cli", "controller",
+        "--listen", f"127.0.0.1:{port}",
+        "--http", f"127.0.0.1:{http}",
+        "--db", str(workdir / "c.db"),
+        "--heartbeat-timeout-s", "600",
+        *extra,
+    ]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"controller exited ({proc.returncode}); see {log_path}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, port, http, log_path
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("controller did not listen within 60 s")
+
+
+def stop_controller(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def scrape(http_port: int) -> dict[str, float]:
+    """Prometheus text -> {series: value} (only the lines this bench reads)."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(
+            (
+                "starpulse_ingest_seconds",
+                "starpulse_report_age_at_decision_seconds",
+                "starpulse_reports_received_total",
+                "starpulse_incidents_open",
+            )
+        ):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = float(value)
+    return out
+
+
+def histogram_quantile(before: dict[str, float], after: dict[str, float], base: str, q: float) -> float:
+    """q-quantile of the observations between two scrapes, interpolated inside its bucket (as Prometheus does)."""
+    buckets: list[tuple[float, float]] = []
+    for key, v in after.items():
+        if key.startswith(base + "_bucket{"):
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            bound = math.inf if le == "+Inf" else float(le)
+            buckets.append((bound, v - before.get(key, 0.0)))
+    if not buckets:
+        return float("nan")
+    buckets.sort()
+    total = buckets[-1][1]
+    if total <= 0:
+        return float("nan")
+    lower, below = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= q * total:
+            if math.isinf(bound) or count == below:
+                return lower if math.isinf(bound) else bound
+            return lower + (bound - lower) * (q * total - below) / (count - below)
+        lower, below = bound, count
+    return math.inf
+
+
+def run_size(
+    nodes: int,
+    tpl: Templates,
+    workdir: Path,
+    workers: int,
+    interval_s: float,
+    jitter: float,
+    duration_s: float,
+    fault_pct: float,
+    controller_args: list[str],
+    delta: bool,
+    null: bool = False,
+    warmup_s: float | None = None,
+) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctl, port, http, _log_path = start_controller(workdir, controller_args, null)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    controls = [ctx.Queue() for _ in range(workers)]
+    node_ids = [f"node-{i:05d}" for i in range(nodes)]
+    n_faulty = round(nodes * fault_pct / 100)
+    faulty = set(node_ids[:: max(1, nodes // n_faulty)][:n_faulty]) if n_faulty else set()
+    procs = []
+    done: dict[int, dict[str, Any]] = {}
+    try:
+        base_rss = ProcSampler(ctl.pid).start().stop()["rss_mib_max"]
+        connect_sampler = ProcSampler(ctl.pid).start()
+        for w in range(workers):
+            cfg = {
+                "worker": w,
+                "port": port,
+                "node_ids": node_ids[w::workers],
+                "faulty": sorted(faulty & set(node_ids[w::workers])),
+                "templates": tpl,
+                "interval_s": interval_s,
+                "jitter": jitter,
+                "delta": delta,
+            }
+            p = ctx.Process(target=worker, args=(cfg, controls[w], results), daemon=True)
+            p.start()
+            procs.append(p)
+        ready: dict[int, dict[str, Any]] = {}
+        while len(ready) < workers:
+            _, w, info = results.get(timeout=900)
+            ready[w] = info
+        connect = connect_sampler.stop()
+        connect_wall = max(r["connect_s"] for r in ready.values())
+        connected = sum(r["streams"] for r in ready.values())
+        # every node's first report (counters' first sight) falls before the window; a longer
+        # warm-up lets the controller drain the herd of first reports and measures steady state
+        warmup = warmup_s if warmup_s is not None else interval_s + 2.0
+        t_launch = time.time() + 0.5
+        t_start = t_launch + warmup
+        t_end = t_start + duration_s
+        for q in controls:
+            q.put((t_launch, t_start, t_end))
+        time.sleep(max(0.0, t_start - time.time()))
+        m0 = scrape(http)
+        ctl_s = ProcSampler(ctl.pid).start()
+        gen_s = [ProcSampler(p.pid).start() for p in procs if p.pid is not None]
+        time.sleep(max(0.0, t_end - time.time()))
+        ctl_sum = ctl_s.stop()
+        gen_sum = [g.stop() for g in gen_s]
+        m1 = scrape(http)
+        while len(done) < workers:
+            kind, w, info = results.get(timeout=120)
+            if kind == "done":
+                done[w] = info
+        for p in procs:
+            p.join(15)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        stop_controller(ctl)
+    acked = sum(d["acked_in_window"] for d in done.values())
+    hello = [x * 1000 for d in done.values() for x in d["hello_rtt"]]
+    rtt = [x * 1000 for d in done.values() for x in d["latencies"]]
+    errors: dict[str, int] = {}
+    for d in done.values():
+        for k, v in d["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    dec = "starpulse_ingest_seconds"
+    age = "starpulse_report_age_at_decision_seconds"
+    decided = m1.get(f"{dec}_count", 0.0) - m0.get(f"{dec}_count", 0.0)
+    sent = sum(d["sent_in_window"] for d in done.values())
+    if not decided and not null:  # a controller without the decision histogram: count acks
+        decided = acked
+    rate = (sent if null else decided) / duration_s
+    cpu_frac = ctl_sum["cpu_pct_of_one_core"] / 100
+    incidents = sum(v for k, v in m1.items() if k.startswith("starpulse_incidents_open"))
+    return {
+        "nodes": nodes,
+        "controller": "null (protocol only)" if null else "starpulse",
+        "reports_sent_per_s": round(sent / duration_s, 1),
+        "streams_connected": connected,
+        "faulty_nodes": len(faulty),
+        "interval_s": interval_s,
+        "jitter": jitter,
+        "duration_s": duration_s,
+        "warmup_s": warmup,
+        "workers": workers,
+        "expected_reports_per_s": round(nodes / interval_s, 1),
+        "reports_per_s": round(rate, 1),
+        "samples_per_s": round(rate * (tpl.gpus + tpl.nics), 1),
+        "delta_reports": delta and sum(d.get("delta_streams", 0) for d in done.values()) > 0,
+        "report_bytes_mean": tpl.delta_report_bytes
+        if delta and sum(d.get("delta_streams", 0) for d in done.values())
+        else tpl.report_bytes,
+        # report timestamp (set by the load generator as it sends) -> decision committed
+        "latency_ms_p50": round(1000 * histogram_quantile(m0, m1, age, 0.50), 2),
+        "latency_ms_p99": round(1000 * histogram_quantile(m0, m1, age, 0.99), 2),
+        "latency_ms_p999": round(1000 * histogram_quantile(m0, m1, age, 0.999), 2),
+        # read off the stream -> decision committed (processing only, no queueing)
+        "processing_ms_p50": round(1000 * histogram_quantile(m0, m1, dec, 0.50), 3),
+        "processing_ms_p99": round(1000 * histogram_quantile(m0, m1, dec, 0.99), 3),
+        "decisions_in_window": m1.get(f"{dec}_count", 0.0) - m0.get(f"{dec}_count", 0.0),
+        "acked_reports_in_window": acked,
+        # report -> ack round trip at the load generator: meaningful only for a controller
+        # that acks every report (before report acks were spaced out; see README)
+        "ack_rtt_ms_p50": round(percentile(rtt, 50), 2),
+        "ack_rtt_ms_p99": round(percentile(rtt, 99), 2),
+        "incidents_open_at_end": incidents,
+        "controller_cpu_pct": ctl_sum["cpu_pct_of_one_core"],
+        "controller_cpu_ms_per_report": round(1000 * cpu_frac / rate, 3) if rate else float("nan"),
+        "controller_rss_mib_idle": base_rss,
+        "controller_rss_mib_median": ctl_sum["rss_mib_median"],
+        "controller_rss_mib_max": ctl_sum["rss_mib_max"],
+        "load_generator_cpu_pct": [g["cpu_pct_of_one_core"] for g in gen_sum],
+        "load_generator_rss_mib_max": [g["rss_mib_max"] for g in gen_sum],
+        "connect_wall_s": round(connect_wall, 2),
+        "hellos_per_s": round(connected / connect_wall, 1) if connect_wall else float("nan"),
+        "hello_rtt_ms_p99": round(percentile(hello, 99), 2),
+        "controller_cpu_pct_during_connect": connect["cpu_pct_of_one_core"],
+        "events_sent": sum(d["events_sent"] for d in done.values()),
+        "errors": errors,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="500 nodes, 10 s window")
+    ap.add_argument("--nodes", type=int, nargs="*", default=None, help="cluster sizes (1000 4000 10000)")
+    ap.add_argument("--interval-s", type=float, default=5.0)
+    ap.add_argument("--jitter", type=float, default=0.05, help="per-report interval jitter (fraction)")
+    ap.add_argument("--duration-s", type=float, default=None, help="measurement window (30; quick 10)")
+    ap.add_argument("--workers", type=int, default=2, help="load generator processes")
+    ap.add_argument("--fault-pct", type=float, default=1.0, help="percent of nodes that develop faults")
+    ap.add_argument("--controller-arg", action="append", default=[], help="extra controller CLI argument")
+    ap.add_argument("--tag", default="", help="suffix for the result file (scale-<tag>.json)")
+    ap.add_argument("--warmup-s", type=float, default=None, help="seconds before the window (interval + 2)")
+    ap.add_argument("--no-delta", action="store_true", help="send full reports only (as agents before delta reports)")
+    ap.add_argument("--full-every", type=int, default=12, help="delta reports: a full report every N")
+    ap.add_argument(
+        "--null-controller", action="store_true", help="load a protocol-only server (bench.null_controller)"
+    )
+    args = ap.parse_args(argv)
+    sizes = args.nodes or ([500] if args.quick else [1000, 4000, 10000])
+    duration = args.duration_s or (10.0 if args.quick else 30.0)
+    quiet_logging()
+    steps = int((duration + args.interval_s + 10) / (args.interval_s * (1 - args.jitter))) + 3
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sp-bench-scale-") as tmp:
+        t0 = time.perf_counter()
+        tpl = build_templates(Path(tmp) / "sim", steps, args.interval_s, args.full_every)
+        took = time.perf_counter() - t0
+        print(f"templates: {len(tpl.healthy.reports)} steps x {1 + len(tpl.faulty)} profiles in {took:.1f} s")
+        for n in sizes:
+            r = run_size(
+                n,
+                tpl,
+                Path(tmp) / f"n{n}",
+                args.workers,
+                args.interval_s,
+                args.jitter,
+                duration,
+                args.fault_pct,
+                args.controller_arg,
+                not args.no_delta,
+                args.null_controller,
+                args.warmup_s,
+            )
+            runs.append(r)
+            rows: list[tuple[str, Any]] = [
+                ("streams connected (faulty)", f"{r['streams_connected']} ({r['faulty_nodes']})"),
+                ("reports decided/s (expected)", f"{r['reports_per_s']} ({r['expected_reports_per_s']})"),
+                ("samples/s (GPU + NIC)", r["samples_per_s"]),
+                ("report bytes, mean (delta reports)", f"{r['report_bytes_mean']} ({r['delta_reports']})"),
+                (
+                    "report->decision latency ms p50 / p99 / p99.9",
+                    f"{r['latency_ms_p50']} / {r['latency_ms_p99']} / {r['latency_ms_p999']}",
+                ),
+                ("  of it processing ms p50 / p99", f"{r['processing_ms_p50']} / {r['processing_ms_p99']}"),
+                ("report->ack RTT ms p50 / p99 (acks may be spaced)", f"{r['ack_rtt_ms_p50']} / {r['ack_rtt_ms_p99']}"),
+                ("controller CPU % of one core", r["controller_cpu_pct"]),
+                ("controller CPU ms per report", r["controller_cpu_ms_per_report"]),
+                (
+                    "controller RSS MiB idle / median / max",
+                    f"{r['controller_rss_mib_idle']} / {r['controller_rss_mib_median']}"
+                    f" / {r['controller_rss_mib_max']}",
+                ),
+                ("load generators CPU % (each)", " / ".join(f"{x:.0f}" for x in r["load_generator_cpu_pct"])),
+                ("connect: s for all streams (Hello/s)", f"{r['connect_wall_s']} ({r['hellos_per_s']})"),
+                ("incidents open at end / events sent", f"{r['incidents_open_at_end']:.0f} / {r['events_sent']}"),
+                ("stream errors", r["errors"] or "none"),
+                ("load average (1/5/15)", r["load_average"]),
+            ]
+            print(
+                table(
+                    f"scale ({r['controller']}): {n} nodes every {args.interval_s:g} s, {duration:.0f} s window", rows
+                )
+            )
+            print()
+    params = {
+        "quick": args.quick,
+        "nodes": sizes,
+        "interval_s": args.interval_s,
+        "jitter": args.jitter,
+        "duration_s": duration,
+        "workers": args.workers,
+        "fault_pct": args.fault_pct,
+        "controller_args": args.controller_arg,
+        "delta_reports": not args.no_delta,
+        "full_every": args.full_every,
+        "null_controller": args.null_controller,
+        "warmup_s": args.warmup_s,
+    }
+    path = write_result(NAME + (f"-{args.tag}" if args.tag else ""), params, {"runs": runs})
+    print(f"wrote {path}")
+    return {"runs": runs}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Tiered collection: slow-moving counters are read fully every slow_every_s, link state every cycle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.collectors.gpu import NvmlGpuCollector
+from agent.collectors.rdma import RdmaSysfsCollector
+from agent.sim.fake_nvml import FakeNvml
+from agent.sim.fake_sysfs import FakeSysfs
+from starpulse.v1 import telemetry_pb2 as tpb
+
+
+def nic_report(c: RdmaSysfsCollector) -> tpb.Report:
+    r = tpb.Report()
+    c.collect(r)
+    return r
+
+
+class TestNicTiers:
+    def test_error_counters_reused_traffic_and_state_fresh(self, tmp_path: Path) -> None:
+        """Between full reads the report still carries every counter; traffic and link state are current."""
+        fs = FakeSysfs(str(tmp_path), nics=2)
+        c = RdmaSysfsCollector(str(tmp_path))
+        c.slow_every_s = 3600.0
+        first = nic_report(c)
+        fs.advance(1.0, throughput_gbps=[100.0, 100.0])
+        fs.error_burst(1, 500)
+        fs.set_port_down(0)
+        second = nic_report(c)
+        a, b = first.nics[1], second.nics[1]
+        assert set(b.counters) == set(a.counters) and set(b.hw_counters) == set(a.hw_counters)
+        assert b.counters["symbol_error"] == a.counters["symbol_error"]  # not re-read yet
+        assert b.hw_counters["out_of_sequence"] == a.hw_counters["out_of_sequence"]
+        assert b.counters["port_xmit_data"] > a.counters["port_xmit_data"]  # fast: read every cycle
+        assert b.netdev_stats["tx_bytes"] > a.netdev_stats["tx_bytes"]
+        assert second.nics[0].state == "DOWN"  # link state: every cycle
+        assert second.nics[0].counters["link_downed"] == first.nics[0].counters["link_downed"] + 1
+        c.slow_every_s = 0.0
+        third = nic_report(c)
+        assert third.nics[1].counters["symbol_error"] == a.counters["symbol_error"] + 500
+        assert third.nics[1].hw_counters["out_of_sequence"] > a.hw_counters["out_of_sequence"]
+
+    def test_default_reads_everything_every_cycle(self, tmp_path: Path) -> None:
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        before = nic_report(c).nics[0].counters["symbol_error"]
+        fs.error_burst(0, 10)
+        assert nic_report(c).nics[0].counters["symbol_error"] == before + 10
+
+
+class TestNvlinkTiers:
+    def test_nvlink_counters_reused_state_fresh(self) -> None:
+        fake = FakeNvml(gpu_count=1, seed=3)
+        c = NvmlGpuCollector(fake)
+        assert c.supported()
+        c.slow_every_s = 3600.0
+        r1 = tpb.Report()
+        c.collect(r1)
+        fake.inject_nvlink_down(0, link=2)  # link 2 down and its recovery counter +1
+        r2 = tpb.Report()
+        c.collect(r2)
+        l1, l2 = r1.gpus[0].nvlinks[2], r2.gpus[0].nvlinks[2]
+        assert l1.up and not l2.up
+        assert l2.HasField("recovery_errors") and l2.recovery_errors == l1.recovery_errors
+        c.slow_every_s = 0.0
+        r3 = tpb.Report()
+        c.collect(r3)
+        assert r3.gpus[0].nvlinks[2].recovery_errors == l1.recovery_errors + 1
+        c.close()

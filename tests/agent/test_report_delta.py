@@ -1,0 +1,115 @@
+"""Delta reports: the agent sends only NIC counters that changed since the last full report."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.transport.delta import MAPS, ReportDelta
+from starpulse.v1 import telemetry_pb2 as tpb
+
+
+def report(seq: int, symbol_error: int = 0, xmit: int = 0, ports: int = 2) -> tpb.Report:
+    r = tpb.Report(seq=seq, timestamp_ms=1000 * seq)
+    r.gpus.add(index=0, uuid="GPU-0", power_w=300.0 + seq)
+    for i in range(ports):
+        n = r.nics.add(rdma_device=f"mlx5_{i}", port=1, netdev=f"ibp{i}", state_code=4, rate_gbps=400)
+        n.counters["symbol_error"] = symbol_error if i == 1 else 0
+        n.counters["port_xmit_data"] = xmit + i
+        n.counters["link_downed"] = 0
+        n.hw_counters["out_of_sequence"] = 7
+        n.netdev_stats["rx_bytes"] = 100
+        n.ethtool_stats["rx_prio3_pause"] = 5
+    return r
+
+
+def merged(base: tpb.Report, delta: tpb.Report) -> tpb.Report:
+    """What the controller may rely on: base counters overlaid with the delta's."""
+    out = tpb.Report()
+    out.CopyFrom(delta)
+    out.counters_delta = False
+    for nic, was in zip(out.nics, base.nics, strict=True):
+        for name in MAPS:
+            full = dict(getattr(was, name))
+            full.update(getattr(nic, name))
+            m = getattr(nic, name)
+            m.clear()
+            m.update(full)
+    return out
+
+
+class TestReportDelta:
+    def test_disabled_sends_every_report_whole(self) -> None:
+        """A controller that does not accept deltas gets the very report, unchanged."""
+        enc = ReportDelta()
+        enc.reset(enabled=False)
+        for seq in (1, 2, 3):
+            r = report(seq, xmit=seq)
+            assert enc.encode(r) is r
+
+    def test_first_full_then_only_changed_counters(self) -> None:
+        """After the first (full) report, a port's maps carry only what moved; the rest is complete."""
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        first = report(1, xmit=10)
+        assert enc.encode(first) is first and not first.counters_delta
+        second = report(2, xmit=20, symbol_error=3)
+        out = enc.encode(second)
+        assert out.counters_delta and out is not second
+        assert dict(out.nics[0].counters) == {"port_xmit_data": 20}
+        assert dict(out.nics[1].counters) == {"port_xmit_data": 21, "symbol_error": 3}
+        assert not out.nics[0].hw_counters and not out.nics[0].netdev_stats and not out.nics[0].ethtool_stats
+        assert out.gpus[0].power_w == 302.0 and out.nics[1].rate_gbps == 400 and out.seq == 2
+        assert merged(first, out) == second
+        assert len(second.nics[0].counters) == 3  # the agent's own report is left alone
+
+    def test_deltas_are_against_the_last_full_report(self) -> None:
+        """A change stays in every delta until the next full report, so a lost report loses nothing."""
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        enc.encode(report(1))
+        enc.encode(report(2, symbol_error=5))
+        third = enc.encode(report(3, symbol_error=5))
+        assert third.counters_delta and third.nics[1].counters["symbol_error"] == 5
+
+    def test_full_report_every_n(self) -> None:
+        enc = ReportDelta(full_every=3)
+        enc.reset(enabled=True)
+        kinds = [enc.encode(report(seq, xmit=seq)).counters_delta for seq in range(1, 8)]
+        assert kinds == [False, True, True, False, True, True, False]
+        assert (enc.full_sent, enc.delta_sent) == (3, 4)
+
+    def test_controller_request_and_new_stream_force_a_full_report(self) -> None:
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        enc.encode(report(1))
+        assert enc.encode(report(2)).counters_delta
+        enc.force_full()
+        assert not enc.encode(report(3)).counters_delta
+        assert enc.encode(report(4)).counters_delta
+        enc.reset(enabled=True)
+        assert not enc.encode(report(5)).counters_delta
+
+    @pytest.mark.parametrize(
+        "change",
+        ["port_added", "port_removed", "counter_added", "counter_removed"],
+    )
+    def test_layout_change_sends_a_full_report(self, change: str) -> None:
+        """A delta cannot say 'this counter is gone': any change of ports or counter names goes out whole."""
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        enc.encode(report(1))
+        r = report(2, ports=3 if change == "port_added" else 1 if change == "port_removed" else 2)
+        if change == "counter_added":
+            r.nics[0].hw_counters["new_counter"] = 1
+        elif change == "counter_removed":
+            del r.nics[0].hw_counters["out_of_sequence"]
+        out = enc.encode(r)
+        assert out is r and not out.counters_delta
+        again = tpb.Report()
+        again.CopyFrom(r)
+        again.seq = 3
+        assert enc.encode(again).counters_delta  # the new layout is the base now
+
+    def test_full_every_must_be_positive(self) -> None:
+        with pytest.raises(ValueError):
+            ReportDelta(full_every=0)
