@@ -53,6 +53,7 @@ class HostCollector:
         self._ps = psutil_module
         self._os_release = os_release_path
         self._missing: set[str] = set()
+        self._boot_time: float | None = None
         try:  # the first non-blocking call only primes the counters; it returns 0.0
             self._ps.cpu_percent(interval=None)
         except Exception:
@@ -82,10 +83,13 @@ class HostCollector:
             s.load1, s.load5, s.load15 = (float(x) for x in self._ps.getloadavg())
         except (OSError, AttributeError):
             log.debug("host_loadavg_unavailable")
-        try:
-            s.uptime_s = max(0.0, time.time() - float(self._ps.boot_time()))
-        except Exception:
-            log.debug("host_boot_time_unavailable")
+        if self._boot_time is None:  # fixed for the boot: read /proc/stat once, not every cycle
+            try:
+                self._boot_time = float(self._ps.boot_time())
+            except Exception:
+                log.debug("host_boot_time_unavailable")
+        if self._boot_time is not None:
+            s.uptime_s = max(0.0, time.time() - self._boot_time)
         for mount in self.mounts:
             try:
                 du = self._ps.disk_usage(mount)
