@@ -77,11 +77,11 @@ class ReportDelta:
                 return None
             for name, was in zip(MAPS, maps, strict=True):
                 current = getattr(nic, name)
-                if len(current) != len(was):
-                    return None
-                same = [k for k, v in current.items() if was.get(k, -1) == v]
-                for k in same:
-                    del current[k]
-                if any(k not in was for k in current):
-                    return None  # a counter that was not in the full report: layout changed
+                now = dict(current)  # one pass over the map; then clear and re-add the few that moved
+                if now.keys() != was.keys():
+                    return None  # a counter appeared or disappeared: layout changed
+                changed = [(k, v) for k, v in now.items() if was[k] != v]
+                current.clear()
+                for k, v in changed:
+                    current[k] = v
         return out

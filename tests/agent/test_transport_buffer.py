@@ -37,6 +37,21 @@ class TestEventBuffer:
         assert [e.seq for e in buf.pending(0)] == [3, 4]
         assert buf.oldest_seq() == 3
 
+
+    def test_repeated_and_early_acks_still_forget_later_events(self, tmp_path: Path) -> None:
+        """A re-ack is a no-op; an ack past the newest event does not shield events appended later."""
+        buf = EventBuffer(tmp_path / "b.db")
+        for i in range(3):
+            buf.append(_event(str(i)))
+        assert buf.ack(2) == 2
+        assert buf.ack(2) == 0
+        assert buf.ack(9) == 1  # the controller claims more than was appended (e.g. after a restore)
+        for i in range(3, 7):
+            buf.append(_event(str(i)))
+        assert [e.seq for e in buf.pending(0)] == [4, 5, 6, 7]
+        assert buf.ack(5) == 2
+        assert buf.ack(5) == 0
+        assert [e.seq for e in buf.pending(0)] == [6, 7]
     def test_overflow_drops_oldest_and_counts(self, tmp_path: Path) -> None:
         """A full buffer keeps the newest max_events and counts what it dropped."""
         buf = EventBuffer(tmp_path / "b.db", max_events=3)
