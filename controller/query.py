@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from typing import Protocol
 
 import grpc
 
@@ -20,25 +22,55 @@ DEFAULT_EVENT_LIMIT = 100
 MAX_EVENT_LIMIT = 10_000
 
 
-def node_statuses(registry: NodeRegistry, store: Store) -> list[spb.NodeStatus]:
-    """One row per node; open_events = warning-or-worse events in the last hour."""
+class NodeRow(Protocol):
+    """What a node status is made of: a live registry record or a row replicated from etcd."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def role(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def last_seen_ms(self) -> int: ...
+    @property
+    def agent_version(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def inventory(self) -> ipb.Inventory: ...
+
+
+def node_statuses(nodes: Iterable[NodeRow], store: Store) -> list[spb.NodeStatus]:
+    """One row per node, by id; open_events = warning-or-worse events in the last hour."""
     recent = store.recent_event_counts(now_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
-    out = []
-    for node in sorted(registry.nodes.values(), key=lambda n: n.node_id):
-        out.append(
-            spb.NodeStatus(
-                node_id=node.node_id,
-                role=ipb.NodeRole.Name(node.role),
-                state=node.state,
-                last_seen_ms=node.last_seen_ms,
-                gpu_count=len(node.inventory.gpus),
-                nic_count=len(node.inventory.nics),
-                open_events=recent.get(node.node_id, 0),
-                agent_version=node.agent_version,
-                hostname=node.hostname,
-            )
+    return [
+        spb.NodeStatus(
+            node_id=node.node_id,
+            role=ipb.NodeRole.Name(node.role),
+            state=node.state,
+            last_seen_ms=node.last_seen_ms,
+            gpu_count=len(node.inventory.gpus),
+            nic_count=len(node.inventory.nics),
+            open_events=recent.get(node.node_id, 0),
+            agent_version=node.agent_version,
+            hostname=node.hostname,
         )
-    return out
+        for node in sorted(nodes, key=lambda n: n.node_id)
+    ]
+
+
+async def list_events_response(
+    store: Store, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
+) -> spb.ListEventsResponse:
+    """ListEvents from the store (leader and standby alike); an oversized limit is refused."""
+    limit = request.limit or DEFAULT_EVENT_LIMIT
+    if limit > MAX_EVENT_LIMIT:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be ≤ {MAX_EVENT_LIMIT}")
+    rows = store.list_events(request.node_id or None, limit)
+    return spb.ListEventsResponse(
+        events=[spb.StoredEvent(node_id=r.node_id, event=r.event, received_ms=r.received_ms) for r in rows]
+    )
 
 
 def incident_info(incident: Incident) -> spb.IncidentInfo:
@@ -90,17 +122,9 @@ class QueryServicer(sgrpc.QueryServicer):
     async def ListNodes(
         self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListNodesResponse:
-        return spb.ListNodesResponse(nodes=node_statuses(self.registry, self.store))
+        return spb.ListNodesResponse(nodes=node_statuses(self.registry.nodes.values(), self.store))
 
     async def ListEvents(
         self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListEventsResponse:
-        limit = request.limit or DEFAULT_EVENT_LIMIT
-        if limit > MAX_EVENT_LIMIT:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be ≤ {MAX_EVENT_LIMIT}")
-        rows = self.store.list_events(request.node_id or None, limit)
-        return spb.ListEventsResponse(
-            events=[
-                spb.StoredEvent(node_id=r.node_id, event=r.event, received_ms=r.received_ms) for r in rows
-            ]
-        )
+        return await list_events_response(self.store, request, context)

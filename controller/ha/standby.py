@@ -16,13 +16,10 @@ import grpc
 from aiohttp import web
 
 from controller.detect.incidents import IncidentStore
-from controller.query import DEFAULT_EVENT_LIMIT, MAX_EVENT_LIMIT, RECENT_WINDOW_MS, incident_info
-from controller.registry import now_ms
+from controller.query import DEFAULT_EVENT_LIMIT, MAX_EVENT_LIMIT, incident_info, list_events_response, node_statuses
 from controller.store import Store
-from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-from starpulse.v1 import telemetry_pb2 as tpb
 
 LEADER_METADATA_KEY = "starpulse-leader"
 
@@ -72,34 +69,12 @@ class StandbyQuery(sgrpc.QueryServicer):
     async def ListNodes(
         self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListNodesResponse:
-        recent = self.store.recent_event_counts(now_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
-        return spb.ListNodesResponse(
-            nodes=[
-                spb.NodeStatus(
-                    node_id=n.node_id,
-                    role=ipb.NodeRole.Name(n.role),
-                    state=n.state,
-                    last_seen_ms=n.last_seen_ms,
-                    gpu_count=len(n.inventory.gpus),
-                    nic_count=len(n.inventory.nics),
-                    open_events=recent.get(n.node_id, 0),
-                    agent_version=n.agent_version,
-                    hostname=n.hostname,
-                )
-                for n in self.store.load_nodes()
-            ]
-        )
+        return spb.ListNodesResponse(nodes=node_statuses(self.store.load_nodes(), self.store))
 
     async def ListEvents(
         self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListEventsResponse:
-        limit = request.limit or DEFAULT_EVENT_LIMIT
-        if limit > MAX_EVENT_LIMIT:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be ≤ {MAX_EVENT_LIMIT}")
-        rows = self.store.list_events(request.node_id or None, limit)
-        return spb.ListEventsResponse(
-            events=[spb.StoredEvent(node_id=r.node_id, event=r.event, received_ms=r.received_ms) for r in rows]
-        )
+        return await list_events_response(self.store, request, context)
 
     async def ListIncidents(
         self, request: spb.ListIncidentsRequest, context: grpc.aio.ServicerContext
