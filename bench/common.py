@@ -180,3 +180,36 @@ class ProcSampler:
             "rss_mib_median": round(median(self.rss) / 2**20, 1),
             "rss_mib_max": round(max(self.rss) / 2**20, 1),
         }
+
+
+async def read_acks(call: Any, sent_at: dict[int, float], t_start: float, t_end: float, tally: Any) -> None:
+    """Read a Connect stream to its end, turning report acks into round trips.
+
+    ``sent_at`` maps report seq -> perf_counter() at send (only reports sent inside the
+    window are in it); ``tally`` gets ``acked_in_window`` and ``latencies`` updated.
+    """
+    import grpc
+
+    acked = 0
+    while True:
+        msg = await call.read()
+        if msg is grpc.aio.EOF:
+            return
+        if msg.HasField("ack") and msg.ack.report_seq > acked:
+            now = time.perf_counter()
+            if t_start <= time.time() <= t_end:
+                tally.acked_in_window += msg.ack.report_seq - acked
+            for seq in range(acked + 1, msg.ack.report_seq + 1):
+                t = sent_at.pop(seq, None)
+                if t is not None:
+                    tally.latencies.append(now - t)
+            acked = msg.ack.report_seq
+
+
+def summed_errors(done: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Error counts by exception name, summed over the load workers' results."""
+    errors: dict[str, int] = {}
+    for d in done:
+        for k, v in d["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return errors

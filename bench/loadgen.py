@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.common import read_acks
+
 METHOD = "/starpulse.v1.Telemetry/Connect"
 
 
@@ -204,28 +206,8 @@ async def run_node(
     st: NodeStats,
 ) -> None:
     """Report every interval (+-jitter) until t_end; record report->ack RTT inside the window."""
-    import grpc
-
     sent_at: dict[int, float] = {}
-    acked = 0
-
-    async def reader() -> None:
-        nonlocal acked
-        while True:
-            msg = await call.read()
-            if msg is grpc.aio.EOF:
-                return
-            if msg.HasField("ack") and msg.ack.report_seq > acked:
-                now = time.perf_counter()
-                if t_start <= time.time() <= t_end:
-                    st.acked_in_window += msg.ack.report_seq - acked
-                for s in range(acked + 1, msg.ack.report_seq + 1):
-                    t = sent_at.pop(s, None)
-                    if t is not None:
-                        st.latencies.append(now - t)
-                acked = msg.ack.report_seq
-
-    rd = asyncio.create_task(reader())
+    rd = asyncio.create_task(read_acks(call, sent_at, t_start, t_end, st))
     seq = 0
     event_seq = 0
     steps = len(profile.reports)

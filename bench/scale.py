@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.common import ProcSampler, free_port, percentile, quiet_logging, table, write_result
+from bench.common import ProcSampler, free_port, percentile, quiet_logging, summed_errors, table, write_result
 from bench.loadgen import Templates, build_templates, worker
 
 NAME = "scale"
@@ -203,10 +203,7 @@ def run_size(
     acked = sum(d["acked_in_window"] for d in done.values())
     hello = [x * 1000 for d in done.values() for x in d["hello_rtt"]]
     rtt = [x * 1000 for d in done.values() for x in d["latencies"]]
-    errors: dict[str, int] = {}
-    for d in done.values():
-        for k, v in d["errors"].items():
-            errors[k] = errors.get(k, 0) + v
+    errors = summed_errors(done.values())
     dec = "starpulse_ingest_seconds"
     age = "starpulse_report_age_at_decision_seconds"
     decided = m1.get(f"{dec}_count", 0.0) - m0.get(f"{dec}_count", 0.0)
