@@ -207,13 +207,13 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 stamp = msg.report.timestamp_ms
                 if stamp:
                     self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp / 1000))
-            if which == "report" and not node.full_report_needed:
-                # Reports are state, not history: ack them at most every report_ack_interval_s
-                # (an ack is one of the dearest things a stream does); everything else at once.
-                now = time.monotonic()
-                if now - report_woke_at < self.report_ack_interval_s:
-                    continue
-                report_woke_at = now
+                if not node.full_report_needed:
+                    # Reports are state, not history: ack them at most every report_ack_interval_s
+                    # (an ack is one of the dearest things a stream does); everything else at once.
+                    now = time.monotonic()
+                    if now - report_woke_at < self.report_ack_interval_s:
+                        continue
+                    report_woke_at = now
             ack_needed.set()
 
     async def _write_loop(self, context: grpc.aio.ServicerContext, node: NodeRecord, wake: asyncio.Event) -> None:
