@@ -43,6 +43,7 @@ class ControllerMetrics:
             "starpulse_messages_rejected", "Agent messages refused, by reason.", ["reason"], registry=r
         )
         self.streams = Gauge("starpulse_agent_streams", "Open agent streams.", registry=r)
+        self.relays = Gauge("starpulse_relays_connected", "Relays streaming agents' messages in.", registry=r)
         self.nodes = Gauge("starpulse_nodes", "Known nodes by presence state.", ["state"], registry=r)
         self.ingest_seconds = Histogram(
             "starpulse_ingest_seconds",

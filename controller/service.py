@@ -31,6 +31,7 @@ from controller.metrics import ControllerMetrics
 from controller.notify import Notifier, NotifyConfig, Outbox
 from controller.query import QueryServicer
 from controller.registry import NodeRegistry, now_ms
+from controller.relay_ingest import RelayServicer, relayed_or_peer_node_id
 from controller.store import Store
 from starpulse import sdnotify
 from starpulse.auth import AuthConfig, AuthInterceptor
@@ -43,6 +44,7 @@ log = structlog.get_logger(__name__)
 TELEMETRY_SERVICE = "starpulse.v1.Telemetry"
 QUERY_SERVICE = "starpulse.v1.Query"
 ADMIN_SERVICE = "starpulse.v1.Admin"
+RELAY_SERVICE = "starpulse.v1.Relay"
 
 
 @dataclass
@@ -69,6 +71,8 @@ class ControllerConfig:
     rate_burst: float = 5000.0  # replay after an outage fits in the burst
     report_interval_s: float = 0.0  # 0: agents keep their own interval
     report_ack_interval_s: float = 10.0  # report-only acks at most this often per stream (event acks at once)
+    # Relays (controller/relay/) whose certificates may carry agents' streams; plaintext: any relay.
+    relays: list[str] = field(default_factory=list)
     allowed_nodes: list[str] | None = None  # None: any valid node id may register (or the fabric's)
     fabric: Fabric | None = None  # the declared fabric (or fabric_path); None: no topology root cause
     fabric_path: Path | None = None
@@ -144,8 +148,15 @@ class Controller:
             burst=config.rate_burst,
             report_interval_s=config.report_interval_s,
             controller_id=config.controller_id,
-            identity_of=peer_node_id if config.tls is not None else None,
+            identity_of=relayed_or_peer_node_id if config.tls is not None else None,
             report_ack_interval_s=config.report_ack_interval_s,
+        )
+        self.relay = RelayServicer(
+            self.telemetry,
+            self.metrics,
+            config.max_message_bytes,
+            identity_of=peer_node_id if config.tls is not None else None,
+            allowed_relays=config.relays,
         )
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
@@ -203,6 +214,7 @@ class Controller:
             ]
         )
         sgrpc.add_TelemetryServicer_to_server(self.telemetry, server)
+        sgrpc.add_RelayServicer_to_server(self.relay, server)
         sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store, self.detection), server)
         sgrpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -214,7 +226,7 @@ class Controller:
             raise OSError(f"cannot listen on {cfg.listen}")
         await server.start()
         self._server = server
-        for svc in ("", TELEMETRY_SERVICE, QUERY_SERVICE, ADMIN_SERVICE):
+        for svc in ("", TELEMETRY_SERVICE, RELAY_SERVICE, QUERY_SERVICE, ADMIN_SERVICE):
             self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         self._serving = True
 

@@ -133,6 +133,7 @@ CONTROLLER_SCHEMA: Schema = {
         "report_interval_s": _s("float", 0.0, "interval agents are told to report at; 0: their own", ge=0),
         "report_ack_interval_s": _s("float", 10.0, "report-only acks at most this often per stream (events: at once)",
                                     ge=0),
+        "relays": _s("list", [], "relay ids allowed to carry agents' streams with mTLS (their certificates' names)"),
     },
     "fabric": {
         "path": _s("path", None, "declared fabric (JSON/YAML from `starpulse topology generate`)", nullable=True),
@@ -696,6 +697,7 @@ def load_controller_settings(
         rate_burst=ing["rate_burst"],
         report_interval_s=ing["report_interval_s"],
         report_ack_interval_s=ing["report_ack_interval_s"],
+        relays=list(ing["relays"]),
         allowed_nodes=v["fabric"]["allowed_nodes"],
         fabric=fabric,
         fabric_path=fabric_path if fabric is None else None,

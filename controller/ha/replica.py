@@ -33,7 +33,7 @@ from controller.ha.election import Elector, NotLeader
 from controller.ha.etcd import connect
 from controller.ha.fenced import FencedScheduler
 from controller.ha.mirror import StateMirror
-from controller.ha.standby import StandbyQuery, StandbyTelemetry, standby_admin, standby_http
+from controller.ha.standby import StandbyQuery, StandbyRelay, StandbyTelemetry, standby_admin, standby_http
 from controller.service import (
     ADMIN_SERVICE,
     QUERY_SERVICE,
@@ -132,6 +132,7 @@ class Replica:
 
         server = grpc.aio.server(interceptors=[AuthInterceptor(cfg.auth)])
         sgrpc.add_TelemetryServicer_to_server(StandbyTelemetry(leader), server)
+        sgrpc.add_RelayServicer_to_server(StandbyRelay(leader), server)
         sgrpc.add_QueryServicer_to_server(StandbyQuery(store, leader), server)
         sgrpc.add_AdminServicer_to_server(standby_admin(leader), server)
         checks = health.HealthServicer(experimental_non_blocking=True)

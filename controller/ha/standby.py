@@ -1,6 +1,6 @@
 """What a standby replica serves: reads from its replicated SQLite, and the way to the leader.
 
-Agents' streams (Telemetry.Connect) and every Admin call are refused with
+Agents' and relays' streams (Telemetry.Connect, Relay.Connect) and every Admin call are refused with
 FAILED_PRECONDITION and trailing metadata ``starpulse-leader: HOST:PORT`` (empty while no
 leader is elected); the agent's link follows that hint. Query reads (nodes, events,
 incidents) are answered from the state the standby follows out of etcd, which trails the
@@ -43,6 +43,14 @@ class StandbyTelemetry(sgrpc.TelemetryServicer):
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         await refuse(context, self.leader(), "accept agent streams")
+
+
+class StandbyRelay(sgrpc.RelayServicer):
+    def __init__(self, leader: LeaderHint) -> None:
+        self.leader = leader
+
+    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await refuse(context, self.leader(), "accept relays")
 
 
 def standby_admin(leader: LeaderHint) -> sgrpc.AdminServicer:

@@ -113,6 +113,62 @@ class ControllerMessage(_message.Message):
     command: Command
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
 
+class RelayHello(_message.Message):
+    __slots__ = ("relay_id", "version")
+    RELAY_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    relay_id: str
+    version: str
+    def __init__(self, relay_id: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class RelayedAgentMessage(_message.Message):
+    __slots__ = ("stream", "message", "closed", "peer", "identity")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    message: bytes
+    closed: bool
+    peer: str
+    identity: str
+    def __init__(self, stream: _Optional[int] = ..., message: _Optional[bytes] = ..., closed: _Optional[bool] = ..., peer: _Optional[str] = ..., identity: _Optional[str] = ...) -> None: ...
+
+class RelayUp(_message.Message):
+    __slots__ = ("hello", "batch")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    hello: RelayHello
+    batch: RelayedAgentBatch
+    def __init__(self, hello: _Optional[_Union[RelayHello, _Mapping]] = ..., batch: _Optional[_Union[RelayedAgentBatch, _Mapping]] = ...) -> None: ...
+
+class RelayedAgentBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[RelayedAgentMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[RelayedAgentMessage, _Mapping]]] = ...) -> None: ...
+
+class RelayedControllerMessage(_message.Message):
+    __slots__ = ("stream", "message", "closed", "status_code", "status_detail")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    message: bytes
+    closed: bool
+    status_code: int
+    status_detail: str
+    def __init__(self, stream: _Optional[int] = ..., message: _Optional[bytes] = ..., closed: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_detail: _Optional[str] = ...) -> None: ...
+
+class RelayDown(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[RelayedControllerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[RelayedControllerMessage, _Mapping]]] = ...) -> None: ...
+
 class ListNodesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

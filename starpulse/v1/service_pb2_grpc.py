@@ -98,6 +98,79 @@ class Telemetry:
             _registered_method=True)
 
 
+class RelayStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Connect = channel.stream_stream(
+                '/starpulse.v1.Relay/Connect',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.RelayUp.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.RelayDown.FromString,
+                _registered_method=True)
+
+
+class RelayServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Connect(self, request_iterator, context):
+        """One long-lived stream per relay. The first message must be RelayHello.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Connect': grpc.stream_stream_rpc_method_handler(
+                    servicer.Connect,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.RelayUp.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.RelayDown.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'starpulse.v1.Relay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('starpulse.v1.Relay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Relay:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Connect(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/starpulse.v1.Relay/Connect',
+            starpulse_dot_v1_dot_service__pb2.RelayUp.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.RelayDown.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class QueryStub:
     """Missing associated documentation comment in .proto file."""
 
