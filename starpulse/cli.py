@@ -255,6 +255,38 @@ async def _run_agent(agent: Any) -> None:
     await agent.run(stop)
 
 
+# -- relay --------------------------------------------------------------------------------
+def cmd_relay(args: argparse.Namespace) -> int:
+    """Terminate agents' streams here and carry them to the controller in batches (controller/relay/)."""
+    from controller.relay.service import Relay, RelayConfig
+    from starpulse.logs import configure_logging
+
+    configure_logging(args.log_level)
+    controllers = [c for part in args.controller for c in part.split(",") if c]
+    if not controllers:
+        print("starpulse relay: give --controller HOST:PORT", file=sys.stderr)
+        return 2
+    try:
+        tls = _tls_settings(args)
+        if tls is not None:
+            from starpulse.tls import load_material
+
+            load_material(tls)
+        relay = Relay(RelayConfig(controllers=controllers, relay_id=args.relay_id, listen=args.listen,
+                                  linger_s=args.linger_ms / 1000, tls=tls))
+    except (OSError, ValueError) as exc:
+        print(f"starpulse relay: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _install_stop(stop)
+        await relay.serve_forever(stop)
+
+    asyncio.run(main())
+    return 0
+
+
 # -- scan ---------------------------------------------------------------------------------
 def cmd_scan(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
@@ -1086,6 +1118,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_flags(a)
     a.add_argument("--log-level", default="info")
     a.set_defaults(func=cmd_agent)
+
+    r = sub.add_parser("relay", help="carry many agents' streams to the controller, batched (large fleets)")
+    r.add_argument("--controller", action="append", default=[], help="controller HOST:PORT (repeat or comma-separate)")
+    r.add_argument("--relay-id", required=True, help="this relay's name (with mTLS: its certificate's name)")
+    r.add_argument("--listen", default="0.0.0.0:50051", help="address agents connect to")
+    r.add_argument("--linger-ms", type=float, default=20.0,
+                   help="let a batch gather this long before it goes up (adds to report latency)")
+    _add_tls_flags(r)
+    r.add_argument("--log-level", default="info")
+    r.set_defaults(func=cmd_relay)
 
     s = sub.add_parser("scan", help="one-shot health check of this node")
     s.add_argument("--backend", choices=("nvml", "sim"), default="nvml")

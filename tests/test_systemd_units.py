@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from starpulse.cli import build_parser, cmd_agent, cmd_controller
+from starpulse.cli import build_parser, cmd_agent, cmd_controller, cmd_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "deploy" / "systemd"
 AGENT = UNITS / "starpulse-agent.service"
 CONTROLLER = UNITS / "starpulse-controller.service"
+RELAY = UNITS / "starpulse-relay.service"
 INSTALLED_BINARY = "/usr/local/bin/starpulse"
 
 Unit = dict[str, dict[str, list[str]]]
@@ -51,7 +52,7 @@ def one(unit: Unit, key: str, section: str = "Service") -> str:
     return values[-1]
 
 
-@pytest.fixture(params=[AGENT, CONTROLLER], ids=["agent", "controller"])
+@pytest.fixture(params=[AGENT, CONTROLLER, RELAY], ids=["agent", "controller", "relay"])
 def unit(request: pytest.FixtureRequest) -> Unit:
     return parse_unit(request.param)
 
@@ -81,8 +82,21 @@ def test_hardening(unit: Unit) -> None:
     }.items():
         assert one(unit, key) == value, key
     assert "MemoryDenyWriteExecute" in unit["Service"], "state the W^X choice explicitly"
+
+
+@pytest.mark.parametrize("path", [AGENT, CONTROLLER], ids=["agent", "controller"])
+def test_stateful_units_write_only_their_state_folder(path: Path) -> None:
+    unit = parse_unit(path)
     assert unit["Service"].get("ReadWritePaths")
     assert unit["Service"].get("StateDirectory")
+
+
+def test_relay_is_unprivileged_and_stateless() -> None:
+    unit = parse_unit(RELAY)
+    assert one(unit, "User") == "starpulse"
+    assert one(unit, "CapabilityBoundingSet") == ""
+    assert one(unit, "MemoryDenyWriteExecute") == "yes"
+    assert "ReadWritePaths" not in unit["Service"] and "StateDirectory" not in unit["Service"]
 
 
 def test_environment_file_is_optional_and_under_etc(unit: Unit) -> None:
@@ -163,7 +177,18 @@ def test_controller_exec_start_matches_the_cli() -> None:
     assert args.listen == "0.0.0.0:50051"
 
 
-@pytest.mark.parametrize("name", ["agent", "controller"])
+def test_relay_exec_start_matches_the_cli() -> None:
+    argv = exec_argv(parse_unit(RELAY))
+    assert argv[0] == INSTALLED_BINARY
+    args = build_parser().parse_args(argv[1:])
+    assert args.func is cmd_relay
+    assert args.relay_id == "node-001.example.internal"
+    assert args.controller == ["127.0.0.1:50051"] and args.listen == "0.0.0.0:50051"
+    extra = exec_argv(parse_unit(RELAY), {"STARPULSE_RELAY_ARGS": "--linger-ms 5"})
+    assert build_parser().parse_args(extra[1:]).linger_ms == 5.0
+
+
+@pytest.mark.parametrize("name", ["agent", "controller", "relay"])
 def test_example_env_files_set_only_what_the_unit_reads(name: str) -> None:
     unit_text = (UNITS / f"starpulse-{name}.service").read_text()
     env = UNITS / f"starpulse-{name}.env"
@@ -191,7 +216,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     if tool is None:
         pytest.skip("systemd-analyze is not installed (apt-get install --no-install-recommends systemd)")
     copies = []
-    for path in (AGENT, CONTROLLER):
+    for path in (AGENT, CONTROLLER, RELAY):
         copy = tmp_path / path.name
         copy.write_text(path.read_text().replace(INSTALLED_BINARY, _verify_binary()))
         copies.append(str(copy))
