@@ -36,6 +36,7 @@ from typing import Any
 
 from bench.common import ProcSampler, free_port, percentile, quiet_logging, summed_errors, table, write_result
 from bench.loadgen import Templates, build_templates, worker
+from bench.relayload import relay_worker
 
 NAME = "scale"
 
@@ -66,6 +67,28 @@ def start_controller(
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError("controller did not listen within 60 s")
+
+
+def start_relay(
+    workdir: Path, controller_port: int, relay_id: str, linger_s: float
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A real `starpulse relay` process in front of the controller; returns once it holds its upstream."""
+    port = free_port()
+    log_path = workdir / f"{relay_id}.log"
+    cmd = [sys.executable, "-m", "starpulse.cli", "relay", "--controller", f"127.0.0.1:{controller_port}",
+           "--relay-id", relay_id, "--listen", f"127.0.0.1:{port}", "--linger-ms", str(linger_s * 1000),
+           "--log-level", "info"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"relay exited ({proc.returncode}); see {log_path}")
+        if "relay_upstream_connected" in log_path.read_text():
+            return proc, port
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("relay did not reach the controller within 60 s")
 
 
 def stop_controller(proc: subprocess.Popen[bytes]) -> None:
@@ -138,9 +161,19 @@ def run_size(
     delta: bool,
     null: bool = False,
     warmup_s: float | None = None,
+    relays: int = 0,
+    linger_s: float = 0.02,
+    real_relays: bool = False,
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     ctl, port, http, _log_path = start_controller(workdir, controller_args, null)
+    relay_procs: list[subprocess.Popen[bytes]] = []
+    relay_ports: list[int] = []
+    if relays and real_relays:
+        for r in range(relays):
+            proc, rport = start_relay(workdir, port, f"bench-r{r}", linger_s)
+            relay_procs.append(proc)
+            relay_ports.append(rport)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     controls = [ctx.Queue() for _ in range(workers)]
@@ -155,7 +188,9 @@ def run_size(
         for w in range(workers):
             cfg = {
                 "worker": w,
-                "port": port,
+                "port": relay_ports[w % len(relay_ports)] if relay_ports else port,
+                "relays": -(-relays // workers),
+                "linger_s": linger_s,
                 "node_ids": node_ids[w::workers],
                 "faulty": sorted(faulty & set(node_ids[w::workers])),
                 "templates": tpl,
@@ -163,7 +198,8 @@ def run_size(
                 "jitter": jitter,
                 "delta": delta,
             }
-            p = ctx.Process(target=worker, args=(cfg, controls[w], results), daemon=True)
+            target = relay_worker if relays and not real_relays else worker
+            p = ctx.Process(target=target, args=(cfg, controls[w], results), daemon=True)
             p.start()
             procs.append(p)
         ready: dict[int, dict[str, Any]] = {}
@@ -185,9 +221,11 @@ def run_size(
         m0 = scrape(http)
         ctl_s = ProcSampler(ctl.pid).start()
         gen_s = [ProcSampler(p.pid).start() for p in procs if p.pid is not None]
+        relay_s = [ProcSampler(p.pid).start() for p in relay_procs]
         time.sleep(max(0.0, t_end - time.time()))
         ctl_sum = ctl_s.stop()
         gen_sum = [g.stop() for g in gen_s]
+        relay_sum = [r.stop() for r in relay_s]
         m1 = scrape(http)
         while len(done) < workers:
             kind, w, info = results.get(timeout=120)
@@ -199,6 +237,8 @@ def run_size(
         for p in procs:
             if p.is_alive():
                 p.kill()
+        for rp in relay_procs:
+            stop_controller(rp)
         stop_controller(ctl)
     acked = sum(d["acked_in_window"] for d in done.values())
     hello = [x * 1000 for d in done.values() for x in d["hello_rtt"]]
@@ -251,6 +291,16 @@ def run_size(
         "controller_rss_mib_median": ctl_sum["rss_mib_median"],
         "controller_rss_mib_max": ctl_sum["rss_mib_max"],
         "load_generator_cpu_pct": [g["cpu_pct_of_one_core"] for g in gen_sum],
+        # relays: 0 = every node its own stream to the controller; simulated relays are the
+        # load processes speaking Relay.Connect; real relays are `starpulse relay` processes
+        "relays": relays,
+        "relays_real": bool(relay_procs),
+        "relay_linger_ms": round(linger_s * 1000, 1) if relays else None,
+        "relay_cpu_pct": [r["cpu_pct_of_one_core"] for r in relay_sum],
+        "relay_cpu_ms_per_report": [
+            round(10 * r["cpu_pct_of_one_core"] / (rate / len(relay_sum)), 3) for r in relay_sum
+        ] if relay_sum and rate else [],
+        "relay_rss_mib_max": [r["rss_mib_max"] for r in relay_sum],
         "load_generator_rss_mib_max": [g["rss_mib_max"] for g in gen_sum],
         "connect_wall_s": round(connect_wall, 2),
         "hellos_per_s": round(connected / connect_wall, 1) if connect_wall else float("nan"),
@@ -279,6 +329,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--null-controller", action="store_true", help="load a protocol-only server (bench.null_controller)"
     )
+    ap.add_argument("--relays", type=int, default=0,
+                    help="carry the nodes through this many relays (Relay.Connect, batched); 0: direct streams")
+    ap.add_argument("--linger-ms", type=float, default=20.0, help="relays: a batch gathers this long")
+    ap.add_argument("--real-relays", action="store_true",
+                    help="with --relays: run real `starpulse relay` processes (their CPU is measured too) "
+                         "instead of load processes that speak the relay protocol themselves")
     args = ap.parse_args(argv)
     sizes = args.nodes or ([500] if args.quick else [1000, 4000, 10000])
     duration = args.duration_s or (10.0 if args.quick else 30.0)
@@ -304,6 +360,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 not args.no_delta,
                 args.null_controller,
                 args.warmup_s,
+                args.relays,
+                args.linger_ms / 1000,
+                args.real_relays,
             )
             runs.append(r)
             rows: list[tuple[str, Any]] = [
@@ -327,6 +386,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ("load generators CPU % (each)", " / ".join(f"{x:.0f}" for x in r["load_generator_cpu_pct"])),
                 ("connect: s for all streams (Hello/s)", f"{r['connect_wall_s']} ({r['hellos_per_s']})"),
                 ("incidents open at end / events sent", f"{r['incidents_open_at_end']:.0f} / {r['events_sent']}"),
+                ("relays (real) / linger ms", f"{r['relays']} ({r['relays_real']}) / {r['relay_linger_ms']}"),
+                ("relays CPU % (each) / ms per report", f"{r['relay_cpu_pct']} / {r['relay_cpu_ms_per_report']}"),
                 ("stream errors", r["errors"] or "none"),
                 ("load average (1/5/15)", r["load_average"]),
             ]
@@ -349,6 +410,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "full_every": args.full_every,
         "null_controller": args.null_controller,
         "warmup_s": args.warmup_s,
+        "relays": args.relays,
+        "linger_ms": args.linger_ms,
+        "real_relays": args.real_relays,
     }
     path = write_result(NAME + (f"-{args.tag}" if args.tag else ""), params, {"runs": runs})
     print(f"wrote {path}")
