@@ -21,7 +21,7 @@ import datetime as dt
 import ipaddress
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,7 @@ class TestCA:
     controller: TLSSettings
     nodes: dict[str, TLSSettings]
     admin: TLSSettings
+    relays: dict[str, TLSSettings] = field(default_factory=dict)
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -190,9 +191,12 @@ def make_test_ca(
     nodes: Sequence[str],
     controller_hosts: Sequence[str] = ("localhost", "127.0.0.1"),
     days: int = 365,
+    relays: Sequence[str] = (),
 ) -> TestCA:
     """A throwaway CA with a controller server certificate, one client certificate per node
     (CN = node id, URI SAN ``starpulse-node:<id>``) and an ``admin`` client certificate.
+    A relay's certificate is both: a server to its agents (the controller hosts' SANs) and
+    a client to the controller named by its relay id.
 
     PEM files in ``out_dir``: ``ca.pem``/``ca.key``, ``controller.pem``/``.key``,
     ``<node>.pem``/``.key``, ``admin.pem``/``.key``; keys are mode 0600. For tests and demos:
@@ -256,7 +260,7 @@ def make_test_ca(
     )
     ca_cert_path, ca_key_path = save("ca", ca_cert, ca_key)
 
-    def leaf(cn: str, sans: list[x509.GeneralName], usage: x509.ObjectIdentifier) -> tuple[Path, Path]:
+    def leaf(cn: str, sans: list[x509.GeneralName], *usage: x509.ObjectIdentifier) -> tuple[Path, Path]:
         k = key()
         builder = (
             x509.CertificateBuilder()
@@ -267,7 +271,7 @@ def make_test_ca(
             .not_valid_before(now)
             .not_valid_after(until)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(list(usage)), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         )
         if sans:
@@ -289,4 +293,10 @@ def make_test_ca(
         for n in names
     }
     admin = settings(leaf(ADMIN_CERT_NAME, [], ExtendedKeyUsageOID.CLIENT_AUTH))
-    return TestCA(ca_cert=ca_cert_path, ca_key=ca_key_path, controller=controller, nodes=node_settings, admin=admin)
+    relay_settings = {
+        r: settings(leaf(r, [*host_sans, x509.UniformResourceIdentifier(NODE_URI_PREFIX + r)],
+                         ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH))
+        for r in [validate_node_id(r) for r in relays]
+    }
+    return TestCA(ca_cert=ca_cert_path, ca_key=ca_key_path, controller=controller, nodes=node_settings, admin=admin,
+                  relays=relay_settings)

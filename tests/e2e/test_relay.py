@@ -16,6 +16,7 @@ import grpc
 from controller.relay.service import Relay, RelayConfig
 from controller.service import Controller, ControllerConfig
 from starpulse.findings import event_kind_name
+from starpulse.tls import TestCA, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -23,9 +24,9 @@ from tests.helpers import SimAgent, free_port, make_sim_agent, stream_session, w
 
 
 def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
+    kw.setdefault("listen", f"127.0.0.1:{port}")
     return Controller(
         ControllerConfig(
-            listen=f"127.0.0.1:{port}",
             http="127.0.0.1:0",
             db_path=tmp_path / "controller.db",
             sweep_interval_s=0.2,
@@ -78,7 +79,7 @@ class TestRelayedAgents:
 
             agents[1].sim.inject("gpu_xid", "gpu-2", xid=79)
             await wait_for(lambda: ctl.store.count_events("node-001") >= 1, what="the relayed Xid event")
-            xid = [r.event for r in ctl.store.list_events("node-001") if event_kind_name(r.event.kind) == "xid"][0]
+            xid = next(r.event for r in ctl.store.list_events("node-001") if event_kind_name(r.event.kind) == "xid")
             assert xid.xid == 79 and xid.component == "gpu-2"
             # The ack came back through the relay: the agent may forget the event.
             await wait_for(lambda: agents[1].agent.link.acked_event_seq >= xid.seq, what="the ack via the relay")
@@ -221,3 +222,58 @@ class TestRelayedBadInput:
             assert code == grpc.StatusCode.UNAVAILABLE
         finally:
             await relay.stop()
+
+
+class TestRelayWithMutualTLS:
+    """With mTLS the controller trusts a relay's word on an agent's identity only from relays it lists."""
+
+    async def _rig(self, tmp_path: Path, relay_cert: str) -> tuple[Controller, Relay, TestCA]:
+        ca = make_test_ca(tmp_path / "pki", ["node-000", "node-001"], relays=["relay-a", "relay-b"])
+        ctl = _controller(tmp_path, 0, tls=ca.controller, relays=["relay-a"], listen="127.0.0.1:0")
+        await ctl.start()
+        relay = Relay(RelayConfig(controllers=[f"localhost:{ctl.grpc_port}"], relay_id=relay_cert,
+                                  listen="127.0.0.1:0", linger_s=0.01, tls=ca.relays[relay_cert]))
+        relay.upstream.backoff.initial_s = 0.1
+        relay.upstream.backoff.max_s = 0.3
+        await relay.start()
+        return ctl, relay, ca
+
+    async def test_listed_relay_carries_agents_under_their_certificates_names(self, tmp_path: Path) -> None:
+        ctl, relay, ca = await self._rig(tmp_path, "relay-a")
+        try:
+            await wait_for(relay.upstream.ready.is_set, what="relay-a accepted")
+            target = f"localhost:{relay.port}"
+            agent = make_sim_agent("node-000", tmp_path / "agents", [target])
+            agent.agent.link._credentials = load_channel_credentials(ca.nodes["node-000"])
+            agent.start()
+            try:
+                await wait_for(lambda: (n := ctl.registry.nodes.get("node-000")) is not None
+                               and n.latest_report is not None, what="node-000 through relay-a")
+            finally:
+                await agent.halt()
+            # node-001's certificate cannot speak for node-000 through the relay either.
+            hello = spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
+            creds = load_channel_credentials(ca.nodes["node-001"])
+            code = await stream_session(grpc.aio.secure_channel(target, creds), spb.AgentMessage(hello=hello))
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+            assert ctl.metrics.rejected.labels("identity_mismatch")._value.get() == 1
+        finally:
+            await relay.stop()
+            await ctl.stop()
+
+    async def test_unlisted_relay_is_refused(self, tmp_path: Path) -> None:
+        """relay-b has a valid certificate but is not in ingest.relays: refused, so it takes no agent."""
+        ctl, relay, ca = await self._rig(tmp_path, "relay-b")
+        try:
+            await wait_for(lambda: ctl.metrics.rejected.labels("relay_not_allowed")._value.get() >= 1,
+                           what="relay-b refused")
+            assert not relay.upstream.ready.is_set()
+            hello = spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
+            creds = load_channel_credentials(ca.nodes["node-000"])
+            code = await stream_session(grpc.aio.secure_channel(f"localhost:{relay.port}", creds),
+                                        spb.AgentMessage(hello=hello))
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert "node-000" not in ctl.registry.nodes
+        finally:
+            await relay.stop()
+            await ctl.stop()
