@@ -277,3 +277,32 @@ class TestRelayWithMutualTLS:
         finally:
             await relay.stop()
             await ctl.stop()
+
+
+class TestRelayFollowsTheLeader:
+    async def test_relay_given_only_a_standby_ends_up_on_the_leader(self, tmp_path: Path) -> None:
+        """A standby refuses the relay naming the leader; the relay goes there and carries its agent."""
+        from controller.ha.standby import StandbyRelay
+
+        ctl = _controller(tmp_path, 0, listen="127.0.0.1:0")
+        await ctl.start()
+        leader = f"127.0.0.1:{ctl.grpc_port}"
+        standby = grpc.aio.server()
+        sgrpc.add_RelayServicer_to_server(StandbyRelay(lambda: leader), standby)
+        standby_port = standby.add_insecure_port("127.0.0.1:0")
+        await standby.start()
+        relay = Relay(RelayConfig(controllers=[f"127.0.0.1:{standby_port}"], relay_id="relay-a",
+                                  listen="127.0.0.1:0", linger_s=0.01))
+        relay.upstream.backoff.initial_s = 0.1
+        await relay.start()
+        agent = make_sim_agent("node-000", tmp_path, [f"127.0.0.1:{relay.port}"])
+        try:
+            await wait_for(relay.upstream.ready.is_set, what="the relay on the leader")
+            assert relay.upstream.targets == [f"127.0.0.1:{standby_port}", leader]
+            agent.start()
+            await wait_for(lambda: "node-000" in ctl.registry.nodes, what="the agent through the relay")
+        finally:
+            await agent.halt()
+            await relay.stop()
+            await standby.stop(None)
+            await ctl.stop()
