@@ -59,8 +59,8 @@ class RelayedStream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def unread(self) -> int:
-        return sum(1 for item in self._inbox if item is not _EOF)
+    def unread_bytes(self) -> int:
+        return sum(len(item) for item in self._inbox if item is not _EOF)
 
     # -- the ServicerContext surface TelemetryServicer.Connect uses --------------------
     async def read(self) -> Any:
@@ -74,7 +74,7 @@ class RelayedStream:
         if item is _EOF:
             self._inbox.appendleft(_EOF)  # every later read sees the end too
             return grpc.aio.EOF
-        self._link.consumed()
+        self._link.consumed(len(item))
         return spb.AgentMessage.FromString(item)  # DecodeError: the servicer rejects the stream
 
     async def write(self, message: spb.ControllerMessage) -> None:
@@ -108,24 +108,25 @@ class RelayLink:
         telemetry: TelemetryServicer,
         context: grpc.aio.ServicerContext,
         max_message_bytes: int,
-        max_queued: int,
+        max_queued_bytes: int,
     ) -> None:
         self.relay_id = relay_id
         self._telemetry = telemetry
         self._context = context
         self._max_message_bytes = max_message_bytes
-        self._max_queued = max_queued
+        self._max_queued_bytes = max_queued_bytes
         self.streams: dict[int, RelayedStream] = {}
+        self._highest_stream = 0  # relays number streams in the order of their first message
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outbox: list[spb.RelayedControllerMessage] = []
         self._outbox_ready = asyncio.Event()
-        self._queued = 0
+        self._queued_bytes = 0  # read off the relay's stream, not yet through the servicer
         self._drained = asyncio.Event()
         self._drained.set()
 
     # -- inbound ------------------------------------------------------------------------
     async def dispatch(self, batch: spb.RelayedAgentBatch) -> None:
-        """Hand each message to its stream; wait while too much is queued (backpressure to the relay)."""
+        """Hand each message to its stream; wait while too many bytes are queued (backpressure to the relay)."""
         for item in batch.messages:
             stream = self.streams.get(item.stream)
             if item.closed:
@@ -133,6 +134,9 @@ class RelayLink:
                     stream.feed(_EOF)
                 continue
             if stream is None:
+                if item.stream <= self._highest_stream:
+                    continue  # in flight when the controller ended that stream: the relay drops it too
+                self._highest_stream = item.stream
                 stream = self._open(item)
             if stream.closed:
                 continue  # the controller already ended it; the relay will drop what follows
@@ -143,15 +147,15 @@ class RelayLink:
                 )
                 stream.feed(_EOF)
                 continue
-            self._queued += 1
+            self._queued_bytes += len(item.message)
             stream.feed(item.message)
-        if self._queued >= self._max_queued:
+        if self._queued_bytes >= self._max_queued_bytes:
             self._drained.clear()
             await self._drained.wait()
 
-    def consumed(self) -> None:
-        self._queued -= 1
-        if self._queued < self._max_queued // 2:
+    def consumed(self, size: int) -> None:
+        self._queued_bytes -= size
+        if self._queued_bytes < self._max_queued_bytes // 2:
             self._drained.set()
 
     def _open(self, item: spb.RelayedAgentMessage) -> RelayedStream:
@@ -166,8 +170,8 @@ class RelayLink:
         """The servicer is done with a stream: make sure the relay hears how it ended."""
         self.streams.pop(stream.stream_id, None)
         self._tasks.pop(stream.stream_id, None)
-        self._queued -= stream.unread()
-        if self._queued < self._max_queued // 2:
+        self._queued_bytes -= stream.unread_bytes()
+        if self._queued_bytes < self._max_queued_bytes // 2:
             self._drained.set()
         if task.cancelled():
             stream.close(grpc.StatusCode.CANCELLED, "superseded by a newer stream from the same node")
@@ -228,14 +232,16 @@ class RelayServicer(sgrpc.RelayServicer):
         max_message_bytes: int,
         identity_of: Callable[[Any], str | None] | None = None,
         allowed_relays: list[str] | None = None,
-        max_queued: int = 20_000,
+        max_queued_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self.telemetry = telemetry
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
         self._identity_of = identity_of
         self._allowed = set(allowed_relays or [])
-        self.max_queued = max_queued
+        # Per relay: while this much is read but not yet processed, the relay's stream is not
+        # read, so gRPC flow control holds the rest at the relay (and the relay's at the agents).
+        self.max_queued_bytes = max_queued_bytes
         self.links: dict[str, RelayLink] = {}
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -257,7 +263,7 @@ class RelayServicer(sgrpc.RelayServicer):
                     f"certificate names {identity!r}; relay {relay_id!r} is not in ingest.relays",
                 )
                 return
-        link = RelayLink(relay_id, self.telemetry, context, self.max_message_bytes, self.max_queued)
+        link = RelayLink(relay_id, self.telemetry, context, self.max_message_bytes, self.max_queued_bytes)
         previous = self.links.get(relay_id)
         self.links[relay_id] = link
         if previous is not None:

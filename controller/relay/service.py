@@ -49,10 +49,13 @@ class RelayConfig:
     extra_listen: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)
 class _AgentStream:
     outbox: asyncio.Queue[spb.RelayedControllerMessage]
     generation: int
+    # Given when its first message goes up, so ids rise in the order the controller first
+    # sees them: it can tell a late message of an ended stream (lower id) from a new stream.
+    stream_id: int = 0
     announced: bool = False  # a message of it went up: the controller knows the stream
 
 
@@ -71,7 +74,8 @@ class Relay:
             linger_s=config.linger_s,
             version=__version__,
         )
-        self.streams: dict[int, _AgentStream] = {}
+        self.streams: dict[int, _AgentStream] = {}  # by stream id: those the controller knows
+        self._agents: set[_AgentStream] = set()  # every open agent stream
         self._ids = itertools.count(1)
         self._server: grpc.aio.Server | None = None
         self._upstream_task: asyncio.Task[None] | None = None
@@ -84,11 +88,10 @@ class Relay:
         if not self.upstream.ready.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the relay has no controller right now; retry")
             return
-        stream_id = next(self._ids)
         stream = _AgentStream(asyncio.Queue(), self.upstream.generation)
-        self.streams[stream_id] = stream
+        self._agents.add(stream)
         identity = (peer_node_id(context) or "") if self.config.tls is not None else ""
-        pump = asyncio.create_task(self._pump(stream_id, stream, context, identity))
+        pump = asyncio.create_task(self._pump(stream, context, identity))
         try:
             while True:
                 if pump.done():
@@ -113,13 +116,12 @@ class Relay:
         finally:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
-            self.streams.pop(stream_id, None)
+            self._agents.discard(stream)
+            self.streams.pop(stream.stream_id, None)
             if stream.announced and stream.generation == self.upstream.generation and self.upstream.ready.is_set():
-                self.upstream.send(spb.RelayedAgentMessage(stream=stream_id, closed=True))
+                self.upstream.send(spb.RelayedAgentMessage(stream=stream.stream_id, closed=True))
 
-    async def _pump(
-        self, stream_id: int, stream: _AgentStream, context: grpc.aio.ServicerContext, identity: str
-    ) -> None:
+    async def _pump(self, stream: _AgentStream, context: grpc.aio.ServicerContext, identity: str) -> None:
         """Agent → controller: every message up as it came; the agent's end goes up as `closed`."""
         peer = context.peer()
         while True:
@@ -129,10 +131,13 @@ class Relay:
                 return  # the controller this stream was opened to is gone; _upstream_lost ends it
             if message is grpc.aio.EOF:
                 if stream.announced:
-                    self.upstream.send(spb.RelayedAgentMessage(stream=stream_id, closed=True))
+                    self.upstream.send(spb.RelayedAgentMessage(stream=stream.stream_id, closed=True))
                     stream.announced = False
                 return
-            item = spb.RelayedAgentMessage(stream=stream_id, message=message)
+            if not stream.stream_id:
+                stream.stream_id = next(self._ids)
+                self.streams[stream.stream_id] = stream
+            item = spb.RelayedAgentMessage(stream=stream.stream_id, message=message)
             if not stream.announced:
                 item.peer = peer
                 item.identity = identity
@@ -147,12 +152,12 @@ class Relay:
                 stream.outbox.put_nowait(out)
 
     def _upstream_lost(self) -> None:
-        log.warning("relay_upstream_lost", agent_streams=len(self.streams))
-        for stream_id, stream in list(self.streams.items()):
+        log.warning("relay_upstream_lost", agent_streams=len(self._agents))
+        for stream in list(self._agents):
             stream.announced = False
             stream.outbox.put_nowait(
                 spb.RelayedControllerMessage(
-                    stream=stream_id,
+                    stream=stream.stream_id,
                     closed=True,
                     status_code=grpc.StatusCode.UNAVAILABLE.value[0],
                     status_detail="the relay lost its controller; reconnect",
