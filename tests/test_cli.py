@@ -119,6 +119,48 @@ class TestServices:
             agent_log.close()
         assert agent.returncode == 0 and controller.returncode == 0
 
+    def test_agent_through_a_relay_process(self, tmp_path: Path) -> None:
+        """controller, relay and agent as processes: the node shows up; the relay stops cleanly on SIGTERM."""
+        grpc_port, relay_port = free_port(), free_port()
+        logs = [(tmp_path / f"{n}.log").open("w") for n in ("controller", "relay", "agent")]
+        procs = [
+            subprocess.Popen([*STARPULSE, "controller", "--listen", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
+                              "--db", str(tmp_path / "c.db")], stdout=logs[0], stderr=subprocess.STDOUT),
+            subprocess.Popen([*STARPULSE, "relay", "--controller", f"127.0.0.1:{grpc_port}", "--relay-id", "relay-1",
+                              "--listen", f"127.0.0.1:{relay_port}"], stdout=logs[1], stderr=subprocess.STDOUT),
+            subprocess.Popen([*STARPULSE, "agent", "--controller", f"127.0.0.1:{relay_port}", "--node-id", "node-007",
+                              "--backend", "sim", "--interval-s", "0.5", "--state-dir", str(tmp_path / "agent")],
+                             stdout=logs[2], stderr=subprocess.STDOUT),
+        ]
+        try:
+            deadline = time.monotonic() + 40
+            nodes: list[dict[str, object]] = []
+            while time.monotonic() < deadline and not nodes:
+                out = run("nodes", "--controller", f"127.0.0.1:{grpc_port}", "--json")
+                if out.returncode == 0:
+                    nodes = json.loads(out.stdout)["nodes"]
+                time.sleep(0.3)
+            assert nodes and nodes[0]["node_id"] == "node-007" and nodes[0]["state"] == "online"
+        finally:
+            for proc in reversed(procs):
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    pytest.fail(f"{proc.args[3]} did not stop on SIGTERM")
+            for log in logs:
+                log.close()
+        assert [p.returncode for p in procs] == [0, 0, 0]
+        relay_log = (tmp_path / "relay.log").read_text()
+        assert "relay_upstream_connected" in relay_log and "relay_stopped" in relay_log
+
+    def test_relay_bad_arguments_are_one_line(self, tmp_path: Path) -> None:
+        out = run("relay", "--relay-id", "r1")
+        assert out.returncode == 2 and "--controller" in out.stderr and "Traceback" not in out.stderr
+        out = run("relay", "--relay-id", "r1", "--controller", "127.0.0.1:1", "--tls-ca", str(tmp_path / "ca.pem"))
+        assert out.returncode == 2 and "go together" in out.stderr and "Traceback" not in out.stderr
+
     def test_unreachable_controller_is_a_clear_error(self) -> None:
         """`nodes` against a dead address fails with exit 2 and the gRPC status, not a traceback."""
         out = run("nodes", "--controller", f"127.0.0.1:{free_port()}")
