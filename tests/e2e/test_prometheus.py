@@ -134,6 +134,8 @@ class TestDeployFiles:
                         {"series": f'starpulse_switch_port_optic_rx_power_dbm{{{port},lane="2"}}', "values": "-2x5"},
                         {"series": f"starpulse_switch_port_optic_rx_power_low_alarm_dbm{{{port}}}", "values": "-10x5"},
                         {"series": f"starpulse_gpu_ecc_dbe_volatile_total{{{gpu}}}", "values": "0 0 1 1"},
+                        {"series": 'starpulse_relays_connected{job="starpulse-controller",instance="c:8080"}',
+                         "values": "3 3 2 2 2 2 2"},
                     ],
                     "alert_rule_test": [
                         {
@@ -197,6 +199,23 @@ class TestDeployFiles:
                             ],
                         },
                         {"eval_time": "1m", "alertname": "StarpulseGpuEccDbe", "exp_alerts": []},
+                        {"eval_time": "2m", "alertname": "StarpulseRelayLost", "exp_alerts": []},
+                        {
+                            "eval_time": "5m",
+                            "alertname": "StarpulseRelayLost",
+                            "exp_alerts": [
+                                {
+                                    "exp_labels": {"severity": "warning", "job": "starpulse-controller",
+                                                   "instance": "c:8080"},
+                                    "exp_annotations": {
+                                        "summary": "Controller c:8080 has 2 relay(s) connected, fewer than in the "
+                                        "last hour",
+                                        "description": "Check `systemctl status starpulse-relay` on the relay "
+                                        "hosts; agents should list a second relay.",
+                                    },
+                                }
+                            ],
+                        },
                     ],
                 }
             ],
