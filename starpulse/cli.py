@@ -273,7 +273,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
             load_material(tls)
         relay = Relay(RelayConfig(controllers=controllers, relay_id=args.relay_id, listen=args.listen,
-                                  linger_s=args.linger_ms / 1000, tls=tls))
+                                  linger_s=args.linger_ms / 1000, tls=tls, metrics_listen=args.metrics))
     except (OSError, ValueError) as exc:
         print(f"starpulse relay: {exc}", file=sys.stderr)
         return 2
@@ -1125,6 +1125,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen", default="0.0.0.0:50051", help="address agents connect to")
     r.add_argument("--linger-ms", type=float, default=20.0,
                    help="let a batch gather this long before it goes up (adds to report latency)")
+    r.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus /metrics here")
     _add_tls_flags(r)
     r.add_argument("--log-level", default="info")
     r.set_defaults(func=cmd_relay)

@@ -184,8 +184,10 @@ def test_relay_exec_start_matches_the_cli() -> None:
     assert args.func is cmd_relay
     assert args.relay_id == "node-001.example.internal"
     assert args.controller == ["127.0.0.1:50051"] and args.listen == "0.0.0.0:50051"
-    extra = exec_argv(parse_unit(RELAY), {"STARPULSE_RELAY_ARGS": "--linger-ms 5"})
-    assert build_parser().parse_args(extra[1:]).linger_ms == 5.0
+    assert args.metrics == "0.0.0.0:9465"
+    extra = exec_argv(parse_unit(RELAY), {"STARPULSE_RELAY_ARGS": "--linger-ms 5", "STARPULSE_METRICS": ""})
+    args = build_parser().parse_args(extra[1:])
+    assert args.linger_ms == 5.0 and not args.metrics
 
 
 @pytest.mark.parametrize("name", ["agent", "controller", "relay"])

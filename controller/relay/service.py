@@ -24,6 +24,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from agent.metrics import MetricsServer
 from controller.relay.upstream import Upstream
 from starpulse import __version__, sdnotify
 from starpulse.tls import TLSSettings, load_channel_credentials, load_server_credentials, peer_node_id
@@ -47,6 +48,7 @@ class RelayConfig:
     max_message_bytes: int = 4 * 1024 * 1024 - 64 * 1024  # below the controller's own limit
     tls: TLSSettings | None = None
     extra_listen: list[str] = field(default_factory=list)
+    metrics_listen: str | None = None  # HOST:PORT for Prometheus /metrics; None: none
 
 
 @dataclass(eq=False)
@@ -81,11 +83,18 @@ class Relay:
         self._upstream_task: asyncio.Task[None] | None = None
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.port = 0
+        self.refused = 0  # agents' streams refused while no controller was reachable
+        self._metrics: MetricsServer | None = None
+        self.metrics_port = 0
+
+    def agent_streams(self) -> set[_AgentStream]:
+        return self._agents
 
     # -- agent side -------------------------------------------------------------------------
     async def _connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         """One agent's Telemetry.Connect, as bytes both ways."""
         if not self.upstream.ready.is_set():
+            self.refused += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the relay has no controller right now; retry")
             return
         stream = _AgentStream(asyncio.Queue(), self.upstream.generation)
@@ -192,6 +201,11 @@ class Relay:
         await server.start()
         self._server = server
         self._upstream_task = asyncio.create_task(self.upstream.run())
+        if cfg.metrics_listen:
+            from controller.relay.metrics import serve_relay_metrics
+
+            self._metrics = serve_relay_metrics(self, cfg.metrics_listen)
+            self.metrics_port = self._metrics.port
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info("relay_started", relay=cfg.relay_id, port=self.port, controllers=cfg.controllers,
                  linger_ms=round(cfg.linger_s * 1000, 1), tls=cfg.tls is not None)
@@ -205,6 +219,8 @@ class Relay:
             await asyncio.gather(self._upstream_task, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(1.0)
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.close)
         log.info("relay_stopped", relay=self.config.relay_id)
 
     async def serve_forever(self, stop: asyncio.Event) -> None:

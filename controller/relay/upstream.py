@@ -76,6 +76,10 @@ class Upstream:
             self._room.clear()  # agents' readers wait: gRPC flow control pushes back on them
         self._has_pending.set()
 
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
     async def room(self) -> None:
         """Wait while too much is waiting to go up (the controller is slow or away)."""
         if not self._room.is_set():

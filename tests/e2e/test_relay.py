@@ -9,6 +9,7 @@ restarts in the middle.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -38,11 +39,18 @@ def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
 def _relay(controller_port: int, port: int, relay_id: str = "relay-a") -> Relay:
     relay = Relay(
         RelayConfig(controllers=[f"127.0.0.1:{controller_port}"], relay_id=relay_id, listen=f"127.0.0.1:{port}",
-                    linger_s=0.01)
+                    linger_s=0.01, metrics_listen="127.0.0.1:0")
     )
     relay.upstream.backoff.initial_s = 0.1
     relay.upstream.backoff.max_s = 0.3
     return relay
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {k: float(v) for line in text.splitlines() if line and not line.startswith("#")
+            for k, _, v in [line.rpartition(" ")]}
 
 
 def _stored_seqs(ctl: Controller, node: str) -> list[int]:
@@ -84,7 +92,12 @@ class TestRelayedAgents:
             # The ack came back through the relay: the agent may forget the event.
             await wait_for(lambda: agents[1].agent.link.acked_event_seq >= xid.seq, what="the ack via the relay")
             await wait_for(lambda: agents[1].agent.link.buffer.depth() == 0, what="the agent's buffer emptied")
-            assert relay.upstream.batches_sent < relay.upstream.messages_sent  # batched, not one per message
+            scraped = await asyncio.to_thread(_scrape, relay.metrics_port)
+            assert scraped['starpulse_relay_upstream_connected{relay="relay-a"}'] == 1
+            assert scraped['starpulse_relay_agent_streams{relay="relay-a"}'] == 3
+            # batched, not one batch per message
+            assert scraped['starpulse_relay_batches_up_total{relay="relay-a"}'] < scraped[
+                'starpulse_relay_messages_up_total{relay="relay-a"}']
         finally:
             await _halt(agents)
             await relay.stop()
