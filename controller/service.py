@@ -296,7 +296,7 @@ class Controller:
             await self._server.stop(self.config.grace_s)
         if self._runner is not None:
             await self._runner.cleanup()
-        self.registry.flush_presence()
+        self.registry.flush_presence(force=True)
         self.store.close()
         log.info("controller_stopped")
 

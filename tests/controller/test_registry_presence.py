@@ -1,0 +1,58 @@
+"""Presence persistence: state changes written at once, last-seen times at most every last_seen_flush_s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.metrics import ControllerMetrics
+from controller.registry import NodeRegistry
+from controller.store import Store
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def _stored(store: Store) -> dict[str, tuple[str, int]]:
+    return {n.node_id: (n.state, n.last_seen_ms) for n in store.load_nodes()}
+
+
+def test_last_seen_is_written_every_flush_interval_and_state_changes_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    store = Store(tmp_path / "c.db")
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock_ms=clock, last_seen_flush_s=15)
+    node = reg.register(spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
+    registered_seen = _stored(store)["node-000"][1]
+
+    clock.ms += 5_000
+    reg.record_report(node, tpb.Report(seq=1, timestamp_ms=clock.ms))
+    reg.flush_presence()
+    assert _stored(store)["node-000"] == ("online", registered_seen)  # a report alone: not yet
+
+    clock.ms += 11_000  # 16 s after the registry's last write
+    reg.record_report(node, tpb.Report(seq=2, timestamp_ms=clock.ms))
+    reg.flush_presence()
+    assert _stored(store)["node-000"] == ("online", clock.ms)
+
+    clock.ms += 16_000  # silent past the heartbeat timeout: unreachable is written at the next flush
+    assert [n.node_id for n in reg.sweep()] == ["node-000"]
+    reg.flush_presence()
+    assert _stored(store)["node-000"][0] == "unreachable"
+
+    clock.ms += 1_000  # back: online written at once, not 15 s later
+    reg.record_report(node, tpb.Report(seq=3, timestamp_ms=clock.ms))
+    reg.flush_presence()
+    assert _stored(store)["node-000"] == ("online", clock.ms)
+
+    clock.ms += 2_000
+    reg.record_report(node, tpb.Report(seq=4, timestamp_ms=clock.ms))
+    reg.flush_presence(force=True)  # shutdown writes what it has
+    assert _stored(store)["node-000"] == ("online", clock.ms)
+    store.close()
