@@ -7,6 +7,7 @@ verdict. Deciding what it means (a dead node, a partition) is detection's job.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -118,7 +119,10 @@ class NodeRegistry:
                 epoch=stored.buffer_epoch,
                 acked_event_seq=stored.acked_event_seq,
             )
-        self._update_state_gauge()
+        # Counted when scraped: counting on every change made a herd of 10,000 Hellos
+        # quadratic (two thirds of the controller's time while every agent reconnected).
+        for state in (ONLINE, UNREACHABLE):
+            metrics.nodes.labels(state).set_function(functools.partial(self._count_state, state))
 
     # -- registration ----------------------------------------------------------------
     def register(self, hello: spb.Hello) -> NodeRecord:
@@ -161,7 +165,6 @@ class NodeRegistry:
         self.store.upsert_node(node.to_stored())
         if old_state != ONLINE:
             self._notify_presence(node, old_state, ONLINE)
-        self._update_state_gauge()
         return node
 
     def disconnected(self, node: NodeRecord, token: int) -> None:
@@ -177,7 +180,6 @@ class NodeRegistry:
             node.state = ONLINE
             self._state_dirty = True
             self._notify_presence(node, old, ONLINE)
-            self._update_state_gauge()
 
     def record_report(self, node: NodeRecord, report: tpb.Report) -> None:
         self.touch(node)
@@ -242,8 +244,6 @@ class NodeRegistry:
                 changed.append(node)
                 log.warning("node_unreachable", node=node.node_id, silent_s=round((now - heard) / 1000, 1))
                 self._notify_presence(node, ONLINE, UNREACHABLE)
-        if changed:
-            self._update_state_gauge()
         return changed
 
     def flush_presence(self, force: bool = False) -> None:
@@ -274,12 +274,8 @@ class NodeRegistry:
             except Exception:
                 log.exception("listener_failed", hook="on_presence", node=node.node_id)
 
-    def _update_state_gauge(self) -> None:
-        counts = {ONLINE: 0, UNREACHABLE: 0}
-        for node in self.nodes.values():
-            counts[node.state] = counts.get(node.state, 0) + 1
-        for state, n in counts.items():
-            self.metrics.nodes.labels(state).set(n)
+    def _count_state(self, state: str) -> int:
+        return sum(1 for node in self.nodes.values() if node.state == state)
 
     # -- commands --------------------------------------------------------------------
     def send_command(self, node_id: str, command: spb.Command) -> None:
