@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import random
+import struct
 import threading
 import time
 import uuid as uuidlib
@@ -54,6 +55,39 @@ _SUPPORTED_EVENTS = (
 # NVML's "no instance" value for gpuInstanceId / computeInstanceId outside MIG.
 _NO_INSTANCE = 0xFFFFFFFF
 
+# Field ids nvmlDeviceGetFieldValues answers, and the single-value function each mirrors:
+# naming that function in ``unsupported`` makes its fields NOT_SUPPORTED too (one device
+# capability, two ways to read it). Naming only the field id models an older driver that
+# lacks the field but still answers the function.
+_FIELD_FUNCTION: dict[int, str] = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_RETIRED_SBE: "nvmlDeviceGetRetiredPages",
+    pynvml.NVML_FI_DEV_RETIRED_DBE: "nvmlDeviceGetRetiredPages",
+    pynvml.NVML_FI_DEV_RETIRED_PENDING: "nvmlDeviceGetRetiredPagesPendingStatus",
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "nvmlDeviceGetPcieReplayCounter",
+    pynvml.NVML_FI_DEV_REMAPPED_COR: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: "nvmlDeviceGetNvLinkState",
+}
+_ECC_FIELDS = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+}
+_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+# c_nvmlFieldValue_t as bytes: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn,
+# then the 8-byte value union (its members all start at its first byte).
+_ROW = struct.Struct("=IIqqII8s")
+_VALUE_PACK = {_UINT: struct.Struct("@I4x"), _ULL: struct.Struct("@Q"), 0: struct.Struct("@d")}
+_NO_VALUE = bytes(8)
+
 
 @dataclass(frozen=True)
 class FakeHandle:
@@ -86,32 +120,6 @@ class FakeMemoryInfo:
 class FakeUtilization:
     gpu: int
     memory: int
-
-
-@dataclass
-class FakeValue:
-    """``c_nvmlValue_t``: only the member named by ``valueType`` means anything."""
-
-    dVal: float = 0.0
-    uiVal: int = 0
-    ulVal: int = 0
-    ullVal: int = 0
-    sllVal: int = 0
-    siVal: int = 0
-    usVal: int = 0
-
-
-@dataclass
-class FakeFieldValue:
-    """``c_nvmlFieldValue_t``; check ``nvmlReturn`` before reading ``value``."""
-
-    fieldId: int
-    scopeId: int = 0
-    timestamp: int = 0
-    latencyUsec: int = 0
-    valueType: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-    nvmlReturn: int = pynvml.NVML_SUCCESS
-    value: FakeValue = field(default_factory=FakeValue)
 
 
 @dataclass(frozen=True)
@@ -220,7 +228,9 @@ class FakeNvml:
 
     ``unsupported`` names pynvml functions (``"nvmlDeviceGetPowerUsage"``) that raise
     ``NVMLError_NotSupported`` on every GPU, and field ids (``82``) whose element in
-    ``nvmlDeviceGetFieldValues`` comes back with ``NVML_ERROR_NOT_SUPPORTED``.
+    ``nvmlDeviceGetFieldValues`` comes back with ``NVML_ERROR_NOT_SUPPORTED``. A function
+    named there also makes the field ids that mirror it NOT_SUPPORTED (the device lacks the
+    value); a field id alone leaves the function working (a driver without that field id).
     """
 
     # Error classes and the code -> class map: pynvml's own objects.
@@ -518,27 +528,69 @@ class FakeNvml:
                 raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             return gpu.nvlink_errors[link][counter]
 
-    def nvmlDeviceGetFieldValues(
-        self, handle: FakeHandle, field_ids: Sequence[int | tuple[int, int]]
-    ) -> list[FakeFieldValue]:
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: Sequence[Any]) -> Any:
+        """A ctypes array of ``pynvml.c_nvmlFieldValue_t``, one per id, each with its own nvmlReturn.
+
+        An id is a field id or a ``(fieldId, scopeId)`` pair (scopeId: the NVLink index for
+        per-link fields), filled in exactly as pynvml fills them.
+        """
+        ids: list[tuple[int, int]] = []
+        for fid in fieldIds:
+            try:
+                field_id, scope = fid
+            except TypeError:
+                field_id, scope = fid, 0
+            ids.append((field_id, scope))
+        rows = bytearray()
         with self._lock:
             gpu = self._device(handle, "nvmlDeviceGetFieldValues")
             now_us = int(time.time() * 1_000_000)
-            out = []
-            for fid in field_ids:
-                field_id, scope = fid if isinstance(fid, tuple) else (fid, 0)
-                fv = FakeFieldValue(fieldId=field_id, scopeId=scope, timestamp=now_us, latencyUsec=0)
-                if field_id in self._unsupported:
-                    fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-                elif field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
-                    fv.value.uiVal = gpu.recovery_action
-                elif field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
-                    temp = gpu.base_mem_temp_c + self._noise(1.0) + (20.0 if gpu.thermal else 0.0)
-                    fv.value.uiVal = round(temp)
-                else:
-                    fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-                out.append(fv)
-            return out
+            for field_id, scope in ids:
+                ret, value_type, value = self._field(gpu, field_id, scope)
+                packed = _VALUE_PACK[value_type].pack(value) if ret == pynvml.NVML_SUCCESS else _NO_VALUE
+                rows += _ROW.pack(field_id, scope, now_us, 0, value_type, ret, packed)
+        # Built as bytes and copied in once: setting ctypes attributes one by one costs the
+        # simulator more than the whole batched read costs the collector.
+        return (pynvml.c_nvmlFieldValue_t * len(ids)).from_buffer_copy(rows)
+
+    def _field(self, gpu: SimGpu, field_id: int, scope: int) -> tuple[int, int, int]:
+        """(nvmlReturn, valueType, value) of one field of one GPU (lock held)."""
+        if field_id in self._unsupported or _FIELD_FUNCTION.get(field_id) in self._unsupported:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        ecc = _ECC_FIELDS.get(field_id)
+        if ecc is not None:
+            return pynvml.NVML_SUCCESS, _ULL, gpu.ecc[ecc]
+        if field_id == pynvml.NVML_FI_DEV_NVLINK_GET_STATE:
+            if not 0 <= scope < pynvml.NVML_NVLINK_MAX_LINKS:
+                return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0, 0
+            if scope >= gpu.nvlink_count:
+                return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
+            state = pynvml.NVML_NVLINK_STATE_ACTIVE if gpu.nvlink_up[scope] else pynvml.NVML_NVLINK_STATE_INACTIVE
+            return pynvml.NVML_SUCCESS, _UINT, state
+        value: int
+        if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            value = gpu.recovery_action
+        elif field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            value = round(gpu.base_mem_temp_c + self._noise(1.0) + (20.0 if gpu.thermal else 0.0))
+        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_COR:
+            value = gpu.remap_corr
+        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_UNC:
+            value = gpu.remap_unc
+        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_PENDING:
+            value = int(gpu.remap_pending)
+        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_FAILURE:
+            value = int(gpu.remap_failure)
+        elif field_id == pynvml.NVML_FI_DEV_RETIRED_SBE:
+            value = len(gpu.retired[pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS])
+        elif field_id == pynvml.NVML_FI_DEV_RETIRED_DBE:
+            value = len(gpu.retired[pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR])
+        elif field_id == pynvml.NVML_FI_DEV_RETIRED_PENDING:
+            value = int(gpu.retired_pending)
+        elif field_id == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+            value = gpu.pcie_replay
+        else:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        return pynvml.NVML_SUCCESS, _UINT, value
 
     # ---- events ------------------------------------------------------------------
 
