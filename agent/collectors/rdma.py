@@ -161,6 +161,19 @@ class _PortState:
     ok: bool
 
 
+@dataclass(frozen=True)
+class _PortPaths:
+    """One listed port and what rarely changes about it: its netdev and link layer."""
+
+    dev: str
+    port: int
+    key: str
+    path: str  # <ib_root>/<dev>/ports/<port>
+    netdev: str
+    nd: str  # <net_root>/<netdev>, "" without a netdev
+    link_layer: str
+
+
 @dataclass
 class _SlowCounters:
     """A port's full counter read, reused (with fresh fast counters) until slow_every_s passes.
@@ -191,6 +204,12 @@ class RdmaSysfsCollector:
         # agent's cost. Link state and FAST_COUNTERS are read every cycle regardless.
         self.slow_every_s = 0.0
         self._slow: dict[str, _SlowCounters] = {}
+        # The device and port listing, with each port's netdev and link layer, is re-read on
+        # the same schedule as the slow counters (two listdirs per device and two reads per
+        # port each cycle otherwise). A port that vanishes from a kept listing is dropped at
+        # once and the listing re-read next cycle; a new device shows up within slow_every_s.
+        self._layout: list[_PortPaths] | None = None
+        self._layout_at = 0.0
 
     # -- discovery ------------------------------------------------------------------
     def devices(self) -> list[str]:
@@ -283,36 +302,54 @@ class RdmaSysfsCollector:
     def collect(self, report: tpb.Report) -> list[Finding]:
         """One NicSample per port; findings when a port leaves or returns to ACTIVE/LinkUp."""
         findings: list[Finding] = []
-        for dev in self.devices():
-            for port in self.ports(dev):
-                key = f"{dev}/{port}"
-                try:
-                    sample = self._sample(dev, port)
-                except Exception as e:  # one broken port must not lose the others
-                    if key not in self._failing:
-                        self._failing.add(key)
-                        log.warning("rdma_port_failed", port=key, error=str(e) or type(e).__name__)
+        now = time.monotonic()
+        layout = self._layout
+        listed = layout is None or now - self._layout_at >= self.slow_every_s
+        if layout is None or listed:
+            layout = self._layout = self._list_ports()
+            self._layout_at = now
+        for pp in layout:
+            key = pp.key
+            try:
+                sample = self._sample(pp, now)
+            except Exception as e:  # one broken port must not lose the others
+                if not listed and not os.path.isdir(pp.path):
+                    self._layout = None  # gone since the listing: as a fresh listing, no sample
                     continue
-                if key in self._failing:
-                    self._failing.discard(key)
-                    log.info("rdma_port_recovered", port=key)
-                report.nics.append(sample)
-                f = self._transition(sample)
-                if f is not None:
-                    findings.append(f)
+                if key not in self._failing:
+                    self._failing.add(key)
+                    log.warning("rdma_port_failed", port=key, error=str(e) or type(e).__name__)
+                continue
+            if key in self._failing:
+                self._failing.discard(key)
+                log.info("rdma_port_recovered", port=key)
+            report.nics.append(sample)
+            f = self._transition(sample)
+            if f is not None:
+                findings.append(f)
         return findings
 
-    def _sample(self, dev: str, port: int) -> tpb.NicSample:
-        p = f"{self.ib_root}/{dev}/ports/{port}"  # f-strings: ~100 paths per cycle
+    def _list_ports(self) -> list[_PortPaths]:
+        out: list[_PortPaths] = []
+        for dev in self.devices():
+            for port in self.ports(dev):
+                p = f"{self.ib_root}/{dev}/ports/{port}"  # f-strings: ~100 paths per cycle
+                netdev = self.netdev(dev, port)
+                nd = f"{self.net_root}/{netdev}" if netdev else ""
+                link_layer = _read_text(f"{p}/link_layer") or ""
+                out.append(_PortPaths(dev, port, f"{dev}/{port}", p, netdev, nd, link_layer))
+        return out
+
+    def _sample(self, pp: _PortPaths, now: float) -> tpb.NicSample:
+        p = pp.path
         state_txt = _read_text(f"{p}/state")
         if state_txt is None:  # no state, no sample: a guessed "down" would be a false alarm
             raise OSError(f"cannot read {p}/state")
         state_code, state = parse_state(state_txt)
         phys_code, phys = parse_state(_read_text(f"{p}/phys_state") or "")
-        netdev = self.netdev(dev, port)
-        nd = f"{self.net_root}/{netdev}" if netdev else ""
-        key = f"{dev}/{port}"
-        now = time.monotonic()
+        netdev = pp.netdev
+        nd = pp.nd
+        key = pp.key
         slow = self._slow.get(key)
         s = tpb.NicSample()
         if slow is None or slow.netdev != netdev or now - slow.read_at >= self.slow_every_s:
@@ -332,15 +369,15 @@ class RdmaSysfsCollector:
                 stats = s.netdev_stats
                 for name, value in read_counter_names(f"{nd}/statistics", FAST_NETDEV_STATS).items():
                     stats[name] = value
-        s.rdma_device = dev
-        s.port = port
+        s.rdma_device = pp.dev
+        s.port = pp.port
         s.netdev = netdev
         s.state_code = state_code
         s.state = state
         s.phys_state_code = phys_code
         s.phys_state = phys
         s.rate_gbps = parse_rate_gbps(_read_text(f"{p}/rate") or "")
-        s.link_layer = _read_text(f"{p}/link_layer") or ""
+        s.link_layer = pp.link_layer
         if nd:
             s.netdev_operstate = _read_text(f"{nd}/operstate") or ""
         return s
