@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pytest
+
+from agent.collectors import rdma
 from agent.collectors.gpu import NvmlGpuCollector
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.sim.fake_nvml import FakeNvml
@@ -106,3 +110,29 @@ class TestNicListing:
         assert [n.netdev for n in second.nics] == [n.netdev for n in first.nics]
         c.slow_every_s = 0.0
         assert nic_report(c).nics[0].link_layer == "InfiniBand"
+
+
+class TestKeptCounterFiles:
+    """Counter files stay open between reads (pread at offset 0); re-created ones are reopened."""
+
+    def test_recreated_counter_dir_is_read_afresh(self, tmp_path: Path) -> None:
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        before = nic_report(c).nics[0].counters["symbol_error"]
+        fs.error_burst(0, 7)  # written in place: the kept file sees it
+        assert nic_report(c).nics[0].counters["symbol_error"] == before + 7
+        counters = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+        fresh = tmp_path / "fresh"
+        shutil.copytree(counters, fresh)
+        (fresh / "symbol_error").write_text("12345\n")
+        shutil.rmtree(counters)
+        fresh.rename(counters)  # the driver re-created the directory: new files, new inodes
+        assert nic_report(c).nics[0].counters["symbol_error"] == 12345
+
+    def test_no_fd_budget_still_reads(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(rdma._files, "max", 0)
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        before = nic_report(c).nics[0].counters["symbol_error"]
+        fs.error_burst(0, 3)
+        assert nic_report(c).nics[0].counters["symbol_error"] == before + 3
