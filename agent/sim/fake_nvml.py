@@ -218,6 +218,42 @@ class SimGpu:
         return f"00000000:{self.bus:02X}:00.0"
 
 
+_NOT_SUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0)
+
+
+def _nvlink_state(gpu: SimGpu, scope: int) -> tuple[int, int, int]:
+    if not 0 <= scope < pynvml.NVML_NVLINK_MAX_LINKS:
+        return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0, 0
+    if scope >= gpu.nvlink_count:
+        return _NOT_SUPPORTED
+    state = pynvml.NVML_NVLINK_STATE_ACTIVE if gpu.nvlink_up[scope] else pynvml.NVML_NVLINK_STATE_INACTIVE
+    return pynvml.NVML_SUCCESS, _UINT, state
+
+
+def _ok(value_type: int, read: Any) -> Any:
+    return lambda gpu, scope: (pynvml.NVML_SUCCESS, value_type, read(gpu))
+
+
+_SBE_CAUSE = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+_DBE_CAUSE = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+
+# Field id -> (gpu, scopeId) -> (nvmlReturn, valueType, value); memory temperature draws noise
+# and is computed in FakeNvml._field.
+_FIELD_GETTERS: dict[int, Any] = {
+    **{fid: _ok(_ULL, lambda g, key=key: g.ecc[key]) for fid, key in _ECC_FIELDS.items()},
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: _nvlink_state,
+    pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: _ok(_UINT, lambda g: g.recovery_action),
+    pynvml.NVML_FI_DEV_REMAPPED_COR: _ok(_UINT, lambda g: g.remap_corr),
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: _ok(_UINT, lambda g: g.remap_unc),
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: _ok(_UINT, lambda g: int(g.remap_pending)),
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: _ok(_UINT, lambda g: int(g.remap_failure)),
+    pynvml.NVML_FI_DEV_RETIRED_SBE: _ok(_UINT, lambda g: len(g.retired[_SBE_CAUSE])),
+    pynvml.NVML_FI_DEV_RETIRED_DBE: _ok(_UINT, lambda g: len(g.retired[_DBE_CAUSE])),
+    pynvml.NVML_FI_DEV_RETIRED_PENDING: _ok(_UINT, lambda g: int(g.retired_pending)),
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: _ok(_UINT, lambda g: g.pcie_replay),
+}
+
+
 def _error(code: int) -> pynvml.NVMLError:
     """The pynvml exception instance for an NVML return code."""
     return pynvml.NVMLError(code)
@@ -323,6 +359,10 @@ class FakeNvml:
         self._gpus = [SimGpu.build(i, seed, self._bus(i)) for i in range(gpu_count)]
         self._driver_missing = driver_missing
         self._unsupported = frozenset(unsupported)
+        self._unsupported_fields = frozenset(
+            fid for fid in (*_FIELD_FUNCTION, *(u for u in self._unsupported if isinstance(u, int)))
+            if fid in self._unsupported or _FIELD_FUNCTION.get(fid) in self._unsupported
+        )
         self._driver_version = driver_version
         self._cuda_driver_version = cuda_driver_version
         self._refcount = 0
@@ -536,11 +576,11 @@ class FakeNvml:
         """
         ids: list[tuple[int, int]] = []
         for fid in fieldIds:
-            try:
+            if isinstance(fid, int):  # pynvml: a bare id, or anything that unpacks to (id, scope)
+                ids.append((fid, 0))
+            else:
                 field_id, scope = fid
-            except TypeError:
-                field_id, scope = fid, 0
-            ids.append((field_id, scope))
+                ids.append((field_id, scope))
         rows = bytearray()
         with self._lock:
             gpu = self._device(handle, "nvmlDeviceGetFieldValues")
@@ -555,42 +595,15 @@ class FakeNvml:
 
     def _field(self, gpu: SimGpu, field_id: int, scope: int) -> tuple[int, int, int]:
         """(nvmlReturn, valueType, value) of one field of one GPU (lock held)."""
-        if field_id in self._unsupported or _FIELD_FUNCTION.get(field_id) in self._unsupported:
-            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
-        ecc = _ECC_FIELDS.get(field_id)
-        if ecc is not None:
-            return pynvml.NVML_SUCCESS, _ULL, gpu.ecc[ecc]
-        if field_id == pynvml.NVML_FI_DEV_NVLINK_GET_STATE:
-            if not 0 <= scope < pynvml.NVML_NVLINK_MAX_LINKS:
-                return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0, 0
-            if scope >= gpu.nvlink_count:
-                return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
-            state = pynvml.NVML_NVLINK_STATE_ACTIVE if gpu.nvlink_up[scope] else pynvml.NVML_NVLINK_STATE_INACTIVE
-            return pynvml.NVML_SUCCESS, _UINT, state
-        value: int
-        if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
-            value = gpu.recovery_action
-        elif field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
-            value = round(gpu.base_mem_temp_c + self._noise(1.0) + (20.0 if gpu.thermal else 0.0))
-        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_COR:
-            value = gpu.remap_corr
-        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_UNC:
-            value = gpu.remap_unc
-        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_PENDING:
-            value = int(gpu.remap_pending)
-        elif field_id == pynvml.NVML_FI_DEV_REMAPPED_FAILURE:
-            value = int(gpu.remap_failure)
-        elif field_id == pynvml.NVML_FI_DEV_RETIRED_SBE:
-            value = len(gpu.retired[pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS])
-        elif field_id == pynvml.NVML_FI_DEV_RETIRED_DBE:
-            value = len(gpu.retired[pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR])
-        elif field_id == pynvml.NVML_FI_DEV_RETIRED_PENDING:
-            value = int(gpu.retired_pending)
-        elif field_id == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
-            value = gpu.pcie_replay
-        else:
-            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
-        return pynvml.NVML_SUCCESS, _UINT, value
+        if field_id in self._unsupported_fields:
+            return _NOT_SUPPORTED
+        getter = _FIELD_GETTERS.get(field_id)
+        if getter is None:
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+                temp = gpu.base_mem_temp_c + self._noise(1.0) + (20.0 if gpu.thermal else 0.0)
+                return pynvml.NVML_SUCCESS, _UINT, round(temp)
+            return _NOT_SUPPORTED
+        return getter(gpu, scope)
 
     # ---- events ------------------------------------------------------------------
 
