@@ -27,6 +27,7 @@ from typing import Any
 import pynvml  # imports without a driver: the library is loaded lazily by nvmlInit
 import structlog
 
+from agent.collectors import nvml_fields as nf
 from agent.collectors.base import CollectorUnsupported, FindingSink
 from starpulse import xid as xidcat
 from starpulse.findings import Finding
@@ -37,9 +38,20 @@ log = structlog.get_logger(__name__)
 
 SOURCE = "nvml"
 
-# Field ids, with fallbacks for older bindings that lack the constant.
-FI_MEMORY_TEMP = getattr(pynvml, "NVML_FI_DEV_MEMORY_TEMP", 82)
-FI_RECOVERY_ACTION = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
+FI_MEMORY_TEMP = nf.FI_MEMORY_TEMP
+FI_RECOVERY_ACTION = nf.FI_RECOVERY_ACTION
+
+# nvmlDeviceGetTotalEccErrors arguments of each ECC group of nvml_fields.GROUPS.
+_ECC_ARGS = {
+    "ecc_sbe_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+    "ecc_dbe_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+    "ecc_sbe_aggregate": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+    "ecc_dbe_aggregate": (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+}
+_RETIRED_CAUSE = {
+    "retired_pages_sbe": pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+    "retired_pages_dbe": pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+}
 
 # Clock-event bits that mean the hardware is slowing the GPU down (not idle / power cap).
 SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HwSlowdown | HwThermalSlowdown | HwPowerBrakeSlowdown
@@ -107,21 +119,7 @@ def _cuda_version_str(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-def _field_value(fv: Any, nvml: Any) -> float | int | None:
-    """The value of one nvmlFieldValue_t element, picked by its valueType."""
-    member = {
-        nvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-    }.get(fv.valueType)
-    if member is None:
-        return None
-    value: float | int = getattr(fv.value, member)
-    return value
+_field_value = nf.field_value
 
 
 def _handle_key(handle: Any) -> Any:
@@ -142,6 +140,18 @@ class _Ident:
     @property
     def key(self) -> str:
         return self.uuid or f"index-{self.index}"
+
+
+@dataclass
+class _FieldPlan:
+    """One GPU's nvmlDeviceGetFieldValues request and where each group's answers sit in it."""
+
+    links: tuple[int, ...]
+    request: list[int | tuple[int, int]]
+    groups: list[tuple[nf.FieldGroup, int]]  # (group, index of its first field)
+    single: list[nf.FieldGroup]  # groups read with their single call on this GPU
+    link_at: list[tuple[int, int]]  # (link, index); empty when link state uses the single call
+    nvlink_single: bool
 
 
 @dataclass
@@ -207,7 +217,11 @@ class NvmlGpuCollector:
     name = "gpu"
 
     def __init__(
-        self, nvml: Any = pynvml, sink: FindingSink | None = None, event_timeout_ms: int = 1000
+        self,
+        nvml: Any = pynvml,
+        sink: FindingSink | None = None,
+        event_timeout_ms: int = 1000,
+        batch_fields: bool = True,
     ) -> None:
         self._nvml = nvml
         self._sink = sink
@@ -232,6 +246,14 @@ class NvmlGpuCollector:
         # calls per GPU); 0: every cycle. Link state is read every cycle regardless.
         self.slow_every_s = 0.0
         self._nvlink_counters: dict[str, tuple[float, dict[int, tpb.NvLinkSample]]] = {}
+        # One nvmlDeviceGetFieldValues call per GPU and cycle for the values in
+        # nvml_fields.GROUPS and NVLink states (False: one call per value, as before; also
+        # where the driver has no field-values API). Per GPU: the plan, the groups that
+        # fell back to their single call, and what was already checked against it.
+        self._batch = batch_fields and hasattr(nvml, "nvmlDeviceGetFieldValues")
+        self._field_plans: dict[str, _FieldPlan] = {}
+        self._single_groups: dict[str, set[str]] = {}
+        self._verified: set[tuple[str, str, int]] = set()
 
     # ---- Collector protocol ---------------------------------------------------------
 
@@ -500,7 +522,7 @@ class NvmlGpuCollector:
             return None
         for fv in values:
             if fv.nvmlReturn == self._nvml.NVML_SUCCESS:
-                value = _field_value(fv, self._nvml)
+                value = _field_value(fv)
                 return None if value is None else int(value)
         return None
 
@@ -572,55 +594,206 @@ class NvmlGpuCollector:
         if pstate is not None:
             sample.performance_state = int(pstate)
 
-        self._read_ecc(r, sample)
-        self._read_nvlinks(r, sample, ident)
-        self._read_fields(r, sample)
+        if not (self._batch and self._read_batched(r, handle, sample, ident)):
+            self._read_ecc(r, sample)
+            self._read_nvlinks(r, sample, ident)
+            self._read_fields(r, sample)
 
         sample.lost = r.lost
         sample.reset_required = r.reset_required
         return sample, ident
 
     def _read_ecc(self, r: _Reader, sample: tpb.GpuSample) -> None:
-        """ECC counters, row remapping, page retirement, PCIe replays."""
-        nvml = self._nvml
-        corrected = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
-        uncorrected = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        for attr, err_type, counter in (
-            ("ecc_sbe_volatile", corrected, nvml.NVML_VOLATILE_ECC),
-            ("ecc_dbe_volatile", uncorrected, nvml.NVML_VOLATILE_ECC),
-            ("ecc_sbe_aggregate", corrected, nvml.NVML_AGGREGATE_ECC),
-            ("ecc_dbe_aggregate", uncorrected, nvml.NVML_AGGREGATE_ECC),
-        ):
-            value = r.call("nvmlDeviceGetTotalEccErrors", err_type, counter)
-            if value is not None:
-                setattr(sample, attr, int(value))
-        rows = r.call("nvmlDeviceGetRemappedRows")
-        if rows is not None:
-            corr, unc, pending, failure = rows
-            sample.remapped_rows_correctable = int(corr)
-            sample.remapped_rows_uncorrectable = int(unc)
-            sample.remap_pending = bool(pending)
-            sample.remap_failure = bool(failure)
-        for attr, cause in (
-            ("retired_pages_sbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
-            ("retired_pages_dbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
-        ):
-            pages = r.call("nvmlDeviceGetRetiredPages", cause)
-            if pages is not None:
-                setattr(sample, attr, len(pages))
-        retired_pending = r.call("nvmlDeviceGetRetiredPagesPendingStatus")
-        if retired_pending is not None:
-            sample.retired_pages_pending = bool(retired_pending)
-        replay = r.call("nvmlDeviceGetPcieReplayCounter")
-        if replay is not None:
-            sample.pcie_replay_count = int(replay)
+        """ECC counters, row remapping, page retirement, PCIe replays: one NVML call per value."""
+        for group in nf.GROUPS:
+            if group.single:
+                self._read_single(r, sample, group)
 
-    def _read_nvlinks(self, r: _Reader, sample: tpb.GpuSample, ident: _Ident) -> None:
-        """State and DL error counters of each present link (the inventory's, else all probed)."""
-        nvml = self._nvml
+    @staticmethod
+    def _read_single(r: _Reader, sample: tpb.GpuSample, group: nf.FieldGroup) -> None:
+        """One group of nvml_fields.GROUPS through its single-value NVML call."""
+        kind = group.single
+        if kind == "ecc":
+            value = r.call("nvmlDeviceGetTotalEccErrors", *_ECC_ARGS[group.name])
+            if value is not None:
+                setattr(sample, group.name, int(value))
+        elif kind == "remapped_rows":
+            rows = r.call("nvmlDeviceGetRemappedRows")
+            if rows is not None:
+                corr, unc, pending, failure = rows
+                sample.remapped_rows_correctable = int(corr)
+                sample.remapped_rows_uncorrectable = int(unc)
+                sample.remap_pending = bool(pending)
+                sample.remap_failure = bool(failure)
+        elif kind == "retired":
+            pages = r.call("nvmlDeviceGetRetiredPages", _RETIRED_CAUSE[group.name])
+            if pages is not None:
+                setattr(sample, group.name, len(pages))
+        elif kind == "retired_pending":
+            pending = r.call("nvmlDeviceGetRetiredPagesPendingStatus")
+            if pending is not None:
+                sample.retired_pages_pending = bool(pending)
+        elif kind == "pcie":
+            replay = r.call("nvmlDeviceGetPcieReplayCounter")
+            if replay is not None:
+                sample.pcie_replay_count = int(replay)
+
+    # ---- batched: one nvmlDeviceGetFieldValues call per GPU ---------------------------------
+
+    def _links(self, ident: _Ident) -> tuple[int, ...]:
+        """NVLinks to read: the inventory's, else every index NVML allows."""
         with self._lock:
             known = self._inventory_links.get(ident.key)
-        links = sorted(known) if known else range(nvml.NVML_NVLINK_MAX_LINKS)
+        return tuple(sorted(known)) if known else tuple(range(self._nvml.NVML_NVLINK_MAX_LINKS))
+
+    def _plan(self, key: str, links: tuple[int, ...]) -> _FieldPlan:
+        plan = self._field_plans.get(key)
+        if plan is not None and plan.links == links:
+            return plan
+        single = self._single_groups.get(key, set())
+        request: list[int | tuple[int, int]] = []
+        groups: list[tuple[nf.FieldGroup, int]] = []
+        single_groups: list[nf.FieldGroup] = []
+        for group in nf.GROUPS:
+            if group.name in single:
+                single_groups.append(group)
+                continue
+            groups.append((group, len(request)))
+            request.extend(fid for fid, _, _ in group.fields)
+        nvlink_single = "nvlink_state" in single
+        link_at: list[tuple[int, int]] = []
+        if not nvlink_single:
+            for link in links:
+                link_at.append((link, len(request)))
+                request.append((nf.FI_NVLINK_GET_STATE, link))
+        plan = _FieldPlan(links, request, groups, single_groups, link_at, nvlink_single)
+        self._field_plans[key] = plan
+        return plan
+
+    def _read_batched(self, r: _Reader, handle: Any, sample: tpb.GpuSample, ident: _Ident) -> bool:
+        """The nvml_fields values and NVLink states from one call; False: use the single calls.
+
+        The sample comes out exactly as the single calls would fill it. An element that is
+        NOT_SUPPORTED is absent, as the single call's NotSupported is; the first time per GPU
+        and group the single call is asked too, and if it does answer (a driver without
+        that field id) the group uses the single call from then on.
+        """
+        nvml = self._nvml
+        key = ident.key
+        states: dict[int, int | None] = {}
+        if r.lost:
+            self._read_nvlinks(r, sample, ident, states)
+            return True
+        plan = self._plan(key, self._links(ident))
+        try:
+            values = nvml.nvmlDeviceGetFieldValues(handle, plan.request)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound) as err:
+            self._batch = False
+            log.info("nvml_field_values_unavailable", error=str(err), fallback="one call per value")
+            return False
+        except nvml.NVMLError_GpuIsLost:
+            r.lost = True
+        except nvml.NVMLError_ResetRequired:
+            r.reset_required = True
+        except nvml.NVMLError as err:
+            self._warn_once(ident.index, "nvmlDeviceGetFieldValues", err)
+            return False
+        else:
+            decoded = nf.decode(values)
+            recheck = self._apply_fields(r, sample, key, plan, decoded)
+            for group in plan.single:
+                self._read_single(r, sample, group)
+            if plan.nvlink_single:
+                self._read_nvlinks(r, sample, ident)
+            else:
+                states = self._link_states(r, key, plan, decoded)
+                self._read_nvlinks(r, sample, ident, states)
+            for group in recheck:
+                self._recheck(r, sample, key, group)
+            return True
+        self._read_nvlinks(r, sample, ident, states)
+        return True
+
+    def _element_error(self, r: _Reader, ret: int, fid: int) -> None:
+        """Flags for a failed element that is not a plain 'absent'."""
+        if ret == nf.GPU_IS_LOST:
+            r.lost = True
+        elif ret == nf.RESET_REQUIRED:
+            r.reset_required = True
+        else:
+            self._warn_once(r._index, f"nvmlDeviceGetFieldValues[{fid}]", self._nvml.NVMLError(ret))
+
+    def _apply_fields(
+        self, r: _Reader, sample: tpb.GpuSample, key: str, plan: _FieldPlan, decoded: list[tuple[int, Any]]
+    ) -> list[nf.FieldGroup]:
+        """Set each group whose fields all succeeded; return the absent ones to check once."""
+        recheck: list[nf.FieldGroup] = []
+        for group, start in plan.groups:
+            fields = group.fields
+            for offset, (fid, _, _) in enumerate(fields):
+                ret, value = decoded[start + offset]
+                if ret != nf.SUCCESS:
+                    if ret in nf.ABSENT:
+                        if group.single and (key, group.name, -1) not in self._verified:
+                            recheck.append(group)
+                    else:
+                        self._element_error(r, ret, fid)
+                    break
+                if value is None:
+                    break
+            else:
+                for offset, (_, attr, kind) in enumerate(fields):
+                    setattr(sample, attr, kind(decoded[start + offset][1]))
+        return recheck
+
+    def _link_states(
+        self, r: _Reader, key: str, plan: _FieldPlan, decoded: list[tuple[int, Any]]
+    ) -> dict[int, int | None]:
+        """Each link's state as nvmlDeviceGetNvLinkState gives it (ENABLED / DISABLED / None)."""
+        nvml = self._nvml
+        states: dict[int, int | None] = {}
+        for link, at in plan.link_at:
+            ret, value = decoded[at]
+            state: int | None = None
+            if ret == nf.SUCCESS:
+                if value == nf.NVLINK_STATE_ACTIVE:
+                    state = nvml.NVML_FEATURE_ENABLED
+                elif value == nf.NVLINK_STATE_INACTIVE:
+                    state = nvml.NVML_FEATURE_DISABLED
+                else:  # sleeping, traffic disabled, or newer: the single call decides
+                    state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
+            elif ret in nf.ABSENT_LINK:
+                if (key, "nvlink_state", link) not in self._verified:
+                    self._verified.add((key, "nvlink_state", link))
+                    state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
+                    if state is not None and key in self._field_plans:
+                        self._use_single(key, "nvlink_state", r._index)
+            else:
+                self._element_error(r, ret, nf.FI_NVLINK_GET_STATE)
+            states[link] = state
+        return states
+
+    def _recheck(self, r: _Reader, sample: tpb.GpuSample, key: str, group: nf.FieldGroup) -> None:
+        """A group absent from the fields: ask its single call once; if it answers, keep using it."""
+        self._verified.add((key, group.name, -1))
+        self._read_single(r, sample, group)
+        if any(sample.HasField(attr) for _, attr, _ in group.fields):
+            self._use_single(key, group.name, r._index)
+
+    def _use_single(self, key: str, group: str, index: int) -> None:
+        self._single_groups.setdefault(key, set()).add(group)
+        self._field_plans.pop(key, None)
+        log.info("nvml_field_fallback", gpu=index, group=group, reason="field not supported, single call answers")
+
+    def _read_nvlinks(
+        self, r: _Reader, sample: tpb.GpuSample, ident: _Ident, states: dict[int, int | None] | None = None
+    ) -> None:
+        """State and DL error counters of each present link (the inventory's, else all probed).
+
+        ``states``: each link's state already read (batched); None: one call per link.
+        """
+        nvml = self._nvml
+        links = self._links(ident)
         now = time.monotonic()
         cached = self._nvlink_counters.get(ident.key)
         fresh = cached is None or now - cached[0] >= self.slow_every_s
@@ -629,7 +802,7 @@ class NvmlGpuCollector:
         counters: dict[int, tpb.NvLinkSample] = {} if fresh or cached is None else cached[1]
         up = nvml.NVML_FEATURE_ENABLED
         for link in links:
-            state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
+            state = r.call("nvmlDeviceGetNvLinkState", link, link=True) if states is None else states.get(link)
             if state is None:
                 if r.lost:
                     return
@@ -659,7 +832,7 @@ class NvmlGpuCollector:
         for fv in values:
             if fv.nvmlReturn != self._nvml.NVML_SUCCESS:
                 continue
-            value = _field_value(fv, self._nvml)
+            value = _field_value(fv)
             if value is None:
                 continue
             if fv.fieldId == FI_RECOVERY_ACTION:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import structlog
 
 from agent.collectors.base import FindingSink
+from agent.collectors.filewatch import Waiter
 from starpulse import xid as xidcat
 from starpulse.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
@@ -245,6 +246,10 @@ class KmsgCollector:
         self._sink = sink
         self._from_start = from_start
         self._poll = poll_interval_s
+        # Idle, the tail sleeps until the log has news (poll(2) on /dev/kmsg, inotify on a
+        # file) and wakes on its own only this often, as a safety net; see filewatch.
+        self._idle_s = max(poll_interval_s, min(2.0, poll_interval_s * 10))
+        self._waiter: Waiter | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -275,9 +280,14 @@ class KmsgCollector:
     def close(self) -> None:
         """Stop the tail thread. Idempotent."""
         self._stop.set()
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.wake()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=max(2.0, self._poll * 5))
+            if not t.is_alive() and waiter is not None:
+                waiter.close()
 
     # -- tail -----------------------------------------------------------------------
     def resume_after(self, seq: int) -> None:
@@ -295,6 +305,7 @@ class KmsgCollector:
         with self._lock:
             if self._thread is not None or self._stop.is_set():
                 return
+            self._waiter = Waiter()
             self._thread = threading.Thread(target=self._run, name=f"kmsg-tail:{self.path}", daemon=True)
             self._thread.start()
 
@@ -361,7 +372,7 @@ class KmsgCollector:
                 try:
                     data = os.read(fd, 16384)
                 except BlockingIOError:
-                    self._stop.wait(self._poll)
+                    self._idle(fd)
                     continue
                 except OSError as e:
                     if e.errno == errno.EPIPE:
@@ -372,13 +383,29 @@ class KmsgCollector:
                         continue
                     raise
                 if not data:
-                    self._stop.wait(self._poll)
+                    self._idle(fd)
                     continue
                 self._emit_text(data.decode("utf-8", errors="replace"))
         finally:
             os.close(fd)
 
+    def _idle(self, fd: int | None) -> None:
+        """Nothing to read: sleep until ``fd`` has news or stop (plain polling without a waiter)."""
+        waiter = self._waiter
+        if waiter is None or fd is None:
+            self._stop.wait(self._poll)
+        elif not self._stop.is_set():
+            waiter.wait(fd, self._idle_s)
+
     def _tail_file(self) -> None:
+        watch = self._waiter.watch_file(self.path) if self._waiter is not None else None
+        try:
+            self._tail_file_watched(watch)
+        finally:
+            if watch is not None:
+                os.close(watch)
+
+    def _tail_file_watched(self, watch: int | None) -> None:
         with open(self.path, "rb") as fh:
             ino = os.fstat(fh.fileno()).st_ino
             if not self._from_start:
@@ -413,7 +440,9 @@ class KmsgCollector:
                     fh.seek(0)
                     partial = b""
                     continue
-                self._stop.wait(self._poll)
+                self._idle(watch)
+                if watch is not None:
+                    Waiter.consume(watch)  # the next pass reads whatever the events were about
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import random
+import struct
 import threading
 import time
 import uuid as uuidlib
@@ -54,6 +55,39 @@ _SUPPORTED_EVENTS = (
 # NVML's "no instance" value for gpuInstanceId / computeInstanceId outside MIG.
 _NO_INSTANCE = 0xFFFFFFFF
 
+# Field ids nvmlDeviceGetFieldValues answers, and the single-value function each mirrors:
+# naming that function in ``unsupported`` makes its fields NOT_SUPPORTED too (one device
+# capability, two ways to read it). Naming only the field id models an older driver that
+# lacks the field but still answers the function.
+_FIELD_FUNCTION: dict[int, str] = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: "nvmlDeviceGetTotalEccErrors",
+    pynvml.NVML_FI_DEV_RETIRED_SBE: "nvmlDeviceGetRetiredPages",
+    pynvml.NVML_FI_DEV_RETIRED_DBE: "nvmlDeviceGetRetiredPages",
+    pynvml.NVML_FI_DEV_RETIRED_PENDING: "nvmlDeviceGetRetiredPagesPendingStatus",
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "nvmlDeviceGetPcieReplayCounter",
+    pynvml.NVML_FI_DEV_REMAPPED_COR: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: "nvmlDeviceGetRemappedRows",
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: "nvmlDeviceGetNvLinkState",
+}
+_ECC_FIELDS = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+}
+_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+# c_nvmlFieldValue_t as bytes: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn,
+# then the 8-byte value union (its members all start at its first byte).
+_ROW = struct.Struct("=IIqqII8s")
+_VALUE_PACK = {_UINT: struct.Struct("@I4x"), _ULL: struct.Struct("@Q"), 0: struct.Struct("@d")}
+_NO_VALUE = bytes(8)
+
 
 @dataclass(frozen=True)
 class FakeHandle:
@@ -86,32 +120,6 @@ class FakeMemoryInfo:
 class FakeUtilization:
     gpu: int
     memory: int
-
-
-@dataclass
-class FakeValue:
-    """``c_nvmlValue_t``: only the member named by ``valueType`` means anything."""
-
-    dVal: float = 0.0
-    uiVal: int = 0
-    ulVal: int = 0
-    ullVal: int = 0
-    sllVal: int = 0
-    siVal: int = 0
-    usVal: int = 0
-
-
-@dataclass
-class FakeFieldValue:
-    """``c_nvmlFieldValue_t``; check ``nvmlReturn`` before reading ``value``."""
-
-    fieldId: int
-    scopeId: int = 0
-    timestamp: int = 0
-    latencyUsec: int = 0
-    valueType: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-    nvmlReturn: int = pynvml.NVML_SUCCESS
-    value: FakeValue = field(default_factory=FakeValue)
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,42 @@ class SimGpu:
         return f"00000000:{self.bus:02X}:00.0"
 
 
+_NOT_SUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0)
+
+
+def _nvlink_state(gpu: SimGpu, scope: int) -> tuple[int, int, int]:
+    if not 0 <= scope < pynvml.NVML_NVLINK_MAX_LINKS:
+        return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0, 0
+    if scope >= gpu.nvlink_count:
+        return _NOT_SUPPORTED
+    state = pynvml.NVML_NVLINK_STATE_ACTIVE if gpu.nvlink_up[scope] else pynvml.NVML_NVLINK_STATE_INACTIVE
+    return pynvml.NVML_SUCCESS, _UINT, state
+
+
+def _ok(value_type: int, read: Any) -> Any:
+    return lambda gpu, scope: (pynvml.NVML_SUCCESS, value_type, read(gpu))
+
+
+_SBE_CAUSE = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+_DBE_CAUSE = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+
+# Field id -> (gpu, scopeId) -> (nvmlReturn, valueType, value); memory temperature draws noise
+# and is computed in FakeNvml._field.
+_FIELD_GETTERS: dict[int, Any] = {
+    **{fid: _ok(_ULL, lambda g, key=key: g.ecc[key]) for fid, key in _ECC_FIELDS.items()},
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: _nvlink_state,
+    pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: _ok(_UINT, lambda g: g.recovery_action),
+    pynvml.NVML_FI_DEV_REMAPPED_COR: _ok(_UINT, lambda g: g.remap_corr),
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: _ok(_UINT, lambda g: g.remap_unc),
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: _ok(_UINT, lambda g: int(g.remap_pending)),
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: _ok(_UINT, lambda g: int(g.remap_failure)),
+    pynvml.NVML_FI_DEV_RETIRED_SBE: _ok(_UINT, lambda g: len(g.retired[_SBE_CAUSE])),
+    pynvml.NVML_FI_DEV_RETIRED_DBE: _ok(_UINT, lambda g: len(g.retired[_DBE_CAUSE])),
+    pynvml.NVML_FI_DEV_RETIRED_PENDING: _ok(_UINT, lambda g: int(g.retired_pending)),
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: _ok(_UINT, lambda g: g.pcie_replay),
+}
+
+
 def _error(code: int) -> pynvml.NVMLError:
     """The pynvml exception instance for an NVML return code."""
     return pynvml.NVMLError(code)
@@ -220,7 +264,9 @@ class FakeNvml:
 
     ``unsupported`` names pynvml functions (``"nvmlDeviceGetPowerUsage"``) that raise
     ``NVMLError_NotSupported`` on every GPU, and field ids (``82``) whose element in
-    ``nvmlDeviceGetFieldValues`` comes back with ``NVML_ERROR_NOT_SUPPORTED``.
+    ``nvmlDeviceGetFieldValues`` comes back with ``NVML_ERROR_NOT_SUPPORTED``. A function
+    named there also makes the field ids that mirror it NOT_SUPPORTED (the device lacks the
+    value); a field id alone leaves the function working (a driver without that field id).
     """
 
     # Error classes and the code -> class map: pynvml's own objects.
@@ -313,6 +359,10 @@ class FakeNvml:
         self._gpus = [SimGpu.build(i, seed, self._bus(i)) for i in range(gpu_count)]
         self._driver_missing = driver_missing
         self._unsupported = frozenset(unsupported)
+        self._unsupported_fields = frozenset(
+            fid for fid in (*_FIELD_FUNCTION, *(u for u in self._unsupported if isinstance(u, int)))
+            if fid in self._unsupported or _FIELD_FUNCTION.get(fid) in self._unsupported
+        )
         self._driver_version = driver_version
         self._cuda_driver_version = cuda_driver_version
         self._refcount = 0
@@ -518,27 +568,42 @@ class FakeNvml:
                 raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             return gpu.nvlink_errors[link][counter]
 
-    def nvmlDeviceGetFieldValues(
-        self, handle: FakeHandle, field_ids: Sequence[int | tuple[int, int]]
-    ) -> list[FakeFieldValue]:
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: Sequence[Any]) -> Any:
+        """A ctypes array of ``pynvml.c_nvmlFieldValue_t``, one per id, each with its own nvmlReturn.
+
+        An id is a field id or a ``(fieldId, scopeId)`` pair (scopeId: the NVLink index for
+        per-link fields), filled in exactly as pynvml fills them.
+        """
+        ids: list[tuple[int, int]] = []
+        for fid in fieldIds:
+            if isinstance(fid, int):  # pynvml: a bare id, or anything that unpacks to (id, scope)
+                ids.append((fid, 0))
+            else:
+                field_id, scope = fid
+                ids.append((field_id, scope))
+        rows = bytearray()
         with self._lock:
             gpu = self._device(handle, "nvmlDeviceGetFieldValues")
             now_us = int(time.time() * 1_000_000)
-            out = []
-            for fid in field_ids:
-                field_id, scope = fid if isinstance(fid, tuple) else (fid, 0)
-                fv = FakeFieldValue(fieldId=field_id, scopeId=scope, timestamp=now_us, latencyUsec=0)
-                if field_id in self._unsupported:
-                    fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-                elif field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
-                    fv.value.uiVal = gpu.recovery_action
-                elif field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
-                    temp = gpu.base_mem_temp_c + self._noise(1.0) + (20.0 if gpu.thermal else 0.0)
-                    fv.value.uiVal = round(temp)
-                else:
-                    fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-                out.append(fv)
-            return out
+            for field_id, scope in ids:
+                ret, value_type, value = self._field(gpu, field_id, scope)
+                packed = _VALUE_PACK[value_type].pack(value) if ret == pynvml.NVML_SUCCESS else _NO_VALUE
+                rows += _ROW.pack(field_id, scope, now_us, 0, value_type, ret, packed)
+        # Built as bytes and copied in once: setting ctypes attributes one by one costs the
+        # simulator more than the whole batched read costs the collector.
+        return (pynvml.c_nvmlFieldValue_t * len(ids)).from_buffer_copy(rows)
+
+    def _field(self, gpu: SimGpu, field_id: int, scope: int) -> tuple[int, int, int]:
+        """(nvmlReturn, valueType, value) of one field of one GPU (lock held)."""
+        if field_id in self._unsupported_fields:
+            return _NOT_SUPPORTED
+        getter = _FIELD_GETTERS.get(field_id)
+        if getter is None:
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+                temp = gpu.base_mem_temp_c + self._noise(1.0) + (20.0 if gpu.thermal else 0.0)
+                return pynvml.NVML_SUCCESS, _UINT, round(temp)
+            return _NOT_SUPPORTED
+        return getter(gpu, scope)
 
     # ---- events ------------------------------------------------------------------
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pytest
+
+from agent.collectors import rdma
 from agent.collectors.gpu import NvmlGpuCollector
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.sim.fake_nvml import FakeNvml
@@ -68,3 +72,67 @@ class TestNvlinkTiers:
         c.collect(r3)
         assert r3.gpus[0].nvlinks[2].recovery_errors == l1.recovery_errors + 1
         c.close()
+
+
+class TestNicListing:
+    """The device/port listing (with netdev and link layer) is kept between full counter reads."""
+
+    def test_removed_device_drops_at_once_new_one_within_the_tier(self, tmp_path: Path) -> None:
+        FakeSysfs(str(tmp_path), nics=2)
+        ib = tmp_path / "class" / "infiniband"
+        c = RdmaSysfsCollector(str(tmp_path))
+        c.slow_every_s = 3600.0
+        assert [n.rdma_device for n in nic_report(c).nics] == ["mlx5_0", "mlx5_1", "mlx5_bond_0"]
+        parked = tmp_path / "parked-mlx5_1"
+        (ib / "mlx5_1").rename(parked)  # the device goes away (driver reset, unplug)
+        assert [n.rdma_device for n in nic_report(c).nics] == ["mlx5_0", "mlx5_bond_0"]
+        assert c._failing == set()  # gone, not failing: no warning
+        parked.rename(ib / "mlx5_1")  # and comes back: listed again at the next re-list
+        assert [n.rdma_device for n in nic_report(c).nics] == ["mlx5_0", "mlx5_1", "mlx5_bond_0"]
+        # A device new since the last listing waits for the next re-list (slow_every_s).
+        (ib / "mlx5_1").rename(tmp_path / "elsewhere")
+        nic_report(c)
+        nic_report(c)  # re-listed after the removal: mlx5_1 gone
+        (tmp_path / "elsewhere").rename(ib / "mlx5_1")
+        assert "mlx5_1" not in [n.rdma_device for n in nic_report(c).nics]
+        c.slow_every_s = 0.0
+        assert "mlx5_1" in [n.rdma_device for n in nic_report(c).nics]
+
+    def test_listing_kept_between_full_reads(self, tmp_path: Path) -> None:
+        """Between re-lists a cycle reads no directory listing, netdev or link layer."""
+        FakeSysfs(str(tmp_path), nics=2)
+        c = RdmaSysfsCollector(str(tmp_path))
+        c.slow_every_s = 3600.0
+        first = nic_report(c)
+        (tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "link_layer").write_text("InfiniBand\n")
+        second = nic_report(c)
+        assert second.nics[0].link_layer == first.nics[0].link_layer == "Ethernet"
+        assert [n.netdev for n in second.nics] == [n.netdev for n in first.nics]
+        c.slow_every_s = 0.0
+        assert nic_report(c).nics[0].link_layer == "InfiniBand"
+
+
+class TestKeptCounterFiles:
+    """Counter files stay open between reads (pread at offset 0); re-created ones are reopened."""
+
+    def test_recreated_counter_dir_is_read_afresh(self, tmp_path: Path) -> None:
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        before = nic_report(c).nics[0].counters["symbol_error"]
+        fs.error_burst(0, 7)  # written in place: the kept file sees it
+        assert nic_report(c).nics[0].counters["symbol_error"] == before + 7
+        counters = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+        fresh = tmp_path / "fresh"
+        shutil.copytree(counters, fresh)
+        (fresh / "symbol_error").write_text("12345\n")
+        shutil.rmtree(counters)
+        fresh.rename(counters)  # the driver re-created the directory: new files, new inodes
+        assert nic_report(c).nics[0].counters["symbol_error"] == 12345
+
+    def test_no_fd_budget_still_reads(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(rdma._files, "max", 0)
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        before = nic_report(c).nics[0].counters["symbol_error"]
+        fs.error_burst(0, 3)
+        assert nic_report(c).nics[0].counters["symbol_error"] == before + 3

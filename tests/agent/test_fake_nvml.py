@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import re
 import threading
@@ -300,3 +301,57 @@ class TestSurface:
             real = getattr(pynvml, name)
             if name.startswith("nvml") and inspect.isfunction(real) and name != "nvmlExceptionClass":
                 assert required(getattr(fake, name)) == required(getattr(pynvml, name)), name
+
+    def test_field_values_has_pynvmls_surface(self, nvml: FakeNvml) -> None:
+        """Same parameters as pynvml's; a ctypes array of pynvml.c_nvmlFieldValue_t; ids or (id, scope) pairs."""
+        assert list(inspect.signature(nvml.nvmlDeviceGetFieldValues).parameters) == list(
+            inspect.signature(pynvml.nvmlDeviceGetFieldValues).parameters
+        )
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        ids = [pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 17), (999, 3)]
+        values = nvml.nvmlDeviceGetFieldValues(handle, ids)
+        assert isinstance(values, ctypes.Array) and values._type_ is pynvml.c_nvmlFieldValue_t
+        assert len(values) == 3
+        expected = [(pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, 0), (165, 17), (999, 3)]
+        assert [(v.fieldId, v.scopeId) for v in values] == expected
+        assert all(v.timestamp > 0 for v in values[:2])
+        assert values[0].valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        assert values[1].value.uiVal == pynvml.NVML_NVLINK_STATE_ACTIVE
+        assert values[2].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+    def test_fields_follow_the_injected_state(self, nvml: FakeNvml) -> None:
+        """Each field mirrors its single-value call after faults: the same state drives both."""
+        nvml.inject_ecc_dbe(2)
+        nvml.inject_row_remap_failure(2)
+        nvml.inject_nvlink_down(2, 5)
+        handle = nvml.nvmlDeviceGetHandleByIndex(2)
+        unc, agg = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC
+        rows = nvml.nvmlDeviceGetRemappedRows(handle)
+        expected = {
+            pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: nvml.nvmlDeviceGetTotalEccErrors(handle, unc, agg),
+            pynvml.NVML_FI_DEV_REMAPPED_UNC: rows[1],
+            pynvml.NVML_FI_DEV_REMAPPED_PENDING: rows[2],
+            pynvml.NVML_FI_DEV_REMAPPED_FAILURE: rows[3],
+            pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: nvml.nvmlDeviceGetPcieReplayCounter(handle),
+            pynvml.NVML_FI_DEV_RETIRED_PENDING: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle),
+        }
+        values = nvml.nvmlDeviceGetFieldValues(handle, list(expected))
+        got = {v.fieldId: (v.value.ullVal if v.valueType == 3 else v.value.uiVal) for v in values}
+        assert got == expected
+        assert expected[pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL] == 1 and expected[pynvml.NVML_FI_DEV_REMAPPED_FAILURE]
+        (down, up) = nvml.nvmlDeviceGetFieldValues(
+            handle, [(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 5), (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 6)]
+        )
+        assert down.value.uiVal == pynvml.NVML_NVLINK_STATE_INACTIVE
+        assert up.value.uiVal == pynvml.NVML_NVLINK_STATE_ACTIVE
+
+    def test_unsupported_function_makes_its_fields_unsupported(self) -> None:
+        """Naming a function unsupported takes its fields with it; naming a field id alone keeps the function."""
+        fake = FakeNvml(unsupported={"nvmlDeviceGetRemappedRows", pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER})
+        fake.nvmlInit()
+        handle = fake.nvmlDeviceGetHandleByIndex(0)
+        rem, pcie = fake.nvmlDeviceGetFieldValues(
+            handle, [pynvml.NVML_FI_DEV_REMAPPED_COR, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER]
+        )
+        assert rem.nvmlReturn == pcie.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+        assert fake.nvmlDeviceGetPcieReplayCounter(handle) == 0

@@ -229,16 +229,27 @@ class TestSamples:
         assert not any(nl.HasField("replay_errors") for nl in links)
         c.close()
 
+    @pytest.mark.parametrize("batch_fields", [True, False], ids=["batched", "one-call-per-value"])
     def test_other_nvml_error_leaves_field_absent(
-        self, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+        self, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, batch_fields: bool
     ) -> None:
         """An unexpected NVML error (NoPermission) on one metric leaves only that metric unset."""
 
         def no_permission(handle: Any) -> int:
             raise pynvml.NVMLError_NoPermission()
 
+        field_values = fake.nvmlDeviceGetFieldValues
+
+        def field_no_permission(handle: Any, fieldIds: Any) -> Any:
+            values = field_values(handle, fieldIds)
+            for fv in values:
+                if fv.fieldId == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+                    fv.nvmlReturn = pynvml.NVML_ERROR_NO_PERMISSION
+            return values
+
         monkeypatch.setattr(fake, "nvmlDeviceGetPcieReplayCounter", no_permission)
-        c = NvmlGpuCollector(fake)
+        monkeypatch.setattr(fake, "nvmlDeviceGetFieldValues", field_no_permission)
+        c = NvmlGpuCollector(fake, batch_fields=batch_fields)
         c.supported()
         report, _ = collect(c)
         assert not any(s.HasField("pcie_replay_count") for s in report.gpus)

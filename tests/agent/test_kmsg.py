@@ -400,6 +400,27 @@ class TestKmsgCollector:
         finally:
             c.close()
 
+    def test_idle_tail_wakes_on_news_not_on_a_timer(self, tmp_path):
+        """With a 30 s poll interval an appended line still arrives at once (inotify), and close() is prompt."""
+        p = tmp_path / "kmsg"
+        p.write_text("")
+        sink = _Sink()
+        c = KmsgCollector(str(p), sink, poll_interval_s=30.0)
+        try:
+            c.start()
+            assert c.wait_ready()
+            with p.open("a") as fh:
+                fh.write(as_kmsg(FALLEN, seq=2) + "\n")
+            assert wait_for(lambda: sink.kinds() == ["gpu_lost"], timeout_s=5.0)
+            nxt = tmp_path / "kmsg.next"
+            nxt.write_text(as_kmsg(XID_119, seq=3) + "\n")
+            os.replace(nxt, p)  # rotated in one step: the next file is read from its start
+            assert wait_for(lambda: len(sink.kinds()) == 2, timeout_s=5.0)
+        finally:
+            started = time.monotonic()
+            c.close()
+        assert not c.running and time.monotonic() - started < 5.0
+
     def test_missing_path_is_unsupported(self, tmp_path):
         """A path that does not exist is unsupported, and close() is idempotent."""
         c = KmsgCollector(str(tmp_path / "nope"), _Sink())
