@@ -25,6 +25,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import structlog
@@ -72,6 +74,7 @@ _PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5
 _OPTIONAL_FLAGS = frozenset({"remap_pending", "remap_failure", "retired_pages_pending"})
 _SEVERITY_BY_ACTION = {xidcat.ACTION_REBOOT: "fatal", xidcat.ACTION_NONE: "info"}
 _MAX_EVENT_WINDOW = 4096
+_MAX_CACHED_PORTS = 256  # per node: a report names at most MAX_NICS ports; a stranger is named per report
 _SWITCH = ipb.NODE_ROLE_SWITCH
 
 
@@ -105,6 +108,9 @@ class _NodeCtx:
     gpu_by_pci: dict[str, int]
     nic_by_pci: dict[str, str]
     gpu_indices: frozenset[int]
+    gpu_comp: dict[int, str]  # inventory GPU index -> "node/gpu-<i>", built once, not per report
+    # (rdma_device, port) -> ("dev/port", component name, on a rail): the NIC naming of every report
+    nic_ports: dict[tuple[str, int], tuple[str, str, bool]]
 
 
 def _pci_key(pci: str) -> str:
@@ -152,12 +158,21 @@ class ConditionEngine:
         self._batch_idx: dict[_Key, int] = {}
         k = rules.by_kind
         self._gpu_flag = k["gpu_flag"]
+        # (rule, field, optional): an optional flag that is absent is neither bad nor good
+        self._gpu_flag_spec = tuple((r, f, f in _OPTIONAL_FLAGS) for r in self._gpu_flag for f in [r.params["field"]])
         self._gpu_recovery = k["gpu_recovery_action"]
         self._gpu_clock = [(r, _mask(r)) for r in k["gpu_clock_reasons"]]
         self._gpu_missing = k["gpu_missing"]
         self._nvlink_down = k["gpu_nvlink_down"]
         self._nvlink_errors = k["gpu_nvlink_errors"]
         self._nvlink_counters = tuple(dict.fromkeys(c for r in self._nvlink_errors for c in r.counter_keys))
+        # One C-level read of every watched counter of one link (a tuple, even for one counter).
+        self._nvlink_read: Callable[[Any], tuple[Any, ...]] | None = None
+        if len(self._nvlink_counters) > 1:
+            self._nvlink_read = attrgetter(*self._nvlink_counters)
+        elif self._nvlink_counters:
+            one = attrgetter(self._nvlink_counters[0])
+            self._nvlink_read = lambda nl: (one(nl),)
         self._nic_state = [(r, _PORT_STATES.get(str(r.params["expect"]).upper(), 4)) for r in k["nic_state"]]
         self._nic_counter = k["nic_counter"]
         # Every (source, counter, key) any nic_counter rule reads: each is updated once per report.
@@ -225,14 +240,22 @@ class ConditionEngine:
                 self._switch_ports(nid, report.switch_ports, now)
             return self._flush()
         ctx = self._node_ctx(node)
-        if report.gpus or self._gpu_missing:
+        gpus = report.gpus  # each repeated field is read once per report
+        if gpus or self._gpu_missing:
+            seen: list[int] | None = None
             if self._has_gpu_rules:
-                for g in report.gpus:
-                    self._gpu(nid, g, ts, now)
+                seen = []
+                comps = ctx.gpu_comp
+                for g in gpus:
+                    index = g.index
+                    seen.append(index)
+                    self._gpu(nid, comps.get(index) or gpu_name(nid, f"gpu-{index}"), g, ts, now)
             if self._gpu_missing:
-                self._gpus_missing(nid, ctx, report, now)
-        if report.nics and self._has_nic_rules:
-            self._nics(nid, ctx, report.nics, ts, now, report.counters_delta)
+                self._gpus_missing(nid, ctx, report, gpus, seen, now)
+        if self._has_nic_rules:
+            nics = report.nics
+            if nics:
+                self._nics(nid, ctx, nics, ts, now, report.counters_delta)
         if report.HasField("host"):
             self._host(nid, report.host, now)
         if report.switch_ports:  # a compute node does not report switch ports; tolerate it
@@ -444,26 +467,25 @@ class ConditionEngine:
 
     # -- reports: GPU ----------------------------------------------------------------------
 
-    def _gpu(self, nid: str, g: tpb.GpuSample, ts: int, now: int) -> None:
-        comp = f"{nid}/gpu-{g.index}"
+    def _gpu(self, nid: str, comp: str, g: tpb.GpuSample, ts: int, now: int) -> None:
+        """Every per-GPU rule. A field is read once; presence (HasField) is asked only where it
+        decides something: a set flag or a non-zero value is present by definition, so the
+        question is left for the rare GPU that has an open condition to resolve."""
         owned = self._by_owner.get(nid)
-        for rule in self._gpu_flag:
-            fld = rule.params["field"]
-            if fld in _OPTIONAL_FLAGS and not g.HasField(fld):
-                continue
+        for rule, fld, optional in self._gpu_flag_spec:
             if getattr(g, fld):
                 self._bad(
                     rule, comp, "gpu", nid, nid, f"{comp}: {rule.description}", {"field": fld, "uuid": g.uuid}, now
                 )
-            elif owned:
+            elif owned and (not optional or g.HasField(fld)):
                 self._good(owned, rule, comp, now)
         if g.lost:
             return  # nothing else was readable: neither bad nor good
-        if g.HasField("recovery_action"):
+        if self._gpu_recovery:
             value = g.recovery_action
-            for rule in self._gpu_recovery:
-                if value:
-                    name, action = xidcat.recovery_action(value)
+            if value:
+                name, action = xidcat.recovery_action(value)
+                for rule in self._gpu_recovery:
                     self._bad(
                         rule,
                         comp,
@@ -476,9 +498,10 @@ class ConditionEngine:
                         action=action,
                         severity=_recovery_severity(rule, action),
                     )
-                elif owned:
+            elif owned and g.HasField("recovery_action"):
+                for rule in self._gpu_recovery:
                     self._good(owned, rule, comp, now)
-        if g.HasField("clock_event_reasons"):
+        if self._gpu_clock:
             reasons = g.clock_event_reasons
             for rule, mask in self._gpu_clock:
                 bits = reasons & mask
@@ -499,13 +522,14 @@ class ConditionEngine:
                         },
                         now,
                     )
-                elif owned:
+                elif owned and g.HasField("clock_event_reasons"):
                     self._good(owned, rule, comp, now)
-        if g.nvlinks:
+        links = g.nvlinks
+        if links:
             if self._nvlink_down:
-                down = [nl.link for nl in g.nvlinks if not nl.up]
-                for rule in self._nvlink_down:
-                    if down:
+                down = [nl.link for nl in links if not nl.up]
+                if down:
+                    for rule in self._nvlink_down:
                         self._bad(
                             rule,
                             comp,
@@ -513,13 +537,14 @@ class ConditionEngine:
                             nid,
                             nid,
                             f"{comp}: NVLink {', '.join(map(str, down))} down",
-                            {"links_down": down, "links": len(g.nvlinks)},
+                            {"links_down": down, "links": len(links)},
                             now,
                         )
-                    elif owned:
+                elif owned:
+                    for rule in self._nvlink_down:
                         self._good(owned, rule, comp, now)
             if self._nvlink_errors:
-                self._nvlink_rates(nid, comp, g, ts, now, owned)
+                self._nvlink_rates(nid, comp, links, ts, now, owned)
 
     def _due(self, entity: str, now: int) -> bool:
         """Whether an entity's cumulative counters should be read now (see defaults.counter_interval)."""
@@ -530,18 +555,18 @@ class ConditionEngine:
         return True
 
     def _nvlink_rates(
-        self, nid: str, comp: str, g: tpb.GpuSample, ts: int, now: int, owned: dict[_Key, _Entry] | None
+        self, nid: str, comp: str, links: Any, ts: int, now: int, owned: dict[_Key, _Entry] | None
     ) -> None:
         if not self._due(comp, now):
             return
         counters = self._nvlink_counters
-        links = g.nvlinks
         names = self._nvlink_names.get(len(links))
         if names is None:
             names = self._nvlink_names[len(links)] = tuple(
                 f"nvlink-{pos}/{c}" for pos in range(len(links)) for c in counters
             )
-        values = tuple([getattr(nl, c) for nl in links for c in counters])
+        assert self._nvlink_read is not None  # set whenever there are nvlink error rules
+        values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
         samples = self.rates.update_group(comp, ts, names, values, now)
         if samples is None and not (owned and any((r.id, comp) in owned for r in self._nvlink_errors)):
             return  # nothing moved and nothing open: no verdict can change
@@ -574,19 +599,23 @@ class ConditionEngine:
             elif owned and key_ in owned and rule.threshold_is_rate:
                 self._good(owned, rule, comp, now)
 
-    def _gpus_missing(self, nid: str, ctx: _NodeCtx, report: tpb.Report, now: int) -> None:
+    def _gpus_missing(
+        self, nid: str, ctx: _NodeCtx, report: tpb.Report, gpus: Any, indices: list[int] | None, now: int
+    ) -> None:
         if not ctx.gpu_indices:
             return
+        seen = set(indices) if indices is not None else {g.index for g in gpus}
+        owned = self._by_owner.get(nid)
+        if not owned and ctx.gpu_indices <= seen:
+            return  # every GPU reported and nothing open to resolve: no verdict can change
         gpu_status = next((c for c in report.collectors if c.name == "gpu"), None)
         if gpu_status is not None and not gpu_status.ok:
             return  # the collector failed: absent GPUs are unknown, not missing
-        if not report.gpus and gpu_status is None:
+        if not gpus and gpu_status is None:
             return
-        seen = {g.index for g in report.gpus}
-        owned = self._by_owner.get(nid)
         for rule in self._gpu_missing:
             for index in ctx.gpu_indices:
-                comp = gpu_name(nid, f"gpu-{index}")
+                comp = ctx.gpu_comp[index]
                 if index not in seen:
                     self._bad(
                         rule,
@@ -607,36 +636,44 @@ class ConditionEngine:
         self, nid: str, ctx: _NodeCtx, nics: Iterable[tpb.NicSample], ts: int, now: int, delta: bool = False
     ) -> None:
         owned = self._by_owner.get(nid)
-        rails: list[tuple[str, tpb.NicSample]] = []
+        rails: list[tuple[str, tpb.NicSample, int, float]] = []
+        ports = ctx.nic_ports
+        want_rate = bool(self._nic_rate)
         for s in nics:
-            local = f"{s.rdma_device}/{s.port}"
-            name = ctx.namer.nic(local)
-            comp = name or f"{nid}/{local}"
-            if name is not None:
-                rails.append((comp, s))
-            for rule, code in self._nic_state:
-                if s.state_code == 0:
-                    continue
-                if s.state_code != code:
-                    self._bad(
-                        rule,
-                        comp,
-                        "nic",
-                        nid,
-                        nid,
-                        f"{comp} ({local}) is {s.state or s.state_code} / {s.phys_state}",
-                        self._nic_evidence(
+            port = (s.rdma_device, s.port)
+            named = ports.get(port)
+            if named is None:
+                local = f"{port[0]}/{port[1]}"
+                name = ctx.namer.nic(local)
+                named = (local, name or f"{nid}/{local}", name is not None)
+                if len(ports) < _MAX_CACHED_PORTS:
+                    ports[port] = named
+            local, comp, on_rail = named
+            code = s.state_code
+            if on_rail and want_rate:
+                rails.append((comp, s, code, s.rate_gbps))
+            if code:  # 0: the state was not read, neither bad nor good
+                for rule, expect in self._nic_state:
+                    if code != expect:
+                        self._bad(
+                            rule,
                             comp,
-                            s,
-                            state=s.state,
-                            state_code=s.state_code,
-                            phys_state=s.phys_state,
-                            operstate=s.netdev_operstate,
-                        ),
-                        now,
-                    )
-                elif owned:
-                    self._good(owned, rule, comp, now)
+                            "nic",
+                            nid,
+                            nid,
+                            f"{comp} ({local}) is {s.state or code} / {s.phys_state}",
+                            self._nic_evidence(
+                                comp,
+                                s,
+                                state=s.state,
+                                state_code=code,
+                                phys_state=s.phys_state,
+                                operstate=s.netdev_operstate,
+                            ),
+                            now,
+                        )
+                    elif owned:
+                        self._good(owned, rule, comp, now)
             if self._nic_counter:
                 self._nic_counters(nid, comp, s, ts, now, owned, delta)
         if self._nic_rate and rails:
@@ -696,22 +733,23 @@ class ConditionEngine:
     def _nic_values(self, s: tpb.NicSample) -> tuple[int | None, ...]:
         values: list[int | None] = []
         for source, counters in self._nic_sources:
-            m = getattr(s, source)
-            values += [m.get(c) for c in counters]
+            values.extend(map(getattr(s, source).get, counters))
         return tuple(values)
 
     def _nic_rates(
-        self, nid: str, rails: list[tuple[str, tpb.NicSample]], now: int, owned: dict[_Key, _Entry] | None
+        self,
+        nid: str,
+        rails: list[tuple[str, tpb.NicSample, int, float]],
+        now: int,
+        owned: dict[_Key, _Entry] | None,
     ) -> None:
-        active = [(comp, s) for comp, s in rails if s.state_code == 4 and s.rate_gbps > 0]
-        top = max((s.rate_gbps for _, s in active), default=0.0)
+        top = max((rate for _, _, code, rate in rails if code == 4 and rate > 0), default=0.0)
         for rule in self._nic_rate:
             nominal_q = rule.params.get("nominal")
             nominal = nominal_q.value if nominal_q is not None else 0.0
             compare = rule.params.get("compare_rails", True)
-            for comp, s in rails:
-                rate = s.rate_gbps
-                bad = s.state_code == 4 and rate > 0 and ((nominal and rate < nominal) or (compare and rate < top))
+            for comp, s, code, rate in rails:
+                bad = code == 4 and rate > 0 and ((nominal and rate < nominal) or (compare and rate < top))
                 if bad:
                     expected = max(nominal, top if compare else 0.0)
                     self._bad(
@@ -1079,7 +1117,10 @@ class ConditionEngine:
             gpu_by_pci={_pci_key(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id},
             nic_by_pci={},
             gpu_indices=frozenset(g.index for g in inv.gpus),
+            gpu_comp={},
+            nic_ports={},
         )
+        ctx.gpu_comp = {i: gpu_name(node.node_id, f"gpu-{i}") for i in ctx.gpu_indices}
         for n in inv.nics:
             name = ctx.namer.nic(f"{n.rdma_device}/{n.port}")
             if name is not None and n.pci_address:
