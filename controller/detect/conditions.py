@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import structlog
@@ -74,6 +74,9 @@ _PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5
 _OPTIONAL_FLAGS = frozenset({"remap_pending", "remap_failure", "retired_pages_pending"})
 _SEVERITY_BY_ACTION = {xidcat.ACTION_REBOOT: "fatal", xidcat.ACTION_NONE: "info"}
 _MAX_EVENT_WINDOW = 4096
+_LINK_UP = attrgetter("up")
+_FIRST = itemgetter(0)
+_REST = itemgetter(slice(1, None))
 _MAX_CACHED_PORTS = 256  # per node: a report names at most MAX_NICS ports; a stranger is named per report
 _SWITCH = ipb.NODE_ROLE_SWITCH
 
@@ -162,18 +165,29 @@ class ConditionEngine:
         self._gpu_flag_spec = tuple((r, f, f in _OPTIONAL_FLAGS) for r in self._gpu_flag for f in [r.params["field"]])
         self._gpu_recovery = k["gpu_recovery_action"]
         self._gpu_clock = [(r, _mask(r)) for r in k["gpu_clock_reasons"]]
+        # What the per-GPU state rules look at, in one C-level read: when every flag is false,
+        # recovery_action is 0, no watched clock reason is set and nothing is open on the node,
+        # none of those rules can say anything (the common, healthy GPU).
+        self._gpu_read = attrgetter(
+            *[f for _, f, _ in self._gpu_flag_spec], "lost", "recovery_action", "clock_event_reasons"
+        )
+        self._clock_watched = 0
+        for _, mask in self._gpu_clock:
+            self._clock_watched |= mask
         self._gpu_missing = k["gpu_missing"]
         self._nvlink_down = k["gpu_nvlink_down"]
         self._nvlink_errors = k["gpu_nvlink_errors"]
         self._nvlink_counters = tuple(dict.fromkeys(c for r in self._nvlink_errors for c in r.counter_keys))
         # One C-level read of every watched counter of one link (a tuple, even for one counter).
         self._nvlink_read: Callable[[Any], tuple[Any, ...]] | None = None
+        self._nvlink_read_up = attrgetter("up", *self._nvlink_counters)
         if len(self._nvlink_counters) > 1:
             self._nvlink_read = attrgetter(*self._nvlink_counters)
         elif self._nvlink_counters:
             one = attrgetter(self._nvlink_counters[0])
             self._nvlink_read = lambda nl: (one(nl),)
         self._nic_state = [(r, _PORT_STATES.get(str(r.params["expect"]).upper(), 4)) for r in k["nic_state"]]
+        self._nic_read = attrgetter("rdma_device", "port", "state_code", "rate_gbps")
         self._nic_counter = k["nic_counter"]
         # Every (source, counter, key) any nic_counter rule reads: each is updated once per report.
         reads = dict.fromkeys((r.params["source"], c) for r in k["nic_counter"] for c in r.params["counters"])
@@ -468,10 +482,56 @@ class ConditionEngine:
     # -- reports: GPU ----------------------------------------------------------------------
 
     def _gpu(self, nid: str, comp: str, g: tpb.GpuSample, ts: int, now: int) -> None:
-        """Every per-GPU rule. A field is read once; presence (HasField) is asked only where it
-        decides something: a set flag or a non-zero value is present by definition, so the
-        question is left for the rare GPU that has an open condition to resolve."""
+        """Every per-GPU rule; a healthy GPU with nothing open costs one read of its state fields."""
         owned = self._by_owner.get(nid)
+        state = self._gpu_read(g)
+        if (owned or any(state[:-1]) or state[-1] & self._clock_watched) and not self._gpu_state(
+            nid, comp, g, now, owned
+        ):
+            return  # a lost GPU: nothing else was readable
+        links = g.nvlinks
+        if links:
+            # A report that reads the NVLink counters (every counter_interval) reads each link once,
+            # state and counters together; the others read only the state, in one C-level pass.
+            rows: list[tuple[Any, ...]] | None = None
+            due = False
+            if self._nvlink_errors:
+                last = self._sampled.get(comp)  # _due without its side effect (_nvlink_rates takes it)
+                due = last is None or now - last >= self._counter_ms
+            if self._nvlink_down:
+                if due:
+                    rows = list(map(self._nvlink_read_up, links))
+                    all_up = all(map(_FIRST, rows))
+                else:
+                    all_up = all(map(_LINK_UP, links))
+                if all_up:
+                    if owned:
+                        for rule in self._nvlink_down:
+                            self._good(owned, rule, comp, now)
+                else:
+                    down = [nl.link for nl in links if not nl.up]
+                    for rule in self._nvlink_down:
+                        self._bad(
+                            rule,
+                            comp,
+                            "gpu",
+                            nid,
+                            nid,
+                            f"{comp}: NVLink {', '.join(map(str, down))} down",
+                            {"links_down": down, "links": len(links)},
+                            now,
+                        )
+            if due:
+                self._nvlink_rates(nid, comp, links, rows, ts, now, owned)
+
+    def _gpu_state(
+        self, nid: str, comp: str, g: tpb.GpuSample, now: int, owned: dict[_Key, _Entry] | None
+    ) -> bool:
+        """Flags, recovery action and clock reasons; False for a lost GPU (stop there).
+
+        Each field is read once; presence (HasField) is asked only where it decides something:
+        a set flag or a non-zero value is present by definition, so the question is left for
+        the GPU that has an open condition to resolve."""
         for rule, fld, optional in self._gpu_flag_spec:
             if getattr(g, fld):
                 self._bad(
@@ -480,7 +540,7 @@ class ConditionEngine:
             elif owned and (not optional or g.HasField(fld)):
                 self._good(owned, rule, comp, now)
         if g.lost:
-            return  # nothing else was readable: neither bad nor good
+            return False  # nothing else was readable: neither bad nor good
         if self._gpu_recovery:
             value = g.recovery_action
             if value:
@@ -524,27 +584,7 @@ class ConditionEngine:
                     )
                 elif owned and g.HasField("clock_event_reasons"):
                     self._good(owned, rule, comp, now)
-        links = g.nvlinks
-        if links:
-            if self._nvlink_down:
-                down = [nl.link for nl in links if not nl.up]
-                if down:
-                    for rule in self._nvlink_down:
-                        self._bad(
-                            rule,
-                            comp,
-                            "gpu",
-                            nid,
-                            nid,
-                            f"{comp}: NVLink {', '.join(map(str, down))} down",
-                            {"links_down": down, "links": len(links)},
-                            now,
-                        )
-                elif owned:
-                    for rule in self._nvlink_down:
-                        self._good(owned, rule, comp, now)
-            if self._nvlink_errors:
-                self._nvlink_rates(nid, comp, links, ts, now, owned)
+        return True
 
     def _due(self, entity: str, now: int) -> bool:
         """Whether an entity's cumulative counters should be read now (see defaults.counter_interval)."""
@@ -555,8 +595,16 @@ class ConditionEngine:
         return True
 
     def _nvlink_rates(
-        self, nid: str, comp: str, links: Any, ts: int, now: int, owned: dict[_Key, _Entry] | None
+        self,
+        nid: str,
+        comp: str,
+        links: Any,
+        rows: list[tuple[Any, ...]] | None,
+        ts: int,
+        now: int,
+        owned: dict[_Key, _Entry] | None,
     ) -> None:
+        """``rows``: (up, *counters) per link when the caller already read them, else None."""
         if not self._due(comp, now):
             return
         counters = self._nvlink_counters
@@ -565,8 +613,11 @@ class ConditionEngine:
             names = self._nvlink_names[len(links)] = tuple(
                 f"nvlink-{pos}/{c}" for pos in range(len(links)) for c in counters
             )
-        assert self._nvlink_read is not None  # set whenever there are nvlink error rules
-        values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
+        if rows is not None:
+            values = tuple(chain.from_iterable(map(_REST, rows)))
+        else:
+            assert self._nvlink_read is not None  # set whenever there are nvlink error rules
+            values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
         samples = self.rates.update_group(comp, ts, names, values, now)
         if samples is None and not (owned and any((r.id, comp) in owned for r in self._nvlink_errors)):
             return  # nothing moved and nothing open: no verdict can change
@@ -639,19 +690,22 @@ class ConditionEngine:
         rails: list[tuple[str, tpb.NicSample, int, float]] = []
         ports = ctx.nic_ports
         want_rate = bool(self._nic_rate)
+        read = self._nic_read
+        sampled = self._sampled
+        counter_ms = self._counter_ms
         for s in nics:
-            port = (s.rdma_device, s.port)
+            dev, num, code, rate = read(s)
+            port = (dev, num)
             named = ports.get(port)
             if named is None:
-                local = f"{port[0]}/{port[1]}"
+                local = f"{dev}/{num}"
                 name = ctx.namer.nic(local)
                 named = (local, name or f"{nid}/{local}", name is not None)
                 if len(ports) < _MAX_CACHED_PORTS:
                     ports[port] = named
             local, comp, on_rail = named
-            code = s.state_code
             if on_rail and want_rate:
-                rails.append((comp, s, code, s.rate_gbps))
+                rails.append((comp, s, code, rate))
             if code:  # 0: the state was not read, neither bad nor good
                 for rule, expect in self._nic_state:
                     if code != expect:
@@ -675,6 +729,10 @@ class ConditionEngine:
                     elif owned:
                         self._good(owned, rule, comp, now)
             if self._nic_counter:
+                if delta:  # _due, inline: a delta report's counters are read only every counter_interval
+                    last = sampled.get(comp)
+                    if last is not None and now - last < counter_ms:
+                        continue
                 self._nic_counters(nid, comp, s, ts, now, owned, delta)
         if self._nic_rate and rails:
             self._nic_rates(nid, rails, now, owned)
@@ -694,8 +752,8 @@ class ConditionEngine:
                 return
             base = self._nic_base.get(comp)
             values = self._nic_values(s)
-            if base is not None:
-                values = tuple(b if v is None else v for v, b in zip(values, base, strict=True))
+            if base is not None and None in values:
+                values = tuple([b if v is None else v for v, b in zip(values, base, strict=True)])
         else:
             values = self._nic_values(s)
             self._nic_base[comp] = values  # every full report: the base later deltas omit

@@ -248,7 +248,7 @@ class CounterRate:
         prev = group.values
         merged = values
         if None in values:  # absent: unchanged (a delta report) or not read this time
-            merged = tuple(p if v is None else v for v, p in zip(values, prev, strict=True))
+            merged = tuple([p if v is None else v for v, p in zip(values, prev, strict=True)])
         if merged == prev and not group.saturated:
             group.ts_ms = max(group.ts_ms, ts_ms)
             return None
