@@ -179,13 +179,8 @@ class ConditionEngine:
         self._nvlink_errors = k["gpu_nvlink_errors"]
         self._nvlink_counters = tuple(dict.fromkeys(c for r in self._nvlink_errors for c in r.counter_keys))
         # One C-level read of every watched counter of one link (a tuple, even for one counter).
-        self._nvlink_read: Callable[[Any], tuple[Any, ...]] | None = None
-        self._nvlink_read_up = attrgetter("up", *self._nvlink_counters)
-        if len(self._nvlink_counters) > 1:
-            self._nvlink_read = attrgetter(*self._nvlink_counters)
-        elif self._nvlink_counters:
-            one = attrgetter(self._nvlink_counters[0])
-            self._nvlink_read = lambda nl: (one(nl),)
+        self._nvlink_read = _tuple_getter(*self._nvlink_counters)
+        self._nvlink_read_up = _tuple_getter("up", *self._nvlink_counters)  # (up, *counters)
         self._nic_state = [(r, _PORT_STATES.get(str(r.params["expect"]).upper(), 4)) for r in k["nic_state"]]
         self._nic_read = attrgetter("rdma_device", "port", "state_code", "rate_gbps")
         self._nic_counter = k["nic_counter"]
@@ -196,6 +191,8 @@ class ConditionEngine:
             sources.setdefault(source, []).append(counter)
         self._nic_sources = tuple((src, tuple(cs)) for src, cs in sources.items())
         self._nic_names = tuple(f"{src}/{c}" for src, cs in self._nic_sources for c in cs)
+        # The counter maps those reads come from, in one C-level read (always a tuple)
+        self._nic_maps = _tuple_getter(*(src for src, _ in self._nic_sources))
         self._nvlink_names: dict[int, tuple[str, ...]] = {}  # link count -> "nvlink-<pos>/<counter>" names
         self._counter_ms = int(rules.defaults.counter_interval_s * 1000)
         self._sampled: dict[str, int] = {}  # counter entity -> controller time of its last read
@@ -616,7 +613,6 @@ class ConditionEngine:
         if rows is not None:
             values = tuple(chain.from_iterable(map(_REST, rows)))
         else:
-            assert self._nvlink_read is not None  # set whenever there are nvlink error rules
             values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
         samples = self.rates.update_group(comp, ts, names, values, now)
         if samples is None and not (owned and any((r.id, comp) in owned for r in self._nvlink_errors)):
@@ -790,8 +786,8 @@ class ConditionEngine:
 
     def _nic_values(self, s: tpb.NicSample) -> tuple[int | None, ...]:
         values: list[int | None] = []
-        for source, counters in self._nic_sources:
-            values.extend(map(getattr(s, source).get, counters))
+        for m, (_, counters) in zip(self._nic_maps(s), self._nic_sources, strict=True):
+            values.extend(map(m.get, counters))
         return tuple(values)
 
     def _nic_rates(
@@ -1188,6 +1184,16 @@ class ConditionEngine:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def _tuple_getter(*names: str) -> Callable[[Any], tuple[Any, ...]]:
+    """attrgetter that always returns a tuple (attrgetter of one name returns the bare value)."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    if names:
+        one = attrgetter(names[0])
+        return lambda obj: (one(obj),)
+    return lambda obj: ()
 
 
 def _snapshot(cond: Condition) -> Condition:
