@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from itertools import chain
 from operator import attrgetter, itemgetter
@@ -31,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from controller.detect.linkkey import links_key
 from controller.detect.model import SEVERITY_ORDER, ComponentType, Condition, ConditionChange, ConditionChangeKind
 from controller.detect.naming import NicNamer, gpu_name, switch_port_name
 from controller.detect.rates import CounterRate, RateSample
@@ -196,6 +197,8 @@ class ConditionEngine:
         self._nvlink_names: dict[int, tuple[str, ...]] = {}  # link count -> "nvlink-<pos>/<counter>" names
         self._counter_ms = int(rules.defaults.counter_interval_s * 1000)
         self._sampled: dict[str, int] = {}  # counter entity -> controller time of its last read
+        # GPU -> (links_key at its last NVLink counter read, all links up then)
+        self._link_keys: dict[str, tuple[bytes, bool]] = {}
         # NIC counters of each port's last full report: in a delta report an absent counter
         # has that value (agent.transport.delta), whether or not that report was read.
         self._nic_base: dict[str, tuple[int | None, ...]] = {}
@@ -337,6 +340,8 @@ class ConditionEngine:
             del self._event_windows[wkey]
         for entity in [e for e in self._sampled if e == node_id or e.startswith((f"{node_id}/", f"{node_id}:"))]:
             del self._sampled[entity]
+        for entity in [e for e in self._link_keys if e.startswith(f"{node_id}/")]:
+            del self._link_keys[entity]
         for entity in [e for e in self._nic_base if e.startswith((f"{node_id}/", f"{node_id}:"))]:
             del self._nic_base[entity]
         dropped = self.rates.forget(node_id)
@@ -490,17 +495,26 @@ class ConditionEngine:
         if links:
             # A report that reads the NVLink counters (every counter_interval) reads each link once,
             # state and counters together; the others read only the state, in one C-level pass.
+            # When the links are byte-for-byte what they were at the last counter read, nothing
+            # derived from them (state, counter values) is read again (controller.detect.linkkey).
             rows: list[tuple[Any, ...]] | None = None
-            due = False
+            due = same = False
             if self._nvlink_errors:
                 last = self._sampled.get(comp)  # _due without its side effect (_nvlink_rates takes it)
                 due = last is None or now - last >= self._counter_ms
-            if self._nvlink_down:
-                if due:
+            all_up = True
+            if due:
+                key = links_key(g)
+                cached = self._link_keys.get(comp)
+                if cached is not None and cached[0] == key:
+                    same, all_up = True, cached[1]
+                else:
                     rows = list(map(self._nvlink_read_up, links))
                     all_up = all(map(_FIRST, rows))
-                else:
-                    all_up = all(map(_LINK_UP, links))
+                    self._link_keys[comp] = (key, all_up)
+            elif self._nvlink_down:
+                all_up = all(map(_LINK_UP, links))
+            if self._nvlink_down:
                 if all_up:
                     if owned:
                         for rule in self._nvlink_down:
@@ -519,7 +533,7 @@ class ConditionEngine:
                             now,
                         )
             if due:
-                self._nvlink_rates(nid, comp, links, rows, ts, now, owned)
+                self._nvlink_rates(nid, comp, links, rows, same, ts, now, owned)
 
     def _gpu_state(
         self, nid: str, comp: str, g: tpb.GpuSample, now: int, owned: dict[_Key, _Entry] | None
@@ -597,11 +611,13 @@ class ConditionEngine:
         comp: str,
         links: Any,
         rows: list[tuple[Any, ...]] | None,
+        same: bool,
         ts: int,
         now: int,
         owned: dict[_Key, _Entry] | None,
     ) -> None:
-        """``rows``: (up, *counters) per link when the caller already read them, else None."""
+        """``rows``: (up, *counters) per link when the caller already read them, else None;
+        ``same``: the links are byte-for-byte those of the last counter read."""
         if not self._due(comp, now):
             return
         counters = self._nvlink_counters
@@ -610,11 +626,15 @@ class ConditionEngine:
             names = self._nvlink_names[len(links)] = tuple(
                 f"nvlink-{pos}/{c}" for pos in range(len(links)) for c in counters
             )
-        if rows is not None:
-            values = tuple(chain.from_iterable(map(_REST, rows)))
+        samples: Mapping[str, RateSample] | None
+        if same and self.rates.unchanged(comp, ts, names):
+            samples = None  # what update_group answers for the values it already holds
         else:
-            values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
-        samples = self.rates.update_group(comp, ts, names, values, now)
+            if rows is not None:
+                values = tuple(chain.from_iterable(map(_REST, rows)))
+            else:
+                values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
+            samples = self.rates.update_group(comp, ts, names, values, now)
         if samples is None and not (owned and any((r.id, comp) in owned for r in self._nvlink_errors)):
             return  # nothing moved and nothing open: no verdict can change
         for rule in self._nvlink_errors:

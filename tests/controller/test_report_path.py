@@ -15,6 +15,7 @@ import math
 import pytest
 
 from controller.detect.failslow import SIGNAL_POWER, SIGNAL_SM_CLOCK, SIGNAL_UTIL, FailSlowConfig, FailSlowDetector
+from controller.detect.linkkey import links_key
 from controller.validate import InvalidMessage, validate_report
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.controller.test_conditions import NODE, RULES, compute_node, good_report, make_engine, opened, resolved
@@ -268,3 +269,97 @@ class TestValidation:
         r.nics.add(rdma_device="mlx5_2", rate_gbps=math.inf)
         with pytest.raises(InvalidMessage, match=r"nic mlx5_2\.rate_gbps is not a finite number \(inf\)"):
             validate_report(r)
+
+
+class TestLinkKey:
+    def test_equal_links_equal_keys_whatever_else_changed(self):
+        a = report_18_links(1).gpus[5]
+        b = report_18_links(2).gpus[5]
+        b.temperature_c, b.power_w, b.clock_event_reasons = 91.0, 700.0, 0x40
+        assert links_key(a) == links_key(b)
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            lambda g: setattr(g.nvlinks[7], "up", False),
+            lambda g: setattr(g.nvlinks[17], "ecc_data_errors", 1),
+            lambda g: g.nvlinks[0].ClearField("replay_errors"),  # absent, not 0
+            lambda g: g.nvlinks.add(link=18, up=True),
+        ],
+        ids=["link-down", "counter", "absent-counter", "extra-link"],
+    )
+    def test_any_link_change_changes_the_key(self, change):
+        a = report_18_links(1).gpus[5]
+        b = report_18_links(1).gpus[5]
+        change(b)
+        assert links_key(a) != links_key(b)
+
+    def test_record_boundaries_count(self):
+        """[{link 1}, {up}] and [{link 1, up}, {}] carry the same bytes in a row, but are different links."""
+        a, b = tpb.GpuSample(), tpb.GpuSample()
+        a.nvlinks.add(link=1)
+        a.nvlinks.add(up=True)
+        b.nvlinks.add(link=1, up=True)
+        b.nvlinks.add()
+        assert links_key(a) != links_key(b)
+
+
+class TestUnchangedLinksSkipTheRead:
+    def run_due_reports(self, engine, clock, node, count: int, mutate=None) -> list:
+        out = []
+        for i in range(count):
+            clock.advance(15)  # every report reads the NVLink counters
+            r = report_18_links(clock.now)
+            if mutate is not None:
+                mutate(r, i)
+            out.append(engine.on_report(node, r))
+        return out
+
+    def test_errors_after_quiet_reads_are_seen(self):
+        """After several identical counter reads, errors on one link open gpu.nvlink_errors at once."""
+        engine, clock = make_engine()
+        node = compute_node()
+        engine.on_report(node, report_18_links(clock.now))
+        assert self.run_due_reports(engine, clock, node, 3) == [[], [], []]
+
+        def errors(r: tpb.Report, i: int) -> None:
+            r.gpus[5].nvlinks[9].crc_data_errors = 1_000 * (i + 1)
+
+        changes = self.run_due_reports(engine, clock, node, 1, errors)[0]
+        assert opened(changes) == [("gpu.nvlink_errors", GPU5)]
+        cond = engine.get("gpu.nvlink_errors", GPU5)
+        assert cond is not None
+        assert cond.evidence["link"] == 9
+
+    def test_link_down_after_quiet_reads_and_back(self):
+        """A link down on a counter read after identical ones opens; the same bytes again keep it open."""
+        engine, clock = make_engine()
+        node = compute_node()
+        engine.on_report(node, report_18_links(clock.now))
+        self.run_due_reports(engine, clock, node, 2)
+
+        def down(r: tpb.Report, i: int) -> None:
+            r.gpus[5].nvlinks[13].up = False
+
+        first, second = self.run_due_reports(engine, clock, node, 2, down)
+        assert opened(first) == [("gpu.nvlink_down", GPU5)]
+        assert second == []  # unchanged links, down still: no resolve, no reopen
+        cond = engine.get("gpu.nvlink_down", GPU5)
+        assert cond is not None
+        assert cond.count == 2
+        assert cond.evidence["links_down"] == [13]
+        assert resolved(self.run_due_reports(engine, clock, node, 1)[0]) == [("gpu.nvlink_down", GPU5)]
+
+    def test_saturated_counter_is_read_every_time(self):
+        """A counter stuck at its maximum is read on every counter read although the links are unchanged:
+        its window gets a 'saturated' entry each time, as update_group's full path gives it."""
+        engine, clock = make_engine()
+        node = compute_node()
+
+        def stuck(r: tpb.Report, i: int) -> None:
+            r.gpus[5].nvlinks[2].crc_flit_errors = 0xFFFF_FFFF_FFFF_FFFF
+
+        self.run_due_reports(engine, clock, node, 4, stuck)  # first sight, then 3 unchanged reads
+        window = engine.rates._groups[GPU5].windows["nvlink-2/crc_flit_errors"]
+        assert [(delta, saturated) for _, delta, saturated in window] == [(0, True)] * 3
+        assert engine.rates.window_sum(GPU5, "nvlink-2/crc_flit_errors", 60, clock.now) == (0, True)
