@@ -7,6 +7,7 @@ A failed check names the field so the agent's operator can find the bug.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 from starpulse.names import InvalidName, validate_node_id
 from starpulse.v1 import inventory_pb2 as ipb
@@ -19,6 +20,8 @@ MAX_SWITCH_PORTS = 1024
 MAX_COUNTERS = 1024
 MAX_TEXT = 4096
 MAX_NAME = 256
+_NIC_CHECKED = attrgetter("counters", "hw_counters", "netdev_stats", "rate_gbps")  # one C-level read a NIC
+_GPU_FINITE = ("temperature_c", "power_w", "utilization_gpu_pct", "power_limit_w")  # checked in this order
 
 
 class InvalidMessage(ValueError):
@@ -45,22 +48,38 @@ def validate_hello(hello: spb.Hello) -> None:
 
 
 def validate_report(report: tpb.Report) -> None:
+    """Runs for every report, so each repeated field is walked once and each number read once.
+
+    An unset optional number reads as 0.0, which is finite, so presence need not be asked:
+    only a field that is set can fail. The field-by-field message is built only on failure.
+    """
     if report.seq == 0:
         raise InvalidMessage("report.seq must start at 1")
-    if len(report.gpus) > MAX_GPUS:
-        raise InvalidMessage(f"report has {len(report.gpus)} GPUs (max {MAX_GPUS})")
-    if len(report.nics) > MAX_NICS:
-        raise InvalidMessage(f"report has {len(report.nics)} NIC ports (max {MAX_NICS})")
+    gpus = report.gpus
+    nics = report.nics
+    if len(gpus) > MAX_GPUS:
+        raise InvalidMessage(f"report has {len(gpus)} GPUs (max {MAX_GPUS})")
+    if len(nics) > MAX_NICS:
+        raise InvalidMessage(f"report has {len(nics)} NIC ports (max {MAX_NICS})")
     if len(report.switch_ports) > MAX_SWITCH_PORTS:
         raise InvalidMessage(f"report has {len(report.switch_ports)} switch ports (max {MAX_SWITCH_PORTS})")
-    for gpu in report.gpus:
-        for field in ("temperature_c", "power_w", "utilization_gpu_pct", "power_limit_w"):
-            if gpu.HasField(field):
-                _finite(f"gpus[{gpu.index}].{field}", getattr(gpu, field))
-    for nic in report.nics:
-        if len(nic.counters) + len(nic.hw_counters) + len(nic.netdev_stats) > MAX_COUNTERS:
+    isfinite = math.isfinite
+    for gpu in gpus:
+        if not (
+            isfinite(gpu.temperature_c)
+            and isfinite(gpu.power_w)
+            and isfinite(gpu.utilization_gpu_pct)
+            and isfinite(gpu.power_limit_w)
+        ):
+            for field in _GPU_FINITE:
+                if gpu.HasField(field):
+                    _finite(f"gpus[{gpu.index}].{field}", getattr(gpu, field))
+    for nic in nics:
+        counters, hw_counters, netdev_stats, rate = _NIC_CHECKED(nic)
+        if len(counters) + len(hw_counters) + len(netdev_stats) > MAX_COUNTERS:
             raise InvalidMessage(f"nic {nic.rdma_device} carries too many counters")
-        _finite(f"nic {nic.rdma_device}.rate_gbps", nic.rate_gbps)
+        if not isfinite(rate):
+            raise InvalidMessage(f"nic {nic.rdma_device}.rate_gbps is not a finite number ({rate})")
     for step in report.job_steps:
         _finite(f"job_steps[{step.job}].step_time_s", step.step_time_s)
         if len(step.job) > MAX_NAME:

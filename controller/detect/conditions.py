@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import structlog
 
+from controller.detect.linkkey import links_key
 from controller.detect.model import SEVERITY_ORDER, ComponentType, Condition, ConditionChange, ConditionChangeKind
 from controller.detect.naming import NicNamer, gpu_name, switch_port_name
 from controller.detect.rates import CounterRate, RateSample
@@ -72,6 +75,10 @@ _PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5
 _OPTIONAL_FLAGS = frozenset({"remap_pending", "remap_failure", "retired_pages_pending"})
 _SEVERITY_BY_ACTION = {xidcat.ACTION_REBOOT: "fatal", xidcat.ACTION_NONE: "info"}
 _MAX_EVENT_WINDOW = 4096
+_LINK_UP = attrgetter("up")
+_FIRST = itemgetter(0)
+_REST = itemgetter(slice(1, None))
+_MAX_CACHED_PORTS = 256  # per node: a report names at most MAX_NICS ports; a stranger is named per report
 _SWITCH = ipb.NODE_ROLE_SWITCH
 
 
@@ -105,6 +112,9 @@ class _NodeCtx:
     gpu_by_pci: dict[str, int]
     nic_by_pci: dict[str, str]
     gpu_indices: frozenset[int]
+    gpu_comp: dict[int, str]  # inventory GPU index -> "node/gpu-<i>", built once, not per report
+    # (rdma_device, port) -> ("dev/port", component name, on a rail): the NIC naming of every report
+    nic_ports: dict[tuple[str, int], tuple[str, str, bool]]
 
 
 def _pci_key(pci: str) -> str:
@@ -152,13 +162,28 @@ class ConditionEngine:
         self._batch_idx: dict[_Key, int] = {}
         k = rules.by_kind
         self._gpu_flag = k["gpu_flag"]
+        # (rule, field, optional): an optional flag that is absent is neither bad nor good
+        self._gpu_flag_spec = tuple((r, f, f in _OPTIONAL_FLAGS) for r in self._gpu_flag for f in [r.params["field"]])
         self._gpu_recovery = k["gpu_recovery_action"]
         self._gpu_clock = [(r, _mask(r)) for r in k["gpu_clock_reasons"]]
+        # What the per-GPU state rules look at, in one C-level read: when every flag is false,
+        # recovery_action is 0, no watched clock reason is set and nothing is open on the node,
+        # none of those rules can say anything (the common, healthy GPU).
+        self._gpu_read = attrgetter(
+            *[f for _, f, _ in self._gpu_flag_spec], "lost", "recovery_action", "clock_event_reasons"
+        )
+        self._clock_watched = 0
+        for _, mask in self._gpu_clock:
+            self._clock_watched |= mask
         self._gpu_missing = k["gpu_missing"]
         self._nvlink_down = k["gpu_nvlink_down"]
         self._nvlink_errors = k["gpu_nvlink_errors"]
         self._nvlink_counters = tuple(dict.fromkeys(c for r in self._nvlink_errors for c in r.counter_keys))
+        # One C-level read of every watched counter of one link (a tuple, even for one counter).
+        self._nvlink_read = _tuple_getter(*self._nvlink_counters)
+        self._nvlink_read_up = _tuple_getter("up", *self._nvlink_counters)  # (up, *counters)
         self._nic_state = [(r, _PORT_STATES.get(str(r.params["expect"]).upper(), 4)) for r in k["nic_state"]]
+        self._nic_read = attrgetter("rdma_device", "port", "state_code", "rate_gbps")
         self._nic_counter = k["nic_counter"]
         # Every (source, counter, key) any nic_counter rule reads: each is updated once per report.
         reads = dict.fromkeys((r.params["source"], c) for r in k["nic_counter"] for c in r.params["counters"])
@@ -167,9 +192,13 @@ class ConditionEngine:
             sources.setdefault(source, []).append(counter)
         self._nic_sources = tuple((src, tuple(cs)) for src, cs in sources.items())
         self._nic_names = tuple(f"{src}/{c}" for src, cs in self._nic_sources for c in cs)
+        # The counter maps those reads come from, in one C-level read (always a tuple)
+        self._nic_maps = _tuple_getter(*(src for src, _ in self._nic_sources))
         self._nvlink_names: dict[int, tuple[str, ...]] = {}  # link count -> "nvlink-<pos>/<counter>" names
         self._counter_ms = int(rules.defaults.counter_interval_s * 1000)
         self._sampled: dict[str, int] = {}  # counter entity -> controller time of its last read
+        # GPU -> (links_key at its last NVLink counter read, all links up then)
+        self._link_keys: dict[str, tuple[bytes, bool]] = {}
         # NIC counters of each port's last full report: in a delta report an absent counter
         # has that value (agent.transport.delta), whether or not that report was read.
         self._nic_base: dict[str, tuple[int | None, ...]] = {}
@@ -225,14 +254,22 @@ class ConditionEngine:
                 self._switch_ports(nid, report.switch_ports, now)
             return self._flush()
         ctx = self._node_ctx(node)
-        if report.gpus or self._gpu_missing:
+        gpus = report.gpus  # each repeated field is read once per report
+        if gpus or self._gpu_missing:
+            seen: list[int] | None = None
             if self._has_gpu_rules:
-                for g in report.gpus:
-                    self._gpu(nid, g, ts, now)
+                seen = []
+                comps = ctx.gpu_comp
+                for g in gpus:
+                    index = g.index
+                    seen.append(index)
+                    self._gpu(nid, comps.get(index) or gpu_name(nid, f"gpu-{index}"), g, ts, now)
             if self._gpu_missing:
-                self._gpus_missing(nid, ctx, report, now)
-        if report.nics and self._has_nic_rules:
-            self._nics(nid, ctx, report.nics, ts, now, report.counters_delta)
+                self._gpus_missing(nid, ctx, report, gpus, seen, now)
+        if self._has_nic_rules:
+            nics = report.nics
+            if nics:
+                self._nics(nid, ctx, nics, ts, now, report.counters_delta)
         if report.HasField("host"):
             self._host(nid, report.host, now)
         if report.switch_ports:  # a compute node does not report switch ports; tolerate it
@@ -303,6 +340,8 @@ class ConditionEngine:
             del self._event_windows[wkey]
         for entity in [e for e in self._sampled if e == node_id or e.startswith((f"{node_id}/", f"{node_id}:"))]:
             del self._sampled[entity]
+        for entity in [e for e in self._link_keys if e.startswith(f"{node_id}/")]:
+            del self._link_keys[entity]
         for entity in [e for e in self._nic_base if e.startswith((f"{node_id}/", f"{node_id}:"))]:
             del self._nic_base[entity]
         dropped = self.rates.forget(node_id)
@@ -444,26 +483,80 @@ class ConditionEngine:
 
     # -- reports: GPU ----------------------------------------------------------------------
 
-    def _gpu(self, nid: str, g: tpb.GpuSample, ts: int, now: int) -> None:
-        comp = f"{nid}/gpu-{g.index}"
+    def _gpu(self, nid: str, comp: str, g: tpb.GpuSample, ts: int, now: int) -> None:
+        """Every per-GPU rule; a healthy GPU with nothing open costs one read of its state fields."""
         owned = self._by_owner.get(nid)
-        for rule in self._gpu_flag:
-            fld = rule.params["field"]
-            if fld in _OPTIONAL_FLAGS and not g.HasField(fld):
-                continue
+        state = self._gpu_read(g)
+        if (owned or any(state[:-1]) or state[-1] & self._clock_watched) and not self._gpu_state(
+            nid, comp, g, now, owned
+        ):
+            return  # a lost GPU: nothing else was readable
+        links = g.nvlinks
+        if links:
+            # A report that reads the NVLink counters (every counter_interval) reads each link once,
+            # state and counters together; the others read only the state, in one C-level pass.
+            # When the links are byte-for-byte what they were at the last counter read, nothing
+            # derived from them (state, counter values) is read again (controller.detect.linkkey).
+            rows: list[tuple[Any, ...]] | None = None
+            due = same = False
+            if self._nvlink_errors:
+                last = self._sampled.get(comp)  # _due without its side effect (_nvlink_rates takes it)
+                due = last is None or now - last >= self._counter_ms
+            all_up = True
+            if due:
+                key = links_key(g)
+                cached = self._link_keys.get(comp)
+                if cached is not None and cached[0] == key:
+                    same, all_up = True, cached[1]
+                else:
+                    rows = list(map(self._nvlink_read_up, links))
+                    all_up = all(map(_FIRST, rows))
+                    self._link_keys[comp] = (key, all_up)
+            elif self._nvlink_down:
+                all_up = all(map(_LINK_UP, links))
+            if self._nvlink_down:
+                if all_up:
+                    if owned:
+                        for rule in self._nvlink_down:
+                            self._good(owned, rule, comp, now)
+                else:
+                    down = [nl.link for nl in links if not nl.up]
+                    for rule in self._nvlink_down:
+                        self._bad(
+                            rule,
+                            comp,
+                            "gpu",
+                            nid,
+                            nid,
+                            f"{comp}: NVLink {', '.join(map(str, down))} down",
+                            {"links_down": down, "links": len(links)},
+                            now,
+                        )
+            if due:
+                self._nvlink_rates(nid, comp, links, rows, same, ts, now, owned)
+
+    def _gpu_state(
+        self, nid: str, comp: str, g: tpb.GpuSample, now: int, owned: dict[_Key, _Entry] | None
+    ) -> bool:
+        """Flags, recovery action and clock reasons; False for a lost GPU (stop there).
+
+        Each field is read once; presence (HasField) is asked only where it decides something:
+        a set flag or a non-zero value is present by definition, so the question is left for
+        the GPU that has an open condition to resolve."""
+        for rule, fld, optional in self._gpu_flag_spec:
             if getattr(g, fld):
                 self._bad(
                     rule, comp, "gpu", nid, nid, f"{comp}: {rule.description}", {"field": fld, "uuid": g.uuid}, now
                 )
-            elif owned:
+            elif owned and (not optional or g.HasField(fld)):
                 self._good(owned, rule, comp, now)
         if g.lost:
-            return  # nothing else was readable: neither bad nor good
-        if g.HasField("recovery_action"):
+            return False  # nothing else was readable: neither bad nor good
+        if self._gpu_recovery:
             value = g.recovery_action
-            for rule in self._gpu_recovery:
-                if value:
-                    name, action = xidcat.recovery_action(value)
+            if value:
+                name, action = xidcat.recovery_action(value)
+                for rule in self._gpu_recovery:
                     self._bad(
                         rule,
                         comp,
@@ -476,9 +569,10 @@ class ConditionEngine:
                         action=action,
                         severity=_recovery_severity(rule, action),
                     )
-                elif owned:
+            elif owned and g.HasField("recovery_action"):
+                for rule in self._gpu_recovery:
                     self._good(owned, rule, comp, now)
-        if g.HasField("clock_event_reasons"):
+        if self._gpu_clock:
             reasons = g.clock_event_reasons
             for rule, mask in self._gpu_clock:
                 bits = reasons & mask
@@ -499,27 +593,9 @@ class ConditionEngine:
                         },
                         now,
                     )
-                elif owned:
+                elif owned and g.HasField("clock_event_reasons"):
                     self._good(owned, rule, comp, now)
-        if g.nvlinks:
-            if self._nvlink_down:
-                down = [nl.link for nl in g.nvlinks if not nl.up]
-                for rule in self._nvlink_down:
-                    if down:
-                        self._bad(
-                            rule,
-                            comp,
-                            "gpu",
-                            nid,
-                            nid,
-                            f"{comp}: NVLink {', '.join(map(str, down))} down",
-                            {"links_down": down, "links": len(g.nvlinks)},
-                            now,
-                        )
-                    elif owned:
-                        self._good(owned, rule, comp, now)
-            if self._nvlink_errors:
-                self._nvlink_rates(nid, comp, g, ts, now, owned)
+        return True
 
     def _due(self, entity: str, now: int) -> bool:
         """Whether an entity's cumulative counters should be read now (see defaults.counter_interval)."""
@@ -530,19 +606,35 @@ class ConditionEngine:
         return True
 
     def _nvlink_rates(
-        self, nid: str, comp: str, g: tpb.GpuSample, ts: int, now: int, owned: dict[_Key, _Entry] | None
+        self,
+        nid: str,
+        comp: str,
+        links: Any,
+        rows: list[tuple[Any, ...]] | None,
+        same: bool,
+        ts: int,
+        now: int,
+        owned: dict[_Key, _Entry] | None,
     ) -> None:
+        """``rows``: (up, *counters) per link when the caller already read them, else None;
+        ``same``: the links are byte-for-byte those of the last counter read."""
         if not self._due(comp, now):
             return
         counters = self._nvlink_counters
-        links = g.nvlinks
         names = self._nvlink_names.get(len(links))
         if names is None:
             names = self._nvlink_names[len(links)] = tuple(
                 f"nvlink-{pos}/{c}" for pos in range(len(links)) for c in counters
             )
-        values = tuple([getattr(nl, c) for nl in links for c in counters])
-        samples = self.rates.update_group(comp, ts, names, values, now)
+        samples: Mapping[str, RateSample] | None
+        if same and self.rates.unchanged(comp, ts, names):
+            samples = None  # what update_group answers for the values it already holds
+        else:
+            if rows is not None:
+                values = tuple(chain.from_iterable(map(_REST, rows)))
+            else:
+                values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
+            samples = self.rates.update_group(comp, ts, names, values, now)
         if samples is None and not (owned and any((r.id, comp) in owned for r in self._nvlink_errors)):
             return  # nothing moved and nothing open: no verdict can change
         for rule in self._nvlink_errors:
@@ -574,19 +666,23 @@ class ConditionEngine:
             elif owned and key_ in owned and rule.threshold_is_rate:
                 self._good(owned, rule, comp, now)
 
-    def _gpus_missing(self, nid: str, ctx: _NodeCtx, report: tpb.Report, now: int) -> None:
+    def _gpus_missing(
+        self, nid: str, ctx: _NodeCtx, report: tpb.Report, gpus: Any, indices: list[int] | None, now: int
+    ) -> None:
         if not ctx.gpu_indices:
             return
+        seen = set(indices) if indices is not None else {g.index for g in gpus}
+        owned = self._by_owner.get(nid)
+        if not owned and ctx.gpu_indices <= seen:
+            return  # every GPU reported and nothing open to resolve: no verdict can change
         gpu_status = next((c for c in report.collectors if c.name == "gpu"), None)
         if gpu_status is not None and not gpu_status.ok:
             return  # the collector failed: absent GPUs are unknown, not missing
-        if not report.gpus and gpu_status is None:
+        if not gpus and gpu_status is None:
             return
-        seen = {g.index for g in report.gpus}
-        owned = self._by_owner.get(nid)
         for rule in self._gpu_missing:
             for index in ctx.gpu_indices:
-                comp = gpu_name(nid, f"gpu-{index}")
+                comp = ctx.gpu_comp[index]
                 if index not in seen:
                     self._bad(
                         rule,
@@ -607,37 +703,52 @@ class ConditionEngine:
         self, nid: str, ctx: _NodeCtx, nics: Iterable[tpb.NicSample], ts: int, now: int, delta: bool = False
     ) -> None:
         owned = self._by_owner.get(nid)
-        rails: list[tuple[str, tpb.NicSample]] = []
+        rails: list[tuple[str, tpb.NicSample, int, float]] = []
+        ports = ctx.nic_ports
+        want_rate = bool(self._nic_rate)
+        read = self._nic_read
+        sampled = self._sampled
+        counter_ms = self._counter_ms
         for s in nics:
-            local = f"{s.rdma_device}/{s.port}"
-            name = ctx.namer.nic(local)
-            comp = name or f"{nid}/{local}"
-            if name is not None:
-                rails.append((comp, s))
-            for rule, code in self._nic_state:
-                if s.state_code == 0:
-                    continue
-                if s.state_code != code:
-                    self._bad(
-                        rule,
-                        comp,
-                        "nic",
-                        nid,
-                        nid,
-                        f"{comp} ({local}) is {s.state or s.state_code} / {s.phys_state}",
-                        self._nic_evidence(
+            dev, num, code, rate = read(s)
+            port = (dev, num)
+            named = ports.get(port)
+            if named is None:
+                local = f"{dev}/{num}"
+                name = ctx.namer.nic(local)
+                named = (local, name or f"{nid}/{local}", name is not None)
+                if len(ports) < _MAX_CACHED_PORTS:
+                    ports[port] = named
+            local, comp, on_rail = named
+            if on_rail and want_rate:
+                rails.append((comp, s, code, rate))
+            if code:  # 0: the state was not read, neither bad nor good
+                for rule, expect in self._nic_state:
+                    if code != expect:
+                        self._bad(
+                            rule,
                             comp,
-                            s,
-                            state=s.state,
-                            state_code=s.state_code,
-                            phys_state=s.phys_state,
-                            operstate=s.netdev_operstate,
-                        ),
-                        now,
-                    )
-                elif owned:
-                    self._good(owned, rule, comp, now)
+                            "nic",
+                            nid,
+                            nid,
+                            f"{comp} ({local}) is {s.state or code} / {s.phys_state}",
+                            self._nic_evidence(
+                                comp,
+                                s,
+                                state=s.state,
+                                state_code=code,
+                                phys_state=s.phys_state,
+                                operstate=s.netdev_operstate,
+                            ),
+                            now,
+                        )
+                    elif owned:
+                        self._good(owned, rule, comp, now)
             if self._nic_counter:
+                if delta:  # _due, inline: a delta report's counters are read only every counter_interval
+                    last = sampled.get(comp)
+                    if last is not None and now - last < counter_ms:
+                        continue
                 self._nic_counters(nid, comp, s, ts, now, owned, delta)
         if self._nic_rate and rails:
             self._nic_rates(nid, rails, now, owned)
@@ -657,8 +768,8 @@ class ConditionEngine:
                 return
             base = self._nic_base.get(comp)
             values = self._nic_values(s)
-            if base is not None:
-                values = tuple(b if v is None else v for v, b in zip(values, base, strict=True))
+            if base is not None and None in values:
+                values = tuple([b if v is None else v for v, b in zip(values, base, strict=True)])
         else:
             values = self._nic_values(s)
             self._nic_base[comp] = values  # every full report: the base later deltas omit
@@ -695,23 +806,24 @@ class ConditionEngine:
 
     def _nic_values(self, s: tpb.NicSample) -> tuple[int | None, ...]:
         values: list[int | None] = []
-        for source, counters in self._nic_sources:
-            m = getattr(s, source)
-            values += [m.get(c) for c in counters]
+        for m, (_, counters) in zip(self._nic_maps(s), self._nic_sources, strict=True):
+            values.extend(map(m.get, counters))
         return tuple(values)
 
     def _nic_rates(
-        self, nid: str, rails: list[tuple[str, tpb.NicSample]], now: int, owned: dict[_Key, _Entry] | None
+        self,
+        nid: str,
+        rails: list[tuple[str, tpb.NicSample, int, float]],
+        now: int,
+        owned: dict[_Key, _Entry] | None,
     ) -> None:
-        active = [(comp, s) for comp, s in rails if s.state_code == 4 and s.rate_gbps > 0]
-        top = max((s.rate_gbps for _, s in active), default=0.0)
+        top = max((rate for _, _, code, rate in rails if code == 4 and rate > 0), default=0.0)
         for rule in self._nic_rate:
             nominal_q = rule.params.get("nominal")
             nominal = nominal_q.value if nominal_q is not None else 0.0
             compare = rule.params.get("compare_rails", True)
-            for comp, s in rails:
-                rate = s.rate_gbps
-                bad = s.state_code == 4 and rate > 0 and ((nominal and rate < nominal) or (compare and rate < top))
+            for comp, s, code, rate in rails:
+                bad = code == 4 and rate > 0 and ((nominal and rate < nominal) or (compare and rate < top))
                 if bad:
                     expected = max(nominal, top if compare else 0.0)
                     self._bad(
@@ -1079,7 +1191,10 @@ class ConditionEngine:
             gpu_by_pci={_pci_key(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id},
             nic_by_pci={},
             gpu_indices=frozenset(g.index for g in inv.gpus),
+            gpu_comp={},
+            nic_ports={},
         )
+        ctx.gpu_comp = {i: gpu_name(node.node_id, f"gpu-{i}") for i in ctx.gpu_indices}
         for n in inv.nics:
             name = ctx.namer.nic(f"{n.rdma_device}/{n.port}")
             if name is not None and n.pci_address:
@@ -1089,6 +1204,16 @@ class ConditionEngine:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def _tuple_getter(*names: str) -> Callable[[Any], tuple[Any, ...]]:
+    """attrgetter that always returns a tuple (attrgetter of one name returns the bare value)."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    if names:
+        one = attrgetter(names[0])
+        return lambda obj: (one(obj),)
+    return lambda obj: ()
 
 
 def _snapshot(cond: Condition) -> Condition:

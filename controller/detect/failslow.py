@@ -22,6 +22,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import structlog
@@ -52,6 +53,8 @@ _MAD_SCALE = 0.6745
 # 4"); mlx5 reports them the same way on RoCE (Ethernet link layer), so both layers are
 # treated as words * 4 bytes.
 _BYTES_PER_WORD = 4
+_GPU_SIGNALS = attrgetter("sm_clock_mhz", "power_w", "utilization_gpu_pct")
+_NIC_FIELDS = attrgetter("rdma_device", "port", "counters")
 
 
 def _now_ms() -> int:
@@ -132,8 +135,10 @@ class _NodeState:
 @dataclass
 class _NodeSamples:
     series: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)
-    nic_prev: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (timestamp ms, words)
-    nic_base: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (tx, rx) of the last full report
+    # port (rdma_device, port number) -> (timestamp ms, words)
+    nic_prev: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    # port -> (tx, rx) of the last full report
+    nic_base: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     job: str | None = None
     job_seen_ms: int = 0
 
@@ -163,24 +168,42 @@ class FailSlowDetector:
     def observe(self, node_id: str, report: tpb.Report) -> None:
         """Extract this report's per-node signals and append them to the node's window."""
         now = self._clock_ms()
-        ns = self._nodes.setdefault(node_id, _NodeSamples())
+        ns = self._nodes.get(node_id)
+        if ns is None:
+            ns = self._nodes[node_id] = _NodeSamples()
         values = self._extract(ns, report, now)
+        signals = self.config.signals
+        series = ns.series
         for signal, value in values.items():
-            if signal in self.config.signals and math.isfinite(value):
-                ns.series.setdefault(signal, deque()).append((now, value))
+            if signal in signals and math.isfinite(value):
+                window = series.get(signal)
+                if window is None:
+                    window = series[signal] = deque()
+                window.append((now, value))
         self._prune(ns, now)
 
     def _extract(self, ns: _NodeSamples, report: tpb.Report, now: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        clocks = [g.sm_clock_mhz for g in report.gpus if g.HasField("sm_clock_mhz")]
-        power = [g.power_w for g in report.gpus if g.HasField("power_w")]
-        util = [g.utilization_gpu_pct for g in report.gpus if g.HasField("utilization_gpu_pct")]
+        clocks: list[float] = []
+        power: list[float] = []
+        util: list[float] = []
+        # One pass, one C-level read per GPU. Absent reads as 0, so a non-zero value is present;
+        # only a zero needs HasField to tell "absent" (skipped) from a real 0 (kept).
+        for g in report.gpus:
+            clock, watts, busy = _GPU_SIGNALS(g)
+            if clock or g.HasField("sm_clock_mhz"):
+                clocks.append(clock)
+            if watts or g.HasField("power_w"):
+                power.append(watts)
+            if busy or g.HasField("utilization_gpu_pct"):
+                util.append(busy)
+        # math.fsum(x) / len(x) is what statistics.fmean computes for a list, without its overhead
         if clocks:
-            out[SIGNAL_SM_CLOCK] = statistics.fmean(clocks)
+            out[SIGNAL_SM_CLOCK] = math.fsum(clocks) / len(clocks)
         if power:
-            out[SIGNAL_POWER] = statistics.fmean(power)
+            out[SIGNAL_POWER] = math.fsum(power) / len(power)
         if util:
-            out[SIGNAL_UTIL] = statistics.fmean(util)
+            out[SIGNAL_UTIL] = math.fsum(util) / len(util)
         gbps = self._nic_throughput(ns, report.nics, report.timestamp_ms or now, report.counters_delta)
         if gbps is not None:
             out[SIGNAL_NIC] = gbps
@@ -208,8 +231,8 @@ class FailSlowDetector:
         total = 0.0
         usable = False
         for nic in nics:
-            counters = nic.counters
-            port = f"{nic.rdma_device}/{nic.port}"
+            dev, num, counters = _NIC_FIELDS(nic)
+            port = (dev, num)
             prev = ns.nic_prev.get(port)
             tx, rx = counters.get("port_xmit_data"), counters.get("port_rcv_data")
             if tx is None or rx is None:

@@ -248,7 +248,7 @@ class CounterRate:
         prev = group.values
         merged = values
         if None in values:  # absent: unchanged (a delta report) or not read this time
-            merged = tuple(p if v is None else v for v, p in zip(values, prev, strict=True))
+            merged = tuple([p if v is None else v for v, p in zip(values, prev, strict=True)])
         if merged == prev and not group.saturated:
             group.ts_ms = max(group.ts_ms, ts_ms)
             return None
@@ -286,6 +286,19 @@ class CounterRate:
                 win.popleft()
         group.saturated = saturated_any
         return GroupSamples(group, prev, values, elapsed_ms / 1000.0)
+
+    def unchanged(self, entity: str, ts_ms: int, names: tuple[str, ...]) -> bool:
+        """``update_group`` for values known to equal the group's last ones, without them.
+
+        True when that call would have answered None (same layout, nothing saturated) and
+        its one effect is done: the group's time moves to ``ts_ms`` if later. False when
+        the caller must pass the values (no such group, another layout, or saturated).
+        """
+        group = self._groups.get(entity)
+        if group is None or group.saturated or (group.names is not names and group.names != names):
+            return False
+        group.ts_ms = max(group.ts_ms, ts_ms)
+        return True
 
     def _layout(self, names: tuple[str, ...]) -> tuple[tuple[int, ...], dict[str, int]]:
         """Saturation values and the name index of a counter layout (shared, cached)."""
