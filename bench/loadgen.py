@@ -164,6 +164,7 @@ class NodeStats:
     errors: dict[str, int] = field(default_factory=dict)
     events_sent: int = 0
     sent_in_window: int = 0
+    replaced: int = 0  # reports an agent would replace with a newer one before they could go
 
 
 async def open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, Any, float, bool]:

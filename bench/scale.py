@@ -307,6 +307,7 @@ def run_size(
         "hello_rtt_ms_p99": round(percentile(hello, 99), 2),
         "controller_cpu_pct_during_connect": connect["cpu_pct_of_one_core"],
         "events_sent": sum(d["events_sent"] for d in done.values()),
+        "reports_replaced": sum(d.get("reports_replaced", 0) for d in done.values()),
         "errors": errors,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
