@@ -310,6 +310,8 @@ class Agent:
             buffered=self.buffer.depth(),
         )
         sdnotify.ready(f"collecting every {self.config.interval_s:g}s")
+        stop_watch = asyncio.create_task(self._wake_on(stop))
+        loop = self._loop
         try:
             next_at = time.monotonic()
             while not stop.is_set():
@@ -326,15 +328,19 @@ class Agent:
                     remaining = next_at - time.monotonic()
                     if remaining <= 0:
                         break
+                    # One timer handle per wait, no tasks: a finding (sink), the timer and stop
+                    # (stop_watch) all set _wake.
                     self._wake.clear()
-                    waiters = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
-                    await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                    for task in waiters:
-                        task.cancel()
+                    timer = loop.call_later(remaining, self._wake.set)
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        timer.cancel()
                     self._drain_findings()
                 if time.monotonic() - next_at > self.interval_s:
                     next_at = time.monotonic()  # fell behind: do not burst to catch up
         finally:
+            stop_watch.cancel()
             sdnotify.stopping("flushing buffered events")
             if metrics_server is not None:
                 await asyncio.to_thread(metrics_server.close)
@@ -349,6 +355,10 @@ class Agent:
             await asyncio.to_thread(self.collectors.close)
             self.buffer.close()
             log.info("agent_stopped", node=self.config.node_id)
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._wake.set()
 
     async def _flush(self, timeout_s: float) -> None:
         """On shutdown, give buffered events a moment to be acked (they stay on disk if not)."""

@@ -17,11 +17,19 @@ Everything else in the report (GPU samples, link state, host, events) is always 
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import ne
+
 from starpulse.v1 import telemetry_pb2 as tpb
 
 MAPS = ("counters", "hw_counters", "netdev_stats", "ethtool_stats")
 
-_Base = dict[tuple[str, int], tuple[dict[str, int], ...]]
+# One port's counter maps in the last full report: (keys, values) per map, in MAPS order.
+# Lists, not dicts: a delta reads the current values of the base's keys in one C-level
+# map() over the protobuf map and compares the two lists in C, instead of building a
+# Python dict of every entry (~1,000 per report) through the Mapping ABC.
+_PortBase = tuple[tuple[list[str], list[int]], ...]
+_Base = dict[tuple[str, int], _PortBase]
 
 
 class ReportDelta:
@@ -51,37 +59,62 @@ class ReportDelta:
         """The report to send: ``report`` itself (full) or a delta copy of it."""
         if not self.enabled:
             return report
+        out = tpb.Report()
+        return out if self.encode_into(report, out) else report
+
+    def encode_into(self, report: tpb.Report, out: tpb.Report) -> bool:
+        """Write the report to send into ``out`` (e.g. an AgentMessage's ``report``); True if a delta.
+
+        One copy of the report either way: the link builds its message around ``out`` instead
+        of copying a finished report into a new AgentMessage.
+        """
+        out.CopyFrom(report)
+        if not self.enabled:
+            return False
         base = self._base
         if base is not None and self._since_full < self.full_every - 1:
-            delta = self._delta(report, base)
-            if delta is not None:
+            if self._strip(out, base):
                 self._since_full += 1
                 self.delta_sent += 1
-                return delta
-        self._base = {(nic.rdma_device, nic.port): tuple(dict(getattr(nic, m)) for m in MAPS) for nic in report.nics}
+                return True
+            out.CopyFrom(report)  # the layout changed part-way: send it whole
+        self._base = {(nic.rdma_device, nic.port): _port_base(nic) for nic in report.nics}
         self._since_full = 0
         self.full_sent += 1
-        return report
+        return False
 
     @staticmethod
-    def _delta(report: tpb.Report, base: _Base) -> tpb.Report | None:
-        """A copy of the report without the unchanged counters; None when the layout changed."""
-        if len(report.nics) != len(base):
-            return None
-        out = tpb.Report()
-        out.CopyFrom(report)
+    def _strip(out: tpb.Report, base: _Base) -> bool:
+        """Drop the counters equal to the base's from ``out``; False when the layout changed."""
+        if len(out.nics) != len(base):
+            return False
         out.counters_delta = True
         for nic in out.nics:
             maps = base.get((nic.rdma_device, nic.port))
             if maps is None:
-                return None
-            for name, was in zip(MAPS, maps, strict=True):
+                return False
+            for name, (keys, was) in zip(MAPS, maps, strict=True):
                 current = getattr(nic, name)
-                now = dict(current)  # one pass over the map; then clear and re-add the few that moved
-                if now.keys() != was.keys():
-                    return None  # a counter appeared or disappeared: layout changed
-                changed = [(k, v) for k, v in now.items() if was[k] != v]
+                size = len(current)
+                if size != len(keys):
+                    return False  # a counter appeared or disappeared: layout changed
+                now = list(map(current.__getitem__, keys))
+                if len(current) != size:
+                    return False  # a base key was missing (reading it inserted a zero): layout changed
+                if now == was:
+                    current.clear()
+                    continue
+                moved = list(map(ne, now, was))
                 current.clear()
-                for k, v in changed:
+                for k, v in zip(compress(keys, moved), compress(now, moved), strict=True):
                     current[k] = v
-        return out
+        return True
+
+
+def _port_base(nic: tpb.NicSample) -> _PortBase:
+    out = []
+    for name in MAPS:
+        current = getattr(nic, name)
+        keys = list(current)
+        out.append((keys, list(map(current.__getitem__, keys))))
+    return tuple(out)

@@ -211,6 +211,7 @@ class ControllerLink:
                 buffered=self.buffer.depth(),
             )
             reader = asyncio.create_task(self._read_loop(call))
+            reader.add_done_callback(lambda _task: self._wake.set())  # the write loop sees the stream end
             try:
                 await self._write_loop(call, reader)
             finally:
@@ -278,10 +279,16 @@ class ControllerLink:
             report = self._latest_report
             if report is not None:
                 self._latest_report = None
-                await call.write(spb.AgentMessage(report=self.delta.encode(report)))
+                msg = spb.AgentMessage()
+                self.delta.encode_into(report, msg.report)  # one copy, full or delta
+                await call.write(msg)
                 self.reports_sent += 1
                 progressed = True
             if not progressed:
-                waiter = asyncio.create_task(self._wake.wait())
-                await asyncio.wait({waiter, reader}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                # One timer handle instead of a waiter task and asyncio.wait per report: the
+                # reader's end sets _wake too (done callback), so waiting on it alone suffices.
+                timer = asyncio.get_running_loop().call_later(5.0, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()

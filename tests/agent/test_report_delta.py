@@ -91,7 +91,7 @@ class TestReportDelta:
 
     @pytest.mark.parametrize(
         "change",
-        ["port_added", "port_removed", "counter_added", "counter_removed"],
+        ["port_added", "port_removed", "counter_added", "counter_removed", "counter_renamed", "port_renamed"],
     )
     def test_layout_change_sends_a_full_report(self, change: str) -> None:
         """A delta cannot say 'this counter is gone': any change of ports or counter names goes out whole."""
@@ -103,12 +103,39 @@ class TestReportDelta:
             r.nics[0].hw_counters["new_counter"] = 1
         elif change == "counter_removed":
             del r.nics[0].hw_counters["out_of_sequence"]
+        elif change == "counter_renamed":  # same number of counters, other names (last port, last map)
+            del r.nics[1].ethtool_stats["rx_prio3_pause"]
+            r.nics[1].ethtool_stats["rx_prio4_pause"] = 5
+        elif change == "port_renamed":
+            r.nics[1].rdma_device = "mlx5_9"
         out = enc.encode(r)
         assert out is r and not out.counters_delta
         again = tpb.Report()
         again.CopyFrom(r)
         again.seq = 3
         assert enc.encode(again).counters_delta  # the new layout is the base now
+
+    def test_encode_into_matches_encode_and_leaves_the_report_alone(self) -> None:
+        """The link's path (one copy into its AgentMessage) sends exactly what encode() gives."""
+        from starpulse.v1 import service_pb2 as spb
+
+        enc, into = ReportDelta(full_every=4), ReportDelta(full_every=4)
+        enc.reset(enabled=True)
+        into.reset(enabled=True)
+        for seq in range(1, 10):
+            r = report(seq, xmit=seq, symbol_error=seq // 3)
+            r.nics[0].hw_counters["out_of_sequence"] = 7 + seq // 5
+            kept = tpb.Report()
+            kept.CopyFrom(r)
+            msg = spb.AgentMessage()
+            is_delta = into.encode_into(r, msg.report)
+            expected = enc.encode(r)
+            assert msg.report == expected and is_delta == expected.counters_delta
+            assert r == kept
+        assert (into.full_sent, into.delta_sent) == (3, 6)
+        off = ReportDelta()
+        msg = spb.AgentMessage()
+        assert not off.encode_into(report(1), msg.report) and msg.report == report(1)
 
     def test_full_every_must_be_positive(self) -> None:
         with pytest.raises(ValueError):
