@@ -106,6 +106,9 @@ class NodeRegistry:
         self._last_seen_flush_ms = int(last_seen_flush_s * 1000)
         self._state_dirty = False
         self._flushed_ms = clock_ms()
+        # Bumped on every registration and presence change: the dashboard's change check
+        # compares this instead of sorting every node's state once a second.
+        self.presence_version = 0
         # The per-report counters, bound once: a labels() lookup per report costs more than the inc.
         self._reports_inc = metrics.reports.inc
         self._gpu_samples_inc = metrics.samples.labels("gpu").inc
@@ -164,6 +167,7 @@ class NodeRegistry:
             node.acked_event_seq = hello.oldest_buffered_event_seq - 1
         node.last_seen_ms = now
         node.state = ONLINE
+        self.presence_version += 1
         node.connected = True
         self._stream_counter += 1
         node.stream_token = self._stream_counter
@@ -184,6 +188,7 @@ class NodeRegistry:
             old = node.state
             node.state = ONLINE
             self._state_dirty = True
+            self.presence_version += 1
             self._notify_presence(node, old, ONLINE)
 
     def record_report(self, node: NodeRecord, report: tpb.Report) -> None:
@@ -246,6 +251,7 @@ class NodeRegistry:
                 node.state = UNREACHABLE
                 self._presence_dirty.add(node.node_id)
                 self._state_dirty = True
+                self.presence_version += 1
                 changed.append(node)
                 log.warning("node_unreachable", node=node.node_id, silent_s=round((now - heard) / 1000, 1))
                 self._notify_presence(node, ONLINE, UNREACHABLE)

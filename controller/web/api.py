@@ -93,7 +93,7 @@ class DashboardState:
     def signature(self) -> Hashable:
         """Cheap fingerprint of what the page shows: open incidents, node states, breaker."""
         incidents = tuple((i.id, i.updated_ms, i.severity, len(i.affected_nodes)) for i in self.open_incidents())
-        nodes = tuple(sorted((n.node_id, n.state) for n in self.registry.nodes.values()))
+        nodes = (self.registry.presence_version, len(self.registry.nodes))
         breaker = json.dumps(self.breaker_state(), sort_keys=True, default=str)
         return hash((incidents, nodes, breaker))
 

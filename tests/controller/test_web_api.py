@@ -430,3 +430,26 @@ def test_assets_reference_nothing_outside_the_controller() -> None:
                 url = text[i : i + 40]
                 assert any(url.startswith(a) for a in allowed), f"{name}: external reference {url!r}"
                 start = i + 1
+
+
+def test_change_signature_moves_with_presence_not_with_reports(tmp_path: Path) -> None:
+    """The dashboard's once-a-second change check: a node going unreachable or coming back changes it."""
+    from controller.web.api import DashboardState
+
+    clock = [now_ms()]
+    ctl = make_controller(tmp_path, None)
+    ctl.registry._clock_ms = lambda: clock[0]
+    register(ctl, "node-000")
+    state = DashboardState(ctl.registry, ctl.detection)
+    first = state.signature()
+    node = ctl.registry.nodes["node-000"]
+    ctl.registry.touch(node)  # an ordinary report: nothing on the page changes
+    assert state.signature() == first
+    clock[0] += 60_000
+    assert ctl.registry.sweep() == [node]
+    gone = state.signature()
+    assert gone != first
+    ctl.registry.touch(node)
+    assert state.signature() not in (first, gone)
+    register(ctl, "node-001")  # a new node shows up
+    assert len({first, gone, state.signature()}) == 3
