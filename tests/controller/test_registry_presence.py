@@ -56,3 +56,32 @@ def test_last_seen_is_written_every_flush_interval_and_state_changes_at_once(tmp
     reg.flush_presence(force=True)  # shutdown writes what it has
     assert _stored(store)["node-000"] == ("online", clock.ms)
     store.close()
+
+
+def test_a_round_of_last_seen_times_is_written_a_chunk_per_sweep(tmp_path: Path) -> None:
+    """600 nodes heard: the round goes out 250, 250, 100 over three sweeps, then waits for the next round."""
+    from controller.registry import PRESENCE_ROWS_PER_FLUSH
+
+    clock = Clock()
+    store = Store(tmp_path / "c.db")
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=60, clock_ms=clock, last_seen_flush_s=15)
+    nodes = [reg.register(spb.Hello(node_id=f"node-{i:03d}", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
+             for i in range(600)]
+    clock.ms += 16_000
+    for node in nodes:
+        reg.record_report(node, tpb.Report(seq=1, timestamp_ms=clock.ms))
+
+    def written() -> int:
+        return sum(1 for state, seen in _stored(store).values() if seen == clock.ms)
+
+    reg.flush_presence()
+    assert written() == PRESENCE_ROWS_PER_FLUSH == 250
+    reg.flush_presence()
+    assert written() == 500
+    reg.flush_presence()
+    assert written() == 600
+    clock.ms += 1_000
+    reg.record_report(nodes[0], tpb.Report(seq=2, timestamp_ms=clock.ms))
+    reg.flush_presence()  # the round is done: the next one is 15 s away
+    assert _stored(store)["node-000"][1] == clock.ms - 1_000
+    store.close()
