@@ -728,8 +728,13 @@ class MetricsServer:
 
 def serve_agent_metrics(agent: Agent, listen: str) -> MetricsServer:
     """Serve the agent's /metrics on `listen` (own registry: no process/GC defaults mixed in)."""
+    return serve_collector(collector_for(agent), listen)
+
+
+def serve_collector(collector: Collector, listen: str) -> MetricsServer:
+    """/metrics of one collector on `listen`, on a registry of its own (the agent's, a relay's)."""
     registry = CollectorRegistry()
-    registry.register(collector_for(agent))
+    registry.register(collector)
     host, port = split_listen(listen)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return MetricsServer(server, registry)

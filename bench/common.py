@@ -213,3 +213,35 @@ def summed_errors(done: Iterable[dict[str, Any]]) -> dict[str, int]:
         for k, v in d["errors"].items():
             errors[k] = errors.get(k, 0) + v
     return errors
+
+
+CONNECT_METHOD = "/starpulse.v1.Telemetry/Connect"
+
+
+async def open_stream(port: int, node_id: str, inventory: bytes, who: str) -> tuple[Any, Any, float, bool]:
+    """One simulated agent's Connect stream (bytes out, decoded in) after its Hello: (channel, call,
+    Hello->Welcome seconds, whether the controller accepts delta reports)."""
+    import grpc
+
+    from agent.transport.link import CLIENT_CHANNEL_OPTIONS
+    from starpulse.v1 import inventory_pb2 as ipb
+    from starpulse.v1 import service_pb2 as spb
+
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CLIENT_CHANNEL_OPTIONS)
+    decode = spb.ControllerMessage.FromString
+    call = channel.stream_stream(CONNECT_METHOD, request_serializer=None, response_deserializer=decode)()
+    hello = spb.Hello(
+        node_id=node_id,
+        role=ipb.NODE_ROLE_COMPUTE,
+        inventory=ipb.Inventory.FromString(inventory),
+        agent_version=who,
+        buffer_epoch=f"{who}-{node_id}",
+        next_event_seq=1,
+    )
+    t0 = time.perf_counter()
+    await call.write(spb.AgentMessage(hello=hello).SerializeToString())
+    first = await call.read()
+    if first is grpc.aio.EOF or not first.HasField("welcome"):
+        raise ConnectionError(f"{node_id}: no Welcome")
+    accepts = getattr(first.welcome, "accepts_delta_reports", False)  # False: a controller from before them
+    return channel, call, time.perf_counter() - t0, bool(accepts)

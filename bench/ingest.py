@@ -37,6 +37,7 @@ from bench.common import (
     ProcSampler,
     free_port,
     median,
+    open_stream,
     percentile,
     quiet_logging,
     read_acks,
@@ -46,7 +47,6 @@ from bench.common import (
 )
 
 NAME = "ingest"
-METHOD = "/starpulse.v1.Telemetry/Connect"
 WORKERS = 2
 PER_STREAM_CAP_PER_S = 150.0
 
@@ -104,32 +104,6 @@ class StreamStats:
         self.acked_in_window = 0
         self.latencies: list[float] = []
         self.errors: dict[str, int] = {}
-
-
-async def _open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, Any, float]:
-    import grpc
-
-    from agent.transport.link import CLIENT_CHANNEL_OPTIONS
-    from starpulse.v1 import inventory_pb2 as ipb
-    from starpulse.v1 import service_pb2 as spb
-
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CLIENT_CHANNEL_OPTIONS)
-    decode = spb.ControllerMessage.FromString
-    call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=decode)()
-    hello = spb.Hello(
-        node_id=node_id,
-        role=ipb.NODE_ROLE_COMPUTE,
-        inventory=ipb.Inventory.FromString(inventory),
-        agent_version="bench",
-        buffer_epoch=f"bench-{node_id}",
-        next_event_seq=1,
-    )
-    t0 = time.perf_counter()
-    await call.write(spb.AgentMessage(hello=hello).SerializeToString())
-    first = await call.read()
-    if first is grpc.aio.EOF or not first.HasField("welcome"):
-        raise ConnectionError(f"{node_id}: no Welcome")
-    return channel, call, time.perf_counter() - t0
 
 
 async def _flood(call: Any, template: bytes, window: int, t_start: float, t_end: float, st: StreamStats) -> None:
@@ -216,7 +190,7 @@ async def _worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
     async def open_one(node_id: str) -> None:
         async with sem:
             try:
-                ch, call, rtt = await _open_stream(cfg["port"], node_id, cfg["inventory"])
+                ch, call, rtt, _ = await open_stream(cfg["port"], node_id, cfg["inventory"], "bench")
             except Exception as exc:
                 key = type(exc).__name__
                 errors[key] = errors.get(key, 0) + 1

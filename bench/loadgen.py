@@ -29,9 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import read_acks
-
-METHOD = "/starpulse.v1.Telemetry/Connect"
+from bench.common import open_stream, read_acks
 
 
 def varint(n: int) -> bytes:
@@ -167,33 +165,6 @@ class NodeStats:
     replaced: int = 0  # reports an agent would replace with a newer one before they could go
 
 
-async def open_stream(port: int, node_id: str, inventory: bytes) -> tuple[Any, Any, float, bool]:
-    import grpc
-
-    from agent.transport.link import CLIENT_CHANNEL_OPTIONS
-    from starpulse.v1 import inventory_pb2 as ipb
-    from starpulse.v1 import service_pb2 as spb
-
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CLIENT_CHANNEL_OPTIONS)
-    decode = spb.ControllerMessage.FromString
-    call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=decode)()
-    hello = spb.Hello(
-        node_id=node_id,
-        role=ipb.NODE_ROLE_COMPUTE,
-        inventory=ipb.Inventory.FromString(inventory),
-        agent_version="loadgen",
-        buffer_epoch=f"loadgen-{node_id}",
-        next_event_seq=1,
-    )
-    t0 = time.perf_counter()
-    await call.write(spb.AgentMessage(hello=hello).SerializeToString())
-    first = await call.read()
-    if first is grpc.aio.EOF or not first.HasField("welcome"):
-        raise ConnectionError(f"{node_id}: no Welcome")
-    accepts = getattr(first.welcome, "accepts_delta_reports", False)  # False: a controller from before them
-    return channel, call, time.perf_counter() - t0, bool(accepts)
-
-
 async def run_node(
     call: Any,
     profile: Profile,
@@ -253,7 +224,7 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
     async def open_one(node_id: str) -> None:
         async with sem:
             try:
-                ch, call, rtt, accepts_delta = await open_stream(cfg["port"], node_id, tpl.inventory)
+                ch, call, rtt, accepts_delta = await open_stream(cfg["port"], node_id, tpl.inventory, "loadgen")
             except Exception as exc:
                 key = type(exc).__name__
                 errors[key] = errors.get(key, 0) + 1

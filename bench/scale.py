@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,19 +55,33 @@ def start_controller(
         "--heartbeat-timeout-s", "600",
         *extra,
     ]  # fmt: skip
+    proc = _start_and_wait(cmd, log_path, "controller", lambda: _listens(port))
+    return proc, port, http, log_path
+
+
+def _listens(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _start_and_wait(
+    cmd: list[str], log_path: Path, what: str, ready: Callable[[], bool], timeout_s: float = 60.0
+) -> subprocess.Popen[bytes]:
+    """Start a service process logging to log_path; return once ready() (killed and raised otherwise)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"controller exited ({proc.returncode}); see {log_path}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, port, http, log_path
-        except OSError:
-            time.sleep(0.1)
+            raise RuntimeError(f"{what} exited ({proc.returncode}); see {log_path}")
+        if ready():
+            return proc
+        time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("controller did not listen within 60 s")
+    raise RuntimeError(f"{what} was not ready within {timeout_s:g} s; see {log_path}")
 
 
 def start_relay(
@@ -78,17 +93,8 @@ def start_relay(
     cmd = [sys.executable, "-m", "starpulse.cli", "relay", "--controller", f"127.0.0.1:{controller_port}",
            "--relay-id", relay_id, "--listen", f"127.0.0.1:{port}", "--linger-ms", str(linger_s * 1000),
            "--log-level", "info"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"relay exited ({proc.returncode}); see {log_path}")
-        if "relay_upstream_connected" in log_path.read_text():
-            return proc, port
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("relay did not reach the controller within 60 s")
+    proc = _start_and_wait(cmd, log_path, "relay", lambda: "relay_upstream_connected" in log_path.read_text())
+    return proc, port
 
 
 def stop_controller(proc: subprocess.Popen[bytes]) -> None:

@@ -40,6 +40,21 @@ CLIENT_CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
+def follow_leader_hint(targets: list[str], target: str, err: grpc.aio.AioRpcError) -> int | None:
+    """Where to go after a standby's refusal: the index of the leader it named in ``targets``
+    (appended when new), or None when it named none, or named the one just tried."""
+    leader = ""
+    for key, value in err.trailing_metadata() or ():
+        if key == LEADER_METADATA_KEY:
+            leader = value if isinstance(value, str) else value.decode()
+    if not leader or leader == target:
+        return None
+    if leader not in targets:
+        log.warning("controller_leader_not_configured", leader=leader, configured=list(targets))
+        targets.append(leader)
+    return targets.index(leader)
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with full jitter, so 10,000 agents do not reconnect in step."""
@@ -157,19 +172,13 @@ class ControllerLink:
 
     def _follow_leader(self, target: str, err: grpc.aio.AioRpcError) -> None:
         """A standby said who leads: go there next (added to the list when new); no hint: try the next one."""
-        leader = ""
-        for key, value in err.trailing_metadata() or ():
-            if key == LEADER_METADATA_KEY:
-                leader = value if isinstance(value, str) else value.decode()
-        if not leader or leader == target:
+        index = follow_leader_hint(self.targets, target, err)
+        if index is None:
             self._target_index += 1
             return
-        if leader not in self.targets:
-            log.warning("controller_leader_not_configured", leader=leader, configured=self.targets)
-            self.targets.append(leader)
-        self._target_index = self.targets.index(leader)
+        self._target_index = index
         self.backoff.reset()  # not a failure of the controllers: go straight to the leader
-        log.info("controller_follow_leader", standby=target, leader=leader)
+        log.info("controller_follow_leader", standby=target, leader=self.targets[index])
 
     async def stop(self) -> None:
         """Stop streaming; unsent events stay in the buffer for the next start."""

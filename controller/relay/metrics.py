@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.metrics import MetricsServer, split_listen
+from agent.metrics import MetricsServer, serve_collector
 
 if TYPE_CHECKING:
     from controller.relay.service import Relay
@@ -56,8 +55,4 @@ def _counter(name: str, doc: str, relay_id: list[str], value: float) -> CounterM
 
 
 def serve_relay_metrics(relay: Relay, listen: str) -> MetricsServer:
-    registry = CollectorRegistry()
-    registry.register(RelayCollector(relay))
-    host, port = split_listen(listen)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return MetricsServer(server, registry)
+    return serve_collector(RelayCollector(relay), listen)

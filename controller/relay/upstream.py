@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import grpc
 import structlog
 
-from agent.transport.link import CLIENT_CHANNEL_OPTIONS, LEADER_METADATA_KEY, Backoff
+from agent.transport.link import CLIENT_CHANNEL_OPTIONS, Backoff, follow_leader_hint
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -129,24 +129,20 @@ class Upstream:
             self._on_lost()
 
     def _follow_leader(self, target: str, err: grpc.aio.AioRpcError) -> None:
-        leader = ""
-        for key, value in err.trailing_metadata() or ():
-            if key == LEADER_METADATA_KEY:
-                leader = value if isinstance(value, str) else value.decode()
-        if not leader or leader == target:
+        index = follow_leader_hint(self.targets, target, err)
+        if index is None:
             self._target_index += 1
             return
-        if leader not in self.targets:
-            self.targets.append(leader)
-        self._target_index = self.targets.index(leader)
+        self._target_index = index
         self.backoff.reset()
-        log.info("relay_follow_leader", standby=target, leader=leader)
+        log.info("relay_follow_leader", standby=target, leader=self.targets[index])
 
     async def _session(self, target: str) -> None:
-        options = [*CLIENT_CHANNEL_OPTIONS]
-        options = [o for o in options if not o[0].startswith("grpc.max_")]
-        options += [("grpc.max_send_message_length", 64 * 1024 * 1024),
-                    ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        # The agent's channel settings, with room for whole batches.
+        options = [o for o in CLIENT_CHANNEL_OPTIONS if not o[0].startswith("grpc.max_")] + [
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ]
         channel = (
             grpc.aio.secure_channel(target, self._credentials, options=options)
             if self._credentials is not None

@@ -81,8 +81,8 @@ def switch_node(name: str = SWITCH) -> NodeRecord:
     return NodeRecord(node_id=name, role=ipb.NODE_ROLE_SWITCH, state="online", first_seen_ms=0, last_seen_ms=0)
 
 
-def good_report(ts: int, gpus: int = 8, nics: int = 8) -> tpb.Report:
-    """A healthy compute report, counters at zero."""
+def good_report(ts: int, gpus: int = 8, nics: int = 8, links: int = 2) -> tpb.Report:
+    """A healthy compute report, counters at zero, ``links`` NVLinks per GPU."""
     r = tpb.Report(seq=1, timestamp_ms=ts)
     r.collectors.add(name="gpu", supported=True, ok=True)
     for i in range(gpus):
@@ -95,7 +95,7 @@ def good_report(ts: int, gpus: int = 8, nics: int = 8) -> tpb.Report:
             recovery_action=0,
             clock_event_reasons=0x1 | 0x4,  # idle + SW power cap: normal
         )
-        for link in range(2):
+        for link in range(links):
             g.nvlinks.add(
                 link=link,
                 up=True,
