@@ -848,12 +848,8 @@ class ConditionEngine:
 
     def _nic_evidence(self, comp: str, s: tpb.NicSample, **extra: Any) -> dict[str, Any]:
         evidence: dict[str, Any] = {"rdma_device": s.rdma_device, "port": s.port, "netdev": s.netdev}
-        fabric = self.fabric
-        if fabric is not None and comp in fabric and fabric.kind(comp) == "nic":
-            leaf = fabric.leaf_of(comp)
-            if leaf is not None:
-                evidence["leaf"] = leaf
-                evidence["leaf_port"] = fabric.port_of(comp)
+        if self.fabric is not None:
+            evidence.update(nic_fabric_evidence(self.fabric, comp))
         evidence.update(extra)
         return evidence
 
@@ -1204,6 +1200,19 @@ class ConditionEngine:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def nic_fabric_evidence(fabric: Fabric, comp: str) -> dict[str, Any]:
+    """The leaf and leaf port a NIC is cabled to, for a condition's evidence ({} if not known).
+
+    Detection shards run without the fabric (it changes as LLDP is learned); the controller
+    adds this to their NIC conditions (Detection.on_shard_changes).
+    """
+    if comp in fabric and fabric.kind(comp) == "nic":
+        leaf = fabric.leaf_of(comp)
+        if leaf is not None:
+            return {"leaf": leaf, "leaf_port": fabric.port_of(comp)}
+    return {}
 
 
 def _tuple_getter(*names: str) -> Callable[[Any], tuple[Any, ...]]:

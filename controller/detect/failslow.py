@@ -167,11 +167,28 @@ class FailSlowDetector:
 
     def observe(self, node_id: str, report: tpb.Report) -> None:
         """Extract this report's per-node signals and append them to the node's window."""
+        values, job = self.extract(node_id, report)
+        self.append(node_id, values, job)
+
+    def extract(self, node_id: str, report: tpb.Report) -> tuple[dict[str, float], str | None]:
+        """This report's signals and the job its ranks belong to (None: no ranks named one).
+
+        Split from ``append`` so a detection shard (controller.detect.shard_worker) can read
+        the report where it was decoded and send only these few numbers to the controller.
+        """
+        ns = self._nodes.get(node_id)
+        if ns is None:
+            ns = self._nodes[node_id] = _NodeSamples()
+        return self._extract(ns, report, self._clock_ms())
+
+    def append(self, node_id: str, values: dict[str, float], job: str | None = None) -> None:
+        """Add one report's signals to the node's window (what ``evaluate`` compares)."""
         now = self._clock_ms()
         ns = self._nodes.get(node_id)
         if ns is None:
             ns = self._nodes[node_id] = _NodeSamples()
-        values = self._extract(ns, report, now)
+        if job is not None:
+            ns.job, ns.job_seen_ms = job, now
         signals = self.config.signals
         series = ns.series
         for signal, value in values.items():
@@ -182,8 +199,9 @@ class FailSlowDetector:
                 window.append((now, value))
         self._prune(ns, now)
 
-    def _extract(self, ns: _NodeSamples, report: tpb.Report, now: int) -> dict[str, float]:
+    def _extract(self, ns: _NodeSamples, report: tpb.Report, now: int) -> tuple[dict[str, float], str | None]:
         out: dict[str, float] = {}
+        job: str | None = None
         clocks: list[float] = []
         power: list[float] = []
         util: list[float] = []
@@ -214,9 +232,8 @@ class FailSlowDetector:
             # one it runs most ranks of (ties: the first name, for determinism).
             counts = Counter(s.job for s in steps if s.job)
             if counts:
-                ns.job = min(counts, key=lambda j: (-counts[j], j))
-                ns.job_seen_ms = now
-        return out
+                job = min(counts, key=lambda j: (-counts[j], j))
+        return out, job
 
     @staticmethod
     def _nic_throughput(
