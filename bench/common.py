@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
@@ -135,38 +136,53 @@ class ProcSampler:
         self._cpu0 = 0.0
         self._t0 = 0.0
         self.cpu_s = 0.0
+        self.own_cpu_s = 0.0
+        self._own_cpu = self._own_cpu0 = 0.0
         self.wall_s = 0.0
 
     def _cpu(self) -> float:
         total = 0.0
+        own = 0.0
         for p in [self.proc, *self.proc.children(recursive=True)]:
             try:
                 t = p.cpu_times()
                 total += t.user + t.system
+                if p.pid == self.proc.pid:
+                    own = t.user + t.system
             except psutil.Error:
                 pass
+        self._own_cpu = own
+        return total
+
+    def _rss(self) -> int:
+        """The process's RSS plus its children's (a controller's detection shards are part of it)."""
+        total = self.proc.memory_info().rss
+        for child in self.proc.children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # it ended meanwhile
+                total += child.memory_info().rss
         return total
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                self.rss.append(self.proc.memory_info().rss)
+                self.rss.append(self._rss())
             except psutil.Error:
                 return
 
     def start(self) -> ProcSampler:
         self._cpu0 = self._cpu()
+        self._own_cpu0 = self._own_cpu
         self._t0 = time.monotonic()
-        self.rss.append(self.proc.memory_info().rss)
+        self.rss.append(self._rss())
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> dict[str, float]:
         self.cpu_s = self._cpu() - self._cpu0
+        self.own_cpu_s = self._own_cpu - self._own_cpu0
         self.wall_s = time.monotonic() - self._t0
-        with_rss = self.proc.memory_info().rss
-        self.rss.append(with_rss)
+        self.rss.append(self._rss())
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -177,6 +193,8 @@ class ProcSampler:
             "cpu_s": round(self.cpu_s, 3),
             "wall_s": round(self.wall_s, 3),
             "cpu_pct_of_one_core": round(100 * self.cpu_s / self.wall_s, 2) if self.wall_s else float("nan"),
+            # the process alone, without its children (a controller's detection shards)
+            "own_cpu_pct_of_one_core": round(100 * self.own_cpu_s / self.wall_s, 2) if self.wall_s else float("nan"),
             "rss_mib_median": round(median(self.rss) / 2**20, 1),
             "rss_mib_max": round(max(self.rss) / 2**20, 1),
         }
