@@ -11,7 +11,8 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -21,10 +22,40 @@ from controller.metrics import ControllerMetrics
 from controller.ratelimit import TokenBucket
 from controller.registry import NodeRecord, NodeRegistry, UnknownNode
 from controller.validate import InvalidMessage, validate_event, validate_hello, validate_report
+from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
+if TYPE_CHECKING:
+    from controller.detect.shard_worker import ReportResult
+    from controller.detect.shards import DetectShards
+
 log = structlog.get_logger(__name__)
+
+_COMPUTE = ipb.NODE_ROLE_COMPUTE
+SHARD_DRAIN_TIMEOUT_S = 10.0  # an ending stream waits this long for its reports' verdicts
+
+
+class RawReport:
+    """A relayed AgentMessage holding a report, not decoded: it goes to a detection shard as it is."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+@dataclass
+class _ShardedStream:
+    """What a stream needs when its reports are decided in a detection shard, after its read loop moved on."""
+
+    token: int
+    ack_needed: asyncio.Event
+    reject: Callable[[grpc.StatusCode, str, str], None] | None  # wakes a relayed stream's read to end it
+    acked_at: float = -math.inf
+    pending: int = 0  # reports handed to a shard, not decided yet
+    drained: asyncio.Event | None = None  # set when pending reaches 0 (the stream is ending)
+    rejected: StreamRejected | None = None  # a shard found a report invalid: the stream ends with this
 
 
 class StreamRejected(Exception):
@@ -59,6 +90,10 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
         self._active: dict[str, asyncio.Task[Any]] = {}
+        # Detection shards (controller.detect.shards), when the controller runs them: compute
+        # nodes' reports are decided there and acked when their result comes back.
+        self.shards: DetectShards | None = None
+        self._sharded: dict[str, _ShardedStream] = {}
         # Awaited before every ack (HA: the events must be in etcd before the agent may forget them).
         self.before_ack: Callable[[], Awaitable[Any]] | None = None
 
@@ -135,6 +170,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         log.info("agent_stream_open", node=node.node_id, acked_event_seq=node.acked_event_seq)
         ack_needed = asyncio.Event()
         writer = asyncio.create_task(self._write_loop(context, node, ack_needed))
+        if self.shards is not None:
+            self._sharded[node.node_id] = _ShardedStream(token, ack_needed, getattr(context, "reject", None))
         rejected: StreamRejected | None = None
         try:
             await self._read_loop(context, node, ack_needed, writer)
@@ -148,6 +185,9 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             self.registry.disconnected(node, token)
             if self._active.get(node.node_id) is me:
                 del self._active[node.node_id]
+            sharded = self._sharded.get(node.node_id)
+            if sharded is not None and sharded.token == token:
+                del self._sharded[node.node_id]
             log.info("agent_stream_closed", node=node.node_id)
         if rejected is not None:
             await self._reject(context, rejected.code, rejected.reason, rejected.detail)
@@ -162,9 +202,15 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         bucket = TokenBucket(self.rate_per_s, self.burst)
         full_seen = False  # a delta report needs a full one before it on the same stream
         report_woke_at = -math.inf
+        shards = self.shards
+        sharded = self._sharded.get(node.node_id) if shards is not None and node.role == _COMPUTE else None
         while True:
             msg = await self._read(context)
+            if sharded is not None and sharded.rejected is not None:
+                raise sharded.rejected
             if msg is grpc.aio.EOF:
+                if sharded is not None:
+                    await self._drain(node, sharded)
                 return
             if writer.done():
                 return
@@ -174,12 +220,29 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     "rate_limited",
                     f"node {node.node_id} exceeds {self.rate_per_s:g} messages/s",
                 )
+            if type(msg) is RawReport:
+                if sharded is not None and shards is not None:
+                    sharded.pending += 1
+                    shards.submit_report(node, msg.data, validated=False)  # decoded and checked there
+                    await shards.room()
+                    continue
+                try:
+                    msg = spb.AgentMessage.FromString(msg.data)
+                except DecodeError as exc:
+                    raise StreamRejected(
+                        grpc.StatusCode.INVALID_ARGUMENT, "malformed", f"message is not an AgentMessage: {exc}"
+                    ) from None
             started = time.perf_counter()
             which = msg.WhichOneof("body")
             try:
                 if which == "report":
                     report = msg.report
                     validate_report(report)
+                    if sharded is not None and shards is not None:
+                        sharded.pending += 1
+                        shards.submit_report(node, msg.SerializeToString(), validated=True)
+                        await shards.room()
+                        continue
                     if not report.counters_delta:
                         full_seen = True
                     elif not full_seen:
@@ -215,6 +278,53 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                         continue
                     report_woke_at = now
             ack_needed.set()
+
+    def on_shard_result(self, result: ReportResult) -> None:
+        """A detection shard decided a report: record it, and ack it (or end an invalid stream)."""
+        node = self.registry.nodes.get(result.node_id)
+        if node is None:
+            return
+        stream = self._sharded.get(result.node_id)
+        if stream is not None and stream.token != result.stream_token:
+            stream = None  # from a stream that has ended since: record it, answer nobody
+        if stream is not None:
+            stream.pending -= 1
+            if stream.pending <= 0 and stream.drained is not None:
+                stream.drained.set()
+        if result.error:
+            if stream is None:
+                self.metrics.rejected.labels("invalid_message").inc()
+                log.warning("agent_message_rejected", reason="invalid_message", detail=result.error, node=node.node_id)
+            elif stream.rejected is None:
+                stream.rejected = StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", result.error)
+                if stream.reject is not None:
+                    stream.reject(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", result.error)
+            return
+        self.registry.record_shard_result(node, result)
+        self.metrics.ingest_seconds.observe(time.perf_counter() - result.submitted)
+        if result.timestamp_ms:
+            self.metrics.report_age_seconds.observe(max(0.0, time.time() - result.timestamp_ms / 1000))
+        if stream is None:
+            return
+        if result.full_report_needed:
+            node.full_report_needed = True
+        elif not node.full_report_needed:
+            now = time.monotonic()
+            if now - stream.acked_at < self.report_ack_interval_s:
+                return
+            stream.acked_at = now
+        stream.ack_needed.set()
+
+    async def _drain(self, node: NodeRecord, sharded: _ShardedStream) -> None:
+        """An ending stream waits for its reports' verdicts: acks go out, an invalid one still ends it."""
+        if sharded.pending > 0:
+            sharded.drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(sharded.drained.wait(), SHARD_DRAIN_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("shard_verdicts_late", node=node.node_id, pending=sharded.pending)
+        if sharded.rejected is not None:
+            raise sharded.rejected
 
     async def _write_loop(self, context: grpc.aio.ServicerContext, node: NodeRecord, wake: asyncio.Event) -> None:
         """Send acks (coalesced: one per batch of messages read) and queued commands.

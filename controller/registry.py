@@ -12,7 +12,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -21,6 +21,9 @@ from controller.store import Store, StoredNode
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
+
+if TYPE_CHECKING:
+    from controller.detect.shard_worker import ReportResult
 
 log = structlog.get_logger(__name__)
 
@@ -209,6 +212,28 @@ class NodeRegistry:
                 listener.on_report(node, report)
             except Exception:
                 log.exception("listener_failed", hook="on_report", node=node.node_id)
+
+    def record_shard_result(self, node: NodeRecord, result: ReportResult) -> None:
+        """A report a detection shard decided (controller.detect.shards): what record_report does here.
+
+        The report itself stays in the shard, so ``latest_report`` is not kept for the node;
+        listeners with an ``on_shard_report`` hook get the shard's result instead.
+        """
+        self.touch(node)
+        node.acked_report_seq = max(node.acked_report_seq, result.seq)
+        if result.lldp is not None:
+            node.lldp = [ipb.LldpNeighbor.FromString(raw) for raw in result.lldp]
+        self._reports_inc()
+        self._gpu_samples_inc(result.gpus)
+        self._nic_samples_inc(result.nics)
+        for listener in self.listeners:
+            hook = getattr(listener, "on_shard_report", None)
+            if hook is None:
+                continue
+            try:
+                hook(node, result)
+            except Exception:
+                log.exception("listener_failed", hook="on_shard_report", node=node.node_id)
 
     def record_events(self, node: NodeRecord, events: list[tpb.Event]) -> list[tpb.Event]:
         """Store new events idempotently; returns the ones that were new."""

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import structlog
 
-from controller.ingest import TelemetryServicer
+from controller.ingest import RawReport, StreamRejected, TelemetryServicer
 from controller.metrics import ControllerMetrics
 from starpulse.tls import peer_node_id
 from starpulse.v1 import service_pb2 as spb
@@ -33,6 +33,7 @@ from starpulse.v1 import service_pb2_grpc as sgrpc
 log = structlog.get_logger(__name__)
 
 _EOF = object()
+_REPORT_TAG = 0x12  # AgentMessage field 2 (report), length-delimited: the first byte of a report message
 WRITE_LINGER_S = 0.02  # answers to a relay gather this long (an ack 20 ms later costs an agent nothing)
 
 
@@ -60,7 +61,16 @@ class RelayedStream:
             waiter.set_result(None)
 
     def unread_bytes(self) -> int:
-        return sum(len(item) for item in self._inbox if item is not _EOF)
+        return sum(len(item) for item in self._inbox if type(item) is bytes)
+
+    def reject(self, code: grpc.StatusCode, reason: str, detail: str) -> None:
+        """End the stream from outside its handler (a detection shard found a report invalid)."""
+        dropped = self.unread_bytes()
+        self._inbox.clear()  # what is queued behind the invalid report is not read any more
+        if dropped:
+            self._link.consumed(dropped)
+        self.feed(StreamRejected(code, reason, detail))
+        self.feed(_EOF)
 
     # -- the ServicerContext surface TelemetryServicer.Connect uses --------------------
     async def read(self) -> Any:
@@ -74,7 +84,11 @@ class RelayedStream:
         if item is _EOF:
             self._inbox.appendleft(_EOF)  # every later read sees the end too
             return grpc.aio.EOF
+        if type(item) is StreamRejected:
+            raise item
         self._link.consumed(len(item))
+        if self._link.raw_reports and item and item[0] == _REPORT_TAG:
+            return RawReport(item)  # a detection shard decodes it (controller.detect.shards)
         return spb.AgentMessage.FromString(item)  # DecodeError: the servicer rejects the stream
 
     async def write(self, message: spb.ControllerMessage) -> None:
@@ -112,6 +126,7 @@ class RelayLink:
     ) -> None:
         self.relay_id = relay_id
         self._telemetry = telemetry
+        self.raw_reports = telemetry.shards is not None  # reports go undecoded to a detection shard
         self._context = context
         self._max_message_bytes = max_message_bytes
         self._max_queued_bytes = max_queued_bytes

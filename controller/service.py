@@ -16,6 +16,8 @@ from controller import gcpolicy
 from controller.admin import AdminServicer
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
+from controller.detect.shard_worker import ShardSettings
+from controller.detect.shards import DetectShards, ShardLost
 from controller.fabric import Fabric, load_fabric
 from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig, Guards
@@ -161,6 +163,9 @@ class Controller:
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.shards: DetectShards | None = None
+        self.failed = asyncio.Event()  # something the controller cannot go on without (a detection shard) ended
+        self.failure = ""
         self.grpc_port = 0
         self.http_port = 0
         self._serving = False
@@ -198,8 +203,32 @@ class Controller:
             return len(self.fabric.nodes())
         return sum(1 for n in self.registry.nodes.values() if n.role == ipb.NODE_ROLE_COMPUTE)
 
+    async def _start_shards(self) -> None:
+        cfg = self.config
+        shards = DetectShards(
+            cfg.detection.workers,
+            ShardSettings(
+                rules_path=str(cfg.rules_path) if cfg.rules_path is not None else None,
+                failslow=cfg.detection.failslow,
+                tick_s=cfg.sweep_interval_s,
+            ),
+            on_result=self.telemetry.on_shard_result,
+            on_changes=self.detection.on_shard_changes,
+            on_lost=self._shard_lost,
+        )
+        await shards.start()
+        self.shards = self.telemetry.shards = self.detection.shards = shards
+
+    def _shard_lost(self, index: int) -> None:
+        """A shard held some nodes' conditions: without it detection would be silently partial."""
+        self.failure = f"detection shard {index} ended"
+        self._serving = False
+        self.failed.set()
+
     async def start(self) -> None:
         cfg = self.config
+        if cfg.detection.workers > 0:
+            await self._start_shards()  # before the port opens: no report may bypass them
         credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
         server = grpc.aio.server(
             interceptors=[AuthInterceptor(cfg.auth)],
@@ -294,6 +323,8 @@ class Controller:
             await self._heal_task  # a remediation in progress finishes its current step
         if self._server is not None:
             await self._server.stop(self.config.grace_s)
+        if self.shards is not None:
+            await self.shards.stop()  # after the streams: what they handed over is decided first
         if self._runner is not None:
             await self._runner.cleanup()
         self.registry.flush_presence(force=True)
@@ -305,8 +336,14 @@ class Controller:
         await self.start()
         gcpolicy.tune()
         collections = asyncio.create_task(gcpolicy.run())
+        stopping = asyncio.create_task(stop.wait())
+        failing = asyncio.create_task(self.failed.wait())
         try:
-            await stop.wait()
+            await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopping.cancel()
+            failing.cancel()
             collections.cancel()
             await self.stop()
+        if self.failed.is_set():
+            raise ShardLost(self.failure)

@@ -27,6 +27,7 @@ def _install_stop(stop: asyncio.Event) -> None:
 
 # -- controller ---------------------------------------------------------------------------
 def cmd_controller(args: argparse.Namespace) -> int:
+    from controller.detect.pipeline import DetectionConfig
     from controller.notify import NotifyConfig
     from controller.service import ControllerConfig
     from starpulse.logs import configure_logging
@@ -59,6 +60,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"starpulse controller: {exc}", file=sys.stderr)
         return 2
+    if args.detect_workers < 0:
+        print("starpulse controller: --detect-workers must be 0 or more", file=sys.stderr)
+        return 2
     try:
         ha = _ha_settings(args)
     except ValueError as exc:
@@ -77,6 +81,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         fabric_path=Path(args.fabric) if args.fabric and fabric is None else None,
         rules_path=Path(args.rules) if args.rules else None,
         heal=heal,
+        detection=DetectionConfig(workers=args.detect_workers),
     )
 
     return _serve_controller(config)
@@ -99,12 +104,16 @@ def _serve_controller(config: Any) -> int:
     try:
         asyncio.run(main())
     except Exception as exc:
+        from controller.detect.shards import ShardLost
         from controller.ha.etcd import EtcdUnavailable
         from controller.ha.replica import LeadershipLost
 
         if isinstance(exc, LeadershipLost | EtcdUnavailable):
             print(f"starpulse controller: {exc}", file=sys.stderr)
             return 3
+        if isinstance(exc, ShardLost):
+            print(f"starpulse controller: {exc}", file=sys.stderr)
+            return 4
         raise
     return 0
 
@@ -1065,6 +1074,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--heartbeat-timeout-s", type=float, default=15.0)
     c.add_argument("--fabric", default=None, help="declared fabric file (JSON/YAML from `topology generate`)")
     c.add_argument("--rules", default=None, help="detection rules file (default: the packaged rules)")
+    c.add_argument("--detect-workers", type=int, default=0, metavar="N",
+                   help="evaluate compute nodes' reports in N shard processes (large fleets; 0: in the controller)")
     c.add_argument("--notify", default=None, help="alert receivers file (YAML; see docs/alerts.md)")
     c.add_argument("--scheduler", choices=("none", "sim"), default="none",
                    help="self-healing scheduler backend; sim: an in-memory scheduler over the --fabric nodes")

@@ -55,6 +55,11 @@ class TestScan:
         assert len(lines) == 1 and "NVML" in lines[0] and "Library Not Found" in lines[0]
         assert out.stdout == ""
 
+    def test_controller_refuses_negative_detect_workers(self, tmp_path: Path) -> None:
+        out = run("controller", "--detect-workers", "-1", "--db", str(tmp_path / "c.db"))
+        assert out.returncode == 2
+        assert "--detect-workers" in out.stderr and "Traceback" not in out.stderr
+
     def test_agent_with_nvml_backend_without_driver_exits(self, tmp_path: Path) -> None:
         """The agent refuses to start on `nvml` without a driver rather than running with no GPU data."""
         out = run(

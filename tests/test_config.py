@@ -95,6 +95,10 @@ CONTROLLER_ERRORS = [
         "tls: set all of ca_file, cert_file and key_file or none; missing cert_file, key_file",
     ),
     (
+        {"detection": {"workers": -1}},
+        "detection.workers: must be an integer >= 0 and <= 64, got -1",
+    ),
+    (
         {"heal": {"enabled": True, "scheduler": {"type": "sim"}}},
         "heal.scheduler.sim.nodes: is required when fabric.path is not set",
     ),
@@ -377,6 +381,12 @@ def test_schema_defaults_match_the_code() -> None:
 
 
 # -- building: healing, relative paths, the CLI --------------------------------------------------
+def test_detection_workers_reach_the_controller(tmp_path: Path) -> None:
+    """detection.workers turns detection shards on; the flag does the same for a controller without a file."""
+    assert load_controller_config(write(tmp_path, {}), {}).detection.workers == 0
+    assert load_controller_config(write(tmp_path, {"detection": {"workers": 3}}), {}).detection.workers == 3
+
+
 def test_ha_section_and_flags(tmp_path: Path) -> None:
     """ha.enabled builds an HAConfig; without it the controller stays a single SQLite one; --etcd turns it on."""
     assert load_controller_config(write(tmp_path, {}), {}).ha is None

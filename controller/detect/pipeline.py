@@ -12,11 +12,11 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from controller.detect.conditions import ConditionEngine
+from controller.detect.conditions import ConditionEngine, nic_fabric_evidence
 from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
 from controller.detect.incidents import IncidentStore
@@ -29,7 +29,12 @@ from controller.topology import TopologyTracker
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
+if TYPE_CHECKING:
+    from controller.detect.shard_worker import ReportResult
+    from controller.detect.shards import DetectShards
+
 log = structlog.get_logger(__name__)
+_COMPUTE = ipb.NODE_ROLE_COMPUTE
 
 
 @dataclass
@@ -37,6 +42,9 @@ class DetectionConfig:
     correlation: CorrelationConfig = field(default_factory=CorrelationConfig)
     failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
     failslow_every_s: float = 5.0  # peer comparison cadence; each evaluation looks at a window
+    # Processes that evaluate compute nodes' reports and events (controller.detect.shards);
+    # 0: all detection in the controller's process (enough for ~4,000-6,000 nodes at 5 s).
+    workers: int = 0
 
 
 class IncidentListener(Protocol):
@@ -78,6 +86,9 @@ class Detection:
         self.listeners: list[IncidentListener] = []
         self._monotonic = monotonic  # fail-slow cadence (a bench with a virtual clock passes its own)
         self._last_failslow = monotonic()
+        # With detection shards (controller.detect.shards) compute nodes' reports and events are
+        # evaluated there; this engine keeps presence (heartbeats) and switches.
+        self.shards: DetectShards | None = None
         self._refresh_gauges()
 
     def _peer_group(self, node: str) -> str | None:
@@ -101,7 +112,25 @@ class Detection:
             self.topology.update(node)
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
+        if self.shards is not None and node.role == _COMPUTE:
+            self.shards.submit_events(node, events)  # the engine that holds the node's conditions
+            return
         self._feed(self.engine.on_events(node, events))
+
+    def on_shard_report(self, node: NodeRecord, result: ReportResult) -> None:
+        """A report a shard decided: its fail-slow signals join the peer comparison here."""
+        self.failslow.append(node.node_id, result.signals, result.job)
+        if result.lldp is not None:
+            self.topology.update(node)
+
+    def on_shard_changes(self, changes: list[ConditionChange]) -> None:
+        """Condition changes from a shard's engine, completed with what only the fabric knows."""
+        if self.fabric is not None:
+            for change in changes:
+                cond = change.condition
+                if cond.component_type == "nic":
+                    cond.evidence.update(nic_fabric_evidence(self.fabric, cond.component))
+        self._feed(changes)
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         if old_state == new_state:
@@ -169,6 +198,8 @@ class Detection:
             self.metrics.incidents_open.labels(kind).set(n)
 
     def forget(self, node_id: str) -> None:
+        if self.shards is not None:
+            self.shards.forget(node_id)  # what the shard resolves comes back through on_shard_changes
         self._feed(self.engine.forget(node_id))
         change = self.failslow.forget(node_id)
         if change is not None:

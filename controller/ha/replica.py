@@ -28,6 +28,7 @@ import structlog
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller.detect.shards import ShardLost
 from controller.ha.config import HAConfig
 from controller.ha.election import Elector, NotLeader
 from controller.ha.etcd import connect
@@ -182,9 +183,11 @@ class Replica:
         flusher = asyncio.create_task(self._flush_loop(mirror))
         lost = asyncio.create_task(elector.lost.wait())
         stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait({lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        failing = asyncio.create_task(controller.failed.wait())  # e.g. a detection shard ended
+        await asyncio.wait({lost, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         lost.cancel()
         stopping.cancel()
+        failing.cancel()
         deposed = elector.lost.is_set()
         flusher.cancel()
         await asyncio.gather(flusher, return_exceptions=True)
@@ -197,6 +200,8 @@ class Replica:
             await elector.close()
             raise LeadershipLost(f"{self.advertise} lost the leader lease (token {elector.token})")
         await elector.resign()
+        if controller.failed.is_set():
+            raise ShardLost(controller.failure)  # resigned: a standby takes over with whole detection
 
     async def _flush_loop(self, mirror: StateMirror) -> None:
         """Push changes nothing else pushed (incidents, outbox, presence transitions) every flush_interval_s."""

@@ -24,13 +24,18 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import structlog
 
 from controller.registry import NodeRecord
 from starpulse.v1 import telemetry_pb2 as tpb
 
+if TYPE_CHECKING:
+    from controller.detect.shard_worker import ReportResult
+
 log = structlog.get_logger(__name__)
+_NO_STEPS = tpb.Report()  # a report that names no job steps (read only)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS heal_jobs (
@@ -347,6 +352,10 @@ class JobRegistry:
         return self._snapshot(rec)
 
     # -- IngestListener -------------------------------------------------------------------
+
+    def on_shard_report(self, node: NodeRecord, result: ReportResult) -> None:
+        """A report decided in a detection shard: the shard sent its job steps along."""
+        self.on_report(node, tpb.Report.FromString(result.job_steps) if result.job_steps else _NO_STEPS)
 
     def on_report(self, node: NodeRecord, report: tpb.Report) -> None:
         """Take this node's job ranks from the report; ranks it no longer lists left the node."""

@@ -14,6 +14,8 @@ from starpulse.v1 import service_pb2 as spb
 class GatedServicer:
     """Reads its stream only while the gate is open; records what it read."""
 
+    shards = None  # as a TelemetryServicer without detection shards: the link decodes every message
+
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.read: list[Any] = []

@@ -1,0 +1,243 @@
+"""A detection shard: the per-node half of detection, in a process of its own.
+
+Why: one Python process decides ~1,400 reports a second at most (bench.scale); a
+10,000-node fleet reporting every 5 s sends 2,000. Most of a report's cost is per node and
+needs nothing from other nodes: decoding it, validating it, the rule engine's counters,
+windows and thresholds, the fail-slow signals. So the controller (controller.detect.shards)
+hands each compute node's reports and events, as the bytes that arrived, to one shard
+chosen by node id; the shard runs the same ``ConditionEngine`` as an unsharded controller
+would and answers with what the controller needs: the report's sequence number (for the
+ack), whether it was valid, a handful of fail-slow numbers, the job steps, a changed LLDP
+list and the condition changes. Correlation, incidents, healing, presence, switches and
+the store stay in the controller, which sees one stream of condition changes as before.
+
+One node's reports and events reach one shard in the order they arrived, so its engine
+state is exactly what the controller's own engine would hold.
+
+Protocol (controller.detect.shardwire frames): stdin carries the settings, then batches of
+operations; stdout carries ``("ready", pid)``, then one ``(results, changes)`` per batch
+or tick. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import os
+import select
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from google.protobuf.message import DecodeError
+
+from controller import gcpolicy
+from controller.detect.conditions import ConditionEngine
+from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.model import ConditionChange
+from controller.detect.rules import load_rules
+from controller.registry import ONLINE, NodeRecord
+from controller.validate import InvalidMessage, validate_event, validate_report
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+# Operations the controller sends (first element names it).
+OP_NODE = "node"  # (OP_NODE, node_id, role, stream_token, inventory bytes)
+OP_REPORT = "report"  # (OP_REPORT, node_id, stream_token, AgentMessage bytes, validated, submitted)
+OP_EVENTS = "events"  # (OP_EVENTS, node_id, [Event bytes])
+OP_FORGET = "forget"  # (OP_FORGET, node_id)
+PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+
+
+@dataclass
+class ShardSettings:
+    rules_path: str | None = None
+    failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
+    tick_s: float = 1.0
+    full_collection_s: float = 600.0  # controller.gcpolicy's schedule
+
+
+@dataclass
+class ReportResult:
+    """What the controller needs back from one report (it never decodes the report itself)."""
+
+    node_id: str
+    stream_token: int
+    submitted: float  # the controller's perf_counter when it handed the report over
+    seq: int = 0
+    timestamp_ms: int = 0
+    error: str = ""  # non-empty: the report was invalid, the stream must end with this
+    full_report_needed: bool = False  # a delta report before any full one on this stream
+    signals: dict[str, float] = field(default_factory=dict)  # fail-slow signals
+    job: str | None = None
+    job_steps: bytes = b""  # a Report holding only job_steps (JobRegistry reads those)
+    lldp: list[bytes] | None = None  # the node's new LLDP neighbours, when the report carried them
+    gpus: int = 0
+    nics: int = 0
+
+
+class Shard:
+    """The per-node detection state of the nodes that hash to this shard."""
+
+    def __init__(self, settings: ShardSettings) -> None:
+        self.engine = ConditionEngine(load_rules(settings.rules_path), fabric=None)
+        self.failslow = FailSlowDetector(settings.failslow)
+        self.nodes: dict[str, NodeRecord] = {}
+        self._full_seen: set[str] = set()  # nodes whose current stream sent a full report
+
+    def handle(self, ops: list[tuple[Any, ...]]) -> tuple[list[ReportResult], list[ConditionChange]]:
+        results: list[ReportResult] = []
+        changes: list[ConditionChange] = []
+        for op in ops:
+            kind = op[0]
+            try:
+                if kind == OP_REPORT:
+                    results.append(self._report(op[1], op[2], op[3], op[4], op[5], changes))
+                elif kind == OP_EVENTS:
+                    self._events(op[1], op[2], changes)
+                elif kind == OP_NODE:
+                    self._node(op[1], op[2], op[3], op[4])
+                elif kind == OP_FORGET:
+                    changes += self._forget(op[1])
+                else:
+                    log.error("shard_unknown_op", op=kind)
+            except Exception:
+                # A bug in a rule must not take the shard (and every node on it) down: the
+                # controller logs and goes on in the same case (registry listeners).
+                log.exception("shard_op_failed", op=kind, node=op[1] if len(op) > 1 else None)
+                if kind == OP_REPORT:
+                    results.append(ReportResult(op[1], op[2], op[5]))
+        return results, changes
+
+    def tick(self) -> list[ConditionChange]:
+        return self.engine.tick()
+
+    def _node(self, node_id: str, role: int, token: int, inventory: bytes) -> None:
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = NodeRecord(node_id=node_id, role=role, state=ONLINE, first_seen_ms=0, last_seen_ms=0)
+            self.nodes[node_id] = node
+        node.role = role
+        node.stream_token = token
+        node.inventory.ParseFromString(inventory)
+        node.lldp = list(node.inventory.lldp_neighbors)
+        self._full_seen.discard(node_id)
+
+    def _report(
+        self, node_id: str, token: int, raw: bytes, validated: bool, submitted: float, changes: list[ConditionChange]
+    ) -> ReportResult:
+        result = ReportResult(node_id, token, submitted)
+        node = self.nodes.get(node_id)
+        if node is None:
+            result.error = f"shard knows no node {node_id!r}"  # the controller always says OP_NODE first
+            return result
+        try:
+            msg = spb.AgentMessage.FromString(raw)
+        except DecodeError as exc:
+            result.error = f"message is not an AgentMessage: {exc}"
+            return result
+        if msg.WhichOneof("body") != "report":
+            result.error = "expected a report"
+            return result
+        report = msg.report
+        if not validated:
+            try:
+                validate_report(report)
+            except InvalidMessage as exc:
+                result.error = str(exc)
+                return result
+        result.seq = report.seq
+        result.timestamp_ms = report.timestamp_ms
+        if not report.counters_delta:
+            self._full_seen.add(node_id)
+        elif node_id not in self._full_seen:
+            result.full_report_needed = True
+        if report.HasField("lldp"):
+            node.lldp = list(report.lldp.neighbors)
+            result.lldp = [nb.SerializeToString() for nb in node.lldp]
+        result.gpus = len(report.gpus)
+        result.nics = len(report.nics)
+        changes += self.engine.on_report(node, report)
+        result.signals, result.job = self.failslow.extract(node_id, report)
+        if report.job_steps:
+            result.job_steps = tpb.Report(job_steps=report.job_steps).SerializeToString()
+        return result
+
+    def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> None:
+        node = self.nodes.get(node_id)
+        if node is None:
+            log.error("shard_events_unknown_node", node=node_id)
+            return
+        events = [tpb.Event.FromString(b) for b in raw]
+        for ev in events:
+            validate_event(ev)  # the controller stored them valid; this guards the wire only
+        changes += self.engine.on_events(node, events)
+
+    def _forget(self, node_id: str) -> list[ConditionChange]:
+        self.nodes.pop(node_id, None)
+        self._full_seen.discard(node_id)
+        self.failslow.forget(node_id)
+        return self.engine.forget(node_id)
+
+
+def serve(fd_in: int, fd_out: int) -> None:
+    """The shard's life: settings, then batches until the controller closes stdin."""
+    from controller.detect.shardwire import read_frame_fd, write_frame_fd
+
+    for fd in (fd_in, fd_out):
+        _widen_pipe(fd)
+    settings = read_frame_fd(fd_in)
+    if not isinstance(settings, ShardSettings):
+        raise SystemExit("a detection shard's first frame must be its settings")
+    shard = Shard(settings)
+    gcpolicy.tune()  # as the controller: no automatic full collections in the middle of a batch
+    write_frame_fd(fd_out, ("ready", os.getpid()))
+    next_tick = time.monotonic() + settings.tick_s
+    next_collection = time.monotonic() + settings.full_collection_s
+    while True:
+        wait = max(0.0, next_tick - time.monotonic())
+        readable, _, _ = select.select([fd_in], [], [], wait)
+        results: list[ReportResult] = []
+        changes: list[ConditionChange] = []
+        if readable:
+            ops = read_frame_fd(fd_in)
+            if ops is None:
+                return  # the controller closed our stdin: it is stopping
+            results, changes = shard.handle(ops)
+        if time.monotonic() >= next_tick:
+            next_tick = time.monotonic() + settings.tick_s
+            try:
+                changes += shard.tick()
+            except Exception:
+                log.exception("shard_tick_failed")
+            if next_tick >= next_collection:
+                next_collection = next_tick + settings.full_collection_s
+                gc.collect()
+        if results or changes:
+            write_frame_fd(fd_out, (results, changes))
+
+
+def _widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
+    """Give a pipe room for a whole batch (Linux: 64 KiB by default).
+
+    A batch of a hundred reports is ~1 MB; through a 64 KiB pipe the shard would wait for
+    the controller's event loop to come round ~15 times to read one batch.
+    """
+    # Not a pipe, not Linux, or above /proc/sys/fs/pipe-max-size: the default size still works.
+    with contextlib.suppress(OSError, AttributeError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+
+
+def main() -> None:
+    # stdout is the frame channel: keep it for frames only, and send anything printed to stderr.
+    fd_out = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    from starpulse.logs import configure_logging
+
+    configure_logging(stream=sys.stderr)
+    serve(sys.stdin.fileno(), fd_out)

@@ -1,0 +1,210 @@
+"""The controller's detection shards: per-node detection spread over worker processes.
+
+Each compute node belongs to one shard (crc32 of its id), so its reports and events are
+handled in arrival order by one ``ConditionEngine`` (controller.detect.shard_worker). The
+controller hands over the bytes that arrived, batched: everything submitted during one
+turn of the event loop goes out as one frame per shard. Answers come back on the shards'
+stdout and are applied on the event loop (``on_result`` per report, ``on_changes`` for the
+condition changes).
+
+Flow control: at most ``max_in_flight`` reports may be with the shards; past that, the
+streams feeding them wait in ``room()`` (and gRPC's flow control holds the rest at the
+agents and relays). A shard that dies is fatal (``on_lost``): its nodes' condition state
+is gone, and the controller must be restarted (systemd, or the HA standby takes over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from controller.detect.model import ConditionChange
+from controller.detect.shard_worker import (
+    OP_EVENTS,
+    OP_FORGET,
+    OP_NODE,
+    OP_REPORT,
+    ReportResult,
+    ShardSettings,
+)
+from controller.detect.shardwire import encode_frame, read_frame
+from controller.registry import NodeRecord
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+READY_TIMEOUT_S = 60.0
+
+
+class ShardLost(Exception):
+    """A shard process ended while the controller still needed it."""
+
+
+@dataclass
+class _Shard:
+    index: int
+    proc: asyncio.subprocess.Process
+    ops: list[tuple[Any, ...]] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=dict)  # node -> stream token the shard knows
+    reader: asyncio.Task[None] | None = None
+    in_flight: int = 0
+
+
+class DetectShards:
+    def __init__(
+        self,
+        workers: int,
+        settings: ShardSettings,
+        on_result: Callable[[ReportResult], None],
+        on_changes: Callable[[list[ConditionChange]], None],
+        on_lost: Callable[[int], None],
+        max_in_flight: int = 4096,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("detection shards need at least one worker")
+        self.workers = workers
+        self.settings = settings
+        self._on_result = on_result
+        self._on_changes = on_changes
+        self._on_lost = on_lost
+        self.max_in_flight = max_in_flight
+        self._shards: list[_Shard] = []
+        self._flush_scheduled = False
+        self._room = asyncio.Event()
+        self._room.set()
+        self._stopping = False
+
+    # -- life ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start every shard and wait until each has loaded its rules."""
+        for index in range(self.workers):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "controller.detect.shard_main",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=1 << 24,
+            )
+            shard = _Shard(index, proc)
+            self._shards.append(shard)
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(encode_frame(self.settings))
+            ready = await asyncio.wait_for(read_frame(proc.stdout), READY_TIMEOUT_S)
+            if not (isinstance(ready, tuple) and ready[:1] == ("ready",)):
+                await self.stop()
+                raise ShardLost(f"detection shard {index} did not start (said {ready!r})")
+            shard.reader = asyncio.create_task(self._read(shard))
+            log.info("detect_shard_started", shard=index, pid=proc.pid)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self.flush()
+        for shard in self._shards:
+            if shard.proc.stdin is not None and not shard.proc.stdin.is_closing():
+                shard.proc.stdin.close()
+        for shard in self._shards:
+            try:
+                await asyncio.wait_for(shard.proc.wait(), 10)
+            except TimeoutError:
+                shard.proc.kill()
+                await shard.proc.wait()
+            if shard.reader is not None:  # the shard's last answers are applied before it is gone
+                try:
+                    await asyncio.wait_for(shard.reader, 10)
+                except (TimeoutError, asyncio.CancelledError):
+                    log.warning("detect_shard_answers_dropped", shard=shard.index)
+        self._shards.clear()
+
+    @property
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self._shards]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in self._shards)
+
+    # -- input --------------------------------------------------------------------------
+    def shard_of(self, node_id: str) -> int:
+        return zlib.crc32(node_id.encode()) % self.workers
+
+    def submit_report(self, node: NodeRecord, agent_message: bytes, validated: bool) -> None:
+        """Hand one AgentMessage (a report) over; its ``ReportResult`` comes back through on_result."""
+        shard = self._for(node)
+        shard.ops.append((OP_REPORT, node.node_id, node.stream_token, agent_message, validated, time.perf_counter()))
+        shard.in_flight += 1
+        if self.in_flight >= self.max_in_flight:
+            self._room.clear()
+        self._schedule_flush()
+
+    def submit_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
+        shard = self._for(node)
+        shard.ops.append((OP_EVENTS, node.node_id, [ev.SerializeToString() for ev in events]))
+        self._schedule_flush()
+
+    def forget(self, node_id: str) -> None:
+        shard = self._shards[self.shard_of(node_id)]
+        shard.tokens.pop(node_id, None)
+        shard.ops.append((OP_FORGET, node_id))
+        self._schedule_flush()
+
+    async def room(self) -> None:
+        """Wait while too many reports are with the shards."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    def _for(self, node: NodeRecord) -> _Shard:
+        shard = self._shards[self.shard_of(node.node_id)]
+        if shard.tokens.get(node.node_id) != node.stream_token:
+            # A new stream (or the first): the shard learns the node's inventory and naming.
+            shard.tokens[node.node_id] = node.stream_token
+            shard.ops.append((OP_NODE, node.node_id, node.role, node.stream_token, node.inventory.SerializeToString()))
+        return shard
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Everything submitted since the last flush, one frame per shard."""
+        self._flush_scheduled = False
+        for shard in self._shards:
+            if shard.ops and shard.proc.stdin is not None and not shard.proc.stdin.is_closing():
+                ops, shard.ops = shard.ops, []
+                shard.proc.stdin.write(encode_frame(ops))
+
+    # -- output -------------------------------------------------------------------------
+    async def _read(self, shard: _Shard) -> None:
+        assert shard.proc.stdout is not None
+        reason = "exited"
+        try:
+            while True:
+                frame = await read_frame(shard.proc.stdout)
+                if frame is None:
+                    break
+                results, changes = frame
+                shard.in_flight -= len(results)
+                if not self._room.is_set() and self.in_flight < self.max_in_flight // 2:
+                    self._room.set()
+                for result in results:
+                    try:
+                        self._on_result(result)
+                    except Exception:
+                        log.exception("shard_result_failed", node=result.node_id)
+                if changes:
+                    self._on_changes(changes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            reason = repr(exc)
+        if not self._stopping:
+            log.critical("detect_shard_lost", shard=shard.index, pid=shard.proc.pid, reason=reason)
+            self._on_lost(shard.index)

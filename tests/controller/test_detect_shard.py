@@ -1,0 +1,139 @@
+"""A detection shard's logic in-process (controller.detect.shard_worker.Shard) and its wire framing.
+
+The shard must reach the verdicts the controller's own engine reaches on the same reports
+and events, answer every report (valid or not) so its stream can be acked or ended, and
+frame its traffic so a torn frame is an error, never a wrong message.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.factory import build_collectors
+from agent.runtime import CollectorSet
+from agent.sim.node import SimNode
+from agent.transport.delta import ReportDelta
+from controller.detect.conditions import ConditionEngine
+from controller.detect.model import ConditionChange
+from controller.detect.rules import load_rules
+from controller.detect.shard_worker import OP_EVENTS, OP_FORGET, OP_NODE, OP_REPORT, Shard, ShardSettings
+from controller.detect.shardwire import ShardWireError, encode_frame, read_frame_fd, write_frame_fd
+from controller.registry import ONLINE, NodeRecord
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+
+def _sim_reports(tmp_path: Path, steps: int) -> tuple[ipb.Inventory, list[tpb.Report], SimNode, CollectorSet]:
+    sim = SimNode("node-007", tmp_path / "hw", seed=3)
+    plan = build_collectors("sim", sink=lambda f: None, sim=sim, kmsg_path=None)
+    cs = CollectorSet(plan.collectors)
+    cs.probe()
+    inv = cs.describe()
+    for hook in plan.inventory_hooks:
+        hook(inv)
+    return inv, [], sim, cs
+
+
+def _keys(changes: list[ConditionChange]) -> list[tuple[str, str, str]]:
+    return [(c.kind, c.condition.rule, c.condition.component) for c in changes]
+
+
+def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) -> None:
+    """Full and delta reports with faults appearing: the shard's changes are the engine's, in order."""
+    inv, _, sim, cs = _sim_reports(tmp_path, 0)
+    shard = Shard(ShardSettings())
+    engine = ConditionEngine(load_rules(), fabric=None)
+    node = NodeRecord(node_id="node-007", role=ipb.NODE_ROLE_COMPUTE, state=ONLINE, first_seen_ms=0, last_seen_ms=0)
+    node.inventory.CopyFrom(inv)
+    node.stream_token = 1
+    delta = ReportDelta(full_every=4)
+    delta.reset(enabled=True)
+    ops: list[tuple[object, ...]] = [(OP_NODE, "node-007", ipb.NODE_ROLE_COMPUTE, 1, inv.SerializeToString())]
+    expected: list[ConditionChange] = []
+    try:
+        for step in range(10):
+            if step == 3:
+                sim.inject("gpu_row_remap_failure", "gpu-1")
+            if step == 5:
+                sim.inject("nic_down", "nic-2")
+            sim.advance(1.0)
+            report = delta.encode(cs.collect(1).report)
+            report.seq = step + 1
+            expected += engine.on_report(node, report)
+            ops.append((OP_REPORT, "node-007", 1, spb.AgentMessage(report=report).SerializeToString(), False, 0.0))
+    finally:
+        cs.close()
+    xid = tpb.Event(seq=1, kind=tpb.EVENT_KIND_XID, severity=tpb.SEVERITY_CRITICAL, component="gpu-4", xid=79)
+    expected += engine.on_events(node, [xid])
+    ops.append((OP_EVENTS, "node-007", [xid.SerializeToString()]))
+    expected += engine.forget("node-007")
+    ops.append((OP_FORGET, "node-007"))
+
+    results, changes = shard.handle(ops)
+
+    assert [r.seq for r in results] == list(range(1, 11))
+    assert not any(r.error for r in results)
+    assert all(r.gpus == 8 and r.nics >= 8 for r in results)
+    assert results[-1].signals  # fail-slow signals ride along
+    assert _keys(changes) == _keys(expected)
+    opened = {(rule, comp) for kind, rule, comp in _keys(changes) if kind == "opened"}
+    assert any(comp == "node-007/gpu-1" for _, comp in opened)
+    assert any(comp == "node-007/gpu-4" for _, comp in opened)
+
+
+def test_every_report_gets_an_answer_even_a_bad_one() -> None:
+    """Invalid, undecodable, not-a-report and unknown-node reports come back with an error, never silence."""
+    shard = Shard(ShardSettings())
+    ok = spb.AgentMessage(report=tpb.Report(seq=1)).SerializeToString()
+    nan = spb.AgentMessage(report=tpb.Report(seq=2, gpus=[tpb.GpuSample(temperature_c=math.nan)])).SerializeToString()
+    hello = spb.AgentMessage(hello=spb.Hello(node_id="node-001")).SerializeToString()
+    results, _ = shard.handle([
+        (OP_REPORT, "node-001", 1, ok, False, 0.0),  # before the shard was told about the node
+        (OP_NODE, "node-001", ipb.NODE_ROLE_COMPUTE, 1, b""),
+        (OP_REPORT, "node-001", 1, ok, False, 0.0),
+        (OP_REPORT, "node-001", 1, nan, False, 0.0),
+        (OP_REPORT, "node-001", 1, b"\x12\x03\xff\xff\xff", False, 0.0),
+        (OP_REPORT, "node-001", 1, hello, False, 0.0),
+        (OP_REPORT, "node-001", 1, spb.AgentMessage(report=tpb.Report(seq=3, counters_delta=True)).SerializeToString(),
+         True, 0.0),
+    ])
+    assert len(results) == 6
+    assert "knows no node" in results[0].error
+    assert results[1].error == "" and results[1].seq == 1
+    assert "finite" in results[2].error or "nan" in results[2].error.lower()
+    assert "not an AgentMessage" in results[3].error
+    assert results[4].error == "expected a report"
+    assert results[5].error == "" and not results[5].full_report_needed  # a full report came first
+
+
+def test_a_delta_before_any_full_report_asks_for_one() -> None:
+    shard = Shard(ShardSettings())
+    delta = spb.AgentMessage(report=tpb.Report(seq=1, counters_delta=True)).SerializeToString()
+    results, _ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""), (OP_REPORT, "n", 1, delta, False, 0.0)])
+    assert results[0].full_report_needed
+    results, _ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 2, b""), (OP_REPORT, "n", 2, delta, False, 0.0)])
+    assert results[0].full_report_needed  # a new stream starts over
+
+
+def test_frames_round_trip_and_a_torn_frame_is_an_error() -> None:
+    r, w = os.pipe()
+    try:
+        write_frame_fd(w, [("report", "node-1", 1, b"x" * 20_000)])
+        write_frame_fd(w, {"second": True})
+        assert read_frame_fd(r) == [("report", "node-1", 1, b"x" * 20_000)]
+        assert read_frame_fd(r) == {"second": True}
+        os.write(w, encode_frame("cut short")[:-3])
+        os.close(w)
+        w = -1
+        with pytest.raises(ShardWireError):
+            read_frame_fd(r)
+        assert read_frame_fd(r) is None  # nothing more: a clean end of file
+    finally:
+        os.close(r)
+        if w != -1:
+            os.close(w)

@@ -1,0 +1,182 @@
+"""Detection shards (`controller --detect-workers N`): compute nodes' reports decided in worker processes.
+
+A controller with shards must detect, ack and refuse exactly as one without: faults from
+reports and from events become incidents, acks reach agents direct and relayed, an invalid
+report found by a shard ends that stream alone, and a shard that dies stops the
+controller instead of leaving some nodes silently unwatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.detect.pipeline import DetectionConfig
+from controller.detect.shards import ShardLost
+from controller.relay.service import Relay, RelayConfig
+from controller.service import Controller, ControllerConfig
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+from tests.helpers import SimAgent, free_port, make_sim_agent, stream_session, wait_for
+
+
+def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
+    return Controller(
+        ControllerConfig(
+            listen=f"127.0.0.1:{port}",
+            http="127.0.0.1:0",
+            db_path=tmp_path / "controller.db",
+            sweep_interval_s=0.2,
+            detection=DetectionConfig(workers=workers),
+        )
+    )
+
+
+def _relay(controller_port: int, port: int) -> Relay:
+    relay = Relay(
+        RelayConfig(controllers=[f"127.0.0.1:{controller_port}"], relay_id="relay-a", listen=f"127.0.0.1:{port}",
+                    linger_s=0.01, metrics_listen="127.0.0.1:0")
+    )
+    relay.upstream.backoff.initial_s = 0.1
+    relay.upstream.backoff.max_s = 0.3
+    return relay
+
+
+def _root_causes(ctl: Controller) -> set[str]:
+    return {i.root_cause for i in ctl.detection.incidents.list_incidents(active_only=True)}
+
+
+async def _halt(agents: list[SimAgent]) -> None:
+    for a in agents:
+        await a.halt()
+
+
+class TestShardedDetection:
+    async def test_faults_direct_and_relayed_become_incidents_and_reports_are_acked(self, tmp_path: Path) -> None:
+        """Report-driven, event-driven and event-then-report faults, on nodes spread over two shards."""
+        cport, rport = free_port(), free_port()
+        ctl = _controller(tmp_path, cport)
+        await ctl.start()
+        relay = _relay(cport, rport)
+        await relay.start()
+        assert ctl.shards is not None and len(ctl.shards.pids) == 2
+        # one node on each shard behind the relay, and one on each shard direct
+        names = [f"node-{i:03d}" for i in range(20)]
+        on = [[n for n in names if ctl.shards.shard_of(n) == k] for k in (0, 1)]
+        via_relay, via_port = [f"127.0.0.1:{rport}"], [f"127.0.0.1:{cport}"]
+        relayed = [make_sim_agent(n, tmp_path, via_relay, seed=i) for i, n in enumerate((on[0][0], on[1][0]))]
+        direct = [make_sim_agent(n, tmp_path, via_port, seed=2 + i) for i, n in enumerate((on[0][1], on[1][1]))]
+        agents = relayed + direct
+        try:
+            await wait_for(relay.upstream.ready.is_set, what="the relay's upstream")
+            for a in agents:
+                a.start()
+            reg = ctl.registry
+            await wait_for(lambda: all(reg.nodes.get(a.sim.node_id) is not None
+                                       and reg.nodes[a.sim.node_id].acked_report_seq >= 3 for a in agents),
+                           what="reports decided for every node")
+
+            relayed[1].sim.inject("gpu_row_remap_failure", "gpu-1")  # seen only in reports
+            direct[0].sim.inject("gpu_xid", "gpu-2", xid=79)  # an event
+            direct[1].sim.inject("nic_down", "nic-3")  # an event, then the port's state in reports
+            expected = {f"{relayed[1].sim.node_id}/gpu-1", f"{direct[0].sim.node_id}/gpu-2",
+                        f"{direct[1].sim.node_id}/nic-3"}
+            await wait_for(
+                lambda: expected <= _root_causes(ctl),
+                timeout=30,
+                what="an incident for each fault",
+            )
+            # The conditions came from the shards' engines, not the controller's own.
+            assert not [c for c in ctl.detection.engine.active() if c.node in {a.sim.node_id for a in agents}]
+            # Acks flow back, direct and relayed, so agents forget what was delivered.
+            for a in agents:
+                await wait_for(lambda a=a: a.agent.link.buffer.depth() == 0, what=f"{a.sim.node_id}'s events acked")
+            first = reg.nodes[relayed[0].sim.node_id]
+            assert first.state == "online"
+            assert first.latest_report is None  # the report stays in its shard
+        finally:
+            await _halt(agents)
+            await relay.stop()
+            await ctl.stop()
+
+
+class TestShardedBadInput:
+    async def test_an_invalid_relayed_report_ends_its_own_stream(self, tmp_path: Path) -> None:
+        """A shard finds the report invalid; that stream ends INVALID_ARGUMENT, a good agent goes on."""
+        cport, rport = free_port(), free_port()
+        ctl = _controller(tmp_path, cport, workers=1)
+        await ctl.start()
+        relay = _relay(cport, rport)
+        await relay.start()
+        agent = make_sim_agent("node-000", tmp_path, [f"127.0.0.1:{rport}"])
+        try:
+            await wait_for(relay.upstream.ready.is_set, what="the relay's upstream")
+            agent.start()
+            await wait_for(lambda: "node-000" in ctl.registry.nodes, what="the good node")
+            target = f"127.0.0.1:{rport}"
+            hello = spb.AgentMessage(hello=spb.Hello(node_id="node-050", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
+            bad = tpb.Report(seq=1, gpus=[tpb.GpuSample(index=0, temperature_c=math.nan)])
+            code = await stream_session(grpc.aio.insecure_channel(target), hello, spb.AgentMessage(report=bad))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT
+            assert ctl.metrics.rejected.labels("invalid_message")._value.get() == 1
+            assert ctl.registry.nodes["node-050"].acked_report_seq == 0  # nothing of it was taken
+
+            before = ctl.registry.nodes["node-000"].acked_report_seq
+            await wait_for(lambda: ctl.registry.nodes["node-000"].acked_report_seq > before,
+                           what="the good agent still reporting")
+        finally:
+            await agent.halt()
+            await relay.stop()
+            await ctl.stop()
+
+    async def test_undecodable_report_bytes_end_the_stream(self, tmp_path: Path) -> None:
+        """Bytes that look like a report (field 2) but are not one: refused by the shard that decodes them."""
+        cport, rport = free_port(), free_port()
+        ctl = _controller(tmp_path, cport, workers=1)
+        await ctl.start()
+        relay = _relay(cport, rport)
+        await relay.start()
+        try:
+            await wait_for(relay.upstream.ready.is_set, what="the relay's upstream")
+            hello = spb.AgentMessage(hello=spb.Hello(node_id="node-051", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{rport}")
+            try:
+                call = channel.stream_stream("/starpulse.v1.Telemetry/Connect")()
+                await call.write(hello.SerializeToString())
+                await call.write(b"\x12\x03\xff\xff\xff")  # AgentMessage.report, 3 bytes that are no Report
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    while await call.read() is not grpc.aio.EOF:
+                        pass
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "not an AgentMessage" in (err.value.details() or "")
+            finally:
+                await channel.close()
+        finally:
+            await relay.stop()
+            await ctl.stop()
+
+
+class TestShardLoss:
+    async def test_a_shard_that_dies_stops_the_controller(self, tmp_path: Path) -> None:
+        """Without the shard some nodes would go unwatched: the controller stops and says why."""
+        ctl = _controller(tmp_path, free_port(), workers=1)
+        stop = asyncio.Event()
+        serving = asyncio.create_task(ctl.serve_forever(stop))
+        try:
+            await wait_for(lambda: ctl.shards is not None and ctl.grpc_port != 0, what="the controller serving")
+            assert ctl.shards is not None
+            os.kill(ctl.shards.pids[0], signal.SIGKILL)
+            with pytest.raises(ShardLost, match="detection shard 0"):
+                await asyncio.wait_for(serving, 30)
+            assert ctl.health is not None
+        finally:
+            stop.set()
+            if not serving.done():
+                serving.cancel()
