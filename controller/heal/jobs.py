@@ -211,6 +211,8 @@ class JobRegistry:
         self._db.executescript(_SCHEMA)
         self._jobs: dict[str, JobRecord] = {}
         self._persisted_step_ms: dict[tuple[str, int], int] = {}
+        # node -> the (job, rank) pairs its last report listed (what "no longer listed" compares to)
+        self._listed: dict[str, set[tuple[str, int]]] = {}
         self._load()
 
     # -- loading and writing --------------------------------------------------------------
@@ -353,6 +355,31 @@ class JobRegistry:
 
     # -- IngestListener -------------------------------------------------------------------
 
+    def _ranks_gone(self, node_id: str, seen: set[tuple[str, int]]) -> list[tuple[JobRecord, RankRecord]]:
+        """Ranks on this node that its report no longer lists.
+
+        Every report asks, so it must not cost a walk over every rank of every job (80,000
+        ranks for one job on 10,000 nodes): only the ranks this node listed last time are
+        looked at. A node's first report after start walks them all once (ranks restored
+        from the database).
+        """
+        listed_before = self._listed.get(node_id)
+        self._listed[node_id] = seen
+        if listed_before is None:
+            return [
+                (rec, r)
+                for rec in self._jobs.values()
+                for r in list(rec.ranks.values())
+                if r.node == node_id and (r.job, r.rank) not in seen
+            ]
+        gone: list[tuple[JobRecord, RankRecord]] = []
+        for job, rank in listed_before - seen:
+            rec = self._jobs.get(job)
+            r = rec.ranks.get(rank) if rec is not None else None
+            if rec is not None and r is not None and r.node == node_id:
+                gone.append((rec, r))
+        return gone
+
     def on_shard_report(self, node: NodeRecord, result: ReportResult) -> None:
         """A report decided in a detection shard: the shard sent its job steps along."""
         self.on_report(node, tpb.Report.FromString(result.job_steps) if result.job_steps else _NO_STEPS)
@@ -403,12 +430,7 @@ class JobRegistry:
                 dirty_jobs[s.job] = rec
             if self._advance_checkpoint(rec, now):
                 dirty_jobs[s.job] = rec
-        gone = [
-            (rec, r)
-            for rec in self._jobs.values()
-            for r in list(rec.ranks.values())
-            if r.node == node.node_id and (r.job, r.rank) not in seen
-        ]
+        gone = self._ranks_gone(node.node_id, seen)
         if not (dirty_jobs or dirty_ranks or dirty_restarts or gone):
             return
         with self._tx():

@@ -84,6 +84,27 @@ def test_declared_jobs_and_ranks_leaving_a_node(store: Store) -> None:
     assert reg.job("other") is not None and reg.job("nope") is None
 
 
+def test_a_rank_that_moved_stays_with_its_new_node(tmp_path: Path) -> None:
+    """Ranks leave only the node that listed them; after a restart the first report still sees restored ones."""
+    s = Store(tmp_path / "c.db")
+    try:
+        reg = JobRegistry(s.connection, Clock())
+        reg.on_report(node("gpu-001"), report(("llm", 0, 5, 0), ("llm", 1, 5, 0)))
+        reg.on_report(node("gpu-002"), report(("llm", 1, 6, 0)))  # rank 1 moved (rescheduled)
+        reg.on_report(node("gpu-001"), report(("llm", 0, 7, 0)))  # gpu-001 no longer lists rank 1
+        job = reg.job("llm")
+        assert job is not None and job.ranks[1].node == "gpu-002" and job.ranks[0].node == "gpu-001"
+        reg.on_report(node("gpu-002"), tpb.Report())  # now it left gpu-002 too
+        assert sorted(reg.job("llm").ranks) == [0]  # type: ignore[union-attr]
+
+        reopened = JobRegistry(s.connection, Clock())  # ranks restored from the database
+        assert reopened.jobs_of("gpu-001") == ["llm"]
+        reopened.on_report(node("gpu-001"), tpb.Report())  # first report after the restart lists none
+        assert reopened.jobs_of("gpu-001") == []
+    finally:
+        s.close()
+
+
 def test_interruption_and_resume_accounting(store: Store) -> None:
     clock = Clock()
     reg = JobRegistry(store.connection, clock)
