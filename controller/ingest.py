@@ -200,10 +200,37 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         writer: asyncio.Task[None],
     ) -> None:
         bucket = TokenBucket(self.rate_per_s, self.burst)
+        shards = self.shards
+        sharded = self._sharded.get(node.node_id) if shards is not None and node.role == _COMPUTE else None
+        if sharded is not None and shards is not None and hasattr(context, "fast_report"):
+
+            def take_report(raw: bytes) -> bool:
+                """A relayed report straight to its shard, as the loop below would hand it over."""
+                if sharded.rejected is not None or writer.done() or not bucket.take():
+                    return False  # let the loop read it: it ends the stream or rate-limits it
+                sharded.pending += 1
+                shards.submit_report(node, raw, validated=False)
+                return True
+
+            context.fast_report = take_report
+        try:
+            await self._read_messages(context, node, ack_needed, writer, bucket, sharded)
+        finally:
+            if sharded is not None and hasattr(context, "fast_report"):
+                context.fast_report = None
+
+    async def _read_messages(
+        self,
+        context: grpc.aio.ServicerContext,
+        node: NodeRecord,
+        ack_needed: asyncio.Event,
+        writer: asyncio.Task[None],
+        bucket: TokenBucket,
+        sharded: _ShardedStream | None,
+    ) -> None:
         full_seen = False  # a delta report needs a full one before it on the same stream
         report_woke_at = -math.inf
         shards = self.shards
-        sharded = self._sharded.get(node.node_id) if shards is not None and node.role == _COMPUTE else None
         while True:
             msg = await self._read(context)
             if sharded is not None and sharded.rejected is not None:

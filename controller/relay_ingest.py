@@ -34,6 +34,7 @@ log = structlog.get_logger(__name__)
 
 _EOF = object()
 _REPORT_TAG = 0x12  # AgentMessage field 2 (report), length-delimited: the first byte of a report message
+_REPORT_BYTE = bytes([_REPORT_TAG])
 WRITE_LINGER_S = 0.02  # answers to a relay gather this long (an ack 20 ms later costs an agent nothing)
 
 
@@ -52,6 +53,9 @@ class RelayedStream:
         self._inbox: deque[Any] = deque()
         self._arrived: asyncio.Future[None] | None = None
         self.closed = False  # the controller ended it (a status went to the relay)
+        # Set by the servicer while a report may skip the stream's task (detection shards): it
+        # takes the report's bytes as they are and says True, or False to have it read as usual.
+        self.fast_report: Callable[[bytes], bool] | None = None
 
     # -- fed by the relay link ----------------------------------------------------------
     def feed(self, item: Any) -> None:
@@ -155,18 +159,27 @@ class RelayLink:
                 stream = self._open(item)
             if stream.closed:
                 continue  # the controller already ended it; the relay will drop what follows
-            if len(item.message) > self._max_message_bytes:
+            message = item.message
+            if len(message) > self._max_message_bytes:
                 stream.close(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"message of {len(item.message)} bytes exceeds {self._max_message_bytes}",
+                    f"message of {len(message)} bytes exceeds {self._max_message_bytes}",
                 )
                 stream.feed(_EOF)
                 continue
-            self._queued_bytes += len(item.message)
-            stream.feed(item.message)
+            fast = stream.fast_report
+            # A report with nothing queued before it goes straight to its detection shard: no
+            # wake-up of the stream's task per report (the task still handles everything else).
+            if fast is not None and not stream._inbox and message[:1] == _REPORT_BYTE and fast(message):
+                continue
+            self._queued_bytes += len(message)
+            stream.feed(message)
         if self._queued_bytes >= self._max_queued_bytes:
             self._drained.clear()
             await self._drained.wait()
+        shards = self._telemetry.shards
+        if shards is not None:
+            await shards.room()  # too many reports with the shards: stop reading this relay a while
 
     def consumed(self, size: int) -> None:
         self._queued_bytes -= size
