@@ -44,6 +44,14 @@ class ControllerMetrics:
         )
         self.streams = Gauge("starpulse_agent_streams", "Open agent streams.", registry=r)
         self.relays = Gauge("starpulse_relays_connected", "Relays streaming agents' messages in.", registry=r)
+        self.shards_running = Gauge(
+            "starpulse_detect_shards", "Detection shard processes running (controller --detect-workers).", registry=r
+        )
+        self.shard_in_flight = Gauge(
+            "starpulse_detect_shard_reports_in_flight",
+            "Reports handed to detection shards and not decided yet (near the limit: shards are behind).",
+            registry=r,
+        )
         self.nodes = Gauge("starpulse_nodes", "Known nodes by presence state.", ["state"], registry=r)
         self.ingest_seconds = Histogram(
             "starpulse_ingest_seconds",
@@ -103,6 +111,11 @@ class ControllerMetrics:
             ["receiver", "outcome"],
             registry=r,
         )
+
+    def set_shard_sources(self, running: Callable[[], float], in_flight: Callable[[], float]) -> None:
+        """Read the detection shards' state at scrape time."""
+        self.shards_running.set_function(running)
+        self.shard_in_flight.set_function(in_flight)
 
     def set_outbox_depth_source(self, depth: Callable[[], float]) -> None:
         """Read the outbox depth at scrape time (no bookkeeping on every enqueue/dequeue)."""

@@ -218,6 +218,7 @@ class Controller:
         )
         await shards.start()
         self.shards = self.telemetry.shards = self.detection.shards = shards
+        self.metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
 
     def _shard_lost(self, index: int) -> None:
         """A shard held some nodes' conditions: without it detection would be silently partial."""

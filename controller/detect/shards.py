@@ -131,6 +131,10 @@ class DetectShards:
     def pids(self) -> list[int]:
         return [s.proc.pid for s in self._shards]
 
+    def running(self) -> list[int]:
+        """The shards whose process is still alive."""
+        return [s.index for s in self._shards if s.proc.returncode is None]
+
     @property
     def in_flight(self) -> int:
         return self._in_flight

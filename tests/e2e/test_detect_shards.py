@@ -93,6 +93,7 @@ class TestShardedDetection:
                 timeout=30,
                 what="an incident for each fault",
             )
+            assert ctl.metrics.registry.get_sample_value("starpulse_detect_shards") == 2
             # The conditions came from the shards' engines, not the controller's own.
             assert not [c for c in ctl.detection.engine.active() if c.node in {a.sim.node_id for a in agents}]
             # Acks flow back, direct and relayed, so agents forget what was delivered.

@@ -136,6 +136,8 @@ class TestDeployFiles:
                         {"series": f"starpulse_gpu_ecc_dbe_volatile_total{{{gpu}}}", "values": "0 0 1 1"},
                         {"series": 'starpulse_relays_connected{job="starpulse-controller",instance="c:8080"}',
                          "values": "3 3 2 2 2 2 2"},
+                        {"series": 'starpulse_detect_shard_reports_in_flight{job="starpulse-controller",'
+                                   'instance="c:8080"}', "values": "100 3000 3000 3000 3000 3000 3000 3000"},
                     ],
                     "alert_rule_test": [
                         {
@@ -200,6 +202,23 @@ class TestDeployFiles:
                         },
                         {"eval_time": "1m", "alertname": "StarpulseGpuEccDbe", "exp_alerts": []},
                         {"eval_time": "2m", "alertname": "StarpulseRelayLost", "exp_alerts": []},
+                        {"eval_time": "5m", "alertname": "StarpulseDetectionShardsBehind", "exp_alerts": []},
+                        {
+                            "eval_time": "6m",
+                            "alertname": "StarpulseDetectionShardsBehind",
+                            "exp_alerts": [
+                                {
+                                    "exp_labels": {"severity": "warning", "job": "starpulse-controller",
+                                                   "instance": "c:8080"},
+                                    "exp_annotations": {
+                                        "summary": "Controller c:8080 has 3000 reports waiting in its detection "
+                                        "shards",
+                                        "description": "Add detection workers (detection.workers) or controller "
+                                        "CPU; see docs/architecture.md, Detection shards.",
+                                    },
+                                }
+                            ],
+                        },
                         {
                             "eval_time": "5m",
                             "alertname": "StarpulseRelayLost",
