@@ -344,7 +344,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--real-relays", action="store_true",
                     help="with --relays: run real `starpulse relay` processes (their CPU is measured too) "
                          "instead of load processes that speak the relay protocol themselves")
+    ap.add_argument("--detect-workers", type=int, default=0,
+                    help="run the controller with this many detection shards (controller --detect-workers)")
     args = ap.parse_args(argv)
+    if args.detect_workers:
+        args.controller_arg = [*args.controller_arg, f"--detect-workers={args.detect_workers}"]
     sizes = args.nodes or ([500] if args.quick else [1000, 4000, 10000])
     duration = args.duration_s or (10.0 if args.quick else 30.0)
     quiet_logging()
