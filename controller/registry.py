@@ -271,17 +271,21 @@ class NodeRegistry:
         restart never looks like the whole fleet going silent.
         """
         now = self._clock_ms()
-        changed = []
-        for node in self.nodes.values():
+        changed: list[NodeRecord] = []
+        cutoff = now - self.heartbeat_timeout_ms  # heard before this: silent too long
+        if self._started_ms >= cutoff:
+            return changed  # the controller itself has not run a whole timeout yet
+        # Every second over every node: one comprehension, not a loop body per node.
+        silent = [n for n in self.nodes.values() if n.last_seen_ms < cutoff and n.state == ONLINE]
+        for node in silent:
             heard = max(node.last_seen_ms, self._started_ms)
-            if node.state == ONLINE and now - heard > self.heartbeat_timeout_ms:
-                node.state = UNREACHABLE
-                self._presence_dirty.add(node.node_id)
-                self._state_changed.add(node.node_id)
-                self.presence_version += 1
-                changed.append(node)
-                log.warning("node_unreachable", node=node.node_id, silent_s=round((now - heard) / 1000, 1))
-                self._notify_presence(node, ONLINE, UNREACHABLE)
+            node.state = UNREACHABLE
+            self._presence_dirty.add(node.node_id)
+            self._state_changed.add(node.node_id)
+            self.presence_version += 1
+            changed.append(node)
+            log.warning("node_unreachable", node=node.node_id, silent_s=round((now - heard) / 1000, 1))
+            self._notify_presence(node, ONLINE, UNREACHABLE)
         return changed
 
     def flush_presence(self, force: bool = False) -> None:
