@@ -645,7 +645,7 @@ class ConditionEngine:
                     key = f"nvlink-{pos}/{counter}"
                     keys.append(key)
                     measured = self._measure(rule, comp, key, samples.get(key) if samples else None, now)
-                    if measured is not None and (worst is None or measured[0] > worst[0]):
+                    if measured is not None and (worst is None or _worse(measured, worst)):
                         worst = (measured[0], measured[1], nl.link, counter)
             key_ = (rule.id, comp)
             if worst is not None and self._exceeds(rule, worst[0], worst[1]):
@@ -782,7 +782,7 @@ class ConditionEngine:
             worst: tuple[float, bool, str] | None = None
             for key in rule.counter_keys:
                 measured = self._measure(rule, comp, key, samples.get(key) if samples else None, now)
-                if measured is not None and (worst is None or measured[0] > worst[0] or (measured[1] and not worst[1])):
+                if measured is not None and (worst is None or _worse(measured, worst)):
                     worst = (measured[0], measured[1], key)
             key_ = (rule.id, comp)
             if worst is not None and self._exceeds(rule, worst[0], worst[1]):
@@ -1214,6 +1214,13 @@ def _tuple_getter(*names: str) -> Callable[[Any], tuple[Any, ...]]:
         one = attrgetter(names[0])
         return lambda obj: (one(obj),)
     return lambda obj: ()
+
+
+def _worse(measured: tuple[float, bool], worst: tuple[Any, ...]) -> bool:
+    """Whether a counter's (value, saturated) replaces the worst so far: a higher value, or
+    saturated where the worst is not (a saturated counter's value is only a lower bound, and
+    ``_exceeds`` may fire on saturation alone). NIC and NVLink counter rules both pick this way."""
+    return measured[0] > worst[0] or (measured[1] and not worst[1])
 
 
 def _snapshot(cond: Condition) -> Condition:
