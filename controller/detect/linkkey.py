@@ -1,9 +1,10 @@
 """A GPU's NVLink records as one bytes value, to tell in C whether any link changed.
 
 Reading 18 links' state and error counters through the protobuf API costs a Python object
-per link and an attribute read per field (~15 us per GPU); on the reports where NVLink
-counters are due that is most of a GPU's cost, and in a healthy fleet nothing in them has
-changed. ``links_key`` re-serializes the GPU sample and parses it back as a private message
+per link and an attribute read per field (~15 us per GPU); on a full report (whose links
+become the base later delta reports leave unchanged links out against, controller.detect.
+nvlinks) that is most of a GPU's cost, and in a healthy fleet nothing in them has changed
+since the last full report. ``links_key`` re-serializes the GPU sample and parses it back as a private message
 type whose only field is the ``nvlinks`` field number as ``repeated bytes``: the result is
 each NvLinkSample record, length-delimited and in order, with everything else dropped (~7 us).
 Equal keys mean the same link records, field for field, so whatever was derived from them
