@@ -496,7 +496,9 @@ class ConditionEngine:
             return  # a lost GPU: nothing else was readable
         if not self._has_link_rules:
             return
-        view = self._links(comp, g, delta)
+        links = g.nvlinks
+        # a delta report's GPU without links: exactly the base (no call, no link read)
+        view = self._link_base.get(comp) if delta and not links else self._links(comp, g, links, delta)
         if view is None:
             return
         if self._nvlink_down:
@@ -518,15 +520,17 @@ class ConditionEngine:
                         now,
                     )
         if self._nvlink_errors:
-            self._nvlink_rates(nid, comp, view, ts, now, owned)
+            last = self._sampled.get(comp)  # _due, inline: most reports do not read the counters
+            if last is None or now - last >= self._counter_ms:
+                self._sampled[comp] = now
+                self._nvlink_rates(nid, comp, view, ts, now, owned)
 
-    def _links(self, comp: str, g: tpb.GpuSample, delta: bool) -> Links | None:
+    def _links(self, comp: str, g: tpb.GpuSample, links: Any, delta: bool) -> Links | None:
         """The GPU's links as of this report (None: it has none).
 
         A full report's become the base, read only when they differ from the last full
         report's (links_key: ~6 us a GPU, in C); a delta report's links are laid over the
         base, and a delta that carries none is the base itself (no link is read)."""
-        links = g.nvlinks
         base = self._link_base.get(comp)
         if delta and base is not None:
             if not links:
@@ -621,10 +625,9 @@ class ConditionEngine:
     def _nvlink_rates(
         self, nid: str, comp: str, view: Links, ts: int, now: int, owned: dict[_Key, _Entry] | None
     ) -> None:
-        """The NVLink error rules, every counter_interval; counters equal to the last read's
-        (the common case: the same tuple, the base's) are not handed to the rates again."""
-        if not self._due(comp, now):
-            return
+        """The NVLink error rules, when the counters are due (the caller checks and stamps
+        counter_interval); counters equal to the last read's (the common case: the same
+        tuple, the base's) are not handed to the rates again."""
         counters = self._nvlink_counters
         numbers = view.numbers
         names = self._nvlink_names.get(len(numbers))
