@@ -23,12 +23,10 @@ always complete.
 from __future__ import annotations
 
 from itertools import compress
-from operator import attrgetter, ne
+from operator import ne
 
+from starpulse.linkrecords import link_records
 from starpulse.v1 import telemetry_pb2 as tpb
-
-_LINK_BYTES = tpb.NvLinkSample.SerializeToString
-_LINK_NUMBER = attrgetter("link")
 
 MAPS = ("counters", "hw_counters", "netdev_stats", "ethtool_stats")
 
@@ -38,11 +36,11 @@ MAPS = ("counters", "hw_counters", "netdev_stats", "ethtool_stats")
 # Python dict of every entry (~1,000 per report) through the Mapping ABC.
 _PortBase = tuple[tuple[list[str], list[int]], ...]
 _Base = dict[tuple[str, int], _PortBase]
-# Each GPU of the last full report, in report order: (index, its NVLink records serialized,
-# the link numbers). Comparing one list of bytes per GPU is one C-level compare; a record's
-# bytes differ when any field, or a counter's presence, differs (no maps: serialization of
-# equal records is byte-for-byte equal).
-_GpuBase = list[tuple[int, list[bytes], tuple[int, ...]]]
+# Each GPU of the last full report, in report order: (index, its NVLink records serialized).
+# The records come out of the GPU sample in C (starpulse.linkrecords: no Python object per
+# link) and a GPU's are compared in one C-level list compare; a record's bytes differ when
+# any field, or a counter's presence, differs.
+_GpuBase = list[tuple[int, list[bytes]]]
 
 
 class ReportDelta:
@@ -93,7 +91,7 @@ class ReportDelta:
                 return True
             out.CopyFrom(report)  # the layout changed part-way: send it whole
         self._base = {(nic.rdma_device, nic.port): _port_base(nic) for nic in report.nics}
-        self._gpu_base = [(g.index, list(map(_LINK_BYTES, g.nvlinks)), _link_numbers(g)) for g in report.gpus]
+        self._gpu_base = [(g.index, list(link_records(g))) for g in report.gpus]
         self._since_full = 0
         self.full_sent += 1
         return False
@@ -132,25 +130,29 @@ class ReportDelta:
         gpus = out.gpus
         if len(gpus) != len(base):
             return False
-        for g, (index, was, numbers) in zip(gpus, base, strict=True):
+        for g, (index, was) in zip(gpus, base, strict=True):
             if g.index != index:
                 return False
-            links = g.nvlinks
-            now = list(map(_LINK_BYTES, links))
+            now = link_records(g)
             if now == was:
-                if now:
-                    g.ClearField("nvlinks")  # a third cheaper than del links[:]
+                if was:
+                    g.ClearField("nvlinks")
                 continue
-            if len(now) != len(was) or _link_numbers(g) != numbers:
-                return False  # a link appeared, disappeared or was renumbered: layout changed
-            for i in range(len(now) - 1, -1, -1):  # keep only the links that differ
-                if now[i] == was[i]:
-                    del links[i]
+            if len(now) != len(was):
+                return False  # a link appeared or disappeared: layout changed
+            moved = list(map(ne, now, was))
+            sent = list(compress(now, moved))
+            if list(map(_link_number, sent)) != list(map(_link_number, compress(was, moved))):
+                return False  # a link renumbered: layout changed
+            g.ClearField("nvlinks")
+            links = g.nvlinks
+            for record in sent:  # the changed links whole, in report order
+                links.add().MergeFromString(record)
         return True
 
 
-def _link_numbers(g: tpb.GpuSample) -> tuple[int, ...]:
-    return tuple(map(_LINK_NUMBER, g.nvlinks))
+def _link_number(record: bytes) -> int:
+    return tpb.NvLinkSample.FromString(record).link
 
 
 def _port_base(nic: tpb.NicSample) -> _PortBase:
