@@ -233,6 +233,20 @@ class TestNvLinksOnDeltas:
         assert cond is not None and cond.count == 4 and cond.evidence["links_down"] == [1]
         assert _changes(feed(delta((1, True)))) == [("resolved", "gpu.nvlink_down", GPU5)]
 
+    def test_a_delta_before_any_full_report(self) -> None:
+        """No base yet (the controller asks for a full report): links that are there are all there is."""
+        engine, clock = make_engine()
+        node = compute_node()
+        r = good_report(clock.now, links=4)
+        r.counters_delta = True
+        for g in r.gpus:
+            if g.index != 5:
+                del g.nvlinks[:]  # as a delta leaves them out: unknown, neither bad nor good
+        r.gpus[5].nvlinks[3].up = False
+        assert _changes(engine.on_report(node, r)) == [("opened", "gpu.nvlink_down", GPU5)]
+        assert engine.get("gpu.nvlink_down", GPU5).evidence["links_down"] == [3]  # type: ignore[union-attr]
+        assert "node-003/gpu-0" not in engine._link_base  # nothing to lay later deltas over
+
     def test_errors_rising_only_in_deltas_open_the_error_rule(self) -> None:
         """After one full report every report is a delta; the counter moves only there."""
         engine, clock = make_engine()
