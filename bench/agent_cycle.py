@@ -81,6 +81,7 @@ def bench_cycles(
     from agent.factory import build_collectors
     from agent.runtime import CollectorSet
     from agent.sim.node import SimNode
+    from agent.transport.delta import ReportDelta
     from starpulse.v1 import service_pb2 as spb
 
     sim = SimNode("node-000", workdir / "sim", gpus=8, nics=8)
@@ -105,6 +106,11 @@ def bench_cycles(
     gpus = nics = 0
     tiered = [c for c in plan.collectors if hasattr(c, "slow_every_s")]
     fake_s = fake_calls = 0.0
+    # What the link does with each report on a stream that takes deltas (a full one every 12th).
+    encoder = ReportDelta()
+    encoder.reset(enabled=True)
+    cpu_encode: list[float] = []
+    delta_size: list[int] = []
     for seq in range(1, warmup + cycles + 1):
         for c in tiered:
             c.slow_every_s = 0.0 if seq % full_every == 0 else 1e9
@@ -115,8 +121,13 @@ def bench_cycles(
         c1, w1 = time.process_time(), time.perf_counter()
         result = cs.collect(seq)
         c2, w2 = time.process_time(), time.perf_counter()
+        out = spb.AgentMessage()
+        encoder.encode_into(result.report, out.report)
+        c3 = time.process_time()
         if seq <= warmup:
             continue
+        cpu_encode.append(c3 - c2)
+        delta_size.append(out.ByteSize())
         wall_advance.append(w1 - w0)
         wall_collect.append(w2 - w1)
         wall_total.append(w2 - w0)
@@ -152,6 +163,8 @@ def bench_cycles(
         "sim_advance_cpu_ms_mean": round(sum(cpu_advance) / len(cpu_advance) * ms, 3),
         "fake_nvml_calls_per_cycle": round(fake_calls, 1) if fake_nvml is not None else None,
         "fake_nvml_cpu_ms_per_cycle_mean": round(fake_s * ms, 3) if fake_nvml is not None else None,
+        "delta_encode_cpu_ms_mean": round(sum(cpu_encode) / len(cpu_encode) * ms, 4),
+        "agent_message_bytes_with_deltas_mean": round(sum(delta_size) / len(delta_size)),
         "cycle_wall_ms_median": round(median(wall_total) * ms, 3),
         "cycle_wall_ms_p99": round(percentile(wall_total, 99) * ms, 3),
         "per_collector_ms_median": {k: round(median(v) * ms, 3) for k, v in per_collector.items()},
@@ -302,6 +315,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows += [(f"  collector {k} ms, median", v) for k, v in cyc["per_collector_ms_median"].items()]
     rows += [
         ("report size, bytes (serialized)", cyc["report_bytes"]),
+        ("report with delta reports (1 in 12 full), bytes, mean", cyc["agent_message_bytes_with_deltas_mean"]),
+        ("delta encoding (ReportDelta.encode_into) CPU ms/report, mean", cyc["delta_encode_cpu_ms_mean"]),
         ("inventory (Hello) size, bytes", cyc["inventory_bytes"]),
         ("core share at 1 s interval, % (collect CPU / 1 s)", cyc["core_share_pct_at_1s_interval"]),
         ("tiered (full counter read every 5th cycle): collect CPU ms/cycle, mean", tiered["collect_cpu_ms_mean"]),

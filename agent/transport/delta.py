@@ -1,18 +1,23 @@
-"""Delta reports: send only the NIC counters that changed since the last full report.
+"""Delta reports: send only the NIC counters and NVLinks that changed since the last full report.
 
 A node's 9 NIC ports carry ~1,000 cumulative counters, and in a healthy cluster ~90 % of
-them (every error counter) do not move from one report to the next. Those map entries are
-most of a report's bytes and most of the controller's decode time and memory, so on a
-stream whose controller accepts them (``Welcome.accepts_delta_reports``) the agent sends:
+them (every error counter) do not move from one report to the next; its 8 GPUs carry 144
+NVLink records (state and error counters) that almost never change. Those are most of a
+report's bytes and most of the controller's decode and detection time, so on a stream
+whose controller accepts them (``Welcome.accepts_delta_reports``) the agent sends:
 
 * a full report first, every ``full_every``-th report after, whenever the controller asks
-  (``Ack.full_report_needed``), and whenever the counter layout changed (a port or a
-  counter appeared or disappeared: a delta cannot say "gone");
-* in between, the report with ``counters_delta`` set and each port's counter maps holding
-  only the entries that differ from the last full report. Deltas are against the last
-  full report, not the previous report, so one lost report never loses a change.
+  (``Ack.full_report_needed``), and whenever the layout changed (a port or a counter, a
+  GPU or one of its NVLinks appeared or disappeared: a delta cannot say "gone");
+* in between, the report with ``counters_delta`` set, each port's counter maps holding
+  only the entries that differ from the last full report and each GPU's ``nvlinks`` only
+  the links whose record (state, any counter, a counter's presence) differs from that
+  GPU's link in the last full report. Deltas are against the last full report, not the
+  previous report, so one lost report never loses a change: a link that went down after
+  the full report is in every delta until the next full report.
 
-Everything else in the report (GPU samples, link state, host, events) is always complete.
+Everything else in the report (the rest of each GPU sample, port state, host, events) is
+always complete.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from itertools import compress
 from operator import ne
 
+from starpulse.linkrecords import link_records
 from starpulse.v1 import telemetry_pb2 as tpb
 
 MAPS = ("counters", "hw_counters", "netdev_stats", "ethtool_stats")
@@ -30,6 +36,11 @@ MAPS = ("counters", "hw_counters", "netdev_stats", "ethtool_stats")
 # Python dict of every entry (~1,000 per report) through the Mapping ABC.
 _PortBase = tuple[tuple[list[str], list[int]], ...]
 _Base = dict[tuple[str, int], _PortBase]
+# Each GPU of the last full report, in report order: (index, its NVLink records serialized).
+# The records come out of the GPU sample in C (starpulse.linkrecords: no Python object per
+# link) and a GPU's are compared in one C-level list compare; a record's bytes differ when
+# any field, or a counter's presence, differs.
+_GpuBase = list[tuple[int, list[bytes]]]
 
 
 class ReportDelta:
@@ -41,6 +52,7 @@ class ReportDelta:
         self.full_every = full_every
         self.enabled = False
         self._base: _Base | None = None
+        self._gpu_base: _GpuBase = []
         self._since_full = 0
         self.full_sent = 0
         self.delta_sent = 0
@@ -73,12 +85,13 @@ class ReportDelta:
             return False
         base = self._base
         if base is not None and self._since_full < self.full_every - 1:
-            if self._strip(out, base):
+            if self._strip(out, base) and self._strip_links(out, self._gpu_base):
                 self._since_full += 1
                 self.delta_sent += 1
                 return True
             out.CopyFrom(report)  # the layout changed part-way: send it whole
         self._base = {(nic.rdma_device, nic.port): _port_base(nic) for nic in report.nics}
+        self._gpu_base = [(g.index, list(link_records(g))) for g in report.gpus]
         self._since_full = 0
         self.full_sent += 1
         return False
@@ -109,6 +122,37 @@ class ReportDelta:
                 for k, v in zip(compress(keys, moved), compress(now, moved), strict=True):
                     current[k] = v
         return True
+
+
+    @staticmethod
+    def _strip_links(out: tpb.Report, base: _GpuBase) -> bool:
+        """Drop the NVLinks equal to the base's from ``out``; False when a GPU or a link came or went."""
+        gpus = out.gpus
+        if len(gpus) != len(base):
+            return False
+        for g, (index, was) in zip(gpus, base, strict=True):
+            if g.index != index:
+                return False
+            now = link_records(g)
+            if now == was:
+                if was:
+                    g.ClearField("nvlinks")
+                continue
+            if len(now) != len(was):
+                return False  # a link appeared or disappeared: layout changed
+            moved = list(map(ne, now, was))
+            sent = list(compress(now, moved))
+            if list(map(_link_number, sent)) != list(map(_link_number, compress(was, moved))):
+                return False  # a link renumbered: layout changed
+            g.ClearField("nvlinks")
+            links = g.nvlinks
+            for record in sent:  # the changed links whole, in report order
+                links.add().MergeFromString(record)
+        return True
+
+
+def _link_number(record: bytes) -> int:
+    return tpb.NvLinkSample.FromString(record).link
 
 
 def _port_base(nic: tpb.NicSample) -> _PortBase:

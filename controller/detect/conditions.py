@@ -25,8 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
 import structlog
@@ -34,6 +33,7 @@ import structlog
 from controller.detect.linkkey import links_key
 from controller.detect.model import SEVERITY_ORDER, ComponentType, Condition, ConditionChange, ConditionChangeKind
 from controller.detect.naming import NicNamer, gpu_name, switch_port_name
+from controller.detect.nvlinks import Links, from_rows, overlay
 from controller.detect.rates import CounterRate, RateSample
 from controller.detect.rules import CLOCK_REASON_BITS, Rule, RuleSet
 from controller.fabric import Fabric
@@ -75,9 +75,6 @@ _PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5
 _OPTIONAL_FLAGS = frozenset({"remap_pending", "remap_failure", "retired_pages_pending"})
 _SEVERITY_BY_ACTION = {xidcat.ACTION_REBOOT: "fatal", xidcat.ACTION_NONE: "info"}
 _MAX_EVENT_WINDOW = 4096
-_LINK_UP = attrgetter("up")
-_FIRST = itemgetter(0)
-_REST = itemgetter(slice(1, None))
 _MAX_CACHED_PORTS = 256  # per node: a report names at most MAX_NICS ports; a stranger is named per report
 _SWITCH = ipb.NODE_ROLE_SWITCH
 
@@ -179,9 +176,9 @@ class ConditionEngine:
         self._nvlink_down = k["gpu_nvlink_down"]
         self._nvlink_errors = k["gpu_nvlink_errors"]
         self._nvlink_counters = tuple(dict.fromkeys(c for r in self._nvlink_errors for c in r.counter_keys))
-        # One C-level read of every watched counter of one link (a tuple, even for one counter).
-        self._nvlink_read = _tuple_getter(*self._nvlink_counters)
-        self._nvlink_read_up = _tuple_getter("up", *self._nvlink_counters)  # (up, *counters)
+        # One C-level read of one link: (link, up, *watched counters).
+        self._nvlink_row = attrgetter("link", "up", *self._nvlink_counters)
+        self._has_link_rules = bool(self._nvlink_down or self._nvlink_errors)
         self._nic_state = [(r, _PORT_STATES.get(str(r.params["expect"]).upper(), 4)) for r in k["nic_state"]]
         self._nic_read = attrgetter("rdma_device", "port", "state_code", "rate_gbps")
         self._nic_counter = k["nic_counter"]
@@ -197,8 +194,11 @@ class ConditionEngine:
         self._nvlink_names: dict[int, tuple[str, ...]] = {}  # link count -> "nvlink-<pos>/<counter>" names
         self._counter_ms = int(rules.defaults.counter_interval_s * 1000)
         self._sampled: dict[str, int] = {}  # counter entity -> controller time of its last read
-        # GPU -> (links_key at its last NVLink counter read, all links up then)
-        self._link_keys: dict[str, tuple[bytes, bool]] = {}
+        # GPU -> its links in its last full report: in a delta report an absent link is as there
+        # (agent.transport.delta), whether or not that report's counters were read.
+        self._link_base: dict[str, Links] = {}
+        # GPU -> the link counter values of its last NVLink counter read (often the base's own tuple)
+        self._link_read: dict[str, tuple[int, ...]] = {}
         # NIC counters of each port's last full report: in a delta report an absent counter
         # has that value (agent.transport.delta), whether or not that report was read.
         self._nic_base: dict[str, tuple[int | None, ...]] = {}
@@ -260,10 +260,11 @@ class ConditionEngine:
             if self._has_gpu_rules:
                 seen = []
                 comps = ctx.gpu_comp
+                delta = report.counters_delta
                 for g in gpus:
                     index = g.index
                     seen.append(index)
-                    self._gpu(nid, comps.get(index) or gpu_name(nid, f"gpu-{index}"), g, ts, now)
+                    self._gpu(nid, comps.get(index) or gpu_name(nid, f"gpu-{index}"), g, ts, now, delta)
             if self._gpu_missing:
                 self._gpus_missing(nid, ctx, report, gpus, seen, now)
         if self._has_nic_rules:
@@ -340,8 +341,9 @@ class ConditionEngine:
             del self._event_windows[wkey]
         for entity in [e for e in self._sampled if e == node_id or e.startswith((f"{node_id}/", f"{node_id}:"))]:
             del self._sampled[entity]
-        for entity in [e for e in self._link_keys if e.startswith(f"{node_id}/")]:
-            del self._link_keys[entity]
+        for links in (self._link_base, self._link_read):
+            for entity in [e for e in links if e.startswith(f"{node_id}/")]:
+                del links[entity]
         for entity in [e for e in self._nic_base if e.startswith((f"{node_id}/", f"{node_id}:"))]:
             del self._nic_base[entity]
         dropped = self.rates.forget(node_id)
@@ -483,57 +485,72 @@ class ConditionEngine:
 
     # -- reports: GPU ----------------------------------------------------------------------
 
-    def _gpu(self, nid: str, comp: str, g: tpb.GpuSample, ts: int, now: int) -> None:
-        """Every per-GPU rule; a healthy GPU with nothing open costs one read of its state fields."""
+    def _gpu(self, nid: str, comp: str, g: tpb.GpuSample, ts: int, now: int, delta: bool = False) -> None:
+        """Every per-GPU rule; a healthy GPU with nothing open costs one read of its state fields
+        (and, in a full report, one links_key; in a delta report its links cost nothing)."""
         owned = self._by_owner.get(nid)
         state = self._gpu_read(g)
         if (owned or any(state[:-1]) or state[-1] & self._clock_watched) and not self._gpu_state(
             nid, comp, g, now, owned
         ):
             return  # a lost GPU: nothing else was readable
+        if not self._has_link_rules:
+            return
         links = g.nvlinks
-        if links:
-            # A report that reads the NVLink counters (every counter_interval) reads each link once,
-            # state and counters together; the others read only the state, in one C-level pass.
-            # When the links are byte-for-byte what they were at the last counter read, nothing
-            # derived from them (state, counter values) is read again (controller.detect.linkkey).
-            rows: list[tuple[Any, ...]] | None = None
-            due = same = False
-            if self._nvlink_errors:
-                last = self._sampled.get(comp)  # _due without its side effect (_nvlink_rates takes it)
-                due = last is None or now - last >= self._counter_ms
-            all_up = True
-            if due:
-                key = links_key(g)
-                cached = self._link_keys.get(comp)
-                if cached is not None and cached[0] == key:
-                    same, all_up = True, cached[1]
-                else:
-                    rows = list(map(self._nvlink_read_up, links))
-                    all_up = all(map(_FIRST, rows))
-                    self._link_keys[comp] = (key, all_up)
-            elif self._nvlink_down:
-                all_up = all(map(_LINK_UP, links))
-            if self._nvlink_down:
-                if all_up:
-                    if owned:
-                        for rule in self._nvlink_down:
-                            self._good(owned, rule, comp, now)
-                else:
-                    down = [nl.link for nl in links if not nl.up]
+        # a delta report's GPU without links: exactly the base (no call, no link read)
+        view = self._link_base.get(comp) if delta and not links else self._links(comp, g, links, delta)
+        if view is None:
+            return
+        if self._nvlink_down:
+            down = view.down
+            if not down:
+                if owned:
                     for rule in self._nvlink_down:
-                        self._bad(
-                            rule,
-                            comp,
-                            "gpu",
-                            nid,
-                            nid,
-                            f"{comp}: NVLink {', '.join(map(str, down))} down",
-                            {"links_down": down, "links": len(links)},
-                            now,
-                        )
-            if due:
-                self._nvlink_rates(nid, comp, links, rows, same, ts, now, owned)
+                        self._good(owned, rule, comp, now)
+            else:
+                for rule in self._nvlink_down:
+                    self._bad(
+                        rule,
+                        comp,
+                        "gpu",
+                        nid,
+                        nid,
+                        f"{comp}: NVLink {', '.join(map(str, down))} down",
+                        {"links_down": list(down), "links": len(view.numbers)},
+                        now,
+                    )
+        if self._nvlink_errors:
+            last = self._sampled.get(comp)  # _due, inline: most reports do not read the counters
+            if last is None or now - last >= self._counter_ms:
+                self._sampled[comp] = now
+                self._nvlink_rates(nid, comp, view, ts, now, owned)
+
+    def _links(self, comp: str, g: tpb.GpuSample, links: Any, delta: bool) -> Links | None:
+        """The GPU's links as of this report (None: it has none).
+
+        A full report's become the base, read only when they differ from the last full
+        report's (links_key: ~6 us a GPU, in C); a delta report's links are laid over the
+        base, and a delta that carries none is the base itself (no link is read)."""
+        base = self._link_base.get(comp)
+        if delta and base is not None:
+            if not links:
+                return base
+            rows = list(map(self._nvlink_row, links))
+            # None: a link the base lacks; only an agent from before NVLink deltas sends a link
+            # set other than the full report's, and it sends every link: take them as they are.
+            return overlay(base, rows) or from_rows(b"", rows, len(self._nvlink_counters))
+        if not links:
+            if not delta:
+                self._link_base.pop(comp, None)
+            return None
+        if delta:  # no full report seen on this stream yet: what is there is all there is
+            return from_rows(b"", list(map(self._nvlink_row, links)), len(self._nvlink_counters))
+        key = links_key(g)
+        if base is not None and base.key == key:
+            return base  # the same records as the last full report: nothing to read again
+        base = from_rows(key, list(map(self._nvlink_row, links)), len(self._nvlink_counters))
+        self._link_base[comp] = base
+        return base
 
     def _gpu_state(
         self, nid: str, comp: str, g: tpb.GpuSample, now: int, owned: dict[_Key, _Entry] | None
@@ -606,47 +623,38 @@ class ConditionEngine:
         return True
 
     def _nvlink_rates(
-        self,
-        nid: str,
-        comp: str,
-        links: Any,
-        rows: list[tuple[Any, ...]] | None,
-        same: bool,
-        ts: int,
-        now: int,
-        owned: dict[_Key, _Entry] | None,
+        self, nid: str, comp: str, view: Links, ts: int, now: int, owned: dict[_Key, _Entry] | None
     ) -> None:
-        """``rows``: (up, *counters) per link when the caller already read them, else None;
-        ``same``: the links are byte-for-byte those of the last counter read."""
-        if not self._due(comp, now):
-            return
+        """The NVLink error rules, when the counters are due (the caller checks and stamps
+        counter_interval); counters equal to the last read's (the common case: the same
+        tuple, the base's) are not handed to the rates again."""
         counters = self._nvlink_counters
-        names = self._nvlink_names.get(len(links))
+        numbers = view.numbers
+        names = self._nvlink_names.get(len(numbers))
         if names is None:
-            names = self._nvlink_names[len(links)] = tuple(
-                f"nvlink-{pos}/{c}" for pos in range(len(links)) for c in counters
+            names = self._nvlink_names[len(numbers)] = tuple(
+                f"nvlink-{pos}/{c}" for pos in range(len(numbers)) for c in counters
             )
+        values = view.values
+        last = self._link_read.get(comp)
+        self._link_read[comp] = values
         samples: Mapping[str, RateSample] | None
-        if same and self.rates.unchanged(comp, ts, names):
+        if (last is values or last == values) and self.rates.unchanged(comp, ts, names):
             samples = None  # what update_group answers for the values it already holds
         else:
-            if rows is not None:
-                values = tuple(chain.from_iterable(map(_REST, rows)))
-            else:
-                values = tuple(chain.from_iterable(map(self._nvlink_read, links)))
             samples = self.rates.update_group(comp, ts, names, values, now)
         if samples is None and not (owned and any((r.id, comp) in owned for r in self._nvlink_errors)):
             return  # nothing moved and nothing open: no verdict can change
         for rule in self._nvlink_errors:
             worst: tuple[float, bool, int, str] | None = None
             keys: list[str] = []
-            for pos, nl in enumerate(links):
+            for pos, link in enumerate(numbers):
                 for counter in rule.counter_keys:
                     key = f"nvlink-{pos}/{counter}"
                     keys.append(key)
                     measured = self._measure(rule, comp, key, samples.get(key) if samples else None, now)
-                    if measured is not None and (worst is None or measured[0] > worst[0]):
-                        worst = (measured[0], measured[1], nl.link, counter)
+                    if measured is not None and (worst is None or _worse(measured, worst)):
+                        worst = (measured[0], measured[1], link, counter)
             key_ = (rule.id, comp)
             if worst is not None and self._exceeds(rule, worst[0], worst[1]):
                 value, saturated, link, counter = worst
@@ -782,7 +790,7 @@ class ConditionEngine:
             worst: tuple[float, bool, str] | None = None
             for key in rule.counter_keys:
                 measured = self._measure(rule, comp, key, samples.get(key) if samples else None, now)
-                if measured is not None and (worst is None or measured[0] > worst[0] or (measured[1] and not worst[1])):
+                if measured is not None and (worst is None or _worse(measured, worst)):
                     worst = (measured[0], measured[1], key)
             key_ = (rule.id, comp)
             if worst is not None and self._exceeds(rule, worst[0], worst[1]):
@@ -1223,6 +1231,13 @@ def _tuple_getter(*names: str) -> Callable[[Any], tuple[Any, ...]]:
         one = attrgetter(names[0])
         return lambda obj: (one(obj),)
     return lambda obj: ()
+
+
+def _worse(measured: tuple[float, bool], worst: tuple[Any, ...]) -> bool:
+    """Whether a counter's (value, saturated) replaces the worst so far: a higher value, or
+    saturated where the worst is not (a saturated counter's value is only a lower bound, and
+    ``_exceeds`` may fire on saturation alone). NIC and NVLink counter rules both pick this way."""
+    return measured[0] > worst[0] or (measured[1] and not worst[1])
 
 
 def _snapshot(cond: Condition) -> Condition:

@@ -140,3 +140,108 @@ class TestReportDelta:
     def test_full_every_must_be_positive(self) -> None:
         with pytest.raises(ValueError):
             ReportDelta(full_every=0)
+
+
+# -- NVLinks ---------------------------------------------------------------------------------
+def linked(seq: int, gpus: int = 2, links: int = 4) -> tpb.Report:
+    """``report(seq)`` with ``gpus`` GPUs of ``links`` healthy NVLinks each."""
+    r = report(seq)
+    del r.gpus[:]
+    for i in range(gpus):
+        g = r.gpus.add(index=i, uuid=f"GPU-{i}", power_w=300.0 + seq)
+        for n in range(links):
+            g.nvlinks.add(link=n, up=True, replay_errors=0, recovery_errors=0, crc_flit_errors=0)
+    return r
+
+
+def merged_links(base: tpb.Report, delta: tpb.Report) -> dict[int, list[tpb.NvLinkSample]]:
+    """What the controller may rely on: each GPU's base links, replaced by the delta's of the same number."""
+    out: dict[int, list[tpb.NvLinkSample]] = {}
+    for g, was in zip(delta.gpus, base.gpus, strict=True):
+        sent = {nl.link: nl for nl in g.nvlinks}
+        out[g.index] = [sent.get(nl.link, nl) for nl in was.nvlinks]
+    return out
+
+
+class TestNvLinkDelta:
+    def test_unchanged_links_are_left_out_changed_ones_sent_whole(self) -> None:
+        """A delta carries only the links whose record differs from the full report's, field for field."""
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        first = linked(1)
+        assert not enc.encode(first).counters_delta
+        second = linked(2)
+        second.gpus[0].nvlinks[2].up = False  # state
+        second.gpus[1].nvlinks[0].replay_errors = 7  # a counter
+        second.gpus[1].nvlinks[3].ClearField("crc_flit_errors")  # a counter's presence (0 -> absent)
+        out = enc.encode(second)
+        assert out.counters_delta
+        assert [nl.link for nl in out.gpus[0].nvlinks] == [2]
+        assert not out.gpus[0].nvlinks[0].up
+        assert [nl.link for nl in out.gpus[1].nvlinks] == [0, 3]
+        assert out.gpus[1].nvlinks[0] == second.gpus[1].nvlinks[0]  # the whole record, not a diff
+        assert not out.gpus[1].nvlinks[1].HasField("crc_flit_errors")
+        assert out.gpus[0].power_w == 302.0  # the rest of the GPU sample is complete
+        assert merged_links(first, out) == {g.index: list(g.nvlinks) for g in second.gpus}
+        assert len(second.gpus[0].nvlinks) == 4  # the agent's own report is left alone
+
+    def test_quiet_links_cost_nothing_on_the_wire(self) -> None:
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        enc.encode(linked(1, gpus=8, links=18))
+        out = enc.encode(linked(2, gpus=8, links=18))
+        assert out.counters_delta and len(out.gpus) == 8
+        assert all(len(g.nvlinks) == 0 for g in out.gpus)
+
+    def test_a_link_down_after_the_full_report_is_in_every_delta(self) -> None:
+        """Against the last FULL report: the down link goes out until a full report carries it."""
+        enc = ReportDelta(full_every=4)
+        enc.reset(enabled=True)
+        enc.encode(linked(1))
+        kinds = []
+        for seq in range(2, 7):
+            r = linked(seq)
+            r.gpus[1].nvlinks[1].up = False
+            out = enc.encode(r)
+            kinds.append((out.counters_delta, [nl.link for nl in out.gpus[1].nvlinks]))
+        # seq 2-4: deltas with link 1; seq 5: full (the down link is in the base now); seq 6: nothing
+        assert kinds == [(True, [1]), (True, [1]), (True, [1]), (False, [0, 1, 2, 3]), (True, [])]
+
+    @pytest.mark.parametrize("change", ["link_added", "link_removed", "link_renumbered", "gpu_added", "gpu_removed"])
+    def test_link_set_change_sends_a_full_report(self, change: str) -> None:
+        """A delta cannot say 'this link is gone': a GPU or a link coming or going goes out whole."""
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        enc.encode(linked(1))
+        r = linked(2, gpus=3 if change == "gpu_added" else 1 if change == "gpu_removed" else 2)
+        if change == "link_added":
+            r.gpus[1].nvlinks.add(link=4, up=True)
+        elif change == "link_removed":
+            del r.gpus[1].nvlinks[3]
+        elif change == "link_renumbered":  # same count, other numbers, records otherwise equal
+            r.gpus[1].nvlinks[3].link = 9
+        out = enc.encode(r)
+        assert out is r and not out.counters_delta
+        again = tpb.Report()
+        again.CopyFrom(r)
+        again.seq = 3
+        out = enc.encode(again)
+        assert out.counters_delta and all(not g.nvlinks for g in out.gpus)  # the new layout is the base
+
+    def test_gpu_renumbered_sends_a_full_report(self) -> None:
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        enc.encode(linked(1))
+        r = linked(2)
+        r.gpus[1].index = 5
+        assert not enc.encode(r).counters_delta
+
+    def test_force_full_sends_every_link(self) -> None:
+        enc = ReportDelta()
+        enc.reset(enabled=True)
+        enc.encode(linked(1))
+        assert all(not g.nvlinks for g in enc.encode(linked(2)).gpus)
+        enc.force_full()
+        out = enc.encode(linked(3))
+        assert not out.counters_delta and [len(g.nvlinks) for g in out.gpus] == [4, 4]
+        assert all(not g.nvlinks for g in enc.encode(linked(4)).gpus)

@@ -114,6 +114,181 @@ class TestFailSlowOnDeltas:
         assert series is not None and series[-1][1] == 0.0
 
 
+GPU5 = "node-003/gpu-5"
+GPU2 = "node-003/gpu-2"
+
+
+def _sent_links(r: tpb.Report) -> int:
+    return sum(len(g.nvlinks) for g in r.gpus)
+
+
+class TestNvLinksOnDeltas:
+    """A delta report's GPU carries only the links that differ from the last FULL report's."""
+
+    def _run(self, encode: object, steps: int = 60) -> tuple[list, list, int, int]:
+        """Feed the same reports whole to one engine and as ``encode`` makes them to another."""
+        full_engine, full_clock = make_engine()
+        delta_engine, delta_clock = make_engine()
+        node = compute_node()
+        full_seen: list[list[tuple[str, str, str]]] = []
+        delta_seen: list[list[tuple[str, str, str]]] = []
+        sent = deltas = 0
+        for step in range(steps):
+            r = good_report(0, links=4)
+            r.seq = step + 1
+            _traffic(r, step)
+            if 8 <= step < 31:  # link 1 of GPU 5 down across several full reports, then back
+                r.gpus[5].nvlinks[1].up = False
+            if 20 <= step < 40:  # CRC errors rising on GPU 2's link 3, then flat (the count stays)
+                r.gpus[2].nvlinks[3].crc_flit_errors = 500 * (step - 19)
+            elif step >= 40:
+                r.gpus[2].nvlinks[3].crc_flit_errors = 10_000
+            msg = encode(r)  # type: ignore[operator]
+            if msg.counters_delta:
+                deltas += 1
+                sent += _sent_links(msg)
+            for engine, clock, seen, m in (
+                (full_engine, full_clock, full_seen, r),
+                (delta_engine, delta_clock, delta_seen, msg),
+            ):
+                clock.advance(5)
+                m.timestamp_ms = clock.now
+                seen.append(_changes(engine.on_report(node, m)))
+                seen[-1] += _changes(engine.tick())
+        assert full_engine.rates.last(GPU2, "nvlink-3/crc_flit_errors") == 10_000
+        assert delta_engine.rates.last(GPU2, "nvlink-3/crc_flit_errors") == 10_000
+        return full_seen, delta_seen, sent, deltas
+
+    def test_same_verdicts_as_full_reports(self) -> None:
+        """A link down and NVLink errors open and resolve the same conditions at the same reports.
+
+        Counters are read every counter_interval (every 3rd report here), so a change that a
+        skipped full report carried and later deltas leave out must still be seen."""
+        encoder = ReportDelta(full_every=5)
+        encoder.reset(enabled=True)
+        full_seen, delta_seen, sent, deltas = self._run(encoder.encode)
+        assert deltas > 40
+        assert sent < deltas  # mostly no link at all, against 32 links per report whole
+        assert full_seen == delta_seen
+        changes = {(kind, rule, comp) for step in full_seen for kind, rule, comp in step}
+        assert ("opened", "gpu.nvlink_down", GPU5) in changes
+        assert ("resolved", "gpu.nvlink_down", GPU5) in changes
+        assert ("opened", "gpu.nvlink_errors", GPU2) in changes
+
+    def test_deltas_from_an_agent_before_nvlink_deltas_carry_every_link(self) -> None:
+        """An older agent's delta report has every link: each one simply updates its link."""
+        encoder = ReportDelta(full_every=5)
+        encoder.reset(enabled=True)
+
+        def old_agent(r: tpb.Report) -> tpb.Report:
+            out = encoder.encode(r)
+            if out.counters_delta:
+                for g, whole in zip(out.gpus, r.gpus, strict=True):
+                    del g.nvlinks[:]
+                    g.nvlinks.extend(whole.nvlinks)
+            return out
+
+        full_seen, delta_seen, sent, deltas = self._run(old_agent)
+        assert sent == deltas * 8 * 4
+        assert full_seen == delta_seen
+
+    def test_absent_link_is_as_in_the_full_report(self) -> None:
+        """Down in a delta opens; a delta without the link means 'as in the full report'.
+
+        The full report had the link up, so a later delta without it says it is up again
+        (the agent sends a down link in every delta until a full report carries it down).
+        Once a full report has it down, deltas without it keep it down, and a delta with it
+        up resolves."""
+        engine, clock = make_engine()
+        node = compute_node()
+
+        def feed(r: tpb.Report) -> list[ConditionChange]:
+            clock.advance(5)
+            r.timestamp_ms = clock.now
+            return engine.on_report(node, r)
+
+        def delta(*links: tuple[int, bool]) -> tpb.Report:
+            r = good_report(0, links=4)
+            r.counters_delta = True
+            for g in r.gpus:
+                del g.nvlinks[:]
+            for link, up in links:
+                r.gpus[5].nvlinks.add(link=link, up=up, replay_errors=0, recovery_errors=0,
+                                      crc_flit_errors=0, crc_data_errors=0, ecc_data_errors=0)
+            return r
+
+        feed(good_report(0, links=4))  # full: every link up
+        changes = feed(delta((1, False)))
+        assert _changes(changes) == [("opened", "gpu.nvlink_down", GPU5)]
+        assert engine.get("gpu.nvlink_down", GPU5).evidence == {"links_down": [1], "links": 4}  # type: ignore[union-attr]
+        assert feed(delta((1, False))) == []  # still down: stays open
+        assert _changes(feed(delta())) == [("resolved", "gpu.nvlink_down", GPU5)]  # absent: up, as in the full
+
+        down = good_report(0, links=4)
+        down.gpus[5].nvlinks[1].up = False
+        assert _changes(feed(down)) == [("opened", "gpu.nvlink_down", GPU5)]  # full: the base has it down
+        for _ in range(3):
+            assert feed(delta()) == []  # absent: down, as in the full report
+        cond = engine.get("gpu.nvlink_down", GPU5)
+        assert cond is not None and cond.count == 4 and cond.evidence["links_down"] == [1]
+        assert _changes(feed(delta((1, True)))) == [("resolved", "gpu.nvlink_down", GPU5)]
+
+    def test_a_delta_before_any_full_report(self) -> None:
+        """No base yet (the controller asks for a full report): links that are there are all there is."""
+        engine, clock = make_engine()
+        node = compute_node()
+        r = good_report(clock.now, links=4)
+        r.counters_delta = True
+        for g in r.gpus:
+            if g.index != 5:
+                del g.nvlinks[:]  # as a delta leaves them out: unknown, neither bad nor good
+        r.gpus[5].nvlinks[3].up = False
+        assert _changes(engine.on_report(node, r)) == [("opened", "gpu.nvlink_down", GPU5)]
+        assert engine.get("gpu.nvlink_down", GPU5).evidence["links_down"] == [3]  # type: ignore[union-attr]
+        assert "node-003/gpu-0" not in engine._link_base  # nothing to lay later deltas over
+
+    def test_errors_rising_only_in_deltas_open_the_error_rule(self) -> None:
+        """After one full report every report is a delta; the counter moves only there."""
+        engine, clock = make_engine()
+        node = compute_node()
+        encoder = ReportDelta(full_every=1000)
+        encoder.reset(enabled=True)
+        opened_at = None
+        for step in range(20):
+            r = good_report(0, links=4)
+            r.seq = step + 1
+            r.gpus[5].nvlinks[2].crc_data_errors = 300 * step
+            msg = encoder.encode(r)
+            assert msg.counters_delta == (step > 0)
+            if step:
+                assert [(g.index, nl.link) for g in msg.gpus for nl in g.nvlinks] == [(5, 2)]
+            clock.advance(5)
+            msg.timestamp_ms = clock.now
+            if ("opened", "gpu.nvlink_errors", GPU5) in _changes(engine.on_report(node, msg)):
+                opened_at = opened_at or step
+        assert opened_at is not None
+        cond = engine.get("gpu.nvlink_errors", GPU5)
+        assert cond is not None and cond.evidence["link"] == 2 and cond.evidence["counter"] == "crc_data_errors"
+
+    def test_a_skipped_full_reports_counters_hold_for_later_deltas(self) -> None:
+        """Counters are read every 15 s; a value only a full report in between carried is not lost."""
+        engine, clock = make_engine()
+        node = compute_node()
+        encoder = ReportDelta(full_every=2)
+        encoder.reset(enabled=True)
+        for step, crc in enumerate((0, 10, 10, 10)):  # full (read), delta, full (not read), delta (read)
+            r = good_report(0, links=4)
+            r.seq = step + 1
+            r.gpus[5].nvlinks[1].crc_flit_errors = crc
+            msg = encoder.encode(r)
+            assert msg.counters_delta == (step % 2 == 1)
+            msg.timestamp_ms = clock.now
+            engine.on_report(node, msg)
+            clock.advance(5)
+        assert _sent_links(msg) == 0  # the last delta left the link out: as in the full report before
+        assert engine.rates.last(GPU5, "nvlink-1/crc_flit_errors") == 10
+
+
 # -- over the wire ---------------------------------------------------------------------------
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
@@ -182,3 +357,30 @@ class TestWire:
             await call.done_writing()
         assert acks[-1].event_seq == 1 and acks[-1].report_seq == 5
         assert len(acks) <= 2  # the first report's ack, perhaps, then the event's
+
+    async def test_an_nvlink_down_in_deltas_opens_and_its_return_resolves(
+        self, tmp_path: Path, controller: Controller
+    ) -> None:
+        """A real agent streams deltas only; a link that goes down travels in them and opens
+        gpu.nvlink_down with the report's evidence; back up, the deltas leave it out again (as in
+        the full report: up) and the condition resolves."""
+        a = make_sim_agent("node-000", tmp_path, [f"127.0.0.1:{controller.grpc_port}"], interval_s=0.1)
+        a.agent.link.delta.full_every = 100_000  # one full report, then deltas
+        engine = controller.detection.engine
+        comp = "node-000/gpu-3"
+        a.start()
+        try:
+            await wait_for(lambda: a.agent.link.delta.delta_sent >= 2, what="delta reports")
+            fulls = a.agent.link.delta.full_sent
+            a.sim.inject("gpu_nvlink_down", "gpu-3", link=4)
+
+            def confirmed() -> bool:  # by a report (the agent's NVLink-down event opens it early)
+                cond = engine.get("gpu.nvlink_down", comp)
+                return cond is not None and cond.evidence.get("links_down") == [4]
+
+            await wait_for(confirmed, what="gpu.nvlink_down from delta reports")
+            a.sim.clear("gpu_nvlink_down", "gpu-3")
+            await wait_for(lambda: engine.get("gpu.nvlink_down", comp) is None, what="resolved by delta reports")
+            assert a.agent.link.delta.full_sent == fulls  # no full report carried either change
+        finally:
+            await a.halt()
