@@ -121,6 +121,7 @@ def scrape(http_port: int) -> dict[str, float]:
                 "starpulse_report_age_at_decision_seconds",
                 "starpulse_reports_received_total",
                 "starpulse_incidents_open",
+                "starpulse_periodic_seconds",
             )
         ):
             continue
@@ -152,6 +153,30 @@ def histogram_quantile(before: dict[str, float], after: dict[str, float], base: 
             return lower + (bound - lower) * (q * total - below) / (count - below)
         lower, below = bound, count
     return math.inf
+
+
+def periodic_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per periodic step (starpulse_periodic_seconds{step}): runs, mean ms, the bound its longest run fell under."""
+    base = "starpulse_periodic_seconds"
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for key, v in after.items():
+        if key.startswith(base + "_bucket{"):
+            step = key.split('step="', 1)[1].split('"', 1)[0]
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            buckets.setdefault(step, []).append((math.inf if le == "+Inf" else float(le), v - before.get(key, 0.0)))
+    out: dict[str, dict[str, float]] = {}
+    for step, rows in buckets.items():
+        rows.sort()
+        labels = f'{{step="{step}"}}'
+        runs = after.get(f"{base}_count{labels}", 0.0) - before.get(f"{base}_count{labels}", 0.0)
+        spent = after.get(f"{base}_sum{labels}", 0.0) - before.get(f"{base}_sum{labels}", 0.0)
+        longest = next((bound for bound, count in rows if count >= runs), math.inf) if runs else 0.0
+        out[step] = {
+            "runs": runs,
+            "mean_ms": round(1000 * spent / runs, 2) if runs else float("nan"),
+            "longest_under_ms": 1000 * longest,
+        }
+    return out
 
 
 def run_size(
@@ -281,6 +306,8 @@ def run_size(
         "latency_ms_p50": round(1000 * histogram_quantile(m0, m1, age, 0.50), 2),
         "latency_ms_p99": round(1000 * histogram_quantile(m0, m1, age, 0.99), 2),
         "latency_ms_p999": round(1000 * histogram_quantile(m0, m1, age, 0.999), 2),
+        # the controller's periodic steps, each holding its event loop while it runs
+        "periodic": periodic_steps(m0, m1),
         # read off the stream -> decision committed (processing only, no queueing)
         "processing_ms_p50": round(1000 * histogram_quantile(m0, m1, dec, 0.50), 3),
         "processing_ms_p99": round(1000 * histogram_quantile(m0, m1, dec, 0.99), 3),
@@ -392,6 +419,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ("controller CPU % of one core", r["controller_cpu_pct"]),
                 ("controller CPU ms per report", r["controller_cpu_ms_per_report"]),
                 ("  of it the main process, % of one core", r["controller_main_cpu_pct"]),
+                (
+                    "periodic steps: mean / longest under, ms",
+                    ", ".join(f"{k} {v['mean_ms']} / {v['longest_under_ms']:g}" for k, v in r["periodic"].items()),
+                ),
                 (
                     "controller RSS MiB idle / median / max",
                     f"{r['controller_rss_mib_idle']} / {r['controller_rss_mib_median']}"

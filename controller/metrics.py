@@ -73,6 +73,14 @@ class ControllerMetrics:
             registry=r,
         )
         self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)
+        # Periodic work runs on the event loop between reports: while a step runs, reports wait.
+        self.periodic_seconds = Histogram(
+            "starpulse_periodic_seconds",
+            "Time one periodic step held the controller's event loop (sweep, presence flush, detection tick).",
+            ["step"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
         self.detection_seconds = Histogram(
             "starpulse_detection_latency_seconds",
             "From an incident's first condition to the incident being opened.",

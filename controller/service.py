@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,6 +166,12 @@ class Controller:
         self._runner: web.AppRunner | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.shards: DetectShards | None = None
+        # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
+        self._periodic: list[tuple[str, Callable[[], object]]] = [
+            ("heartbeat_sweep", self.registry.sweep),
+            ("presence_flush", self.registry.flush_presence),
+            ("detection_tick", self.detection.tick),
+        ]
         self.failed = asyncio.Event()  # something the controller cannot go on without (a detection shard) ended
         self.failure = ""
         self.grpc_port = 0
@@ -297,15 +305,13 @@ class Controller:
         watchdog = sdnotify.Watchdog()  # WATCHDOG=1 every half WatchdogSec= while sweeps keep running
         while True:
             await asyncio.sleep(self.config.sweep_interval_s)
-            try:
-                self.registry.sweep()
-                self.registry.flush_presence()
-            except Exception:
-                log.exception("sweep_failed")
-            try:
-                self.detection.tick()
-            except Exception:
-                log.exception("detection_tick_failed")
+            for step, run in self._periodic:
+                started = time.perf_counter()
+                try:
+                    run()
+                except Exception:
+                    log.exception("periodic_step_failed", step=step)
+                self.metrics.periodic_seconds.labels(step).observe(time.perf_counter() - started)
             watchdog.kick()
 
     async def stop(self) -> None:
