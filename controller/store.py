@@ -35,6 +35,12 @@ CREATE TABLE IF NOT EXISTS nodes (
     buffer_epoch TEXT NOT NULL DEFAULT '',
     acked_event_seq INTEGER NOT NULL DEFAULT 0
 );
+-- Last-seen times apart from the nodes row: a nodes row carries the inventory (~13 kB), and
+-- rewriting it for a timestamp cost ~0.1 ms a node, 28 ms a sweep at 10,000 nodes (bench.scale).
+CREATE TABLE IF NOT EXISTS node_last_seen (
+    node_id TEXT PRIMARY KEY,
+    last_seen_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     node_id TEXT NOT NULL,
     epoch TEXT NOT NULL,
@@ -127,12 +133,22 @@ class Store:
         )
 
     def update_presence(self, rows: Iterable[tuple[str, str, int]]) -> None:
-        """Batch update of (node_id, state, last_seen_ms): one transaction per sweep."""
+        """Batch update of (node_id, state, last_seen_ms): one transaction per sweep.
+
+        The time goes to the small node_last_seen row; the nodes row (with the inventory) is
+        rewritten only when the state really changed.
+        """
+        rows = list(rows)
         self._db.execute("BEGIN")
         try:
             self._db.executemany(
-                "UPDATE nodes SET state = ?, last_seen_ms = ? WHERE node_id = ?",
-                [(state, seen, node_id) for node_id, state, seen in rows],
+                """INSERT INTO node_last_seen(node_id, last_seen_ms) VALUES (?, ?)
+                   ON CONFLICT(node_id) DO UPDATE SET last_seen_ms = excluded.last_seen_ms""",
+                [(node_id, seen) for node_id, _, seen in rows],
+            )
+            self._db.executemany(
+                "UPDATE nodes SET state = ? WHERE node_id = ? AND state IS NOT ?",
+                [(state, node_id, state) for node_id, state, _ in rows],
             )
             self._db.execute("COMMIT")
         except BaseException:
@@ -142,8 +158,9 @@ class Store:
     def load_nodes(self) -> list[StoredNode]:
         out = []
         for row in self._db.execute(
-            """SELECT node_id, role, state, first_seen_ms, last_seen_ms, agent_version, hostname,
-                      inventory, buffer_epoch, acked_event_seq FROM nodes ORDER BY node_id"""
+            """SELECT n.node_id, n.role, n.state, n.first_seen_ms, MAX(n.last_seen_ms, COALESCE(s.last_seen_ms, 0)),
+                      n.agent_version, n.hostname, n.inventory, n.buffer_epoch, n.acked_event_seq
+               FROM nodes n LEFT JOIN node_last_seen s ON s.node_id = n.node_id ORDER BY n.node_id"""
         ):
             inventory = ipb.Inventory()
             if row[7]:

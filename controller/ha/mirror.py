@@ -42,7 +42,7 @@ from controller.heal.states import transaction
 log = structlog.get_logger(__name__)
 
 TXN_OPS = 120  # etcd refuses a transaction of more than --max-txn-ops (128 by default)
-NOT_MIRRORED = frozenset({"schema_version", "ha_changes"})
+NOT_MIRRORED = frozenset({"schema_version", "ha_changes", "node_last_seen"})  # presence churn stays local
 EXPIRING = frozenset({"events"})  # history: merged on restore, expires in etcd after the retention
 # Updates of these tables are mirrored only when this condition holds (no churn from presence sweeps).
 UPDATE_WHEN = {

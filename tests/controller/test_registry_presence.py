@@ -85,3 +85,28 @@ def test_a_round_of_last_seen_times_is_written_a_chunk_per_sweep(tmp_path: Path)
     reg.flush_presence()  # the round is done: the next one is 15 s away
     assert _stored(store)["node-000"][1] == clock.ms - 1_000
     store.close()
+
+
+def test_a_last_seen_write_leaves_the_nodes_row_alone(tmp_path: Path) -> None:
+    """The time goes to node_last_seen; the nodes row (inventory ~13 kB) is written only for a new state."""
+    store = Store(tmp_path / "c.db")
+    hello = spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
+    hello.inventory.gpus.add(index=0, uuid="GPU-0")
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock_ms=Clock())
+    reg.register(hello)
+    db = store.connection
+
+    def nodes_row_writes(rows: list[tuple[str, str, int]]) -> int:
+        before = db.total_changes
+        store.update_presence(rows)
+        return db.total_changes - before - len(rows)  # minus one node_last_seen row each
+
+    assert nodes_row_writes([("node-000", "online", 2_000_000)]) == 0
+    assert _stored(store)["node-000"] == ("online", 2_000_000)
+    assert nodes_row_writes([("node-000", "unreachable", 2_000_000)]) == 1
+    assert nodes_row_writes([("node-000", "unreachable", 2_100_000)]) == 0
+    store.close()
+    reopened = Store(tmp_path / "c.db")
+    assert _stored(reopened)["node-000"] == ("unreachable", 2_100_000)
+    assert len(reopened.load_nodes()[0].inventory.gpus) == 1
+    reopened.close()
