@@ -309,12 +309,13 @@ class NodeRegistry:
                 chosen.extend(itertools.islice(rest, PRESENCE_ROWS_PER_FLUSH))
             if not chosen:
                 return
+        changed = None if force else set(self._state_changed)
         self._state_changed.clear()
         self._presence_dirty.difference_update(chosen)
         if not self._presence_dirty or force:
             self._flushed_ms = now  # drained: the next last-seen round is due in last_seen_flush_s
         rows = [(nid, self.nodes[nid].state, self.nodes[nid].last_seen_ms) for nid in chosen if nid in self.nodes]
-        self.store.update_presence(rows)
+        self.store.update_presence(rows, changed)
 
     def _notify_presence(self, node: NodeRecord, old: str, new: str) -> None:
         for listener in self.listeners:

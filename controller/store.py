@@ -8,7 +8,7 @@ did not keep, and never keeps what it will ask for again.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,13 +132,17 @@ class Store:
             ),
         )
 
-    def update_presence(self, rows: Iterable[tuple[str, str, int]]) -> None:
+    def update_presence(
+        self, rows: Iterable[tuple[str, str, int]], state_changed: Collection[str] | None = None
+    ) -> None:
         """Batch update of (node_id, state, last_seen_ms): one transaction per sweep.
 
         The time goes to the small node_last_seen row; the nodes row (with the inventory) is
-        rewritten only when the state really changed.
+        rewritten only when the state really changed. ``state_changed`` (node ids) lets the
+        caller say which states may have changed; None: any.
         """
         rows = list(rows)
+        states = rows if state_changed is None else [r for r in rows if r[0] in state_changed]
         self._db.execute("BEGIN")
         try:
             self._db.executemany(
@@ -148,7 +152,7 @@ class Store:
             )
             self._db.executemany(
                 "UPDATE nodes SET state = ? WHERE node_id = ? AND state IS NOT ?",
-                [(state, node_id, state) for node_id, state, _ in rows],
+                [(state, node_id, state) for node_id, state, _ in states],
             )
             self._db.execute("COMMIT")
         except BaseException:
