@@ -191,3 +191,22 @@ class TestFailSlowDetector:
         """A misspelt signal name fails at configuration time, not silently at evaluation."""
         with pytest.raises(ValueError, match="unknown fail-slow signals"):
             FailSlowConfig(signals=("sm_clock",))
+
+
+def test_window_median_is_statistics_median_as_samples_come_and_go() -> None:
+    """The sorted copy a window keeps gives exactly what statistics.median of its samples gives."""
+    import random
+    import statistics
+
+    from controller.detect.failslow import _Window
+
+    rng = random.Random(7)
+    window = _Window()
+    for t in range(2_000):
+        window.append((t, rng.choice([rng.random() * 100, 42.0, 42.0, -3.5])))  # repeats too
+        if t % 3 == 0:
+            window.prune(t - rng.randint(5, 60))
+        values = list(window.values)
+        assert window.median() == statistics.median(values)
+        assert window.ordered == sorted(values)
+        assert window[-1] == (t, values[-1])
