@@ -238,6 +238,7 @@ class Controller:
         cfg = self.config
         if cfg.detection.workers > 0:
             await self._start_shards()  # before the port opens: no report may bypass them
+        self.store.start_checkpointer()
         credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
         server = grpc.aio.server(
             interceptors=[AuthInterceptor(cfg.auth)],

@@ -8,6 +8,7 @@ did not keep, and never keeps what it will ask for again.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,7 @@ class Store:
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self._checkpointer: tuple[threading.Thread, threading.Event] | None = None
             self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -265,5 +267,41 @@ class Store:
         """The one connection; other controller stores (incidents, remediation) add their tables to it."""
         return self._db
 
+    def start_checkpointer(self, every_s: float = 5.0) -> None:
+        """Checkpoint the WAL from a thread of its own instead of inside a commit.
+
+        SQLite checkpoints automatically in whichever commit grows the WAL past 1,000 pages,
+        and a checkpoint writes those pages back and fsyncs: on the controller's event loop
+        that stalled a presence flush up to ~100 ms now and then (starpulse_periodic_seconds
+        at 10,000 nodes). A PASSIVE checkpoint on another connection does not block writers.
+        """
+        if str(self.path) == ":memory:" or self._checkpointer is not None:
+            return
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._checkpoint_loop, args=(stop, every_s), name="wal-checkpoint", daemon=True
+        )
+        self._checkpointer = (thread, stop)
+        thread.start()
+
+    def _checkpoint_loop(self, stop: threading.Event, every_s: float) -> None:
+        conn = sqlite3.connect(str(self.path), isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout=5000")
+            while not stop.wait(every_s):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:
+                    log.warning("wal_checkpoint_failed", error=str(exc))
+        finally:
+            conn.close()
+
     def close(self) -> None:
+        if self._checkpointer is not None:
+            thread, stop = self._checkpointer
+            stop.set()
+            thread.join(timeout=10)
+            self._checkpointer = None
+            self._db.execute("PRAGMA wal_autocheckpoint=1000")  # the default again: close checkpoints
         self._db.close()

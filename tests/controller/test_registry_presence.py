@@ -110,3 +110,35 @@ def test_a_last_seen_write_leaves_the_nodes_row_alone(tmp_path: Path) -> None:
     assert _stored(reopened)["node-000"] == ("unreachable", 2_100_000)
     assert len(reopened.load_nodes()[0].inventory.gpus) == 1
     reopened.close()
+
+
+def test_the_wal_is_checkpointed_off_the_writers_connection(tmp_path: Path) -> None:
+    """With the checkpointer on, commits never checkpoint; its thread copies the WAL into the database file."""
+    import sqlite3
+    import time
+
+    path = tmp_path / "c.db"
+    store = Store(path)
+    store.start_checkpointer(every_s=0.05)
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock_ms=Clock())
+    reg.register(spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
+    assert store.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    for i in range(50):
+        store.update_presence([("node-000", "online", 2_000_000 + i)])
+
+    def in_database_file() -> object:
+        """What the database file itself holds, the WAL ignored (immutable=1)."""
+        conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+        try:
+            row = conn.execute("SELECT last_seen_ms FROM node_last_seen WHERE node_id = 'node-000'").fetchone()
+            return row[0] if row else None
+        except sqlite3.DatabaseError:
+            return None
+        finally:
+            conn.close()
+
+    deadline = time.monotonic() + 10
+    while in_database_file() != 2_000_049 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert in_database_file() == 2_000_049
+    store.close()
