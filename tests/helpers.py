@@ -8,11 +8,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.factory import build_agent
 from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
+
+if TYPE_CHECKING:
+    from controller.relay.service import Relay
 
 
 def free_port() -> int:
@@ -102,3 +105,16 @@ async def stream_session(channel: Any, *messages: Any) -> Any:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass  # the server ended the call mid-write: the status the reader saw is what counts
         return await asyncio.wait_for(reader, 20)
+
+
+def make_relay(controller_port: int, port: int, relay_id: str = "relay-a") -> Relay:
+    """Build (not start) a relay to a controller on loopback, with short reconnect backoff."""
+    from controller.relay.service import Relay, RelayConfig
+
+    relay = Relay(
+        RelayConfig(controllers=[f"127.0.0.1:{controller_port}"], relay_id=relay_id, listen=f"127.0.0.1:{port}",
+                    linger_s=0.01, metrics_listen="127.0.0.1:0")
+    )
+    relay.upstream.backoff.initial_s = 0.1
+    relay.upstream.backoff.max_s = 0.3
+    return relay

@@ -19,12 +19,11 @@ import pytest
 
 from controller.detect.pipeline import DetectionConfig
 from controller.detect.shards import ShardLost
-from controller.relay.service import Relay, RelayConfig
 from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.helpers import SimAgent, free_port, make_sim_agent, stream_session, wait_for
+from tests.helpers import SimAgent, free_port, make_relay, make_sim_agent, stream_session, wait_for
 
 
 def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
@@ -38,15 +37,6 @@ def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
         )
     )
 
-
-def _relay(controller_port: int, port: int) -> Relay:
-    relay = Relay(
-        RelayConfig(controllers=[f"127.0.0.1:{controller_port}"], relay_id="relay-a", listen=f"127.0.0.1:{port}",
-                    linger_s=0.01, metrics_listen="127.0.0.1:0")
-    )
-    relay.upstream.backoff.initial_s = 0.1
-    relay.upstream.backoff.max_s = 0.3
-    return relay
 
 
 def _root_causes(ctl: Controller) -> set[str]:
@@ -64,7 +54,7 @@ class TestShardedDetection:
         cport, rport = free_port(), free_port()
         ctl = _controller(tmp_path, cport)
         await ctl.start()
-        relay = _relay(cport, rport)
+        relay = make_relay(cport, rport)
         await relay.start()
         assert ctl.shards is not None and len(ctl.shards.pids) == 2
         # one node on each shard behind the relay, and one on each shard direct
@@ -114,7 +104,7 @@ class TestShardedBadInput:
         cport, rport = free_port(), free_port()
         ctl = _controller(tmp_path, cport, workers=1)
         await ctl.start()
-        relay = _relay(cport, rport)
+        relay = make_relay(cport, rport)
         await relay.start()
         agent = make_sim_agent("node-000", tmp_path, [f"127.0.0.1:{rport}"])
         try:
@@ -142,7 +132,7 @@ class TestShardedBadInput:
         cport, rport = free_port(), free_port()
         ctl = _controller(tmp_path, cport, workers=1)
         await ctl.start()
-        relay = _relay(cport, rport)
+        relay = make_relay(cport, rport)
         await relay.start()
         try:
             await wait_for(relay.upstream.ready.is_set, what="the relay's upstream")

@@ -21,7 +21,7 @@ from starpulse.tls import TestCA, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-from tests.helpers import SimAgent, free_port, make_sim_agent, stream_session, wait_for
+from tests.helpers import SimAgent, free_port, make_relay, make_sim_agent, stream_session, wait_for
 
 
 def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
@@ -35,15 +35,6 @@ def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
         )
     )
 
-
-def _relay(controller_port: int, port: int, relay_id: str = "relay-a") -> Relay:
-    relay = Relay(
-        RelayConfig(controllers=[f"127.0.0.1:{controller_port}"], relay_id=relay_id, listen=f"127.0.0.1:{port}",
-                    linger_s=0.01, metrics_listen="127.0.0.1:0")
-    )
-    relay.upstream.backoff.initial_s = 0.1
-    relay.upstream.backoff.max_s = 0.3
-    return relay
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -68,7 +59,7 @@ class TestRelayedAgents:
         cport, rport = free_port(), free_port()
         ctl = _controller(tmp_path, cport)
         await ctl.start()
-        relay = _relay(cport, rport)
+        relay = make_relay(cport, rport)
         await relay.start()
         agents = [make_sim_agent(f"node-{i:03d}", tmp_path, [f"127.0.0.1:{rport}"], seed=i) for i in range(3)]
         try:
@@ -108,7 +99,7 @@ class TestRelayedAgents:
         cport, rport = free_port(), free_port()
         ctl = _controller(tmp_path, cport)
         await ctl.start()
-        relay = _relay(cport, rport)
+        relay = make_relay(cport, rport)
         await relay.start()
         agents = [make_sim_agent(f"node-{i:03d}", tmp_path, [f"127.0.0.1:{rport}"], seed=i) for i in range(2)]
         try:
@@ -122,7 +113,7 @@ class TestRelayedAgents:
             for gpu in range(3, 7):
                 agents[0].sim.inject("gpu_xid", f"gpu-{gpu}", xid=31)
             await asyncio.sleep(0.5)
-            relay = _relay(cport, rport)
+            relay = make_relay(cport, rport)
             await relay.start()
             await wait_for(lambda: len(_stored_seqs(ctl, "node-000")) >= 7, timeout=30, what="the replayed events")
             await wait_for(lambda: agents[0].agent.link.buffer.depth() == 0, what="every event acked")
@@ -139,7 +130,7 @@ class TestRelayedAgents:
         cport, rport = free_port(), free_port()
         ctl = _controller(tmp_path, cport)
         await ctl.start()
-        relay = _relay(cport, rport)
+        relay = make_relay(cport, rport)
         await relay.start()
         agent = make_sim_agent("node-000", tmp_path, [f"127.0.0.1:{rport}"])
         try:
@@ -167,7 +158,7 @@ class TestRelayedBadInput:
         cport, rport = free_port(), free_port()
         ctl = _controller(tmp_path, cport, allowed_nodes=["node-000"])
         await ctl.start()
-        relay = _relay(cport, rport)
+        relay = make_relay(cport, rport)
         await relay.start()
         agent = make_sim_agent("node-000", tmp_path, [f"127.0.0.1:{rport}"])
         try:
@@ -226,7 +217,7 @@ class TestRelayedBadInput:
 
     async def test_agents_are_refused_while_the_relay_has_no_controller(self, tmp_path: Path) -> None:
         """No controller behind the relay: UNAVAILABLE at once (the agent backs off and keeps its buffer)."""
-        relay = _relay(free_port(), free_port())
+        relay = make_relay(free_port(), free_port())
         await relay.start()
         try:
             hello = spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
