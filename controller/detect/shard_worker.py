@@ -26,6 +26,7 @@ import fcntl
 import gc
 import os
 import select
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -234,6 +235,12 @@ def _widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
 
 
 def main() -> None:
+    # The controller ends a shard by closing its stdin, after the shard's last answers. A
+    # SIGTERM or SIGINT meant for the whole service (systemd stops the unit's cgroup; Ctrl-C
+    # reaches the terminal's process group) must not kill it first: that would look like a
+    # lost shard and drop those answers.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # stdout is the frame channel: keep it for frames only, and send anything printed to stderr.
     fd_out = os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -155,6 +155,27 @@ class TestShardedBadInput:
 
 
 class TestShardLoss:
+    async def test_a_stop_signal_for_the_service_leaves_shards_to_the_controller(self, tmp_path: Path) -> None:
+        """systemd signals the whole cgroup: shards ignore it and end when the controller closes their stdin."""
+        ctl = _controller(tmp_path, free_port(), workers=1)
+        stop = asyncio.Event()
+        serving = asyncio.create_task(ctl.serve_forever(stop))
+        try:
+            await wait_for(lambda: ctl.shards is not None and ctl.grpc_port != 0, what="the controller serving")
+            assert ctl.shards is not None
+            shards = ctl.shards
+            os.kill(shards.pids[0], signal.SIGTERM)
+            os.kill(shards.pids[0], signal.SIGINT)
+            await asyncio.sleep(1.0)
+            assert shards.running() == [0] and not ctl.failed.is_set()
+            stop.set()
+            await asyncio.wait_for(serving, 30)  # a clean stop: no ShardLost
+            assert shards.running() == []
+        finally:
+            stop.set()
+            if not serving.done():
+                serving.cancel()
+
     async def test_a_shard_that_dies_stops_the_controller(self, tmp_path: Path) -> None:
         """Without the shard some nodes would go unwatched: the controller stops and says why."""
         ctl = _controller(tmp_path, free_port(), workers=1)
