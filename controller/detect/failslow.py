@@ -21,7 +21,7 @@ import statistics
 import time
 from bisect import bisect_left, insort
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -339,19 +339,40 @@ class FailSlowDetector:
 
     def deviations(self) -> dict[str, list[Deviation]]:
         """Every node currently slower than its group on some signal (one evaluation, no persistence)."""
+        found: dict[str, list[Deviation]] = {}
+        for _ in self._deviation_steps(found, math.inf):
+            pass
+        return found
+
+    def _deviation_steps(self, found: dict[str, list[Deviation]], nodes_per_step: float) -> Iterator[None]:
+        """Fill ``found`` group by group, pausing (yield) after about ``nodes_per_step`` nodes.
+
+        The pauses let the controller's event loop decide reports in between: at 10,000
+        nodes one whole comparison is ~150 ms of Python (bench.failslow_eval).
+        """
         now = self._clock_ms()
         cfg = self.config
         cutoff = now - int(cfg.window_s * 1000)
         min_samples = cfg.min_samples
-        found: dict[str, list[Deviation]] = {}
-        for group, members in self.groups().items():
+        done = 0
+        groups = self.groups()  # every node once (sorted): a step of its own at fleet size
+        if nodes_per_step < len(self._nodes):
+            yield
+        for group, members in groups.items():
+            if done >= nodes_per_step:
+                yield
+                done = 0
+            done += len(members)
             if len(members) < cfg.min_group_size:
                 continue
             # Each member's window medians, all signals in one pass (this loop runs for every
             # node of the fleet each evaluation: it is kept to reads and one index per window).
             medians: dict[str, dict[str, float]] = {signal: {} for signal in cfg.signals}
             for node in members:
-                for signal, window in self._nodes[node].series.items():
+                ns = self._nodes.get(node)
+                if ns is None:
+                    continue  # forgotten while an evaluation paused
+                for signal, window in ns.series.items():
                     times = window.times
                     if times and times[0] < cutoff:
                         window.prune(cutoff)  # a node that went quiet: its old samples leave
@@ -378,15 +399,33 @@ class FailSlowDetector:
                         found.setdefault(node, []).append(
                             Deviation(signal, value, med, mad, z, relative, group, len(values) - 1)
                         )
-        return found
 
     def evaluate(self) -> list[ConditionChange]:
         """Compare every node with its group; open, update or resolve fail-slow conditions."""
+        changes: list[ConditionChange] = []
+        for _ in self.evaluation_steps(changes, math.inf):
+            pass
+        return changes
+
+    def evaluation_steps(self, changes: list[ConditionChange], nodes_per_step: float = 500) -> Iterator[None]:
+        """``evaluate`` in steps: the comparison pauses (yield) after grouping and every ``nodes_per_step`` nodes.
+
+        The controller runs one step per turn of its event loop, so one evaluation of a
+        large fleet never holds the loop for long; the verdicts, applied at the end, are
+        those ``evaluate`` reaches. ``changes`` receives the condition changes.
+        """
+        found: dict[str, list[Deviation]] = {}
+        yield from self._deviation_steps(found, nodes_per_step)
+        changes += self._apply(found)
+
+    def _apply(self, found: dict[str, list[Deviation]]) -> list[ConditionChange]:
+        """Persistence: a node slower for persist_evaluations evaluations opens; as many clean ones resolve."""
         now = self._clock_ms()
         cfg = self.config
-        found = self.deviations()
         changes: list[ConditionChange] = []
         for node in sorted(set(found) | set(self._state)):
+            if node not in self._nodes and node not in self._state:
+                continue  # forgotten while an evaluation paused
             state = self._state.setdefault(node, _NodeState())
             devs = found.get(node)
             if devs:

@@ -89,6 +89,9 @@ class Detection:
         # With detection shards (controller.detect.shards) compute nodes' reports and events are
         # evaluated there; this engine keeps presence (heartbeats) and switches.
         self.shards: DetectShards | None = None
+        # True: the controller runs fail-slow evaluations in steps between reports
+        # (failslow_due, then FailSlowDetector.evaluation_steps and feed); tick leaves them out.
+        self.failslow_stepwise = False
         self._refresh_gauges()
 
     def _peer_group(self, node: str) -> str | None:
@@ -158,9 +161,7 @@ class Detection:
     def tick(self) -> list[tuple[str, Incident]]:
         """Expire conditions, run fail-slow when due, group, and publish incident changes."""
         changes = self.engine.tick()
-        now = self._monotonic()
-        if now - self._last_failslow >= self.config.failslow_every_s:
-            self._last_failslow = now
+        if not self.failslow_stepwise and self.failslow_due():
             changes += self.failslow.evaluate()
         self._feed(changes)
         self.topology.tick()
@@ -188,6 +189,18 @@ class Detection:
         if published:
             self._refresh_gauges()
         return published
+
+    def failslow_due(self) -> bool:
+        """True once every failslow_every_s (and the clock starts over): time for a peer comparison."""
+        now = self._monotonic()
+        if now - self._last_failslow < self.config.failslow_every_s:
+            return False
+        self._last_failslow = now
+        return True
+
+    def feed(self, changes: list[ConditionChange]) -> None:
+        """Condition changes found outside tick (a stepwise fail-slow evaluation)."""
+        self._feed(changes)
 
     def _refresh_gauges(self) -> None:
         counts: dict[str, int] = {}

@@ -210,3 +210,42 @@ def test_window_median_is_statistics_median_as_samples_come_and_go() -> None:
         assert window.median() == statistics.median(values)
         assert window.ordered == sorted(values)
         assert window[-1] == (t, values[-1])
+
+
+def test_stepwise_evaluation_pauses_and_reaches_the_same_verdicts() -> None:
+    """evaluation_steps pauses between groups of nodes and ends where evaluate ends; a node
+    forgotten during a pause gets no condition."""
+    now = [1_000_000]
+
+    def build() -> FailSlowDetector:
+        return FailSlowDetector(
+            FailSlowConfig(persist_evaluations=1), group_of=lambda n: f"g{int(n[1:]) // 8}", clock_ms=lambda: now[0]
+        )
+
+    whole, stepwise = build(), build()
+    for _ in range(6):
+        now[0] += 5_000
+        for i in range(64):  # 8 groups of 8; the first node of each group is slow
+            values = {"sm_clock_mhz": 1980.0 * (0.5 if i % 8 == 0 else 1.0) + i % 3}
+            whole.append(f"n{i}", values)
+            stepwise.append(f"n{i}", values)
+    expected = whole.evaluate()
+    changes: list = []
+    pauses = sum(1 for _ in stepwise.evaluation_steps(changes, nodes_per_step=16))
+    assert pauses == 4  # after grouping, then after every 2 groups of 8 but not after the last
+    assert [(c.kind, c.condition.node) for c in changes] == [(c.kind, c.condition.node) for c in expected]
+    assert {c.condition.node for c in changes} == {f"n{i}" for i in range(0, 64, 8)}
+
+    again: list = []
+    steps = build()
+    for _ in range(6):
+        now[0] += 5_000
+        for i in range(64):
+            steps.append(f"n{i}", {"sm_clock_mhz": 1980.0 * (0.5 if i % 8 == 0 else 1.0) + i % 3})
+    running = steps.evaluation_steps(again, nodes_per_step=16)
+    next(running)
+    steps.forget("n56")  # its group (the last) has not been compared yet
+    for _ in running:
+        pass
+    assert "n56" not in {c.condition.node for c in again}
+    assert len(again) == 7
