@@ -212,7 +212,10 @@ class DetectShards:
                     except Exception:
                         log.exception("shard_result_failed", node=result.node_id)
                 if changes:
-                    self._on_changes(changes)
+                    try:
+                        self._on_changes(changes)
+                    except Exception:  # a bug downstream must not read as a lost shard
+                        log.exception("shard_changes_failed", shard=shard.index, changes=len(changes))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
