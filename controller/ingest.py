@@ -57,6 +57,11 @@ class _ShardedStream:
     drained: asyncio.Event | None = None  # set when pending reaches 0 (the stream is ending)
     rejected: StreamRejected | None = None  # a shard found a report invalid: the stream ends with this
 
+    def hand_over(self, shards: DetectShards, node: NodeRecord, agent_message: bytes, validated: bool) -> None:
+        """One report to its shard, counted until its verdict comes back (on_shard_result)."""
+        self.pending += 1
+        shards.submit_report(node, agent_message, validated)
+
 
 class StreamRejected(Exception):
     """Ends one agent stream with a status; raised inside the stream, turned into abort() outside."""
@@ -208,8 +213,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 """A relayed report straight to its shard, as the loop below would hand it over."""
                 if sharded.rejected is not None or writer.done() or not bucket.take():
                     return False  # let the loop read it: it ends the stream or rate-limits it
-                sharded.pending += 1
-                shards.submit_report(node, raw, validated=False)
+                sharded.hand_over(shards, node, raw, validated=False)
                 return True
 
             context.fast_report = take_report
@@ -249,8 +253,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 )
             if type(msg) is RawReport:
                 if sharded is not None and shards is not None:
-                    sharded.pending += 1
-                    shards.submit_report(node, msg.data, validated=False)  # decoded and checked there
+                    sharded.hand_over(shards, node, msg.data, validated=False)  # decoded and checked there
                     await shards.room()
                     continue
                 try:
@@ -266,8 +269,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     report = msg.report
                     validate_report(report)
                     if sharded is not None and shards is not None:
-                        sharded.pending += 1
-                        shards.submit_report(node, msg.SerializeToString(), validated=True)
+                        sharded.hand_over(shards, node, msg.SerializeToString(), validated=True)
                         await shards.room()
                         continue
                     if not report.counters_delta:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-PRESENCE_ROWS_PER_FLUSH = 250  # last-seen rows a sweep writes (~16 ms here; state changes come on top)
+PRESENCE_ROWS_PER_FLUSH = 250  # last-seen rows a sweep writes (state changes come on top)
 ONLINE = "online"
 UNREACHABLE = "unreachable"
 
@@ -197,14 +197,10 @@ class NodeRegistry:
             self._notify_presence(node, old, ONLINE)
 
     def record_report(self, node: NodeRecord, report: tpb.Report) -> None:
-        self.touch(node)
-        node.acked_report_seq = max(node.acked_report_seq, report.seq)
+        self._heard_report(node, report.seq, len(report.gpus), len(report.nics))
         if report.HasField("lldp"):
             node.lldp = list(report.lldp.neighbors)
         node.latest_report = report
-        self._reports_inc()
-        self._gpu_samples_inc(len(report.gpus))
-        self._nic_samples_inc(len(report.nics))
         if report.switch_ports:
             self._port_samples_inc(len(report.switch_ports))
         for listener in self.listeners:
@@ -213,19 +209,23 @@ class NodeRegistry:
             except Exception:
                 log.exception("listener_failed", hook="on_report", node=node.node_id)
 
+    def _heard_report(self, node: NodeRecord, seq: int, gpus: int, nics: int) -> None:
+        """What every decided report does, wherever it was decided: presence, ack position, counts."""
+        self.touch(node)
+        node.acked_report_seq = max(node.acked_report_seq, seq)
+        self._reports_inc()
+        self._gpu_samples_inc(gpus)
+        self._nic_samples_inc(nics)
+
     def record_shard_result(self, node: NodeRecord, result: ReportResult) -> None:
         """A report a detection shard decided (controller.detect.shards): what record_report does here.
 
         The report itself stays in the shard, so ``latest_report`` is not kept for the node;
         listeners with an ``on_shard_report`` hook get the shard's result instead.
         """
-        self.touch(node)
-        node.acked_report_seq = max(node.acked_report_seq, result.seq)
+        self._heard_report(node, result.seq, result.gpus, result.nics)
         if result.lldp is not None:
             node.lldp = [ipb.LldpNeighbor.FromString(raw) for raw in result.lldp]
-        self._reports_inc()
-        self._gpu_samples_inc(result.gpus)
-        self._nic_samples_inc(result.nics)
         for listener in self.listeners:
             hook = getattr(listener, "on_shard_report", None)
             if hook is None:
@@ -293,9 +293,8 @@ class NodeRegistry:
 
         Runs every sweep. Nodes whose state changed are written at once; last-seen times once
         they are ``last_seen_flush_s`` old, at most ``PRESENCE_ROWS_PER_FLUSH`` a sweep (the
-        rest on the following sweeps); everything when forced (shutdown). A nodes row holds
-        the inventory too, so each UPDATE rewrites ~13 kB: writing 2,500 at once stopped the
-        event loop for 160 ms (bench.report_path, timed per periodic task).
+        rest on the following sweeps); everything when forced (shutdown). The write runs on the
+        event loop, so it is kept to a chunk (Store.update_presence keeps each row small).
         """
         if not self._presence_dirty:
             return

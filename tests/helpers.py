@@ -118,3 +118,9 @@ def make_relay(controller_port: int, port: int, relay_id: str = "relay-a") -> Re
     relay.upstream.backoff.initial_s = 0.1
     relay.upstream.backoff.max_s = 0.3
     return relay
+
+
+async def halt_agents(agents: list[SimAgent]) -> None:
+    """Stop sim agents started by a test (each waits for its own shutdown)."""
+    for a in agents:
+        await a.halt()

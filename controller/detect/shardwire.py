@@ -21,15 +21,15 @@ class ShardWireError(Exception):
     """A frame that cannot be a frame (the other end is not a shard, or it died mid-write)."""
 
 
-def encode_frame(obj: Any) -> bytes:
-    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
-
-
 def frame_parts(obj: Any) -> tuple[bytes, bytes]:
     """Header and body apart: a batch of reports is ~1 MB, not worth copying again to join them."""
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)), body
+
+
+def encode_frame(obj: Any) -> bytes:
+    """One frame as one bytes object (small frames: settings, a shard's answers)."""
+    return b"".join(frame_parts(obj))
 
 
 def _check(size: int) -> int:

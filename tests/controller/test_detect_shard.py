@@ -28,7 +28,8 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 
-def _sim_reports(tmp_path: Path, steps: int) -> tuple[ipb.Inventory, list[tpb.Report], SimNode, CollectorSet]:
+def _sim_node(tmp_path: Path) -> tuple[ipb.Inventory, SimNode, CollectorSet]:
+    """A simulated node, its collectors (probed) and its inventory, as an agent starts them."""
     sim = SimNode("node-007", tmp_path / "hw", seed=3)
     plan = build_collectors("sim", sink=lambda f: None, sim=sim, kmsg_path=None)
     cs = CollectorSet(plan.collectors)
@@ -36,7 +37,7 @@ def _sim_reports(tmp_path: Path, steps: int) -> tuple[ipb.Inventory, list[tpb.Re
     inv = cs.describe()
     for hook in plan.inventory_hooks:
         hook(inv)
-    return inv, [], sim, cs
+    return inv, sim, cs
 
 
 def _keys(changes: list[ConditionChange]) -> list[tuple[str, str, str]]:
@@ -45,7 +46,7 @@ def _keys(changes: list[ConditionChange]) -> list[tuple[str, str, str]]:
 
 def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) -> None:
     """Full and delta reports with faults appearing: the shard's changes are the engine's, in order."""
-    inv, _, sim, cs = _sim_reports(tmp_path, 0)
+    inv, sim, cs = _sim_node(tmp_path)
     shard = Shard(ShardSettings())
     engine = ConditionEngine(load_rules(), fabric=None)
     node = NodeRecord(node_id="node-007", role=ipb.NODE_ROLE_COMPUTE, state=ONLINE, first_seen_ms=0, last_seen_ms=0)

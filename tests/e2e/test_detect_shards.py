@@ -23,7 +23,7 @@ from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.helpers import SimAgent, free_port, make_relay, make_sim_agent, stream_session, wait_for
+from tests.helpers import free_port, halt_agents, make_relay, make_sim_agent, stream_session, wait_for
 
 
 def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
@@ -42,10 +42,6 @@ def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
 def _root_causes(ctl: Controller) -> set[str]:
     return {i.root_cause for i in ctl.detection.incidents.list_incidents(active_only=True)}
 
-
-async def _halt(agents: list[SimAgent]) -> None:
-    for a in agents:
-        await a.halt()
 
 
 class TestShardedDetection:
@@ -93,7 +89,7 @@ class TestShardedDetection:
             assert first.state == "online"
             assert first.latest_report is None  # the report stays in its shard
         finally:
-            await _halt(agents)
+            await halt_agents(agents)
             await relay.stop()
             await ctl.stop()
 

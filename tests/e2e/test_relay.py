@@ -21,7 +21,7 @@ from starpulse.tls import TestCA, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-from tests.helpers import SimAgent, free_port, make_relay, make_sim_agent, stream_session, wait_for
+from tests.helpers import free_port, halt_agents, make_relay, make_sim_agent, stream_session, wait_for
 
 
 def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
@@ -47,10 +47,6 @@ def _scrape(port: int) -> dict[str, float]:
 def _stored_seqs(ctl: Controller, node: str) -> list[int]:
     return sorted(r.event.seq for r in ctl.store.list_events(node, limit=10_000))
 
-
-async def _halt(agents: list[SimAgent]) -> None:
-    for a in agents:
-        await a.halt()
 
 
 class TestRelayedAgents:
@@ -90,7 +86,7 @@ class TestRelayedAgents:
             assert scraped['starpulse_relay_batches_up_total{relay="relay-a"}'] < scraped[
                 'starpulse_relay_messages_up_total{relay="relay-a"}']
         finally:
-            await _halt(agents)
+            await halt_agents(agents)
             await relay.stop()
             await ctl.stop()
 
@@ -121,7 +117,7 @@ class TestRelayedAgents:
             assert seqs == list(range(1, len(seqs) + 1)), seqs  # each seq once, none missing
             assert len(seqs) == 7
         finally:
-            await _halt(agents)
+            await halt_agents(agents)
             await relay.stop()
             await ctl.stop()
 
