@@ -25,6 +25,7 @@ from controller.validate import InvalidMessage, validate_event, validate_hello, 
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
+from starpulse.v1 import telemetry_pb2 as tpb
 
 if TYPE_CHECKING:
     from controller.detect.shard_worker import ReportResult
@@ -61,6 +62,15 @@ class _ShardedStream:
         """One report to its shard, counted until its verdict comes back (on_shard_result)."""
         self.pending += 1
         shards.submit_report(node, agent_message, validated)
+
+
+@dataclass
+class _ReportState:
+    """Per stream, what deciding its reports carries from one to the next (the loop and the fast path share it)."""
+
+    ack_needed: asyncio.Event
+    full_seen: bool = False  # a delta report needs a full one before it on the same stream
+    acked_at: float = -math.inf  # when a report last woke the ack writer (monotonic)
 
 
 class StreamRejected(Exception):
@@ -207,34 +217,55 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         bucket = TokenBucket(self.rate_per_s, self.burst)
         shards = self.shards
         sharded = self._sharded.get(node.node_id) if shards is not None and node.role == _COMPUTE else None
-        if sharded is not None and shards is not None and hasattr(context, "fast_report"):
+        reports = _ReportState(ack_needed)
+        relayed = hasattr(context, "fast_report")
+        if relayed and sharded is not None and shards is not None:
 
-            def take_report(raw: bytes) -> bool:
+            def to_shard(raw: bytes) -> bool:
                 """A relayed report straight to its shard, as the loop below would hand it over."""
                 if sharded.rejected is not None or writer.done() or not bucket.take():
                     return False  # let the loop read it: it ends the stream or rate-limits it
                 sharded.hand_over(shards, node, raw, validated=False)
                 return True
 
-            context.fast_report = take_report
+            context.fast_report = to_shard
+        elif relayed and shards is None:
+
+            def decide_now(raw: bytes) -> bool:
+                """A relayed report decided as the relay's batch is read, without waking this stream's task.
+
+                Anything but a valid report in order (undecodable, invalid, over the rate, the
+                writer gone) is left to the loop below, which reads it again and ends the stream.
+                """
+                if writer.done() or not bucket.take():
+                    return False
+                started = time.perf_counter()
+                try:
+                    report = spb.AgentMessage.FromString(raw).report
+                    validate_report(report)
+                except (DecodeError, InvalidMessage):
+                    return False
+                self._decide_report(node, report, reports, started)
+                return True
+
+            context.fast_report = decide_now
         try:
-            await self._read_messages(context, node, ack_needed, writer, bucket, sharded)
+            await self._read_messages(context, node, writer, bucket, sharded, reports)
         finally:
-            if sharded is not None and hasattr(context, "fast_report"):
+            if relayed:
                 context.fast_report = None
 
     async def _read_messages(
         self,
         context: grpc.aio.ServicerContext,
         node: NodeRecord,
-        ack_needed: asyncio.Event,
         writer: asyncio.Task[None],
         bucket: TokenBucket,
         sharded: _ShardedStream | None,
+        reports: _ReportState,
     ) -> None:
-        full_seen = False  # a delta report needs a full one before it on the same stream
-        report_woke_at = -math.inf
         shards = self.shards
+        ack_needed = reports.ack_needed
         while True:
             msg = await self._read(context)
             if sharded is not None and sharded.rejected is not None:
@@ -271,13 +302,10 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     if sharded is not None and shards is not None:
                         sharded.hand_over(shards, node, msg.SerializeToString(), validated=True)
                         await shards.room()
-                        continue
-                    if not report.counters_delta:
-                        full_seen = True
-                    elif not full_seen:
-                        node.full_report_needed = True  # still used: absent counters read as unchanged
-                    self.registry.record_report(node, report)
-                elif which == "event":
+                    else:
+                        self._decide_report(node, report, reports, started)
+                    continue
+                if which == "event":
                     validate_event(msg.event)
                     self.registry.record_events(node, [msg.event])
                 elif which == "command_result":
@@ -293,20 +321,28 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     raise InvalidMessage(f"unexpected message {which!r} after Hello")
             except InvalidMessage as exc:
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc)) from None
-            elapsed = time.perf_counter() - started
-            self.metrics.ingest_seconds.observe(elapsed)
-            if which == "report":
-                stamp = msg.report.timestamp_ms
-                if stamp:
-                    self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp / 1000))
-                if not node.full_report_needed:
-                    # Reports are state, not history: ack them at most every report_ack_interval_s
-                    # (an ack is one of the dearest things a stream does); everything else at once.
-                    now = time.monotonic()
-                    if now - report_woke_at < self.report_ack_interval_s:
-                        continue
-                    report_woke_at = now
+            self.metrics.ingest_seconds.observe(time.perf_counter() - started)
             ack_needed.set()
+
+    def _decide_report(self, node: NodeRecord, report: tpb.Report, state: _ReportState, started: float) -> None:
+        """Record a valid report (detection runs as its listener) and wake the ack writer when one is due."""
+        if not report.counters_delta:
+            state.full_seen = True
+        elif not state.full_seen:
+            node.full_report_needed = True  # still used: absent counters read as unchanged
+        self.registry.record_report(node, report)
+        self.metrics.ingest_seconds.observe(time.perf_counter() - started)
+        stamp = report.timestamp_ms
+        if stamp:
+            self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp / 1000))
+        if not node.full_report_needed:
+            # Reports are state, not history: ack them at most every report_ack_interval_s
+            # (an ack is one of the dearest things a stream does); everything else at once.
+            now = time.monotonic()
+            if now - state.acked_at < self.report_ack_interval_s:
+                return
+            state.acked_at = now
+        state.ack_needed.set()
 
     def on_shard_result(self, result: ReportResult) -> None:
         """A detection shard decided a report: record it, and ack it (or end an invalid stream)."""

@@ -53,8 +53,9 @@ class RelayedStream:
         self._inbox: deque[Any] = deque()
         self._arrived: asyncio.Future[None] | None = None
         self.closed = False  # the controller ended it (a status went to the relay)
-        # Set by the servicer while a report may skip the stream's task (detection shards): it
-        # takes the report's bytes as they are and says True, or False to have it read as usual.
+        # Set by the servicer while a report may skip the stream's task: it takes the report's
+        # bytes as they are (decides them, or hands them to a detection shard) and says True,
+        # or False to have them read as usual.
         self.fast_report: Callable[[bytes], bool] | None = None
 
     # -- fed by the relay link ----------------------------------------------------------
@@ -168,8 +169,9 @@ class RelayLink:
                 stream.feed(_EOF)
                 continue
             fast = stream.fast_report
-            # A report with nothing queued before it goes straight to its detection shard: no
-            # wake-up of the stream's task per report (the task still handles everything else).
+            # A report with nothing queued before it is decided here (or goes to its detection
+            # shard): no wake-up of the stream's task per report, which costs more than a delta
+            # report's detection (the task still handles everything else, in order).
             if fast is not None and not stream._inbox and message[:1] == _REPORT_BYTE and fast(message):
                 continue
             self._queued_bytes += len(message)

@@ -23,7 +23,7 @@ from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.helpers import free_port, halt_agents, make_relay, make_sim_agent, stream_session, wait_for
+from tests.helpers import free_port, halt_agents, make_relay, make_sim_agent, wait_for
 
 
 def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
@@ -94,11 +94,16 @@ class TestShardedDetection:
             await ctl.stop()
 
 
-class TestShardedBadInput:
-    async def test_an_invalid_relayed_report_ends_its_own_stream(self, tmp_path: Path) -> None:
-        """A shard finds the report invalid; that stream ends INVALID_ARGUMENT, a good agent goes on."""
+@pytest.mark.parametrize("workers", [0, 1], ids=["decided-as-read", "one-shard"])
+class TestRelayedBadReports:
+    """Relayed reports skip their stream's task (decided as the relay's batch is read, or handed to
+    a shard), so a bad one must still end its own stream, with or without shards."""
+
+    async def test_an_invalid_relayed_report_ends_its_own_stream(self, tmp_path: Path, workers: int) -> None:
+        """After the Welcome: a delta report first asks for a full one; an invalid report then ends
+        that stream INVALID_ARGUMENT and nothing of it is taken; a good agent goes on."""
         cport, rport = free_port(), free_port()
-        ctl = _controller(tmp_path, cport, workers=1)
+        ctl = _controller(tmp_path, cport, workers=workers)
         await ctl.start()
         relay = make_relay(cport, rport)
         await relay.start()
@@ -107,13 +112,29 @@ class TestShardedBadInput:
             await wait_for(relay.upstream.ready.is_set, what="the relay's upstream")
             agent.start()
             await wait_for(lambda: "node-000" in ctl.registry.nodes, what="the good node")
-            target = f"127.0.0.1:{rport}"
             hello = spb.AgentMessage(hello=spb.Hello(node_id="node-050", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
-            bad = tpb.Report(seq=1, gpus=[tpb.GpuSample(index=0, temperature_c=math.nan)])
-            code = await stream_session(grpc.aio.insecure_channel(target), hello, spb.AgentMessage(report=bad))
-            assert code == grpc.StatusCode.INVALID_ARGUMENT
+            delta = tpb.Report(seq=1, counters_delta=True, gpus=[tpb.GpuSample(index=0, temperature_c=40.0)])
+            bad = tpb.Report(seq=2, gpus=[tpb.GpuSample(index=0, temperature_c=math.nan)])
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{rport}")
+            try:
+                call = channel.stream_stream("/starpulse.v1.Telemetry/Connect",
+                                             response_deserializer=spb.ControllerMessage.FromString)()
+                await call.write(hello.SerializeToString())
+                assert (await asyncio.wait_for(call.read(), 10)).HasField("welcome")
+                # Sent after the Welcome, so the reports do not queue behind the Hello.
+                await call.write(spb.AgentMessage(report=delta).SerializeToString())
+                ack = (await asyncio.wait_for(call.read(), 10)).ack
+                assert ack.full_report_needed and ack.report_seq == 1
+                await call.write(spb.AgentMessage(report=bad).SerializeToString())
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:
+                        pass
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "temperature_c" in (err.value.details() or "")
+            finally:
+                await channel.close()
             assert ctl.metrics.rejected.labels("invalid_message")._value.get() == 1
-            assert ctl.registry.nodes["node-050"].acked_report_seq == 0  # nothing of it was taken
+            assert ctl.registry.nodes["node-050"].acked_report_seq == 1  # nothing of the invalid one was taken
 
             before = ctl.registry.nodes["node-000"].acked_report_seq
             await wait_for(lambda: ctl.registry.nodes["node-000"].acked_report_seq > before,
@@ -123,10 +144,10 @@ class TestShardedBadInput:
             await relay.stop()
             await ctl.stop()
 
-    async def test_undecodable_report_bytes_end_the_stream(self, tmp_path: Path) -> None:
-        """Bytes that look like a report (field 2) but are not one: refused by the shard that decodes them."""
+    async def test_undecodable_report_bytes_end_the_stream(self, tmp_path: Path, workers: int) -> None:
+        """Bytes that look like a report (field 2) but are not one: refused where they are decoded."""
         cport, rport = free_port(), free_port()
-        ctl = _controller(tmp_path, cport, workers=1)
+        ctl = _controller(tmp_path, cport, workers=workers)
         await ctl.start()
         relay = make_relay(cport, rport)
         await relay.start()
@@ -137,6 +158,7 @@ class TestShardedBadInput:
             try:
                 call = channel.stream_stream("/starpulse.v1.Telemetry/Connect")()
                 await call.write(hello.SerializeToString())
+                await asyncio.wait_for(call.read(), 10)  # the Welcome: the bytes below skip the stream's queue
                 await call.write(b"\x12\x03\xff\xff\xff")  # AgentMessage.report, 3 bytes that are no Report
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     while await call.read() is not grpc.aio.EOF:
