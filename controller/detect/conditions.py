@@ -189,6 +189,7 @@ class ConditionEngine:
             sources.setdefault(source, []).append(counter)
         self._nic_sources = tuple((src, tuple(cs)) for src, cs in sources.items())
         self._nic_names = tuple(f"{src}/{c}" for src, cs in self._nic_sources for c in cs)
+        self._nic_watched = tuple(frozenset(cs) for _, cs in self._nic_sources)
         # The counter maps those reads come from, in one C-level read (always a tuple)
         self._nic_maps = _tuple_getter(*(src for src, _ in self._nic_sources))
         self._nvlink_names: dict[int, tuple[str, ...]] = {}  # link count -> "nvlink-<pos>/<counter>" names
@@ -775,9 +776,12 @@ class ConditionEngine:
             if not self._due(comp, now):
                 return
             base = self._nic_base.get(comp)
-            values = self._nic_values(s)
-            if base is not None and None in values:
-                values = tuple([b if v is None else v for v, b in zip(values, base, strict=True)])
+            if base is not None and self._nic_untouched(s):
+                values = base  # what the merge below gives when no watched counter is in the delta
+            else:
+                values = self._nic_values(s)
+                if base is not None and None in values:
+                    values = tuple([b if v is None else v for v, b in zip(values, base, strict=True)])
         else:
             values = self._nic_values(s)
             self._nic_base[comp] = values  # every full report: the base later deltas omit
@@ -811,6 +815,17 @@ class ConditionEngine:
             elif owned and key_ in owned and rule.threshold_is_rate:
                 self._good(owned, rule, comp, now)
             # count rules resolve when their window empties (tick), not on one quiet report
+
+    def _nic_untouched(self, s: tpb.NicSample) -> bool:
+        """True when a delta report carries none of the counters the rules read for this port.
+
+        A healthy port's delta holds only its traffic counters, so this is the common case:
+        one C-level key scan per map instead of a lookup per watched counter.
+        """
+        for m, watched in zip(self._nic_maps(s), self._nic_watched, strict=True):
+            if m and not watched.isdisjoint(m):
+                return False
+        return True
 
     def _nic_values(self, s: tpb.NicSample) -> tuple[int | None, ...]:
         values: list[int | None] = []
