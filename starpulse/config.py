@@ -167,6 +167,8 @@ CONTROLLER_SCHEMA: Schema = {
             "signals": _s("list", list(_SIGNALS), "signals to compare", choices=_SIGNALS),
             "job_ttl_s": _s("float", None, "a node stays in its last job this long; null: window_s",
                             gt=0, nullable=True),
+            "sample_every_s": _s("float", 15.0, "a node's signals come from one report per this period; 0: every one",
+                                 ge=0),
         },
     },
     "notify": _s("map", {}, "alert receivers (see docs/alerts.md); checked by the notify parser"),

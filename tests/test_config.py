@@ -71,6 +71,11 @@ CONTROLLER_ERRORS = [
         {"detection": {"failslow": {"job_ttl_s": "1h"}}},
         "detection.failslow.job_ttl_s: must be a number > 0, or null, got '1h'",
     ),
+    (
+        {"detection": {"failslow": {"window_s": 60, "sample_every_s": 30}}},
+        "detection.failslow: a window_s of 60 s sampled every 30 s holds fewer than min_samples (5): "
+        "nobody would ever be compared",
+    ),
     ({"heal": {"guards": {"mode": "yolo"}}}, "heal.guards.mode: must be one of enforce, dry_run, manual, got 'yolo'"),
     (
         {"heal": {"scheduler": {"type": "pbs"}}},

@@ -86,6 +86,11 @@ class FailSlowConfig:
     """Which of ``SIGNALS`` to compare."""
     job_ttl_s: float | None = None
     """Seconds a node stays in the job it last reported in ``job_steps``; None = ``window_s``."""
+    sample_every_s: float = 15.0
+    """A node's signals are taken from at most one report per this many seconds (0: every
+    report). A median over a 5 min window needs ~20 samples, not one per report: at 5 s
+    reports taking every one was ~15 % of the controller's per-report work. NIC throughput
+    is then the counters' rate over the whole span between samples."""
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.signals if s not in SIGNALS]
@@ -93,6 +98,13 @@ class FailSlowConfig:
             raise ValueError(f"unknown fail-slow signals {unknown}; expected some of {SIGNALS}")
         if self.window_s <= 0:
             raise ValueError("window_s must be > 0")
+        if self.sample_every_s < 0:
+            raise ValueError("sample_every_s must be >= 0")
+        if self.sample_every_s and self.window_s / self.sample_every_s < self.min_samples:
+            raise ValueError(
+                f"a window_s of {self.window_s:g} s sampled every {self.sample_every_s:g} s holds fewer than "
+                f"min_samples ({self.min_samples}): nobody would ever be compared"
+            )
         if self.min_samples < 1 or self.persist_evaluations < 1 or self.min_group_size < 2:
             raise ValueError("min_samples and persist_evaluations must be >= 1, min_group_size >= 2")
         if self.z_threshold <= 0 or self.min_relative_deviation < 0:
@@ -183,6 +195,16 @@ class _NodeSamples:
     nic_base: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     job: str | None = None
     job_seen_ms: int = 0
+    sampled_ms: int | None = None  # controller time of the last report signals were taken from
+
+
+def _keep_nic_base(ns: _NodeSamples, nics: Iterable[tpb.NicSample]) -> None:
+    """A full report not sampled still sets the tx/rx a later delta report's absent counters equal."""
+    for nic in nics:
+        dev, num, counters = _NIC_FIELDS(nic)
+        tx, rx = counters.get("port_xmit_data"), counters.get("port_rcv_data")
+        if tx is not None and rx is not None:
+            ns.nic_base[(dev, num)] = (tx, rx)
 
 
 class FailSlowDetector:
@@ -204,6 +226,7 @@ class FailSlowDetector:
         self._clock_ms = clock_ms
         self._nodes: dict[str, _NodeSamples] = {}
         self._state: dict[str, _NodeState] = {}
+        self._sample_ms = int(self.config.sample_every_s * 1000)
 
     # -- input ---------------------------------------------------------------------------
 
@@ -215,16 +238,27 @@ class FailSlowDetector:
     def extract(self, node_id: str, report: tpb.Report) -> tuple[dict[str, float], str | None]:
         """This report's signals and the job its ranks belong to (None: no ranks named one).
 
-        Split from ``append`` so a detection shard (controller.detect.shard_worker) can read
-        the report where it was decoded and send only these few numbers to the controller.
+        Nothing (``{}``, None) for a report within ``sample_every_s`` of the node's last
+        sample. Split from ``append`` so a detection shard (controller.detect.shard_worker)
+        can read the report where it was decoded and send only these few numbers to the
+        controller.
         """
         ns = self._nodes.get(node_id)
         if ns is None:
             ns = self._nodes[node_id] = _NodeSamples()
-        return self._extract(ns, report, self._clock_ms())
+        now = self._clock_ms()
+        last = ns.sampled_ms
+        if last is not None and now - last < self._sample_ms:
+            if not report.counters_delta:
+                _keep_nic_base(ns, report.nics)  # later delta reports omit what equals it
+            return {}, None
+        ns.sampled_ms = now
+        return self._extract(ns, report, now)
 
     def append(self, node_id: str, values: dict[str, float], job: str | None = None) -> None:
         """Add one report's signals to the node's window (what ``evaluate`` compares)."""
+        if not values and job is None:
+            return  # a report not sampled (sample_every_s)
         now = self._clock_ms()
         ns = self._nodes.get(node_id)
         if ns is None:

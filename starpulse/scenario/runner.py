@@ -201,7 +201,9 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
             jobs=jobs,
             detection=DetectionConfig(
                 correlation=CorrelationConfig(settle_s=max(2 * interval, 1.0), resolve_hold_s=max(6 * interval, 3.0)),
-                failslow=FailSlowConfig(window_s=max(10 * interval, 5.0), min_samples=4, persist_evaluations=2),
+                failslow=FailSlowConfig(
+                    window_s=max(10 * interval, 5.0), min_samples=4, persist_evaluations=2, sample_every_s=0
+                ),  # a window of ~10 reports: every one is a sample
                 failslow_every_s=max(2 * interval, 1.0),
             ),
             heal=HealSettings(

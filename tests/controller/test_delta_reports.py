@@ -106,8 +106,8 @@ class TestFailSlowOnDeltas:
         r = good_report(0, nics=1)
         _traffic(r, 1)
         det.observe("node-003", r)
-        clock.advance(5)
-        delta = tpb.Report(timestamp_ms=clock.now + 5000, counters_delta=True)
+        clock.advance(15)  # one sample_every_s on: the delta is sampled
+        delta = tpb.Report(timestamp_ms=clock.now + 15000, counters_delta=True)
         delta.nics.add(rdma_device="mlx5_0", port=1)
         det.observe("node-003", delta)
         series = det._nodes["node-003"].series.get("nic_gbps")

@@ -84,7 +84,9 @@ def clock() -> FakeClock:
 
 
 def detector(clock: FakeClock, **cfg: object) -> FailSlowDetector:
-    settings: dict[str, object] = {"window_s": 60, "min_samples": 3, "persist_evaluations": 3, **cfg}
+    settings: dict[str, object] = {
+        "window_s": 60, "min_samples": 3, "persist_evaluations": 3, "sample_every_s": 0, **cfg
+    }
     config = FailSlowConfig(**settings)  # type: ignore[arg-type]
     return FailSlowDetector(config, group_of=block_of, clock_ms=clock)
 
@@ -143,7 +145,9 @@ class TestFailSlowDetector:
         cluster = Cluster(clock, step_time=True)
         cluster.factor["node-011"] = 1 / 1.5
         det = FailSlowDetector(
-            FailSlowConfig(window_s=60, min_samples=3, persist_evaluations=3, signals=("step_time_s",)),
+            FailSlowConfig(
+                window_s=60, min_samples=3, persist_evaluations=3, signals=("step_time_s",), sample_every_s=0
+            ),
             group_of=lambda n: None,
             clock_ms=clock,
         )
@@ -163,6 +167,34 @@ class TestFailSlowDetector:
         ev = changes[0].condition.evidence
         assert ev["group_median"] == pytest.approx(BASE_GBPS, rel=0.01)
         assert ev["value"] == pytest.approx(BASE_GBPS / 2, rel=0.01)
+
+    def test_signals_sampled_once_per_period_with_nic_rate_over_the_span(self, clock):
+        """Reports every 5 s, sample_every_s 15: one in three lands in the window, and its NIC Gb/s
+        is the counters' rate since the last sample. A full report between samples still sets the
+        base that later delta reports' absent counters equal."""
+        det = detector(clock, signals=("nic_gbps", "power_w"), sample_every_s=15)
+        words_per_s = 400e9 / 8 / 4 / 2  # tx and rx each carry half of 400 Gb/s, in 4-byte words
+
+        def report(t: int, words: int | None, delta: bool = False) -> tpb.Report:
+            r = tpb.Report(seq=1, timestamp_ms=clock(), counters_delta=delta)
+            r.gpus.add(index=0, power_w=600.0 + t)
+            nic = r.nics.add(rdma_device="mlx5_0", port=1)
+            if words is not None:
+                nic.counters["port_xmit_data"] = nic.counters["port_rcv_data"] = words
+            return r
+
+        taken = []
+        for t in range(0, 35, 5):
+            # t=5: full, not sampled (its traffic is the base); t=10..30: deltas without traffic
+            # counters, i.e. the port is idle since t=5
+            words = int(words_per_s * min(t, 5))
+            det.observe("node-001", report(t, None if t >= 10 else words, delta=t >= 10))
+            taken.append(len(det._nodes["node-001"].series["power_w"]))
+            clock.advance(5)
+        assert taken == [1, 1, 1, 2, 2, 2, 3]  # t = 0, 15, 30
+        nic = [v for _, v in det._nodes["node-001"].series["nic_gbps"]]
+        # t=0: no earlier sample; t=15: 5 s at 400 Gb/s over 15 s; t=30: idle
+        assert nic == [pytest.approx(400 * 5 / 15), 0.0]
 
     def test_small_group_flags_nobody(self, clock):
         """A group below min_group_size is not compared at all."""
