@@ -43,7 +43,7 @@ NAME = "scale"
 
 
 def start_controller(
-    workdir: Path, extra: list[str], null: bool = False
+    workdir: Path, extra: list[str], null: bool = False, cpus: set[int] | None = None
 ) -> tuple[subprocess.Popen[bytes], int, int, Path]:
     port, http = free_port(), free_port()
     log_path = workdir / "controller.log"
@@ -55,7 +55,7 @@ def start_controller(
         "--heartbeat-timeout-s", "600",
         *extra,
     ]  # fmt: skip
-    proc = _start_and_wait(cmd, log_path, "controller", lambda: _listens(port))
+    proc = _start_and_wait(cmd, log_path, "controller", lambda: _listens(port), cpus=cpus)
     return proc, port, http, log_path
 
 
@@ -67,10 +67,36 @@ def _listens(port: int) -> bool:
         return False
 
 
+def pinned_cpus() -> tuple[set[int], set[int]]:
+    """--pin: the controller (with its shards) on the first CPU this bench may use, the load on the rest."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs: one for the controller, the rest for the load")
+    return {cpus[0]}, set(cpus[1:])
+
+
+def pinned(cpus: set[int] | None, target: Callable[..., None], *args: Any) -> None:
+    """A load process's entry: on ``cpus`` (before it starts any thread), then the target."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    target(*args)
+
+
 def _start_and_wait(
-    cmd: list[str], log_path: Path, what: str, ready: Callable[[], bool], timeout_s: float = 60.0
+    cmd: list[str],
+    log_path: Path,
+    what: str,
+    ready: Callable[[], bool],
+    timeout_s: float = 60.0,
+    cpus: set[int] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a service process logging to log_path; return once ready() (killed and raised otherwise)."""
+    """Start a service process logging to log_path; return once ready() (killed and raised otherwise).
+
+    ``cpus``: the process runs on these CPUs only, set before it starts, so every thread and
+    child process it makes (gRPC's, detection shards) inherits it.
+    """
+    if cpus:
+        cmd = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *cmd]  # util-linux: in every Debian
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout_s
@@ -85,7 +111,7 @@ def _start_and_wait(
 
 
 def start_relay(
-    workdir: Path, controller_port: int, relay_id: str, linger_s: float
+    workdir: Path, controller_port: int, relay_id: str, linger_s: float, cpus: set[int] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     """A real `starpulse relay` process in front of the controller; returns once it holds its upstream."""
     port = free_port()
@@ -93,7 +119,9 @@ def start_relay(
     cmd = [sys.executable, "-m", "starpulse.cli", "relay", "--controller", f"127.0.0.1:{controller_port}",
            "--relay-id", relay_id, "--listen", f"127.0.0.1:{port}", "--linger-ms", str(linger_s * 1000),
            "--log-level", "info"]
-    proc = _start_and_wait(cmd, log_path, "relay", lambda: "relay_upstream_connected" in log_path.read_text())
+    proc = _start_and_wait(
+        cmd, log_path, "relay", lambda: "relay_upstream_connected" in log_path.read_text(), cpus=cpus
+    )
     return proc, port
 
 
@@ -195,14 +223,16 @@ def run_size(
     relays: int = 0,
     linger_s: float = 0.02,
     real_relays: bool = False,
+    pin: bool = False,
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
-    ctl, port, http, _log_path = start_controller(workdir, controller_args, null)
+    ctl_cpus, load_cpus = pinned_cpus() if pin else (None, None)
+    ctl, port, http, _log_path = start_controller(workdir, controller_args, null, ctl_cpus)
     relay_procs: list[subprocess.Popen[bytes]] = []
     relay_ports: list[int] = []
     if relays and real_relays:
         for r in range(relays):
-            proc, rport = start_relay(workdir, port, f"bench-r{r}", linger_s)
+            proc, rport = start_relay(workdir, port, f"bench-r{r}", linger_s, load_cpus)
             relay_procs.append(proc)
             relay_ports.append(rport)
     ctx = mp.get_context("spawn")
@@ -230,7 +260,7 @@ def run_size(
                 "delta": delta,
             }
             target = relay_worker if relays and not real_relays else worker
-            p = ctx.Process(target=target, args=(cfg, controls[w], results), daemon=True)
+            p = ctx.Process(target=pinned, args=(load_cpus, target, cfg, controls[w], results), daemon=True)
             p.start()
             procs.append(p)
         ready: dict[int, dict[str, Any]] = {}
@@ -318,6 +348,7 @@ def run_size(
         "ack_rtt_ms_p50": round(percentile(rtt, 50), 2),
         "ack_rtt_ms_p99": round(percentile(rtt, 99), 2),
         "incidents_open_at_end": incidents,
+        "controller_cpus": sorted(ctl_cpus) if ctl_cpus else "any",
         "controller_cpu_pct": ctl_sum["cpu_pct_of_one_core"],
         "controller_cpu_ms_per_report": round(1000 * cpu_frac / rate, 3) if rate else float("nan"),
         # the controller's own process; the rest of controller_cpu_pct is its detection shards
@@ -371,6 +402,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--real-relays", action="store_true",
                     help="with --relays: run real `starpulse relay` processes (their CPU is measured too) "
                          "instead of load processes that speak the relay protocol themselves")
+    ap.add_argument("--pin", action="store_true",
+                    help="the controller (threads and detection shards too) on one CPU, the load processes "
+                         "on the others: 'on one core' literally, and no load process competes with it")
     ap.add_argument("--detect-workers", type=int, default=0,
                     help="run the controller with this many detection shards (controller --detect-workers)")
     args = ap.parse_args(argv)
@@ -403,6 +437,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 args.relays,
                 args.linger_ms / 1000,
                 args.real_relays,
+                args.pin,
             )
             runs.append(r)
             rows: list[tuple[str, Any]] = [
@@ -416,6 +451,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ),
                 ("  of it processing ms p50 / p99", f"{r['processing_ms_p50']} / {r['processing_ms_p99']}"),
                 ("report->ack RTT ms p50 / p99 (acks may be spaced)", f"{r['ack_rtt_ms_p50']} / {r['ack_rtt_ms_p99']}"),
+                ("controller CPUs (--pin)", r["controller_cpus"]),
                 ("controller CPU % of one core", r["controller_cpu_pct"]),
                 ("controller CPU ms per report", r["controller_cpu_ms_per_report"]),
                 ("  of it the main process, % of one core", r["controller_main_cpu_pct"]),
@@ -458,6 +494,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "relays": args.relays,
         "linger_ms": args.linger_ms,
         "real_relays": args.real_relays,
+        "pin": args.pin,
     }
     path = write_result(NAME + (f"-{args.tag}" if args.tag else ""), params, {"runs": runs})
     print(f"wrote {path}")
