@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -18,10 +19,51 @@ if TYPE_CHECKING:
     from controller.relay.service import Relay
 
 
-def free_port() -> int:
+_handed_out: set[int] = set()
+_rng = random.Random()  # not seeded from tests: each process draws its own ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))  # also fails when something holds it on loopback only
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on, from below the kernel's ephemeral range.
+
+    A port the kernel handed out for bind(0) is itself ephemeral: between this call and the
+    server binding it, any outgoing connection (a gRPC client, etcd's own peers) may get it
+    as its local port, and the server then fails with "address already in use" (seen in CI).
+    The kernel never picks a local port outside the ephemeral range, so one from below it
+    can only be taken by another listener; a port is not handed out twice in one process.
+    """
+    low, _ = _ephemeral_range()
+    if low > 12_000:
+        for _ in range(200):
+            port = _rng.randrange(10_000, low)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
+    with socket.socket() as s:  # no room below the range: the kernel's pick, as before
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports (free_port n times)."""
+    return [free_port() for _ in range(n)]
 
 
 async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:  # noqa: ASYNC109

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,8 @@ from types import TracebackType
 from typing import Any
 
 import pytest
+
+from tests.helpers import free_ports
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "sbatch", "scancel")
 MISSING_REASON = (
@@ -40,20 +41,6 @@ def _which(name: str) -> str | None:
 def missing_binaries() -> list[str]:
     """Names of the Slurm/munge binaries this host lacks (empty when the harness can run)."""
     return [b for b in BINARIES if _which(b) is None]
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on loopback (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class SlurmCluster:
@@ -125,7 +112,7 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         sock = d / "munge" / "munge.socket.2"
-        ctld_port, slurmd_port, *node_ports = _free_ports(2 + self.n)
+        ctld_port, slurmd_port, *node_ports = free_ports(2 + self.n)
         self.conf = d / "slurm.conf"
         self.conf.write_text(self._conf_text(sock, ctld_port, slurmd_port, node_ports))
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}

@@ -8,7 +8,6 @@ below are read from the fixture JSON by hand and written out literally.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ from agent.collectors.sonic import (
 from agent.sim.fake_switch import FakeSwitch, load_sonic_fixture
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.helpers import free_port
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sonic"
 REDIS_SERVER = shutil.which("redis-server") or (
@@ -41,19 +41,13 @@ REDIS_SERVER = shutil.which("redis-server") or (
 Factory = Callable[[int], redis.Redis]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A throwaway redis-server on 127.0.0.1, no persistence, killed at teardown."""
     if REDIS_SERVER is None:
         pytest.skip("redis-server binary not found (apt-get install redis-server)")
     workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             REDIS_SERVER,
@@ -187,7 +181,7 @@ class TestSonicSwitchCollectorOnFixture:
 
         def dead(db: int) -> redis.Redis:
             return redis.Redis(
-                host="127.0.0.1", port=_free_port(), db=db, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+                host="127.0.0.1", port=free_port(), db=db, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
             )
 
         assert not SonicSwitchCollector(dead, "x").supported()
