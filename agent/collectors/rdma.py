@@ -9,6 +9,7 @@ judgement is a port leaving or re-entering ACTIVE/LinkUp.
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import re
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from agent.collectors.pci import PCI_ADDR_RE
 from starpulse import xid as xidcat
@@ -34,12 +36,14 @@ _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 
 
+@functools.lru_cache(maxsize=64)  # ~20 reads per cycle of the same few texts
 def parse_rate_gbps(text: str) -> float:
     """"400 Gb/sec (4X NDR)" -> 400.0; 0.0 when unparsable."""
     m = _RATE_RE.match(text)
     return float(m.group(1)) if m else 0.0
 
 
+@functools.lru_cache(maxsize=64)
 def parse_state(text: str) -> tuple[int, str]:
     """"4: ACTIVE" -> (4, "ACTIVE"); (0, text) when it has no numeric code."""
     m = _STATE_RE.match(text)
@@ -391,10 +395,11 @@ class RdmaSysfsCollector:
                 revalidate_dirs(f"{pp.nd}/statistics" for pp in layout if pp.nd)
             layout = self._layout = self._list_ports()
             self._layout_at = now
+        nics = report.nics
         for pp in layout:
             key = pp.key
             try:
-                sample = self._sample(pp, now)
+                sample = self._sample(pp, now, nics)
             except Exception as e:  # one broken port must not lose the others
                 if not listed and not os.path.isdir(pp.path):
                     self._layout_at = -math.inf  # gone since the listing: no sample; re-list next cycle
@@ -406,8 +411,7 @@ class RdmaSysfsCollector:
             if key in self._failing:
                 self._failing.discard(key)
                 log.info("rdma_port_recovered", port=key)
-            report.nics.append(sample)
-            f = self._transition(sample)
+            f = self._transition(key, sample)
             if f is not None:
                 findings.append(f)
         return findings
@@ -423,18 +427,32 @@ class RdmaSysfsCollector:
                 out.append(_PortPaths(dev, port, f"{dev}/{port}", p, netdev, nd, link_layer))
         return out
 
-    def _sample(self, pp: _PortPaths, now: float) -> tpb.NicSample:
+    def _sample(self, pp: _PortPaths, now: float, out: RepeatedCompositeFieldContainer[tpb.NicSample]) -> tpb.NicSample:
+        """Append one port's sample to ``out`` (the report's nics) and return it; nothing on error.
+
+        Filled where it lies in the report: appending a finished sample would copy its ~100
+        map entries once more.
+        """
         p = pp.path
         state_txt = _read_text(f"{p}/state")
         if state_txt is None:  # no state, no sample: a guessed "down" would be a false alarm
             raise OSError(f"cannot read {p}/state")
+        s = out.add()
+        try:
+            self._fill(pp, now, s, state_txt)
+        except BaseException:
+            del out[-1]
+            raise
+        return s
+
+    def _fill(self, pp: _PortPaths, now: float, s: tpb.NicSample, state_txt: str) -> None:
+        p = pp.path
         state_code, state = parse_state(state_txt)
         phys_code, phys = parse_state(_read_text(f"{p}/phys_state") or "")
         netdev = pp.netdev
         nd = pp.nd
         key = pp.key
         slow = self._slow.get(key)
-        s = tpb.NicSample()
         if slow is None or slow.netdev != netdev or now - slow.read_at >= self.slow_every_s:
             template = tpb.NicSample(
                 counters=read_counter_dir(f"{p}/counters"),
@@ -463,12 +481,12 @@ class RdmaSysfsCollector:
         s.link_layer = pp.link_layer
         if nd:
             s.netdev_operstate = _read_text(f"{nd}/operstate") or ""
-        return s
 
-    def _transition(self, s: tpb.NicSample) -> Finding | None:
-        key = f"{s.rdma_device}/{s.port}"
+    def _transition(self, key: str, s: tpb.NicSample) -> Finding | None:
         ok = s.state_code == STATE_ACTIVE and s.phys_state_code == PHYS_LINK_UP
         prev = self._ports.get(key)
+        if prev is not None and prev.ok == ok:
+            return None  # the common case: no change, nothing to build
         self._ports[key] = _PortState(ok)
         attrs = {
             "rdma_device": s.rdma_device,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from agent.collectors.gpu import NvmlGpuCollector
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.fake_sysfs import FakeSysfs
+from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 
@@ -74,6 +76,56 @@ class TestNvlinkTiers:
         c.close()
 
 
+def _fewer_links(fake: FakeNvml) -> None:
+    fake.gpu(2).nvlink_count = 12  # links 12-17 answer InvalidArgument: absent from the sample
+
+
+class TestKeptNvlinks:
+    """Between full reads a GPU's nvlinks are merged from one kept message; the same as the per-link loop."""
+
+    def test_same_as_full_read_with_the_last_full_reads_counters(self) -> None:
+        full, tiered = FakeNvml(gpu_count=4, seed=9), FakeNvml(gpu_count=4, seed=9)
+        a, b = NvmlGpuCollector(full), NvmlGpuCollector(tiered)
+        for c in (a, b):
+            assert c.supported()
+            c.describe(ipb.Inventory())
+        b.slow_every_s = 3600.0
+        first_a, first_b = tpb.Report(), tpb.Report()
+        a.collect(first_a)
+        b.collect(first_b)
+        assert first_a == first_b
+        counted = {(g.index, nl.link): nl for g in first_a.gpus for nl in g.nvlinks}
+        steps: list[Callable[[FakeNvml], None]] = [
+            lambda f: None,
+            lambda f: f.inject_nvlink_down(1, link=2),  # a state changes (and a counter, not re-read yet)
+            lambda f: None,
+            lambda f: f.inject_nvlink_down(1, link=17),
+            lambda f: f.clear(1),  # both links up again
+            _fewer_links,
+            lambda f: None,
+        ]
+        try:
+            for step in steps:
+                step(full)
+                step(tiered)
+                ra, rb = tpb.Report(), tpb.Report()
+                a.collect(ra)
+                b.collect(rb)
+                for ga, gb in zip(ra.gpus, rb.gpus, strict=True):
+                    expected = tpb.GpuSample()
+                    expected.CopyFrom(ga)
+                    del expected.nvlinks[:]
+                    for nl in ga.nvlinks:  # this cycle's links and states, the first read's counters
+                        kept = expected.nvlinks.add()
+                        kept.CopyFrom(counted[(ga.index, nl.link)])
+                        kept.up = nl.up
+                    assert gb == expected
+            assert [nl.link for nl in rb.gpus[2].nvlinks] == list(range(12))
+        finally:
+            a.close()
+            b.close()
+
+
 class TestNicListing:
     """The device/port listing (with netdev and link layer) is kept between full counter reads."""
 
@@ -110,6 +162,26 @@ class TestNicListing:
         assert [n.netdev for n in second.nics] == [n.netdev for n in first.nics]
         c.slow_every_s = 0.0
         assert nic_report(c).nics[0].link_layer == "InfiniBand"
+
+
+class TestInPlaceSamples:
+    def test_port_failing_part_way_leaves_no_partial_sample(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Samples are filled where they lie in the report: one that fails after it was added is removed."""
+        FakeSysfs(str(tmp_path), nics=2)
+        c = RdmaSysfsCollector(str(tmp_path))
+        real = rdma.read_counter_dir
+
+        def flaky(path: str) -> dict[str, int]:
+            if "/mlx5_1/" in path:
+                raise RuntimeError("boom")
+            return real(path)
+
+        monkeypatch.setattr(rdma, "read_counter_dir", flaky)
+        r = nic_report(c)
+        assert [n.rdma_device for n in r.nics] == ["mlx5_0", "mlx5_bond_0"]
+        assert all(n.counters for n in r.nics)
 
 
 class TestKeptCounterFiles:

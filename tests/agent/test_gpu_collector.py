@@ -282,6 +282,24 @@ class TestSamples:
         report, _ = collect(collector)
         assert [s.index for s in report.gpus] == [0, 1, 2, 3, 5, 6, 7]
 
+    def test_pci_address_asked_once_per_uuid(
+        self, collector: NvmlGpuCollector, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """describe() read each GPU's PCI address; cycles do not ask again, and findings still carry it."""
+        asked: list[Any] = []
+        real = fake.nvmlDeviceGetPciInfo
+
+        def counting(handle: Any) -> Any:
+            asked.append(handle)
+            return real(handle)
+
+        monkeypatch.setattr(fake, "nvmlDeviceGetPciInfo", counting)
+        collect(collector)
+        fake.inject_thermal_slowdown(3)
+        _, findings = collect(collector)
+        assert asked == []
+        assert [f.pci for f in findings] == [fake.gpu(3).pci_bus_id]
+
     def test_reset_required_flags_the_sample(self, collector: NvmlGpuCollector, fake: FakeNvml) -> None:
         """ResetRequired sets reset_required; the metrics it blocks are absent."""
         fake.inject_reset_required(6)
