@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -208,3 +210,92 @@ class TestKeptCounterFiles:
         before = nic_report(c).nics[0].counters["symbol_error"]
         fs.error_burst(0, 3)
         assert nic_report(c).nics[0].counters["symbol_error"] == before + 3
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class TestKeptPortFiles:
+    """A port's state, phys_state and rate files stay open between cycles (pread at offset 0)."""
+
+    def test_state_changes_are_seen_and_close_releases_the_files(self, tmp_path: Path) -> None:
+        fs = FakeSysfs(str(tmp_path), nics=2)
+        before = _open_fds()
+        c = RdmaSysfsCollector(str(tmp_path))
+        c.slow_every_s = 3600.0
+        assert nic_report(c).nics[1].state == "ACTIVE"
+        kept = _open_fds() - before
+        assert kept >= 9  # 3 ports x state, phys_state, rate (and the counter directories)
+        fs.set_port_down(1)
+        fs.degrade(0, 200.0)
+        r = nic_report(c)
+        assert (r.nics[1].state, r.nics[1].phys_state) == ("DOWN", "Disabled")
+        assert r.nics[0].rate_gbps == 200.0
+        assert _open_fds() - before == kept  # read through the same files
+        c.close()
+        assert _open_fds() - before == kept - 9
+
+    def test_enodev_reopens_by_path(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """On sysfs a removed device's open attribute answers ENODEV: the file is opened again by its path."""
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        c.slow_every_s = 3600.0
+        nic_report(c)
+        port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+        state = port / "state"
+        stale = state.with_name("state.old")
+        state.rename(stale)  # the kept file is now the old one; ENODEV says so on sysfs
+        state.write_text("1: DOWN\n")
+        gone = stale.stat().st_ino
+        real = os.pread
+
+        def pread(fd: int, n: int, offset: int) -> bytes:
+            if os.fstat(fd).st_ino == gone:
+                raise OSError(errno.ENODEV, "No such device")
+            return real(fd, n, offset)
+
+        monkeypatch.setattr(rdma.os, "pread", pread)
+        assert nic_report(c).nics[0].state == "DOWN"
+        assert os.fstat(c._port_files[str(port)].fds["state"]).st_ino == state.stat().st_ino
+        assert fs.rdma_devices() == ["mlx5_0"]
+
+    def test_vanished_port_directory_drops_at_once_and_comes_back(self, tmp_path: Path) -> None:
+        FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        c.slow_every_s = 3600.0
+        assert nic_report(c).nics[0].state == "ACTIVE"
+        port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+        parked = tmp_path / "parked"
+        shutil.copytree(port, parked)
+        shutil.rmtree(port)
+        assert list(nic_report(c).nics) == []  # gone: no sample from the files still open
+        parked.rename(port)
+        assert nic_report(c).nics[0].state == "ACTIVE"
+        fresh = tmp_path / "fresh"
+        shutil.copytree(port, fresh)
+        (fresh / "state").write_text("2: INIT\n")
+        shutil.rmtree(port)
+        fresh.rename(port)  # re-created between two cycles: another inode, its files read afresh
+        assert nic_report(c).nics[0].state == "INIT"
+
+    def test_file_replaced_in_place_is_read_again_by_the_next_relist(self, tmp_path: Path) -> None:
+        """A regular file replaced within the same directory has no ENODEV: the re-list reopens it."""
+        FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        c.slow_every_s = 3600.0
+        nic_report(c)
+        rate = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "rate"
+        rate.unlink()
+        rate.write_text("100 Gb/sec (4X EDR)\n")
+        c.slow_every_s = 0.0
+        assert nic_report(c).nics[0].rate_gbps == 100.0
+
+    def test_no_fd_budget_keeps_nothing_open(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(rdma._files, "max", 0)
+        fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
+        c = RdmaSysfsCollector(str(tmp_path))
+        nic_report(c)
+        assert c._port_files and not any(k.fds for k in c._port_files.values())
+        fs.set_port_down(0)
+        assert nic_report(c).nics[0].state == "DOWN"
