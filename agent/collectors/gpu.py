@@ -165,6 +165,7 @@ class _GpuState:
     dbe_aggregate: int | None = None
     remap_failure: bool = False
     links_up: dict[int, bool] = field(default_factory=dict)
+    links_from: tpb.GpuSample | None = None  # the kept nvlinks message links_up was last set from
     slowdown_bits: int = 0
     recovery_action: int = 0
     # Shared with the event thread so one change is reported once.
@@ -283,6 +284,7 @@ class NvmlGpuCollector:
         # By key, between full reads: (read_at, links, states, a GpuSample holding only those
         # nvlinks) so that a cycle whose link states did not change merges them in one call.
         self._nvlink_merge: dict[str, tuple[float, tuple[int, ...], tuple[int | None, ...], tpb.GpuSample]] = {}
+        self._merged_into: dict[str, tpb.GpuSample] = {}  # this cycle's kept nvlinks, for _transitions
         # One nvmlDeviceGetFieldValues call per GPU and cycle for the values in
         # nvml_fields.GROUPS and NVLink states (False: one call per value, as before; also
         # where the driver has no field-values API). Per GPU: the plan, the groups that
@@ -847,6 +849,7 @@ class NvmlGpuCollector:
             merged = self._kept_nvlinks(ident.key, links, states, cached)
             if merged is not None:
                 sample.MergeFrom(merged)  # nvlinks is empty here: this appends them all
+                self._merged_into[ident.key] = merged
                 return
         # Between full reads each link's counters come from a kept NvLinkSample (one C-level
         # CopyFrom instead of five setattr calls per link).
@@ -921,6 +924,7 @@ class NvmlGpuCollector:
     def _transitions(self, s: tpb.GpuSample, ident: _Ident) -> list[Finding]:
         """Findings for what got worse since this GPU's previous sample (or, first time, is bad)."""
         out: list[Finding] = []
+        merged = self._merged_into.pop(ident.key, None)  # this cycle's, whatever returns early below
         with self._lock:
             st = self._state_for(ident)
             first = not st.seen
@@ -975,8 +979,11 @@ class NvmlGpuCollector:
                     )
                 st.remap_failure = s.remap_failure
 
+            # The same kept nvlinks message as the cycle that last set links_up: no link changed.
+            same_links = merged is not None and merged is st.links_from
+            st.links_from = merged
             inventory_links = self._inventory_links.get(ident.key, set())
-            for nl in s.nvlinks:
+            for nl in () if same_links else s.nvlinks:
                 was_up = st.links_up.get(nl.link, first and nl.link in inventory_links)
                 if was_up and not nl.up:
                     out.append(

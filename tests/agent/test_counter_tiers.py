@@ -128,6 +128,29 @@ class TestKeptNvlinks:
             b.close()
 
 
+    def test_link_down_found_once_per_change_between_full_reads(self) -> None:
+        fake = FakeNvml(gpu_count=2, seed=4)
+        c = NvmlGpuCollector(fake)
+        assert c.supported()
+        c.describe(ipb.Inventory())
+        c.slow_every_s = 3600.0
+
+        def downs() -> list[str]:
+            return [f.message for f in c.collect(tpb.Report()) if f.kind == "nvlink_down"]
+
+        try:
+            assert downs() == [] and downs() == []
+            fake.inject_nvlink_down(1, link=4)
+            assert downs() == ["NVLink 4 is down"]
+            assert downs() == [] and downs() == []  # the same kept links: nothing new
+            fake.clear(1)
+            assert downs() == []
+            fake.inject_nvlink_down(1, link=4)
+            assert downs() == ["NVLink 4 is down"]
+        finally:
+            c.close()
+
+
 class TestNicListing:
     """The device/port listing (with netdev and link layer) is kept between full counter reads."""
 
