@@ -211,7 +211,6 @@ class _Reader:
             self._warn(self._index, fn_name, err)
         return None
 
-
     def link_counters(self, link: int) -> dict[str, Any]:
         """One link's _NVLINK_COUNTERS as ``call("nvmlDeviceGetNvLinkErrorCounter", link, c, link=True)``
         would give them (absent ones left out), in one tight loop: a full read makes 90 such
@@ -360,6 +359,7 @@ class NvmlGpuCollector:
         findings: list[Finding] = []
         count = nvml.nvmlDeviceGetCount()
         seen: set[str] = set()
+        self._merged_into.clear()  # none left over from a GPU whose sample failed last cycle
         gpus = report.gpus
         for index in range(count):
             # Filled where it lies in the report: appending a finished sample copies it (~12 us).

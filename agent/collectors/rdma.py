@@ -260,9 +260,6 @@ def read_counter_names(path: str, names: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
-_PORT_ATTRS = ("state", "phys_state", "rate")
-
-
 @dataclass
 class _PortFiles:
     """A port's state, phys_state and rate files kept open while its directory is the same one.
