@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import structlog
 
+from agent.collectors.procfs import ProcStats
 from starpulse.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -54,8 +55,14 @@ class HostCollector:
         self._os_release = os_release_path
         self._missing: set[str] = set()
         self._boot_time: float | None = None
+        # With the real psutil on Linux, CPU % and memory come from kept-open /proc files
+        # (agent.collectors.procfs: psutil's arithmetic, a quarter of its CPU per cycle).
+        self._proc = ProcStats.open() if psutil_module is psutil else None
         try:  # the first non-blocking call only primes the counters; it returns 0.0
-            self._ps.cpu_percent(interval=None)
+            if self._proc is not None:
+                self._proc.cpu_percent()
+            else:
+                self._ps.cpu_percent(interval=None)
         except Exception:
             log.debug("host_cpu_prime_failed")
 
@@ -75,10 +82,21 @@ class HostCollector:
     def collect(self, report: tpb.Report) -> list[Finding]:
         """Fill report.host; a mount that is gone is skipped (and logged once), not fatal."""
         s = report.host
-        s.cpu_percent = float(self._ps.cpu_percent(interval=None))
-        vm = self._ps.virtual_memory()
-        s.memory_total_bytes = int(vm.total)
-        s.memory_available_bytes = int(vm.available)
+        memory = None
+        if self._proc is not None:
+            try:
+                s.cpu_percent = self._proc.cpu_percent()
+                memory = self._proc.memory()
+            except (OSError, ValueError, IndexError, KeyError) as e:
+                log.warning("host_procfs_failed", error=str(e), fallback="psutil")
+                self._proc.close()
+                self._proc = None  # psutil from now on (its first CPU % is ~0.0: not primed)
+        if self._proc is None:
+            s.cpu_percent = float(self._ps.cpu_percent(interval=None))
+        if memory is None:
+            vm = self._ps.virtual_memory()
+            memory = int(vm.total), int(vm.available)
+        s.memory_total_bytes, s.memory_available_bytes = memory
         try:
             s.load1, s.load5, s.load15 = (float(x) for x in self._ps.getloadavg())
         except (OSError, AttributeError):
@@ -103,4 +121,7 @@ class HostCollector:
         return []
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the kept /proc files."""
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None

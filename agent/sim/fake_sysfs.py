@@ -19,9 +19,12 @@ Layout under ``root`` (rail i = 0..nics-1; the RoCE bond, when present, is NIC i
     bus/pci/devices/<addr> -> endpoint (NICs and GPUs)
     ethtool/<netdev>          `ethtool -S` output (rail netdevs)
 
-A collector never reads a half-written value: files that can shrink (state, rate) are
-replaced atomically; cumulative counters only grow, so they are rewritten in place, which
-is ~40x cheaper on ext4. ``advance()`` rewrites only the files whose value changed.
+Files keep their inode, as sysfs attributes do (the RDMA collector keeps counter and port
+state files open and re-reads them): cumulative counters only grow, so they are rewritten
+in place, which is ~40x cheaper on ext4 than a rename; a port's state, phys_state and rate
+are rewritten in place, truncated first when shorter, so a read in between sees a prefix of
+the old text. Other files that may shrink are replaced atomically. ``advance()`` rewrites
+only the files whose value changed.
 """
 
 from __future__ import annotations
@@ -185,6 +188,25 @@ class FakeSysfs:
             fh.write(text)
         os.replace(tmp, path)
 
+    def _put(self, path: str, text: str) -> None:
+        """Rewrite a port attribute in place: sysfs keeps one inode per attribute, and the RDMA
+        collector keeps these files open and re-reads them (a rename would leave it the old file).
+
+        A shorter text truncates first, then writes: a read in between sees a prefix of the
+        old text, never the new text with a stale tail.
+        """
+        if not self._built:
+            self._w(path, text)
+            return
+        data = text.encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if len(data) < os.fstat(fd).st_size:
+                os.ftruncate(fd, len(data))
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
+
     @staticmethod
     def _grow(path: str, text: str) -> None:
         """Rewrite a file whose text never gets shorter (cumulative counters) in place.
@@ -312,9 +334,9 @@ class FakeSysfs:
 
     # -- writers --------------------------------------------------------------------
     def _write_link(self, nic: _Nic) -> None:
-        self._w(os.path.join(nic.ib_port, "state"), "4: ACTIVE\n" if nic.up else "1: DOWN\n")
-        self._w(os.path.join(nic.ib_port, "phys_state"), "5: LinkUp\n" if nic.up else "3: Disabled\n")
-        self._w(os.path.join(nic.ib_port, "rate"), format_rate(nic.rate_gbps) + "\n")
+        self._put(os.path.join(nic.ib_port, "state"), "4: ACTIVE\n" if nic.up else "1: DOWN\n")
+        self._put(os.path.join(nic.ib_port, "phys_state"), "5: LinkUp\n" if nic.up else "3: Disabled\n")
+        self._put(os.path.join(nic.ib_port, "rate"), format_rate(nic.rate_gbps) + "\n")
         self._w(os.path.join(nic.net_dir, "operstate"), "up\n" if nic.up else "down\n")
         self._w(os.path.join(nic.net_dir, "carrier"), "1\n" if nic.up else "0\n")
 

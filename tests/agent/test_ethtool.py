@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.collectors.ethtool import EthtoolCollector, parse_ethtool_stats, select_interesting
+from agent.collectors.ethtool import EthtoolCollector, parse_ethtool_stats, parse_interesting, select_interesting
 from starpulse.v1 import telemetry_pb2 as tpb
 
 SAMPLE = Path(__file__).resolve().parent.parent / "fixtures" / "ethtool" / "mlx5_ens1f0np0.txt"
@@ -68,6 +68,20 @@ class TestParse:
                         "outbound_pci_stalled_rd", "rx_err_lane_0_phy", "tx0_bytes"):
             assert dropped not in got
         assert len(got) == 24
+
+    def test_one_pass_parse_keeps_the_same(self):
+        """parse_interesting (what the collector runs) equals select_interesting(parse_ethtool_stats(..))."""
+        junk = (
+            "NIC statistics:\n  rx_prio0_pause: -3\n  rx_prio1_pause : 7 \n  x rx_prio2_pause: 9\n"
+            "  tx_prio4_pause_duration:\t11\r\nmodule_high_temp: 2\n  rx_prio5_pause: x\n  rx_crc_errors_phy: -0\n"
+            "  rx_prio6_pause: 1\n  rx_prio6_pause: 4\n  tx_pause_storm_error_events 5\n"
+        )
+        for text in (SAMPLE.read_text(), junk):
+            assert parse_interesting(text) == select_interesting(parse_ethtool_stats(text))
+        assert parse_interesting(junk) == {
+            "rx_prio1_pause": 7, "tx_prio4_pause_duration": 11, "module_high_temp": 2, "rx_crc_errors_phy": 0,
+            "rx_prio6_pause": 4,
+        }
 
 
 class TestEthtoolCollector:

@@ -229,6 +229,41 @@ class TestSamples:
         assert not any(nl.HasField("replay_errors") for nl in links)
         c.close()
 
+    def test_nvlink_error_counters_keep_the_per_call_rules(
+        self, collector: NvmlGpuCollector, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Absent, other-error, reset-required and lost answers of the per-link counters, as for any call."""
+        real = fake.nvmlDeviceGetNvLinkErrorCounter
+        asked: list[tuple[int, int, int]] = []
+
+        def counter(handle: Any, link: int, which: int) -> int:
+            index = fake.nvmlDeviceGetIndex(handle)
+            asked.append((index, link, which))
+            if which == 4:
+                raise pynvml.NVMLError_NotSupported()
+            if (index, link, which) == (0, 1, 2):
+                raise pynvml.NVMLError_NoPermission()
+            if (index, link, which) == (3, 5, 1):
+                raise pynvml.NVMLError_GpuIsLost()
+            if (index, link, which) == (6, 0, 0):
+                raise pynvml.NVMLError_ResetRequired()
+            return int(real(handle, link, which))
+
+        monkeypatch.setattr(fake, "nvmlDeviceGetNvLinkErrorCounter", counter)
+        report, _ = collect(collector)
+        g0, g3, g6 = report.gpus[0], report.gpus[3], report.gpus[6]
+        assert not any(nl.HasField("ecc_data_errors") for g in report.gpus for nl in g.nvlinks)
+        assert [nl.link for nl in g0.nvlinks if not nl.HasField("crc_flit_errors")] == [1]
+        assert all(nl.HasField("crc_data_errors") for nl in g0.nvlinks)
+        assert g3.lost and len(g3.nvlinks) == 18
+        assert [nl.HasField("replay_errors") for nl in g3.nvlinks] == [True] * 6 + [False] * 12
+        assert all(nl.HasField("recovery_errors") for nl in g3.nvlinks[:5])
+        assert not any(nl.HasField("recovery_errors") for nl in g3.nvlinks[5:])
+        assert max(link for index, link, _ in asked if index == 3) == 5  # nothing asked once lost
+        assert g6.reset_required and not g6.nvlinks[0].HasField("replay_errors")
+        assert g6.nvlinks[0].HasField("recovery_errors") and g6.nvlinks[1].HasField("replay_errors")
+        assert not report.gpus[5].lost and not report.gpus[5].reset_required
+
     @pytest.mark.parametrize("batch_fields", [True, False], ids=["batched", "one-call-per-value"])
     def test_other_nvml_error_leaves_field_absent(
         self, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, batch_fields: bool
@@ -281,6 +316,24 @@ class TestSamples:
         monkeypatch.setattr(fake, "nvmlDeviceGetHandleByIndex", flaky)
         report, _ = collect(collector)
         assert [s.index for s in report.gpus] == [0, 1, 2, 3, 5, 6, 7]
+
+    def test_pci_address_asked_once_per_uuid(
+        self, collector: NvmlGpuCollector, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """describe() read each GPU's PCI address; cycles do not ask again, and findings still carry it."""
+        asked: list[Any] = []
+        real = fake.nvmlDeviceGetPciInfo
+
+        def counting(handle: Any) -> Any:
+            asked.append(handle)
+            return real(handle)
+
+        monkeypatch.setattr(fake, "nvmlDeviceGetPciInfo", counting)
+        collect(collector)
+        fake.inject_thermal_slowdown(3)
+        _, findings = collect(collector)
+        assert asked == []
+        assert [f.pci for f in findings] == [fake.gpu(3).pci_bus_id]
 
     def test_reset_required_flags_the_sample(self, collector: NvmlGpuCollector, fake: FakeNvml) -> None:
         """ResetRequired sets reset_required; the metrics it blocks are absent."""

@@ -197,3 +197,32 @@ class TestCallsAndFallbacks:
         assert [nl.link for nl in report.gpus[0].nvlinks] == list(range(18))
         assert report.gpus[0].nvlinks[4].up  # what the single call says
         c.close()
+
+
+class TestDecode:
+    def test_struct_decoding_equals_the_ctypes_fields(self) -> None:
+        """Every value type, an unknown type and failed elements: as pynvml's own structure reads them."""
+        from agent.collectors import nvml_fields as nf
+
+        rows: list[tuple[int, int, Any]] = [
+            (pynvml.NVML_VALUE_TYPE_DOUBLE, pynvml.NVML_SUCCESS, ("dVal", -2.5)),
+            (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_SUCCESS, ("uiVal", 4_000_000_000)),
+            (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, pynvml.NVML_SUCCESS, ("ulVal", 2**40 + 3)),
+            (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_SUCCESS, ("ullVal", 2**64 - 1)),
+            (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, pynvml.NVML_SUCCESS, ("sllVal", -(2**62))),
+            (pynvml.NVML_VALUE_TYPE_SIGNED_INT, pynvml.NVML_SUCCESS, ("siVal", -7)),
+            (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, pynvml.NVML_SUCCESS, ("usVal", 65535)),
+            (99, pynvml.NVML_SUCCESS, ("ullVal", 5)),  # a value type this code does not know
+            (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_ERROR_NOT_SUPPORTED, ("uiVal", 8)),
+            (0, pynvml.NVML_ERROR_GPU_IS_LOST, ("ullVal", 2**63)),
+        ]
+        array = (pynvml.c_nvmlFieldValue_t * len(rows))()
+        for fv, (vtype, ret, (member, value)) in zip(array, rows, strict=True):
+            fv.fieldId, fv.scopeId, fv.timestamp, fv.latencyUsec = 7, 1, 123456789, 42
+            fv.valueType, fv.nvmlReturn = vtype, ret
+            setattr(fv.value, member, value)
+        assert nf.ROW_LAYOUT_OK and nf.CODES_OK
+        expected = [(fv.nvmlReturn, nf.field_value(fv) if fv.nvmlReturn == nf.SUCCESS else None) for fv in array]
+        assert nf.decode(array) == expected == nf.decode(list(array))
+        values = [v for _, v in expected]
+        assert values == [-2.5, 4_000_000_000, 2**40 + 3, 2**64 - 1, -(2**62), -7, 65535, None, None, None]
