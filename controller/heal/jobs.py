@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 _NO_STEPS = tpb.Report()  # a report that names no job steps (read only)
+_NONE_LISTED: frozenset[tuple[str, int]] = frozenset()  # compares equal to an empty set
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS heal_jobs (
@@ -386,12 +387,15 @@ class JobRegistry:
 
     def on_report(self, node: NodeRecord, report: tpb.Report) -> None:
         """Take this node's job ranks from the report; ranks it no longer lists left the node."""
+        steps = report.job_steps
+        if not steps and self._listed.get(node.node_id) == _NONE_LISTED:
+            return  # no ranks before, none now: the common report of a node outside any job
         now = self._clock_ms()
         seen: set[tuple[str, int]] = set()
         dirty_jobs: dict[str, JobRecord] = {}
         dirty_ranks: list[RankRecord] = []
         dirty_restarts: list[tuple[str, RestartRecord]] = []
-        for s in report.job_steps:
+        for s in steps:
             if not s.job:
                 continue
             rec, created = self._get_or_create(s.job, now)
