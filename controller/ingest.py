@@ -331,18 +331,25 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         elif not state.full_seen:
             node.full_report_needed = True  # still used: absent counters read as unchanged
         self.registry.record_report(node, report)
+        self._decided(node, started, report.timestamp_ms, state)
+
+    def _decided(
+        self, node: NodeRecord, started: float, stamp_ms: int, stream: _ReportState | _ShardedStream | None
+    ) -> None:
+        """A report's decision is in (here or in a shard): the decision histograms, then its ack when due."""
         self.metrics.ingest_seconds.observe(time.perf_counter() - started)
-        stamp = report.timestamp_ms
-        if stamp:
-            self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp / 1000))
+        if stamp_ms:
+            self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp_ms / 1000))
+        if stream is None:
+            return
         if not node.full_report_needed:
             # Reports are state, not history: ack them at most every report_ack_interval_s
             # (an ack is one of the dearest things a stream does); everything else at once.
             now = time.monotonic()
-            if now - state.acked_at < self.report_ack_interval_s:
+            if now - stream.acked_at < self.report_ack_interval_s:
                 return
-            state.acked_at = now
-        state.ack_needed.set()
+            stream.acked_at = now
+        stream.ack_needed.set()
 
     def on_shard_result(self, result: ReportResult) -> None:
         """A detection shard decided a report: record it, and ack it (or end an invalid stream)."""
@@ -366,19 +373,9 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     stream.reject(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", result.error)
             return
         self.registry.record_shard_result(node, result)
-        self.metrics.ingest_seconds.observe(time.perf_counter() - result.submitted)
-        if result.timestamp_ms:
-            self.metrics.report_age_seconds.observe(max(0.0, time.time() - result.timestamp_ms / 1000))
-        if stream is None:
-            return
-        if result.full_report_needed:
-            node.full_report_needed = True
-        elif not node.full_report_needed:
-            now = time.monotonic()
-            if now - stream.acked_at < self.report_ack_interval_s:
-                return
-            stream.acked_at = now
-        stream.ack_needed.set()
+        if stream is not None and result.full_report_needed:
+            node.full_report_needed = True  # the ack asks for a full report (and is not spaced)
+        self._decided(node, result.submitted, result.timestamp_ms, stream)
 
     async def _drain(self, node: NodeRecord, sharded: _ShardedStream) -> None:
         """An ending stream waits for its reports' verdicts: acks go out, an invalid one still ends it."""
