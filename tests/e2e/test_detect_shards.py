@@ -9,16 +9,18 @@ controller instead of leaving some nodes silently unwatched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
 from controller.detect.pipeline import DetectionConfig
-from controller.detect.shards import ShardLost
+from controller.detect.shards import DetectShards, ShardLost
 from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -37,6 +39,24 @@ def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
         )
     )
 
+
+
+@contextlib.asynccontextmanager
+async def _serving_with_one_shard(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Controller, DetectShards, asyncio.Event, asyncio.Task[None]]]:
+    """A controller serving (serve_forever) with one shard; stopped, or its task cancelled, after."""
+    ctl = _controller(tmp_path, free_port(), workers=1)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(ctl.serve_forever(stop))
+    try:
+        await wait_for(lambda: ctl.shards is not None and ctl.grpc_port != 0, what="the controller serving")
+        assert ctl.shards is not None
+        yield ctl, ctl.shards, stop, serving
+    finally:
+        stop.set()
+        if not serving.done():
+            serving.cancel()
 
 
 def _root_causes(ctl: Controller) -> set[str]:
@@ -175,13 +195,7 @@ class TestRelayedBadReports:
 class TestShardLoss:
     async def test_a_stop_signal_for_the_service_leaves_shards_to_the_controller(self, tmp_path: Path) -> None:
         """systemd signals the whole cgroup: shards ignore it and end when the controller closes their stdin."""
-        ctl = _controller(tmp_path, free_port(), workers=1)
-        stop = asyncio.Event()
-        serving = asyncio.create_task(ctl.serve_forever(stop))
-        try:
-            await wait_for(lambda: ctl.shards is not None and ctl.grpc_port != 0, what="the controller serving")
-            assert ctl.shards is not None
-            shards = ctl.shards
+        async with _serving_with_one_shard(tmp_path) as (ctl, shards, stop, serving):
             os.kill(shards.pids[0], signal.SIGTERM)
             os.kill(shards.pids[0], signal.SIGINT)
             await asyncio.sleep(1.0)
@@ -189,24 +203,11 @@ class TestShardLoss:
             stop.set()
             await asyncio.wait_for(serving, 30)  # a clean stop: no ShardLost
             assert shards.running() == []
-        finally:
-            stop.set()
-            if not serving.done():
-                serving.cancel()
 
     async def test_a_shard_that_dies_stops_the_controller(self, tmp_path: Path) -> None:
         """Without the shard some nodes would go unwatched: the controller stops and says why."""
-        ctl = _controller(tmp_path, free_port(), workers=1)
-        stop = asyncio.Event()
-        serving = asyncio.create_task(ctl.serve_forever(stop))
-        try:
-            await wait_for(lambda: ctl.shards is not None and ctl.grpc_port != 0, what="the controller serving")
-            assert ctl.shards is not None
-            os.kill(ctl.shards.pids[0], signal.SIGKILL)
+        async with _serving_with_one_shard(tmp_path) as (ctl, shards, _, serving):
+            os.kill(shards.pids[0], signal.SIGKILL)
             with pytest.raises(ShardLost, match="detection shard 0"):
                 await asyncio.wait_for(serving, 30)
             assert ctl.health is not None
-        finally:
-            stop.set()
-            if not serving.done():
-                serving.cancel()
