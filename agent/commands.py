@@ -101,8 +101,15 @@ class CommandHandler:
         except Exception as exc:  # a handler bug must still answer the controller
             log.exception("command_error", id=command.id, kind=kind)
             ok, message = False, f"{type(exc).__name__}: {exc}"
-        log.info("command", id=command.id, kind=kind, args=args, ok=ok, message=message,
-                 duration_s=round(time.monotonic() - started, 3))
+        log.info(
+            "command",
+            id=command.id,
+            kind=kind,
+            args=args,
+            ok=ok,
+            message=message,
+            duration_s=round(time.monotonic() - started, 3),
+        )
         return spb.CommandResult(id=command.id, ok=ok, message=message)
 
     async def _dispatch(self, kind: str, args: dict[str, str]) -> tuple[bool, str]:

@@ -22,7 +22,7 @@ from agent.collectors.rdma import RdmaSysfsCollector
 from agent.collectors.sonic import SonicSwitchCollector, default_redis_factory
 from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 
 BACKENDS = ("nvml", "sim")

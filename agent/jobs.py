@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -211,8 +211,14 @@ class JobGateway:
                         state.last_checkpoint_step = int(msg["last_checkpoint_step"])
                         state.checkpoint_path = str(msg.get("checkpoint_path") or "")
                         state.last_checkpoint_ms = int(msg.get("last_checkpoint_ms") or 0)
-                    log.info("job_rank_registered", job=job, rank=rank, pid=state.pid,
-                             world_size=state.world_size, last_checkpoint_step=state.last_checkpoint_step)
+                    log.info(
+                        "job_rank_registered",
+                        job=job,
+                        rank=rank,
+                        pid=state.pid,
+                        world_size=state.world_size,
+                        last_checkpoint_step=state.last_checkpoint_step,
+                    )
                 elif op == "step":
                     state.step = int(msg.get("step", 0))
                     state.step_time_s = float(msg.get("step_time_s", 0.0))
@@ -221,8 +227,13 @@ class JobGateway:
                     state.last_checkpoint_step = int(msg.get("step", 0))
                     state.checkpoint_path = str(msg.get("path") or "")
                     state.last_checkpoint_ms = int(msg.get("time_ms") or time.time() * 1000)
-                    log.info("job_checkpoint_done", job=job, rank=rank, step=state.last_checkpoint_step,
-                             path=state.checkpoint_path)
+                    log.info(
+                        "job_checkpoint_done",
+                        job=job,
+                        rank=rank,
+                        step=state.last_checkpoint_step,
+                        path=state.checkpoint_path,
+                    )
         except (TypeError, ValueError):
             log.warning("job_gateway_bad_message", op=op, job=job, rank=rank)
             return None
@@ -246,8 +257,13 @@ class JobGateway:
                 if dead or now - state.last_seen > self.stale_after_s:
                     del self._ranks[key]
                     gone.append(key)
-                    log.info("job_rank_forgotten", job=key[0], rank=key[1], pid=state.pid,
-                             reason="process gone" if dead else "silent")
+                    log.info(
+                        "job_rank_forgotten",
+                        job=key[0],
+                        rank=key[1],
+                        pid=state.pid,
+                        reason="process gone" if dead else "silent",
+                    )
         return gone
 
     def request_checkpoint(self, job: str | None = None) -> int:
@@ -265,8 +281,9 @@ class JobGateway:
                     os.kill(state.pid, signal.Signals[state.signal_name])
                     asked.add((state.job, state.rank))
                 except OSError as exc:
-                    log.warning("job_checkpoint_signal_failed", job=state.job, rank=state.rank, pid=state.pid,
-                                error=str(exc))
+                    log.warning(
+                        "job_checkpoint_signal_failed", job=state.job, rank=state.rank, pid=state.pid, error=str(exc)
+                    )
         line = json.dumps({"op": "checkpoint"}).encode() + b"\n"
         for writer, keys in list(self._writers.items()):
             mine = {k for k in keys if job is None or k[0] == job}

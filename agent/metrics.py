@@ -27,40 +27,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from starpulse import __version__
+from starpulse.core import vocab
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
-
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
-    from agent.runtime import Agent
 
 GPU_LABELS = ("node", "gpu", "uuid", "pci")
 NIC_LABELS = ("node", "device", "port", "netdev", "link_layer", "rail")
 SWITCH_LABELS = ("node", "port")
 
-# nvmlClocksEventReason* bits (nvml.h), named as nvidia-smi does.
-CLOCK_EVENT_REASONS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
-
-NVLINK_ERROR_FIELDS = ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors", "ecc_data_errors")
+# nvmlClocksEventReason* bits (nvml.h), labelled as nvidia-smi names them.
+CLOCK_EVENT_REASONS: dict[str, int] = {r.label: r.bit for r in vocab.CLOCK_EVENT_REASONS["nvidia"]}
 
 # IB PortCounters port_{rcv,xmit}_data count 32-bit words ("octets divided by 4"), and
 # mlx5 keeps that unit for RoCE ports too, so bytes = words * 4 on every link layer.
@@ -386,7 +368,7 @@ class AgentMetricsCollector(Collector):
             f.gauge(
                 "starpulse_gpu_nvlink_up", "1 when the NVLink link is active.", (*L, "link"), llv, 1 if link.up else 0
             )
-            for field in NVLINK_ERROR_FIELDS:
+            for field in vocab.NVLINK_ERROR_COUNTERS:
                 if link.HasField(field):
                     f.counter(
                         "starpulse_gpu_nvlink_errors_total",
@@ -413,7 +395,8 @@ class AgentMetricsCollector(Collector):
 
     # -- NIC ports -------------------------------------------------------------------------
 
-    def _nic(self, f: _Families, s: tpb.NicSample, info: ipb.NicInfo | None) -> None:
+    # Complexity over 15 on purpose: one guarded block per optional NIC field: absent fields emit no series.
+    def _nic(self, f: _Families, s: tpb.NicSample, info: ipb.NicInfo | None) -> None:  # noqa: C901
         rail = ""
         if info is not None and info.HasField("paired_gpu_index"):
             rail = str(info.paired_gpu_index)
@@ -675,66 +658,3 @@ class AgentMetricsCollector(Collector):
                 [*lv, d.mount],
                 d.used_bytes,
             )
-
-
-# -- wiring into a running agent ------------------------------------------------------------
-
-
-def agent_status(agent: Agent) -> AgentStatus:
-    """What the agent knows about itself; tolerant of a buffer closed under a late scrape."""
-    try:
-        buffered: int | None = agent.buffer.depth()
-    except Exception:
-        buffered = None
-    return AgentStatus(
-        events_buffered=buffered,
-        events_dropped_total=agent.buffer.dropped_total,
-        events_emitted_total=agent.events_emitted,
-        reports_sent_total=agent.link.reports_sent,
-        cycles_total=agent.cycles,
-        connected=agent.link.connected.is_set(),
-    )
-
-
-def collector_for(agent: Agent) -> AgentMetricsCollector:
-    return AgentMetricsCollector(
-        agent.config.node_id,
-        lambda: agent.collectors.inventory,
-        lambda: agent.latest_report,
-        lambda: agent_status(agent),
-    )
-
-
-def split_listen(address: str) -> tuple[str, int]:
-    """'HOST:PORT' (or ':PORT', '[::1]:PORT') -> (host, port); an empty host means all interfaces."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"metrics address {address!r} is not HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-class MetricsServer:
-    """prometheus_client's threaded HTTP server on a registry of the agent's own."""
-
-    def __init__(self, server: WSGIServer, registry: CollectorRegistry) -> None:
-        self._server = server
-        self.registry = registry
-        self.port = int(server.server_port)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def serve_agent_metrics(agent: Agent, listen: str) -> MetricsServer:
-    """Serve the agent's /metrics on `listen` (own registry: no process/GC defaults mixed in)."""
-    return serve_collector(collector_for(agent), listen)
-
-
-def serve_collector(collector: Collector, listen: str) -> MetricsServer:
-    """/metrics of one collector on `listen`, on a registry of its own (the agent's, a relay's)."""
-    registry = CollectorRegistry()
-    registry.register(collector)
-    host, port = split_listen(listen)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return MetricsServer(server, registry)

@@ -21,12 +21,15 @@ from agent.collectors.base import Collector
 from agent.collectors.kmsg import KmsgCollector
 from agent.commands import CommandHandler
 from agent.jobs import JobCollector, JobGateway
+from agent.metrics import AgentMetricsCollector, AgentStatus
 from agent.transport.buffer import EventBuffer
 from agent.transport.link import ControllerLink
 from agent.transport.storm import StormSuppressor
-from starpulse import __version__, sdnotify
-from starpulse.findings import Finding
-from starpulse.tls import TLSSettings, load_channel_credentials
+from starpulse import __version__
+from starpulse.core import sdnotify, vocab
+from starpulse.core.findings import Finding
+from starpulse.core.metrics_http import serve_collector
+from starpulse.core.tls import TLSSettings, load_channel_credentials
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -45,20 +48,6 @@ class CollectorState:
 class CycleResult:
     report: tpb.Report
     findings: list[Finding] = field(default_factory=list)
-
-
-def normalise_pci(bus_id: str) -> str:
-    """Reduce any PCI bus id form to 'bus:device' lower case for matching.
-
-    NVML says '00000000:9B:00.0', the kernel log 'PCI:0000:9b:00' or '0000:9b:00.0'.
-    """
-    text = bus_id.lower().removeprefix("pci:")
-    parts = text.split(":")
-    if len(parts) >= 3:
-        return f"{parts[-2]}:{parts[-1].split('.')[0]}"
-    if len(parts) == 2:
-        return f"{parts[0]}:{parts[1].split('.')[0]}"
-    return text
 
 
 class CollectorSet:
@@ -94,7 +83,7 @@ class CollectorSet:
             except Exception:
                 log.exception("collector_describe_failed", collector=st.collector.name)
         self.inventory = inv
-        self._gpu_by_pci = {normalise_pci(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id}
+        self._gpu_by_pci = {vocab.pci_key(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id}
         return inv
 
     def collect(self, seq: int) -> CycleResult:
@@ -119,7 +108,7 @@ class CollectorSet:
     def localise(self, finding: Finding) -> Finding:
         """Name a GPU the kernel log knows only by PCI address by its index ('gpu-3')."""
         if finding.component.startswith("gpu@") and finding.pci:
-            index = self._gpu_by_pci.get(normalise_pci(finding.pci))
+            index = self._gpu_by_pci.get(vocab.pci_key(finding.pci))
             if index is not None:
                 finding.component = f"gpu-{index}"
         return finding
@@ -286,15 +275,34 @@ class Agent:
             except Exception:
                 log.exception("collector_start_failed", starter=getattr(start, "__qualname__", repr(start)))
 
+    def status(self) -> AgentStatus:
+        """What the agent knows about itself; tolerant of a buffer closed under a late scrape."""
+        try:
+            buffered: int | None = self.buffer.depth()
+        except Exception:
+            buffered = None
+        return AgentStatus(
+            events_buffered=buffered,
+            events_dropped_total=self.buffer.dropped_total,
+            events_emitted_total=self.events_emitted,
+            reports_sent_total=self.link.reports_sent,
+            cycles_total=self.cycles,
+            connected=self.link.connected.is_set(),
+        )
+
+    def metrics_collector(self) -> AgentMetricsCollector:
+        """The /metrics translation of this agent's latest report and status, read at scrape time."""
+        return AgentMetricsCollector(
+            self.config.node_id, lambda: self.collectors.inventory, lambda: self.latest_report, self.status
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         """Collect and stream until stop is set; unsent events stay buffered on disk."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.start_collectors)
         metrics_server = None
         if self.config.metrics_listen:
-            from agent.metrics import serve_agent_metrics  # here: agent.metrics imports this module
-
-            metrics_server = serve_agent_metrics(self, self.config.metrics_listen)
+            metrics_server = serve_collector(self.metrics_collector(), self.config.metrics_listen)
             self.metrics_port = metrics_server.port
         if self.jobs is not None:
             try:

@@ -70,9 +70,7 @@ def _time_fake_nvml(fake: Any) -> dict[str, float]:
     return spent
 
 
-def bench_cycles(
-    cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml: bool = False
-) -> dict[str, Any]:
+def bench_cycles(cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml: bool = False) -> dict[str, Any]:
     """Time collection cycles; with full_every N, slow counters are read fully every Nth cycle only.
 
     That emulates ``AgentConfig.counters_every_s`` at a 1 s interval (N = counters_every_s)
@@ -232,7 +230,7 @@ def bench_agent_process(seconds: float, workdir: Path) -> dict[str, Any]:
     node_id = "node-bench"
     log_path = workdir / "agent.log"
     cmd = [
-        sys.executable, "-m", "starpulse.cli", "agent",
+        sys.executable, "-m", "starpulse.app.cli", "agent",
         "--controller", f"127.0.0.1:{ctl.port}",
         "--node-id", node_id,
         "--backend", "sim",
@@ -299,9 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     advance_pct = tiered["sim_advance_cpu_ms_mean"] / 10.0  # ms per 1 s cycle -> % of one core
     fake_nvml_pct = fake["fake_nvml_cpu_ms_per_cycle_mean"] / 10.0
     proc["cpu_pct_of_one_core_without_sim_advance"] = round(proc["cpu_pct_of_one_core"] - advance_pct, 2)
-    proc["cpu_pct_of_one_core_without_simulator"] = round(
-        proc["cpu_pct_of_one_core"] - advance_pct - fake_nvml_pct, 2
-    )
+    proc["cpu_pct_of_one_core_without_simulator"] = round(proc["cpu_pct_of_one_core"] - advance_pct - fake_nvml_pct, 2)
     rows: list[tuple[str, Any]] = [
         ("GPUs / NIC ports per report", f"{cyc['gpus']} / {cyc['nics']}"),
         ("collect wall ms/cycle, median", cyc["collect_wall_ms_median"]),

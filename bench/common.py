@@ -23,7 +23,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def quiet_logging() -> None:
     """Warnings and up only: benchmarks must not pay for (or print) per-message info logs."""
-    from starpulse.logs import configure_logging
+    from starpulse.core.logs import configure_logging
 
     configure_logging("warning")
 
@@ -241,7 +241,7 @@ async def open_stream(port: int, node_id: str, inventory: bytes, who: str) -> tu
     Hello->Welcome seconds, whether the controller accepts delta reports)."""
     import grpc
 
-    from agent.transport.link import CLIENT_CHANNEL_OPTIONS
+    from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS
     from starpulse.v1 import inventory_pb2 as ipb
     from starpulse.v1 import service_pb2 as spb
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, quiet_logging, table, write_result
-from starpulse.scenario.runner import run_scenario
-from starpulse.scenario.spec import load_scenario
+from starpulse.app.scenario.runner import run_scenario
+from starpulse.app.scenario.spec import load_scenario
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "tests" / "scenarios"
 

@@ -46,9 +46,26 @@ class Etcd:
         client, peer = f"http://{self.endpoint}", f"http://127.0.0.1:{free_port()}"
         log = (self.workdir / "etcd.log").open("wb")
         self.proc = subprocess.Popen(
-            [binary, "--name", "b", "--data-dir", str(self.workdir / "etcd"), "--listen-client-urls", client,
-             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"b={peer}"], stdout=log, stderr=subprocess.STDOUT)
+            [
+                binary,
+                "--name",
+                "b",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"b={peer}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 20
         while b"ready to serve client requests" not in (self.workdir / "etcd.log").read_bytes():
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -65,10 +82,28 @@ class Etcd:
 def start_replica(workdir: Path, name: str, listen: str, etcd: str, ttl: int) -> subprocess.Popen[bytes]:
     with (workdir / f"{name}.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "starpulse.cli", "controller", "--listen", listen, "--http", "127.0.0.1:0",
-             "--db", str(workdir / f"{name}.db"), "--etcd", etcd, "--ha-lease-ttl", str(ttl),
-             "--ha-cluster", "bench", "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "starpulse.app.cli",
+                "controller",
+                "--listen",
+                listen,
+                "--http",
+                "127.0.0.1:0",
+                "--db",
+                str(workdir / f"{name}.db"),
+                "--etcd",
+                etcd,
+                "--ha-lease-ttl",
+                str(ttl),
+                "--ha-cluster",
+                "bench",
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -83,8 +118,13 @@ async def welcomed(address: str) -> bool:
     async with grpc.aio.insecure_channel(address) as channel:
         call = sgrpc.TelemetryStub(channel).Connect()
         try:
-            await call.write(spb.AgentMessage(hello=spb.Hello(node_id="bench-probe", role=ipb.NODE_ROLE_COMPUTE,
-                                                               buffer_epoch="bench", agent_version="bench")))
+            await call.write(
+                spb.AgentMessage(
+                    hello=spb.Hello(
+                        node_id="bench-probe", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="bench", agent_version="bench"
+                    )
+                )
+            )
             first = await asyncio.wait_for(call.read(), 1.0)
             return first is not grpc.aio.EOF and first.HasField("welcome")
         except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError):
@@ -200,8 +240,9 @@ async def write_latency(workdir: Path, etcd: str, writes: int) -> dict[str, floa
             store = Store(workdir / f"writes-{mode}.db")
             heal = RemediationStore(store.connection)
             mirror = StateMirror(store.connection, client, ha, elector) if mode == "etcd" else None
-            store.upsert_node(StoredNode("node-0", ipb.NODE_ROLE_COMPUTE, "online", 1, 1, "", "", ipb.Inventory(),
-                                         "e", 0))
+            store.upsert_node(
+                StoredNode("node-0", ipb.NODE_ROLE_COMPUTE, "online", 1, 1, "", "", ipb.Inventory(), "e", 0)
+            )
             if mirror is not None:
                 await mirror.flush()
             state_t, event_t = [], []
@@ -211,8 +252,15 @@ async def write_latency(workdir: Path, etcd: str, writes: int) -> dict[str, floa
                 if mirror is not None:
                     await mirror.flush()
                 state_t.append(time.perf_counter() - t0)
-                ev = tpb.Event(seq=i + 1, timestamp_ms=i, kind=tpb.EVENT_KIND_XID, severity=tpb.SEVERITY_WARNING,
-                               component="gpu-0", xid=43, message="bench")
+                ev = tpb.Event(
+                    seq=i + 1,
+                    timestamp_ms=i,
+                    kind=tpb.EVENT_KIND_XID,
+                    severity=tpb.SEVERITY_WARNING,
+                    component="gpu-0",
+                    xid=43,
+                    message="bench",
+                )
                 t0 = time.perf_counter()
                 store.insert_events("node-0", "e", [ev], received_ms=i, acked_event_seq=i + 1)
                 if mirror is not None:
@@ -222,10 +270,12 @@ async def write_latency(workdir: Path, etcd: str, writes: int) -> dict[str, floa
             figures[f"state_write_{mode}_p90_ms"] = percentile(state_t, 90) * 1000
             figures[f"event_write_{mode}_median_ms"] = median(event_t) * 1000
             store.close()
-        figures["state_write_added_median_ms"] = figures["state_write_etcd_median_ms"] - figures[
-            "state_write_sqlite_median_ms"]
-        figures["event_write_added_median_ms"] = figures["event_write_etcd_median_ms"] - figures[
-            "event_write_sqlite_median_ms"]
+        figures["state_write_added_median_ms"] = (
+            figures["state_write_etcd_median_ms"] - figures["state_write_sqlite_median_ms"]
+        )
+        figures["event_write_added_median_ms"] = (
+            figures["event_write_etcd_median_ms"] - figures["event_write_sqlite_median_ms"]
+        )
     finally:
         await elector.resign()
         await client.close()

@@ -1,6 +1,6 @@
 """Controller ingest: reports/s and samples/s one controller process accepts, and paced round-trip latency.
 
-The controller runs as its own process (``python -m starpulse.cli controller``, the
+The controller runs as its own process (``python -m starpulse.app.cli controller``, the
 production entry point). Load comes from 2 worker processes, each running grpc.aio with
 many concurrent agent streams (one channel, i.e. one TCP connection, per stream, as real
 agents have). Every stream opens with a Hello carrying a real 8-GPU / 9-NIC inventory and
@@ -253,7 +253,7 @@ def start_controller(workdir: Path) -> tuple[subprocess.Popen[bytes], int, Path]
     port = free_port()
     log_path = workdir / "controller.log"
     cmd = [
-        sys.executable, "-m", "starpulse.cli", "controller",
+        sys.executable, "-m", "starpulse.app.cli", "controller",
         "--listen", f"127.0.0.1:{port}",
         "--http", "127.0.0.1:0",
         "--db", str(workdir / "c.db"),

@@ -16,7 +16,7 @@ Realism where the controller can tell, cheapness everywhere else:
 
 Run inside worker processes (``worker``), a few processes with many grpc.aio streams
 each. Each worker measures report->ack round trip (the controller acks a report only
-after detection has run on it, see ``controller.ingest``), so the RTT bounds the
+after detection has run on it, see ``controller.ingest.servicer``), so the RTT bounds the
 report-to-decision latency from above, queueing included.
 """
 
@@ -91,7 +91,7 @@ def _run_sim(
     from agent.factory import build_collectors
     from agent.runtime import CollectorSet
     from agent.sim.node import SimNode
-    from starpulse.findings import Finding
+    from starpulse.core.findings import Finding
 
     sim = SimNode("node-sim", workdir, gpus=8, nics=8, seed=seed)
     plan = build_collectors("sim", sink=lambda f: None, sim=sim, kmsg_path=None)

@@ -1,6 +1,6 @@
 """Load through relays: each load process plays a few relays, each carrying many nodes' streams.
 
-What the controller receives is exactly what a real relay (`controller/relay/`) sends it:
+What the controller receives is exactly what a real relay (`relay/`) sends it:
 one ``Relay.Connect`` stream per relay, ``RelayHello`` first, then ``RelayedAgentBatch``es
 of the nodes' pre-encoded AgentMessages (the same bytes ``bench.loadgen`` sends direct,
 Hello first on every stream), gathered for ``linger_s`` as the real relay's upstream
@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.loadgen import EVENT_TAG, REPORT_TAG, NodeStats, Profile, Templates, encode
 
-MAX_BATCH_BYTES = 2 * 1024 * 1024  # the real relay's default (controller.relay.upstream.Upstream)
+MAX_BATCH_BYTES = 2 * 1024 * 1024  # the real relay's default (relay.upstream.Upstream)
 
 
 class SimRelay:
@@ -62,8 +62,14 @@ class SimRelay:
         t0 = time.perf_counter()
         batch, size = spb.RelayedAgentBatch(), 0
         for stream, node_id, _ in self.nodes:
-            hello = spb.Hello(node_id=node_id, role=ipb.NODE_ROLE_COMPUTE, inventory=inv,
-                              agent_version="loadgen", buffer_epoch=f"loadgen-{node_id}", next_event_seq=1)
+            hello = spb.Hello(
+                node_id=node_id,
+                role=ipb.NODE_ROLE_COMPUTE,
+                inventory=inv,
+                agent_version="loadgen",
+                buffer_epoch=f"loadgen-{node_id}",
+                next_event_seq=1,
+            )
             message = spb.AgentMessage(hello=hello).SerializeToString()
             if size + len(message) > MAX_BATCH_BYTES:  # as the real relay: batches stay under the controller's limit
                 await self.call.write(spb.RelayUp(batch=batch))
@@ -99,8 +105,15 @@ class SimRelay:
                 self._all_welcomed.set()
 
     async def drive(
-        self, interval_s: float, jitter: float, t_launch: float, t_start: float, t_end: float,
-        rng: random.Random, st: NodeStats, use_delta: bool,
+        self,
+        interval_s: float,
+        jitter: float,
+        t_launch: float,
+        t_start: float,
+        t_end: float,
+        rng: random.Random,
+        st: NodeStats,
+        use_delta: bool,
     ) -> None:
         """Every linger tick: each node that is due sends its next messages; all of them go as one batch."""
         from starpulse.v1 import service_pb2 as spb
@@ -179,25 +192,31 @@ async def relay_worker_main(cfg: dict[str, Any], control: Any, results: Any) -> 
     t_launch, t_start, t_end = await asyncio.to_thread(control.get)
     rng = random.Random(cfg["worker"])
     stats = NodeStats()
-    await asyncio.gather(*(
-        r.drive(cfg["interval_s"], cfg["jitter"], t_launch, t_start, t_end, rng, stats, cfg["delta"]) for r in relays
-    ))
+    await asyncio.gather(
+        *(r.drive(cfg["interval_s"], cfg["jitter"], t_launch, t_start, t_end, rng, stats, cfg["delta"]) for r in relays)
+    )
     await asyncio.sleep(1.0)
     errors: dict[str, int] = {}
     for r in relays:
         for reason, count in r.closed.items():
             errors[reason] = errors.get(reason, 0) + count
         await r.close()
-    results.put(("done", cfg["worker"], {
-        "acked_in_window": 0,
-        "latencies": [],
-        "hello_rtt": [],  # Hellos go in batches: connect_s (all Welcomes back) is the figure
-        "events_sent": stats.events_sent,
-        "sent_in_window": stats.sent_in_window,
-        "delta_streams": sum(1 for r in relays for v in r.delta.values() if v) if cfg["delta"] else 0,
-        "reports_replaced": stats.replaced,
-        "errors": errors,
-    }))
+    results.put(
+        (
+            "done",
+            cfg["worker"],
+            {
+                "acked_in_window": 0,
+                "latencies": [],
+                "hello_rtt": [],  # Hellos go in batches: connect_s (all Welcomes back) is the figure
+                "events_sent": stats.events_sent,
+                "sent_in_window": stats.sent_in_window,
+                "delta_streams": sum(1 for r in relays for v in r.delta.values() if v) if cfg["delta"] else 0,
+                "reports_replaced": stats.replaced,
+                "errors": errors,
+            },
+        )
+    )
 
 
 def relay_worker(cfg: dict[str, Any], control: Any, results: Any) -> None:

@@ -66,11 +66,11 @@ class Harness:
         from controller.detect.model import ConditionChange
         from controller.detect.pipeline import Detection, DetectionConfig
         from controller.detect.rules import load_rules
-        from controller.heal.jobs import JobRegistry
+        from controller.ingest.registry import NodeRegistry
+        from controller.jobs.registry import JobRegistry
         from controller.metrics import ControllerMetrics
-        from controller.registry import NodeRegistry
+        from controller.outputs.web.api import DashboardState
         from controller.store import Store
-        from controller.web.api import DashboardState
 
         self.clock = clock
         self.metrics = ControllerMetrics()
@@ -135,9 +135,9 @@ def run(
     profile: cProfile.Profile | None = None,
 ) -> dict[str, Any]:
     from controller.gcpolicy import tune
-    from controller.ratelimit import TokenBucket
-    from controller.registry import NodeRecord
-    from controller.validate import validate_event, validate_report
+    from controller.ingest.ratelimit import TokenBucket
+    from controller.ingest.registry import NodeRecord
+    from controller.ingest.validate import validate_event, validate_report
     from starpulse.v1 import inventory_pb2 as ipb
     from starpulse.v1 import service_pb2 as spb
     from starpulse.v1 import telemetry_pb2 as tpb
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     nodes = args.nodes or (200 if args.quick else 1000)
     warmup = args.warmup_rounds if args.warmup_rounds is not None else 1
     rounds = args.rounds or (2 if args.quick else 3)
-    from starpulse.logs import configure_logging
+    from starpulse.core.logs import configure_logging
 
     configure_logging("error")  # incidents log at warning; the figures are the output
 

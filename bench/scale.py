@@ -1,6 +1,6 @@
 """One controller, thousands of simulated agents: sustained ingest, report->decision latency, CPU, RSS.
 
-The controller runs as its own process (``python -m starpulse.cli controller``). Load comes
+The controller runs as its own process (``python -m starpulse.app.cli controller``). Load comes
 from ``--workers`` processes (``bench.loadgen``), each with many grpc.aio streams, one
 channel (TCP connection) per simulated node. Each node has 8 GPUs and 9 NIC ports, sends
 real reports whose counters move, every ``--interval-s`` with jitter; ``--fault-pct`` of
@@ -48,7 +48,7 @@ def start_controller(
     port, http = free_port(), free_port()
     log_path = workdir / "controller.log"
     cmd = [sys.executable, "-m", "bench.null_controller", str(port), *extra] if null else [
-        sys.executable, "-m", "starpulse.cli", "controller",
+        sys.executable, "-m", "starpulse.app.cli", "controller",
         "--listen", f"127.0.0.1:{port}",
         "--http", f"127.0.0.1:{http}",
         "--db", str(workdir / "c.db"),
@@ -116,9 +116,22 @@ def start_relay(
     """A real `starpulse relay` process in front of the controller; returns once it holds its upstream."""
     port = free_port()
     log_path = workdir / f"{relay_id}.log"
-    cmd = [sys.executable, "-m", "starpulse.cli", "relay", "--controller", f"127.0.0.1:{controller_port}",
-           "--relay-id", relay_id, "--listen", f"127.0.0.1:{port}", "--linger-ms", str(linger_s * 1000),
-           "--log-level", "info"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "starpulse.app.cli",
+        "relay",
+        "--controller",
+        f"127.0.0.1:{controller_port}",
+        "--relay-id",
+        relay_id,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--linger-ms",
+        str(linger_s * 1000),
+        "--log-level",
+        "info",
+    ]
     proc = _start_and_wait(
         cmd, log_path, "relay", lambda: "relay_upstream_connected" in log_path.read_text(), cpus=cpus
     )
@@ -365,7 +378,9 @@ def run_size(
         "relay_cpu_pct": [r["cpu_pct_of_one_core"] for r in relay_sum],
         "relay_cpu_ms_per_report": [
             round(10 * r["cpu_pct_of_one_core"] / (rate / len(relay_sum)), 3) for r in relay_sum
-        ] if relay_sum and rate else [],
+        ]
+        if relay_sum and rate
+        else [],
         "relay_rss_mib_max": [r["rss_mib_max"] for r in relay_sum],
         "load_generator_rss_mib_max": [g["rss_mib_max"] for g in gen_sum],
         "connect_wall_s": round(connect_wall, 2),
@@ -396,17 +411,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--null-controller", action="store_true", help="load a protocol-only server (bench.null_controller)"
     )
-    ap.add_argument("--relays", type=int, default=0,
-                    help="carry the nodes through this many relays (Relay.Connect, batched); 0: direct streams")
+    ap.add_argument(
+        "--relays",
+        type=int,
+        default=0,
+        help="carry the nodes through this many relays (Relay.Connect, batched); 0: direct streams",
+    )
     ap.add_argument("--linger-ms", type=float, default=20.0, help="relays: a batch gathers this long")
-    ap.add_argument("--real-relays", action="store_true",
-                    help="with --relays: run real `starpulse relay` processes (their CPU is measured too) "
-                         "instead of load processes that speak the relay protocol themselves")
-    ap.add_argument("--pin", action="store_true",
-                    help="the controller (threads and detection shards too) on one CPU, the load processes "
-                         "on the others: 'on one core' literally, and no load process competes with it")
-    ap.add_argument("--detect-workers", type=int, default=0,
-                    help="run the controller with this many detection shards (controller --detect-workers)")
+    ap.add_argument(
+        "--real-relays",
+        action="store_true",
+        help="with --relays: run real `starpulse relay` processes (their CPU is measured too) "
+        "instead of load processes that speak the relay protocol themselves",
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="the controller (threads and detection shards too) on one CPU, the load processes "
+        "on the others: 'on one core' literally, and no load process competes with it",
+    )
+    ap.add_argument(
+        "--detect-workers",
+        type=int,
+        default=0,
+        help="run the controller with this many detection shards (controller --detect-workers)",
+    )
     args = ap.parse_args(argv)
     if args.detect_workers:
         args.controller_arg = [*args.controller_arg, f"--detect-workers={args.detect_workers}"]

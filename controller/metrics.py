@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from controller.detect.correlate import EVICTABLE_KINDS
+from starpulse.core.vocab import EVICTABLE_KINDS
 
 BREAKERS = ("eviction",)
 
@@ -67,8 +67,25 @@ class ControllerMetrics:
             "From a report's timestamp (agent clock) to detection's decision on it: the agent's "
             "collection, transit, queueing in the controller and processing. Agent clock skew shifts it.",
             buckets=(
-                0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
-                0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                0.001,
+                0.002,
+                0.003,
+                0.005,
+                0.0075,
+                0.01,
+                0.015,
+                0.02,
+                0.03,
+                0.05,
+                0.075,
+                0.1,
+                0.15,
+                0.25,
+                0.5,
+                1.0,
+                2.5,
+                5.0,
+                10.0,
             ),
             registry=r,
         )

@@ -15,7 +15,6 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller import gcpolicy
-from controller.admin import AdminServicer
 from controller.detect.model import ConditionChange
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
@@ -25,22 +24,23 @@ from controller.fabric import Fabric, load_fabric
 from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
-from controller.heal.jobs import JobRegistry
 from controller.heal.policy import SqliteHealHistory, load_policy
 from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import RemediationStore
-from controller.http import build_app
-from controller.ingest import TelemetryServicer
+from controller.ingest.registry import NodeRegistry, now_ms
+from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
+from controller.ingest.servicer import TelemetryServicer
+from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
-from controller.notify import Notifier, NotifyConfig, Outbox
-from controller.query import QueryServicer
-from controller.registry import NodeRegistry, now_ms
-from controller.relay_ingest import RelayServicer, relayed_or_peer_node_id
+from controller.outputs.admin import AdminServicer
+from controller.outputs.http import build_app
+from controller.outputs.notify import Notifier, NotifyConfig, Outbox
+from controller.outputs.query import QueryServicer
 from controller.store import Store
-from starpulse import sdnotify
-from starpulse.auth import AuthConfig, AuthInterceptor
-from starpulse.tls import TLSSettings, load_server_credentials, peer_node_id
+from starpulse.core import sdnotify
+from starpulse.core.auth import AuthConfig, AuthInterceptor
+from starpulse.core.tls import TLSSettings, load_server_credentials, peer_node_id
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -76,7 +76,7 @@ class ControllerConfig:
     rate_burst: float = 5000.0  # replay after an outage fits in the burst
     report_interval_s: float = 0.0  # 0: agents keep their own interval
     report_ack_interval_s: float = 10.0  # report-only acks at most this often per stream (event acks at once)
-    # Relays (controller/relay/) whose certificates may carry agents' streams; plaintext: any relay.
+    # Relays (relay/) whose certificates may carry agents' streams; plaintext: any relay.
     relays: list[str] = field(default_factory=list)
     allowed_nodes: list[str] | None = None  # None: any valid node id may register (or the fabric's)
     fabric: Fabric | None = None  # the declared fabric (or fabric_path); None: no topology root cause
@@ -90,11 +90,11 @@ class ControllerConfig:
     grace_s: float = 5.0
     extra_listen: list[str] = field(default_factory=list)
     # Mutual TLS on the gRPC port (None: plaintext). With it a node may report only as the
-    # node id its client certificate names (starpulse.tls.peer_node_id).
+    # node id its client certificate names (starpulse.core.tls.peer_node_id).
     tls: TLSSettings | None = None
-    # Admin credential and whether reads need it (starpulse.auth). Default: dev mode, open.
+    # Admin credential and whether reads need it (starpulse.core.auth). Default: dev mode, open.
     auth: AuthConfig = field(default_factory=AuthConfig)
-    # Several replicas coordinated by etcd (controller.ha.replica); None: one controller on SQLite.
+    # Several replicas coordinated by etcd (controller.replica); None: one controller on SQLite.
     ha: HAConfig | None = None
 
 
@@ -252,7 +252,7 @@ class Controller:
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
                 ("grpc.http2.max_ping_strikes", 0),
-            ]
+            ],
         )
         sgrpc.add_TelemetryServicer_to_server(self.telemetry, server)
         sgrpc.add_RelayServicer_to_server(self.relay, server)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,28 @@ from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
+
+
+@contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE/COMMIT on an autocommit connection, ROLLBACK on error; joins an open one.
+
+    The one transaction helper of the controller's SQLite file. IMMEDIATE takes the write
+    lock up front, so two controllers sharing the file cannot both read "unallocated" and
+    then both write (spares, approvals), and a reader never has to upgrade its lock.
+    """
+    own = not db.in_transaction
+    if own:
+        db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if own:
+            db.execute("ROLLBACK")
+        raise
+    if own:
+        db.execute("COMMIT")
+
 
 SCHEMA_VERSION = 1
 
@@ -105,9 +128,7 @@ class Store:
         if row is None:
             self._db.execute("INSERT INTO schema_version(version) VALUES (?)", (SCHEMA_VERSION,))
         elif int(row[0]) != SCHEMA_VERSION:
-            raise StoreError(
-                f"store {self.path} has schema version {row[0]}, this controller needs {SCHEMA_VERSION}"
-            )
+            raise StoreError(f"store {self.path} has schema version {row[0]}, this controller needs {SCHEMA_VERSION}")
 
     # -- nodes --------------------------------------------------------------------
     def upsert_node(self, node: StoredNode) -> None:

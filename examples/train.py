@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-dir", required=True)
     p.add_argument("--checkpoint-every", type=int, default=10, help="0: only when asked")
     p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))))
-    p.add_argument("--world-size", type=int,
-                   default=int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))))
+    p.add_argument(
+        "--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    )
     p.add_argument("--socket", default=None, help="agent job socket (default: $STARPULSE_JOB_SOCKET or /run/...)")
     args = p.parse_args(argv)
 
@@ -57,8 +58,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, _on_stop)
-    job = StarpulseJob(args.job, rank=args.rank, world_size=args.world_size, checkpoint_dir=args.checkpoint_dir,
-                       socket_path=args.socket)
+    job = StarpulseJob(
+        args.job,
+        rank=args.rank,
+        world_size=args.world_size,
+        checkpoint_dir=args.checkpoint_dir,
+        socket_path=args.socket,
+    )
     say(f"start job={args.job} rank={args.rank} world_size={args.world_size} pid={os.getpid()}")
     resumed = job.resume()
     step, loss = 0, 10.0

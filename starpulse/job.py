@@ -148,8 +148,9 @@ class StarpulseJob:
         """Report one finished step (cheap: a non-blocking send, dropped when the agent is away)."""
         if self._sock is None and self._registered:
             self._maybe_reconnect()
-        self._send({"op": "step", "job": self.job, "rank": self.rank, "step": int(step),
-                    "step_time_s": float(step_time_s)})
+        self._send(
+            {"op": "step", "job": self.job, "rank": self.rank, "step": int(step), "step_time_s": float(step_time_s)}
+        )
         self._poll()
 
     @property
@@ -186,8 +187,7 @@ class StarpulseJob:
         try:
             self._previous_handler = signal.signal(signum, self._on_signal)
         except (ValueError, OSError) as exc:  # not the main thread, or no such signal here
-            log.warning("starpulse: cannot handle signal %s (%s); checkpoint requests come by socket only",
-                        signum, exc)
+            log.warning("starpulse: cannot handle signal %s (%s); checkpoint requests come by socket only", signum, exc)
             self.signal_number = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -224,8 +224,9 @@ class StarpulseJob:
         except OSError as exc:
             sock.close()
             if not self._warned_away:
-                log.warning("starpulse: agent not reachable at %s (%s); training continues, will retry",
-                            self.socket_path, exc)
+                log.warning(
+                    "starpulse: agent not reachable at %s (%s); training continues, will retry", self.socket_path, exc
+                )
                 self._warned_away = True
             return False
         self._sock = sock
@@ -338,8 +339,16 @@ class StarpulseJob:
         _atomic_write(folder / f"rank-{self.rank}{MARKER_SUFFIX}", json.dumps(manifest).encode())
         self._requested = False
         self.last_checkpoint = (int(step), str(folder), now_ms)
-        self._send({"op": "checkpoint_done", "job": self.job, "rank": self.rank, "step": int(step),
-                    "path": str(folder), "time_ms": now_ms})
+        self._send(
+            {
+                "op": "checkpoint_done",
+                "job": self.job,
+                "rank": self.rank,
+                "step": int(step),
+                "path": str(folder),
+                "time_ms": now_ms,
+            }
+        )
         log.info("starpulse: checkpoint step %d written to %s", step, folder)
         return str(folder)
 

@@ -16,7 +16,7 @@ from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
 
 if TYPE_CHECKING:
-    from controller.relay.service import Relay
+    from relay.service import Relay
 
 
 _handed_out: set[int] = set()
@@ -151,11 +151,16 @@ async def stream_session(channel: Any, *messages: Any) -> Any:
 
 def make_relay(controller_port: int, port: int, relay_id: str = "relay-a") -> Relay:
     """Build (not start) a relay to a controller on loopback, with short reconnect backoff."""
-    from controller.relay.service import Relay, RelayConfig
+    from relay.service import Relay, RelayConfig
 
     relay = Relay(
-        RelayConfig(controllers=[f"127.0.0.1:{controller_port}"], relay_id=relay_id, listen=f"127.0.0.1:{port}",
-                    linger_s=0.01, metrics_listen="127.0.0.1:0")
+        RelayConfig(
+            controllers=[f"127.0.0.1:{controller_port}"],
+            relay_id=relay_id,
+            listen=f"127.0.0.1:{port}",
+            linger_s=0.01,
+            metrics_listen="127.0.0.1:0",
+        )
     )
     relay.upstream.backoff.initial_s = 0.1
     relay.upstream.backoff.max_s = 0.3

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import free_port
 
-STARPULSE = [sys.executable, "-m", "starpulse.cli"]
+STARPULSE = [sys.executable, "-m", "starpulse.app.cli"]
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -63,8 +63,15 @@ class TestScan:
     def test_agent_with_nvml_backend_without_driver_exits(self, tmp_path: Path) -> None:
         """The agent refuses to start on `nvml` without a driver rather than running with no GPU data."""
         out = run(
-            "agent", "--controller", "127.0.0.1:1", "--node-id", "node-000", "--backend", "nvml",
-            "--state-dir", str(tmp_path),
+            "agent",
+            "--controller",
+            "127.0.0.1:1",
+            "--node-id",
+            "node-000",
+            "--backend",
+            "nvml",
+            "--state-dir",
+            str(tmp_path),
         )
         assert out.returncode == 2
         assert "NVML" in out.stderr.strip().splitlines()[-1]
@@ -77,14 +84,36 @@ class TestServices:
         controller_log = (tmp_path / "controller.log").open("w")
         agent_log = (tmp_path / "agent.log").open("w")
         controller = subprocess.Popen(
-            [*STARPULSE, "controller", "--listen", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
-             "--db", str(tmp_path / "c.db")],
-            stdout=controller_log, stderr=subprocess.STDOUT,
+            [
+                *STARPULSE,
+                "controller",
+                "--listen",
+                f"127.0.0.1:{grpc_port}",
+                "--http",
+                "127.0.0.1:0",
+                "--db",
+                str(tmp_path / "c.db"),
+            ],
+            stdout=controller_log,
+            stderr=subprocess.STDOUT,
         )
         agent = subprocess.Popen(
-            [*STARPULSE, "agent", "--controller", f"127.0.0.1:{grpc_port}", "--node-id", "node-007",
-             "--backend", "sim", "--interval-s", "0.5", "--state-dir", str(tmp_path / "agent")],
-            stdout=agent_log, stderr=subprocess.STDOUT,
+            [
+                *STARPULSE,
+                "agent",
+                "--controller",
+                f"127.0.0.1:{grpc_port}",
+                "--node-id",
+                "node-007",
+                "--backend",
+                "sim",
+                "--interval-s",
+                "0.5",
+                "--state-dir",
+                str(tmp_path / "agent"),
+            ],
+            stdout=agent_log,
+            stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.monotonic() + 30
@@ -129,13 +158,52 @@ class TestServices:
         grpc_port, relay_port = free_port(), free_port()
         logs = [(tmp_path / f"{n}.log").open("w") for n in ("controller", "relay", "agent")]
         procs = [
-            subprocess.Popen([*STARPULSE, "controller", "--listen", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
-                              "--db", str(tmp_path / "c.db")], stdout=logs[0], stderr=subprocess.STDOUT),
-            subprocess.Popen([*STARPULSE, "relay", "--controller", f"127.0.0.1:{grpc_port}", "--relay-id", "relay-1",
-                              "--listen", f"127.0.0.1:{relay_port}"], stdout=logs[1], stderr=subprocess.STDOUT),
-            subprocess.Popen([*STARPULSE, "agent", "--controller", f"127.0.0.1:{relay_port}", "--node-id", "node-007",
-                              "--backend", "sim", "--interval-s", "0.5", "--state-dir", str(tmp_path / "agent")],
-                             stdout=logs[2], stderr=subprocess.STDOUT),
+            subprocess.Popen(
+                [
+                    *STARPULSE,
+                    "controller",
+                    "--listen",
+                    f"127.0.0.1:{grpc_port}",
+                    "--http",
+                    "127.0.0.1:0",
+                    "--db",
+                    str(tmp_path / "c.db"),
+                ],
+                stdout=logs[0],
+                stderr=subprocess.STDOUT,
+            ),
+            subprocess.Popen(
+                [
+                    *STARPULSE,
+                    "relay",
+                    "--controller",
+                    f"127.0.0.1:{grpc_port}",
+                    "--relay-id",
+                    "relay-1",
+                    "--listen",
+                    f"127.0.0.1:{relay_port}",
+                ],
+                stdout=logs[1],
+                stderr=subprocess.STDOUT,
+            ),
+            subprocess.Popen(
+                [
+                    *STARPULSE,
+                    "agent",
+                    "--controller",
+                    f"127.0.0.1:{relay_port}",
+                    "--node-id",
+                    "node-007",
+                    "--backend",
+                    "sim",
+                    "--interval-s",
+                    "0.5",
+                    "--state-dir",
+                    str(tmp_path / "agent"),
+                ],
+                stdout=logs[2],
+                stderr=subprocess.STDOUT,
+            ),
         ]
         try:
             deadline = time.monotonic() + 40
@@ -220,17 +288,40 @@ class TestSwitchAgent:
             with (tmp_path / "c.log").open("w") as clog, (tmp_path / "a.log").open("w") as alog:
                 procs.append(
                     subprocess.Popen(
-                        [*STARPULSE, "controller", "--listen", f"127.0.0.1:{grpc_port}", "--http", "127.0.0.1:0",
-                         "--db", str(tmp_path / "c.db")],
-                        stdout=clog, stderr=subprocess.STDOUT,
+                        [
+                            *STARPULSE,
+                            "controller",
+                            "--listen",
+                            f"127.0.0.1:{grpc_port}",
+                            "--http",
+                            "127.0.0.1:0",
+                            "--db",
+                            str(tmp_path / "c.db"),
+                        ],
+                        stdout=clog,
+                        stderr=subprocess.STDOUT,
                     )
                 )
                 procs.append(
                     subprocess.Popen(
-                        [*STARPULSE, "agent", "--role", "switch", "--node-id", "leaf-b0-r0", "--controller",
-                         f"127.0.0.1:{grpc_port}", "--redis", f"127.0.0.1:{redis_port}", "--interval-s", "0.5",
-                         "--state-dir", str(tmp_path / "agent")],
-                        stdout=alog, stderr=subprocess.STDOUT,
+                        [
+                            *STARPULSE,
+                            "agent",
+                            "--role",
+                            "switch",
+                            "--node-id",
+                            "leaf-b0-r0",
+                            "--controller",
+                            f"127.0.0.1:{grpc_port}",
+                            "--redis",
+                            f"127.0.0.1:{redis_port}",
+                            "--interval-s",
+                            "0.5",
+                            "--state-dir",
+                            str(tmp_path / "agent"),
+                        ],
+                        stdout=alog,
+                        stderr=subprocess.STDOUT,
                     )
                 )
             deadline = time.monotonic() + 30

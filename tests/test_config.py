@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from starpulse import cli
-from starpulse.config import (
+from starpulse.app import cli
+from starpulse.app.config import (
     AGENT_SCHEMA,
     CONTROLLER_SCHEMA,
     ConfigError,
@@ -32,7 +32,7 @@ AGENT_MIN = {"agent": {"node_id": "node-001", "controllers": ["127.0.0.1:50051"]
 @pytest.fixture(autouse=True)
 def _quiet_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """Services reconfigure logging onto pytest's captured stdout; later tests would write to it closed."""
-    monkeypatch.setattr("starpulse.logs.configure_logging", lambda *a, **k: None)
+    monkeypatch.setattr("starpulse.core.logs.configure_logging", lambda *a, **k: None)
 
 
 def write(tmp_path: Path, data: Any, name: str = "controller.yaml") -> Path:
@@ -86,10 +86,14 @@ CONTROLLER_ERRORS = [
     ({"server": {"listen": "host:99999"}}, "server.listen: must be HOST:PORT, got 'host:99999'"),
     ({"server": {"controller_id": " "}}, "server.controller_id: must be a non-empty string, got ' '"),
     ({"server": {"db_path": 5}}, "server.db_path: must be a path, got 5"),
-    ({"fabric": {"jobs": {"j1": "node-1"}}}, "fabric.jobs: must be a mapping of names to lists of strings, got "
-                                             "{'j1': 'node-1'}"),
-    ({"ingest": {"heartbeat_timout_s": 3}}, "ingest.heartbeat_timout_s: unknown key, did you mean "
-                                            "'heartbeat_timeout_s'?"),
+    (
+        {"fabric": {"jobs": {"j1": "node-1"}}},
+        "fabric.jobs: must be a mapping of names to lists of strings, got {'j1': 'node-1'}",
+    ),
+    (
+        {"ingest": {"heartbeat_timout_s": 3}},
+        "ingest.heartbeat_timout_s: unknown key, did you mean 'heartbeat_timeout_s'?",
+    ),
     ({"ingets": {}}, "ingets: unknown key, did you mean 'ingest'?"),
     ({"frobnicate": 1}, "frobnicate: unknown key"),
     ({"ingest": 5}, "ingest: must be a mapping, got 5"),
@@ -128,14 +132,21 @@ def test_controller_errors_name_file_and_key(tmp_path: Path, data: dict[str, Any
 
 AGENT_ERRORS = [
     ({}, ["agent.node_id: is required", "agent.controllers: is required"]),
-    ({"agent": {"node_id": "node-001", "controllers": []}},
-     ["agent.controllers: must be a non-empty list of HOST:PORT, got []"]),
+    (
+        {"agent": {"node_id": "node-001", "controllers": []}},
+        ["agent.controllers: must be a non-empty list of HOST:PORT, got []"],
+    ),
     ({**AGENT_MIN, "hardware": {"backend": "rocm"}}, ["hardware.backend: must be one of nvml, sim, got 'rocm'"]),
     ({**AGENT_MIN, "hardware": {"seed": -1}}, ["hardware.seed: must be an integer >= 0, got -1"]),
     ({**AGENT_MIN, "hardware": {"mounts": "/"}}, ["hardware.mounts: must be a list of strings, got '/'"]),
     ({**AGENT_MIN, "metrics": {"listen": ":x"}}, ["metrics.listen: must be HOST:PORT, or null, got ':x'"]),
-    ({**AGENT_MIN, "jobs": {"allowed_commands": {"format_disk": ["/sbin/mkfs"]}}},
-     ["jobs.allowed_commands: unknown command kinds ['format_disk']; configurable: gpu_reset, reboot, run_diagnostic"]),
+    (
+        {**AGENT_MIN, "jobs": {"allowed_commands": {"format_disk": ["/sbin/mkfs"]}}},
+        [
+            "jobs.allowed_commands: unknown command kinds ['format_disk']; "
+            "configurable: gpu_reset, reboot, run_diagnostic"
+        ],
+    ),
     ({**AGENT_MIN, "server": {}}, ["server: unknown key"]),
 ]
 
@@ -153,12 +164,15 @@ def test_bad_node_id_is_named(tmp_path: Path) -> None:
 
 
 def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
-    path = write(tmp_path, {
-        "server": {"listen": "nowhere", "http": 8080},
-        "ingest": {"heartbeat_timeout_s": "soon", "rate_burst": 0},
-        "heal": {"guards": {"mode": "yolo", "flap_max": 0}},
-        "log": {"level": "loud"},
-    })
+    path = write(
+        tmp_path,
+        {
+            "server": {"listen": "nowhere", "http": 8080},
+            "ingest": {"heartbeat_timeout_s": "soon", "rate_burst": 0},
+            "heal": {"guards": {"mode": "yolo", "flap_max": 0}},
+            "log": {"level": "loud"},
+        },
+    )
     assert len(errors_of(load_controller_settings, path, {})) == 7
 
 
@@ -218,8 +232,12 @@ def test_env_overrides_valid(tmp_path: Path) -> None:
 
 def test_env_bool_and_null(tmp_path: Path) -> None:
     path = write(tmp_path, {**AGENT_MIN, "metrics": {"listen": "0.0.0.0:9400"}}, "agent.yaml")
-    env = {"STARPULSE_HARDWARE__ETHTOOL": "false", "STARPULSE_METRICS__LISTEN": "", "STARPULSE_HARDWARE__KMSG": "null",
-           "STARPULSE_AGENT__CONTROLLERS": "a:1,b:2"}
+    env = {
+        "STARPULSE_HARDWARE__ETHTOOL": "false",
+        "STARPULSE_METRICS__LISTEN": "",
+        "STARPULSE_HARDWARE__KMSG": "null",
+        "STARPULSE_AGENT__CONTROLLERS": "a:1,b:2",
+    }
     config, opt = load_agent_config(path, env)
     assert opt.ethtool is False and opt.kmsg is None and config.metrics_listen is None
     assert config.controllers == ["a:1", "b:2"]
@@ -228,17 +246,27 @@ def test_env_bool_and_null(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S": "soon"},
-         "STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S: ingest.heartbeat_timeout_s: must be a number > 0, got 'soon'"),
-        ({"STARPULSE_HEAL__GUARDS__MODE": "yolo"},
-         "STARPULSE_HEAL__GUARDS__MODE: heal.guards.mode: must be one of enforce, dry_run, manual, got 'yolo'"),
-        ({"STARPULSE_HEAL__ENABLED": "maybe"}, "STARPULSE_HEAL__ENABLED: heal.enabled: must be true or false, "
-                                               "got 'maybe'"),
-        ({"STARPULSE_INGEST__HEARTBEAT_TIMOUT_S": "3"},
-         "STARPULSE_INGEST__HEARTBEAT_TIMOUT_S: unknown setting ingest.heartbeat_timout_s, "
-         "did you mean 'heartbeat_timeout_s'?"),
-        ({"STARPULSE_INGEST": "x", "STARPULSE_DETECTION__CORRELATION": "1"},
-         "STARPULSE_DETECTION__CORRELATION: detection.correlation is a section, not a setting"),
+        (
+            {"STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S": "soon"},
+            "STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S: ingest.heartbeat_timeout_s: must be a number > 0, got 'soon'",
+        ),
+        (
+            {"STARPULSE_HEAL__GUARDS__MODE": "yolo"},
+            "STARPULSE_HEAL__GUARDS__MODE: heal.guards.mode: must be one of enforce, dry_run, manual, got 'yolo'",
+        ),
+        (
+            {"STARPULSE_HEAL__ENABLED": "maybe"},
+            "STARPULSE_HEAL__ENABLED: heal.enabled: must be true or false, got 'maybe'",
+        ),
+        (
+            {"STARPULSE_INGEST__HEARTBEAT_TIMOUT_S": "3"},
+            "STARPULSE_INGEST__HEARTBEAT_TIMOUT_S: unknown setting ingest.heartbeat_timout_s, "
+            "did you mean 'heartbeat_timeout_s'?",
+        ),
+        (
+            {"STARPULSE_INGEST": "x", "STARPULSE_DETECTION__CORRELATION": "1"},
+            "STARPULSE_DETECTION__CORRELATION: detection.correlation is a section, not a setting",
+        ),
         ({"STARPULSE_NOTIFY__BATCH_SIZE": "0"}, "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be >= 1"),
     ],
 )
@@ -255,16 +283,23 @@ def _controller_args(argv: list[str]) -> Any:
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:
-    path = write(tmp_path, {
-        "server": {"listen": "0.0.0.0:1111", "http": "0.0.0.0:2222"},
-        "ingest": {"heartbeat_timeout_s": 10, "rate_burst": 100},
-        "heal": {"guards": {"mode": "dry_run"}},
-    })
-    env = {"STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S": "20", "STARPULSE_SERVER__HTTP": "0.0.0.0:3333",
-           "STARPULSE_SERVER__LISTEN": "0.0.0.0:4444"}
+    path = write(
+        tmp_path,
+        {
+            "server": {"listen": "0.0.0.0:1111", "http": "0.0.0.0:2222"},
+            "ingest": {"heartbeat_timeout_s": 10, "rate_burst": 100},
+            "heal": {"guards": {"mode": "dry_run"}},
+        },
+    )
+    env = {
+        "STARPULSE_INGEST__HEARTBEAT_TIMEOUT_S": "20",
+        "STARPULSE_SERVER__HTTP": "0.0.0.0:3333",
+        "STARPULSE_SERVER__LISTEN": "0.0.0.0:4444",
+    }
     # --listen is given at its default value: an explicit flag still wins; --http is not given.
-    args = _controller_args(["controller", "--config", str(path), "--listen", "127.0.0.1:50051",
-                             "--heartbeat-timeout-s", "30"])
+    args = _controller_args(
+        ["controller", "--config", str(path), "--listen", "127.0.0.1:50051", "--heartbeat-timeout-s", "30"]
+    )
     cfg = load_controller_settings(path, env, cli._controller_overrides(args)).controller
     assert cfg.listen == "127.0.0.1:50051"  # flag > env > file
     assert cfg.heartbeat_timeout_s == 30.0  # flag > env > file
@@ -292,8 +327,19 @@ def test_scheduler_flag_enables_healing(tmp_path: Path) -> None:
 
 def test_agent_flags_override_file(tmp_path: Path) -> None:
     path = write(tmp_path, {**AGENT_MIN, "agent": {**AGENT_MIN["agent"], "interval_s": 7}}, "agent.yaml")
-    argv = ["agent", "--config", str(path), "--node-id", "node-009", "--controller", "x:1,y:2", "--kmsg", "",
-            "--allow-command", "reboot=/sbin/reboot"]
+    argv = [
+        "agent",
+        "--config",
+        str(path),
+        "--node-id",
+        "node-009",
+        "--controller",
+        "x:1,y:2",
+        "--kmsg",
+        "",
+        "--allow-command",
+        "reboot=/sbin/reboot",
+    ]
     args = cli.build_parser().parse_args(argv)
     args.argv = argv
     config, opt = load_agent_config(path, {"STARPULSE_AGENT__INTERVAL_S": "9"}, cli._agent_overrides(args))
@@ -342,7 +388,7 @@ def test_deploy_examples_load() -> None:
 
 
 def test_controller_example_documents_every_notify_key() -> None:
-    from controller.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
+    from controller.outputs.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
 
     text = (DEPLOY / "controller.yaml").read_text()
     for cls in (NotifyConfig, ReceiverConfig, BackoffConfig):
@@ -377,8 +423,23 @@ def test_schema_defaults_match_the_code() -> None:
     check(GuardConfig, c["heal"]["guards"])
     check(HealConfig, c["heal"])
     flat = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(c)}
-    check(ControllerConfig, flat, {"db_path", "fabric", "fabric_path", "rules_path", "detection", "notify", "heal",
-                                   "tls", "auth", "allowed_nodes", "ha"})
+    check(
+        ControllerConfig,
+        flat,
+        {
+            "db_path",
+            "fabric",
+            "fabric_path",
+            "rules_path",
+            "detection",
+            "notify",
+            "heal",
+            "tls",
+            "auth",
+            "allowed_nodes",
+            "ha",
+        },
+    )
     check(HAConfig, c["ha"])
     a = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(AGENT_SCHEMA)}
     a["metrics_listen"], a["job_socket"] = a["listen"], a["socket"]
@@ -398,7 +459,7 @@ def test_ha_section_and_flags(tmp_path: Path) -> None:
     path = write(tmp_path, {"ha": {"enabled": True, "etcd": ["10.0.0.1:2379"], "lease_ttl_s": 3}})
     ha = load_controller_config(path, {}).ha
     assert ha.etcd == ["10.0.0.1:2379"] and ha.lease_ttl_s == 3 and ha.advertise == ""
-    from starpulse.cli import _controller_overrides, build_parser
+    from starpulse.app.cli import _controller_overrides, build_parser
 
     argv = ["controller", "--config", str(path), "--etcd", "e1:2379,e2:2379", "--advertise", "c1:50051"]
     args = build_parser().parse_args(argv)
@@ -408,11 +469,18 @@ def test_ha_section_and_flags(tmp_path: Path) -> None:
 
 
 def test_exec_scheduler_and_relative_paths(tmp_path: Path) -> None:
-    path = write(tmp_path, {
-        "server": {"db_path": "state/starpulse.db"},
-        "heal": {"enabled": True, "policy_path": "policy.yaml", "checkpoint_timeout_s": 5,
-                 "scheduler": {"type": "exec", "exec": {"hooks": {"drain": ["/bin/true"]}, "env": {"X": 1}}}},
-    })
+    path = write(
+        tmp_path,
+        {
+            "server": {"db_path": "state/starpulse.db"},
+            "heal": {
+                "enabled": True,
+                "policy_path": "policy.yaml",
+                "checkpoint_timeout_s": 5,
+                "scheduler": {"type": "exec", "exec": {"hooks": {"drain": ["/bin/true"]}, "env": {"X": 1}}},
+            },
+        },
+    )
     cfg = load_controller_config(path, {})
     assert cfg.db_path == tmp_path / "state/starpulse.db"
     assert cfg.heal.scheduler.name == "exec" and cfg.heal.scheduler.env == {"X": "1"}
@@ -426,8 +494,15 @@ def test_check_file_summary() -> None:
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "starpulse.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "starpulse.app.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_config_check_subprocess(tmp_path: Path) -> None:
@@ -451,8 +526,14 @@ def test_controller_runs_with_config_file(tmp_path: Path, monkeypatch: pytest.Mo
     from controller.service import Controller
 
     db = tmp_path / "ctl.db"
-    path = write(tmp_path, {"server": {"listen": "127.0.0.1:0", "http": "127.0.0.1:0", "db_path": str(db)},
-                            "ingest": {"heartbeat_timeout_s": 42}, "log": {"level": "warning"}})
+    path = write(
+        tmp_path,
+        {
+            "server": {"listen": "127.0.0.1:0", "http": "127.0.0.1:0", "db_path": str(db)},
+            "ingest": {"heartbeat_timeout_s": 42},
+            "log": {"level": "warning"},
+        },
+    )
     seen: dict[str, Any] = {}
 
     async def serve(self: Controller, stop: asyncio.Event) -> None:
@@ -475,9 +556,19 @@ def test_controller_config_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_agent_runs_with_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write(tmp_path, {"agent": {"node_id": "node-007", "controllers": ["127.0.0.1:1"], "interval_s": 3,
-                                      "state_dir": str(tmp_path / "state")},
-                            "hardware": {"backend": "sim", "ethtool": False}}, "agent.yaml")
+    path = write(
+        tmp_path,
+        {
+            "agent": {
+                "node_id": "node-007",
+                "controllers": ["127.0.0.1:1"],
+                "interval_s": 3,
+                "state_dir": str(tmp_path / "state"),
+            },
+            "hardware": {"backend": "sim", "ethtool": False},
+        },
+        "agent.yaml",
+    )
     seen: list[Any] = []
 
     async def run(agent: Any) -> None:
@@ -498,8 +589,13 @@ def test_agent_without_node_id_or_config(capsys: pytest.CaptureFixture[str]) -> 
 def test_tls_and_auth_sections_build_the_service_settings(tmp_path: Path) -> None:
     token = tmp_path / "admin.tokens"
     token.write_text("# ops\n" + "t" * 40 + "\n")
-    path = write(tmp_path, {"tls": {"ca_file": "ca.pem", "cert_file": "c.pem", "key_file": "c.key"},
-                            "auth": {"admin_token_file": "admin.tokens", "open_reads": False}})
+    path = write(
+        tmp_path,
+        {
+            "tls": {"ca_file": "ca.pem", "cert_file": "c.pem", "key_file": "c.key"},
+            "auth": {"admin_token_file": "admin.tokens", "open_reads": False},
+        },
+    )
     settings = load_controller_settings(path, {})
     assert settings.tls is not None and settings.tls.ca_file == tmp_path / "ca.pem"
     assert settings.controller.tls == settings.tls
@@ -510,8 +606,14 @@ def test_tls_and_auth_sections_build_the_service_settings(tmp_path: Path) -> Non
 
 
 def test_agent_lldp_socket_and_sim_shape(tmp_path: Path) -> None:
-    hw = {"backend": "sim", "lldpcli_socket": "lldpd.sock", "lldp_interval_s": 2, "sim_gpus": 2, "sim_nics": 2,
-          "sim_real_netdevs": True}
+    hw = {
+        "backend": "sim",
+        "lldpcli_socket": "lldpd.sock",
+        "lldp_interval_s": 2,
+        "sim_gpus": 2,
+        "sim_nics": 2,
+        "sim_real_netdevs": True,
+    }
     path = write(tmp_path, {**AGENT_MIN, "hardware": hw}, "agent.yaml")
     _, opt = load_agent_config(path, {})
     assert opt.lldpcli_socket == str(tmp_path / "lldpd.sock")  # relative to the file

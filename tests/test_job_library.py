@@ -24,8 +24,15 @@ def short_dir() -> Iterator[Path]:
 
 
 def make(tmp_path: Path, rank: int = 0, world_size: int = 1, **kw: object) -> StarpulseJob:
-    return StarpulseJob("llm", rank=rank, world_size=world_size, checkpoint_dir=tmp_path / "ckpt",
-                        socket_path=str(tmp_path / "absent.sock"), signal_number=None, **kw)  # type: ignore[arg-type]
+    return StarpulseJob(
+        "llm",
+        rank=rank,
+        world_size=world_size,
+        checkpoint_dir=tmp_path / "ckpt",
+        socket_path=str(tmp_path / "absent.sock"),
+        signal_number=None,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_save_then_resume_round_trips_bytes_and_dicts(tmp_path: Path) -> None:
@@ -109,8 +116,9 @@ def test_protocol_lines_and_agent_checkpoint_message(short_dir: Path) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen()
-    job = StarpulseJob("llm", rank=1, world_size=2, checkpoint_dir=short_dir / "ck", socket_path=path,
-                       signal_number=None)
+    job = StarpulseJob(
+        "llm", rank=1, world_size=2, checkpoint_dir=short_dir / "ck", socket_path=path, signal_number=None
+    )
     try:
         assert job.register()
         conn, _ = server.accept()

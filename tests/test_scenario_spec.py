@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from starpulse.scenario import ScenarioError, load_scenario, parse_scenario
-from starpulse.scenario.spec import switch_port, target_kind
+from starpulse.app.scenario import ScenarioError, load_scenario, parse_scenario
+from starpulse.app.scenario.spec import switch_port, target_kind
 
 EXAMPLE = """\
 name: leaf-down

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from starpulse.scenario.runner import run_scenario
-from starpulse.scenario.spec import load_scenario
+from starpulse.app.scenario.runner import run_scenario
+from starpulse.app.scenario.spec import load_scenario
 
 SUITE = sorted((Path(__file__).parent / "scenarios").glob("*.yaml"))
 COVERED_KINDS = {

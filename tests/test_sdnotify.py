@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from starpulse import sdnotify
+from starpulse.core import sdnotify
 
 
 class FakeSystemd:

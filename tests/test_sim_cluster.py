@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from controller.fabric import generate_fabric
-from controller.registry import ONLINE, UNREACHABLE, NodeRecord
+from controller.ingest.registry import ONLINE, UNREACHABLE, NodeRecord
 from controller.service import Controller, ControllerConfig
-from starpulse.findings import event_kind_name
-from starpulse.scenario.cluster import SimCluster, render_lldpcli_json
-from starpulse.scenario.spec import FaultSpec
+from starpulse.app.scenario.cluster import SimCluster, render_lldpcli_json
+from starpulse.app.scenario.spec import FaultSpec
+from starpulse.core.findings import event_kind_name
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.helpers import free_port, wait_for

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from starpulse.cli import build_parser, cmd_agent, cmd_controller, cmd_relay
+from starpulse.app.cli import build_parser, cmd_agent, cmd_controller, cmd_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "deploy" / "systemd"

@@ -12,10 +12,10 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from starpulse import cli
-from starpulse.auth import AuthConfig, AuthConfigError, Denied, check_admin, load_tokens, token_matches
-from starpulse.names import InvalidName
-from starpulse.tls import (
+from starpulse.app import cli
+from starpulse.core.auth import AuthConfig, AuthConfigError, Denied, check_admin, load_tokens, token_matches
+from starpulse.core.names import InvalidName
+from starpulse.core.tls import (
     TestCA,
     TLSConfigError,
     TLSSettings,
@@ -31,7 +31,7 @@ from starpulse.tls import (
 @pytest.fixture(autouse=True)
 def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """cli.main() points logging at the (captured, later closed) stderr; keep the test's config."""
-    monkeypatch.setattr("starpulse.logs.configure_logging", lambda *a, **k: None)
+    monkeypatch.setattr("starpulse.core.logs.configure_logging", lambda *a, **k: None)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import structlog
 
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 

@@ -29,8 +29,9 @@ import structlog
 
 from agent.collectors import nvml_fields as nf
 from agent.collectors.base import CollectorUnsupported, FindingSink
-from starpulse import xid as xidcat
-from starpulse.findings import Finding
+from starpulse.core import vocab
+from starpulse.core import xid as xidcat
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -54,8 +55,8 @@ _RETIRED_CAUSE = {
 }
 
 # Clock-event bits that mean the hardware is slowing the GPU down (not idle / power cap).
-SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HwSlowdown | HwThermalSlowdown | HwPowerBrakeSlowdown
-_SLOWDOWN_NAMES = {0x8: "HwSlowdown", 0x40: "HwThermalSlowdown", 0x80: "HwPowerBrakeSlowdown"}
+SLOWDOWN_BITS = vocab.slowdown_bits("nvidia")
+_SLOWDOWN_NAMES = {r.bit: r.name for r in vocab.CLOCK_EVENT_REASONS["nvidia"] if r.slowdown}
 
 # Event bits the thread registers for (each device: only those it supports).
 EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
@@ -67,24 +68,7 @@ _BACKOFF_INITIAL_S = 0.2
 _BACKOFF_MAX_S = 5.0
 
 # (GpuSample NvLinkSample field, NVML_NVLINK_ERROR_DL_* counter)
-_NVLINK_COUNTERS = (
-    ("replay_errors", 0),
-    ("recovery_errors", 1),
-    ("crc_flit_errors", 2),
-    ("crc_data_errors", 3),
-    ("ecc_data_errors", 4),
-)
-
-_SEVERITY_FOR_ACTION = {
-    xidcat.ACTION_NONE: "info",
-    xidcat.ACTION_RESTART_APP: "warning",
-    xidcat.ACTION_INVESTIGATE: "warning",
-    xidcat.ACTION_CHECK_LINK: "warning",
-    xidcat.ACTION_RESTART_FABRIC_MANAGER: "critical",
-    xidcat.ACTION_RESET_GPU: "critical",
-    xidcat.ACTION_CONTACT_SUPPORT: "critical",
-    xidcat.ACTION_REBOOT: "fatal",
-}
+_NVLINK_COUNTERS = tuple((name, counter) for counter, name in enumerate(vocab.NVLINK_ERROR_COUNTERS))
 
 _INIT_HINTS = {
     "NVMLError_LibraryNotFound": "is the NVIDIA driver installed?",
@@ -177,9 +161,7 @@ class _GpuState:
 class _Reader:
     """Calls NVML for one device and turns the per-metric error rules into None / flags."""
 
-    def __init__(
-        self, nvml: Any, handle: Any, index: int, warn: Callable[[int, str, BaseException], None]
-    ) -> None:
+    def __init__(self, nvml: Any, handle: Any, index: int, warn: Callable[[int, str, BaseException], None]) -> None:
         self._nvml = nvml
         self._handle = handle
         self._index = index
@@ -532,7 +514,7 @@ class NvmlGpuCollector:
                     kind="gpu_lost",
                     component="gpu",
                     severity="fatal",
-                    action=xidcat.ACTION_REBOOT,
+                    action=vocab.ACTION_REBOOT,
                     message="NVML event wait reports a GPU is lost (device not identified)",
                     source=SOURCE,
                     xid=79,
@@ -944,7 +926,7 @@ class NvmlGpuCollector:
                         "gpu_reset_required",
                         ident,
                         "critical",
-                        xidcat.ACTION_RESET_GPU,
+                        vocab.ACTION_RESET_GPU,
                         "NVML: GPU requires reset",
                         nvml_error="GPU requires restart",
                     )
@@ -972,7 +954,7 @@ class NvmlGpuCollector:
                             "row_remap_failure",
                             ident,
                             "critical",
-                            xidcat.ACTION_CONTACT_SUPPORT,
+                            vocab.ACTION_CONTACT_SUPPORT,
                             "Row remapping failed: no spare rows left for an uncorrectable error",
                             remapped_rows_uncorrectable=str(s.remapped_rows_uncorrectable),
                         )
@@ -991,7 +973,7 @@ class NvmlGpuCollector:
                             "nvlink_down",
                             ident,
                             "critical",
-                            xidcat.ACTION_RESET_GPU,
+                            vocab.ACTION_RESET_GPU,
                             f"NVLink {nl.link} is down",
                             link=str(nl.link),
                         )
@@ -1008,7 +990,7 @@ class NvmlGpuCollector:
                             "thermal_slowdown",
                             ident,
                             "warning",
-                            xidcat.ACTION_INVESTIGATE,
+                            vocab.ACTION_INVESTIGATE,
                             f"Hardware clock slowdown: {names}",
                             clock_event_reasons=hex(s.clock_event_reasons),
                             reasons=names,
@@ -1055,8 +1037,7 @@ class NvmlGpuCollector:
                 out.append(
                     self._lost_finding(
                         ident,
-                        f"GPU no longer enumerated: NVML reports {count} devices, inventory has "
-                        f"{len(self._inventory)}",
+                        f"GPU no longer enumerated: NVML reports {count} devices, inventory has {len(self._inventory)}",
                         device_count=str(count),
                         inventory_count=str(len(self._inventory)),
                     )
@@ -1096,7 +1077,7 @@ class NvmlGpuCollector:
             "gpu_lost",
             ident,
             "fatal",
-            xidcat.ACTION_REBOOT,
+            vocab.ACTION_REBOOT,
             message,
             xid=79,
             xid_mnemonic=xidcat.lookup(79).mnemonic,
@@ -1106,7 +1087,7 @@ class NvmlGpuCollector:
         return finding
 
     def _dbe_finding(self, ident: _Ident, message: str, **attributes: str) -> Finding:
-        finding = self._finding("ecc_dbe", ident, "critical", xidcat.ACTION_RESET_GPU, message)
+        finding = self._finding("ecc_dbe", ident, "critical", vocab.ACTION_RESET_GPU, message)
         finding.attributes.update({k: v for k, v in attributes.items() if v})
         return finding
 
@@ -1115,7 +1096,7 @@ class NvmlGpuCollector:
         return self._finding(
             "gpu_recovery_action",
             ident,
-            _SEVERITY_FOR_ACTION.get(action, "warning"),
+            vocab.severity_for_action(action),
             action,
             f"NVML recovery action {value} ({name})",
             recovery_action=str(value),

@@ -19,7 +19,7 @@ import psutil
 import structlog
 
 from agent.collectors.procfs import ProcStats
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 

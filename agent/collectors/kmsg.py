@@ -21,8 +21,9 @@ import structlog
 
 from agent.collectors.base import FindingSink
 from agent.collectors.filewatch import Waiter
-from starpulse import xid as xidcat
-from starpulse.findings import Finding
+from starpulse.core import vocab
+from starpulse.core import xid as xidcat
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -120,14 +121,20 @@ _MLX5_RE = re.compile(
 )
 # (pattern, action, reason) for the mlx5 lines worth a finding; anything else from mlx5 is noise.
 _MLX5_ERRORS: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"Port module event\[error\]"), xidcat.ACTION_CHECK_LINK, "transceiver module error"),
-    (re.compile(r"Port module event.*(?:unplugged|Cable error)", re.IGNORECASE), xidcat.ACTION_CHECK_LINK,
-     "transceiver module event"),
-    (re.compile(r"\blink down\b", re.IGNORECASE), xidcat.ACTION_CHECK_LINK, "link down"),
-    (re.compile(r"health compromised"), xidcat.ACTION_INVESTIGATE, "device health compromised"),
-    (re.compile(r"\b(?:fatal|internal) error\b", re.IGNORECASE), xidcat.ACTION_INVESTIGATE, "device error"),
-    (re.compile(r"mlx5_cmd_out_err|mlx5_cmd_check|cmd_work_handler.*timeout|command timeout"),
-     xidcat.ACTION_INVESTIGATE, "firmware command failed"),
+    (re.compile(r"Port module event\[error\]"), vocab.ACTION_CHECK_LINK, "transceiver module error"),
+    (
+        re.compile(r"Port module event.*(?:unplugged|Cable error)", re.IGNORECASE),
+        vocab.ACTION_CHECK_LINK,
+        "transceiver module event",
+    ),
+    (re.compile(r"\blink down\b", re.IGNORECASE), vocab.ACTION_CHECK_LINK, "link down"),
+    (re.compile(r"health compromised"), vocab.ACTION_INVESTIGATE, "device health compromised"),
+    (re.compile(r"\b(?:fatal|internal) error\b", re.IGNORECASE), vocab.ACTION_INVESTIGATE, "device error"),
+    (
+        re.compile(r"mlx5_cmd_out_err|mlx5_cmd_check|cmd_work_handler.*timeout|command timeout"),
+        vocab.ACTION_INVESTIGATE,
+        "firmware command failed",
+    ),
 )
 _PEERMEM_RE = re.compile(r"nvidia-peermem\b.*\bERROR\b")
 
@@ -145,20 +152,34 @@ def classify(message: str) -> Finding | None:
             if pm:
                 attrs[key] = pm.group(1).strip().strip("'")
         return Finding(
-            kind="xid", component=f"gpu@{pci}", severity=info.severity, action=info.action,
-            message=message, source=SOURCE, xid=num, pci=pci, attributes=attrs,
+            kind="xid",
+            component=f"gpu@{pci}",
+            severity=info.severity,
+            action=info.action,
+            message=message,
+            source=SOURCE,
+            xid=num,
+            pci=pci,
+            attributes=attrs,
         )
     m = _FALLEN_RE.search(message)
     if m:
         pci = m.group(1)
         return Finding(
-            kind="gpu_lost", component=f"gpu@{pci}", severity="fatal", action=xidcat.ACTION_REBOOT,
-            message=message, source=SOURCE, xid=79, pci=pci, attributes={"pci": pci},
+            kind="gpu_lost",
+            component=f"gpu@{pci}",
+            severity="fatal",
+            action=vocab.ACTION_REBOOT,
+            message=message,
+            source=SOURCE,
+            xid=79,
+            pci=pci,
+            attributes={"pci": pci},
         )
     m = _SXID_RE.search(message)
     if m:
         pci = m.group(1)
-        fatal = _FATAL_RE.search(message[m.end():]) is not None
+        fatal = _FATAL_RE.search(message[m.end() :]) is not None
         attrs = {"pci": pci, "fatal": str(fatal).lower()}
         sw = _NVSWITCH_RE.search(message)
         if sw:
@@ -167,10 +188,15 @@ def classify(message: str) -> Finding | None:
         if lm:
             attrs["link"] = lm.group(1)
         return Finding(
-            kind="sxid", component=f"nvswitch@{pci}",
+            kind="sxid",
+            component=f"nvswitch@{pci}",
             severity="fatal" if fatal else "warning",
-            action=xidcat.ACTION_REBOOT if fatal else xidcat.ACTION_INVESTIGATE,
-            message=message, source=SOURCE, xid=int(m.group(2)), pci=pci, attributes=attrs,
+            action=vocab.ACTION_REBOOT if fatal else vocab.ACTION_INVESTIGATE,
+            message=message,
+            source=SOURCE,
+            xid=int(m.group(2)),
+            pci=pci,
+            attributes=attrs,
         )
     m = _MLX5_RE.search(message)
     if m:
@@ -183,14 +209,24 @@ def classify(message: str) -> Finding | None:
                 if netdev:
                     attrs["netdev"] = netdev
                 return Finding(
-                    kind="nic_driver_error", component=netdev or f"mlx5@{pci}", severity="warning",
-                    action=action, message=message, source=SOURCE, pci=pci, attributes=attrs,
+                    kind="nic_driver_error",
+                    component=netdev or f"mlx5@{pci}",
+                    severity="warning",
+                    action=action,
+                    message=message,
+                    source=SOURCE,
+                    pci=pci,
+                    attributes=attrs,
                 )
         return None
     if _PEERMEM_RE.search(message):
         return Finding(
-            kind="kernel", component="nvidia-peermem", severity="warning",
-            action=xidcat.ACTION_INVESTIGATE, message=message, source=SOURCE,
+            kind="kernel",
+            component="nvidia-peermem",
+            severity="warning",
+            action=vocab.ACTION_INVESTIGATE,
+            message=message,
+            source=SOURCE,
             attributes={"module": "nvidia-peermem"},
         )
     return None
@@ -421,7 +457,7 @@ class KmsgCollector:
                     if cut < 0:
                         partial = data
                     else:
-                        partial = data[cut + 1:]
+                        partial = data[cut + 1 :]
                         self._emit_text(data[: cut + 1].decode("utf-8", errors="replace"))
                     continue
                 try:

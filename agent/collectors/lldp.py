@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -101,8 +101,7 @@ def parse_lldpcli_json(text: str) -> list[LldpNeighbor]:
 
 
 def _key(n: ipb.LldpNeighbor) -> tuple[str, ...]:
-    return (n.local_interface, n.chassis_name, n.chassis_id, n.port_id, n.port_description,
-            n.management_address)
+    return (n.local_interface, n.chassis_name, n.chassis_id, n.port_id, n.port_description, n.management_address)
 
 
 class LldpCollector:

@@ -183,9 +183,7 @@ GROUPS: tuple[FieldGroup, ...] = (
         ((_fid("NVML_FI_DEV_RETIRED_PENDING", 31), "retired_pages_pending", bool),),
         "retired_pending",
     ),
-    FieldGroup(
-        "pcie_replay_count", ((_fid("NVML_FI_DEV_PCIE_REPLAY_COUNTER", 94), "pcie_replay_count", int),), "pcie"
-    ),
+    FieldGroup("pcie_replay_count", ((_fid("NVML_FI_DEV_PCIE_REPLAY_COUNTER", 94), "pcie_replay_count", int),), "pcie"),
     FieldGroup("recovery_action", ((FI_RECOVERY_ACTION, "recovery_action", int),), ""),
     FieldGroup("memory_temperature_c", ((FI_MEMORY_TEMP, "memory_temperature_c", float),), ""),
 )

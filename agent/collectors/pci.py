@@ -12,25 +12,16 @@ import re
 
 import structlog
 
+from starpulse.core import vocab
+
 log = structlog.get_logger(__name__)
 
 PCI_ADDR_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-_NVML_BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-
-
-def normalize_pci(bus_id: str) -> str:
-    """Canonical "0000:17:00.0" form of a bus id; NVML's "00000000:17:00.0" loses its extra zeros."""
-    s = bus_id.strip()
-    m = _NVML_BUS_ID_RE.match(s)
-    if not m:
-        return s.lower()
-    domain = int(m.group(1), 16)
-    return f"{domain:04x}:{m.group(2)}:{m.group(3)}.{m.group(4)}".lower()
 
 
 def pci_device_path(sysfs_root: str, addr: str) -> str | None:
     """Real sysfs path of a PCI device (``bus/pci/devices/<addr>`` resolved), None if absent."""
-    link = os.path.join(sysfs_root, "bus", "pci", "devices", normalize_pci(addr))
+    link = os.path.join(sysfs_root, "bus", "pci", "devices", vocab.canonical_pci(addr))
     if not os.path.exists(link):
         return None
     return os.path.realpath(link)
@@ -51,9 +42,7 @@ def _shared_pci_depth(a: list[str], b: list[str]) -> int:
     return depth
 
 
-def pair_nics_with_gpus(
-    sysfs_root: str, nic_pci_by_key: dict[str, str], gpu_pci: dict[int, str]
-) -> dict[str, int]:
+def pair_nics_with_gpus(sysfs_root: str, nic_pci_by_key: dict[str, str], gpu_pci: dict[int, str]) -> dict[str, int]:
     """Map NIC key -> GPU index for NICs that share a PCIe switch with exactly one closest GPU.
 
     The closest GPU is the one whose device path shares the most PCI bridges with the

@@ -21,8 +21,8 @@ import structlog
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from agent.collectors.pci import PCI_ADDR_RE
-from starpulse import xid as xidcat
-from starpulse.findings import Finding
+from starpulse.core import vocab
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -38,14 +38,14 @@ _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 
 @functools.lru_cache(maxsize=64)  # ~20 reads per cycle of the same few texts
 def parse_rate_gbps(text: str) -> float:
-    """"400 Gb/sec (4X NDR)" -> 400.0; 0.0 when unparsable."""
+    """ "400 Gb/sec (4X NDR)" -> 400.0; 0.0 when unparsable."""
     m = _RATE_RE.match(text)
     return float(m.group(1)) if m else 0.0
 
 
 @functools.lru_cache(maxsize=64)
 def parse_state(text: str) -> tuple[int, str]:
-    """"4: ACTIVE" -> (4, "ACTIVE"); (0, text) when it has no numeric code."""
+    """ "4: ACTIVE" -> (4, "ACTIVE"); (0, text) when it has no numeric code."""
     m = _STATE_RE.match(text)
     if not m:
         return 0, text.strip()
@@ -546,9 +546,7 @@ class RdmaSysfsCollector:
             os.close(fd)
         _files.kept -= len(kept.fds)
 
-    def _fill(
-        self, pp: _PortPaths, now: float, s: tpb.NicSample, state_txt: str, phys_txt: str, rate_txt: str
-    ) -> None:
+    def _fill(self, pp: _PortPaths, now: float, s: tpb.NicSample, state_txt: str, phys_txt: str, rate_txt: str) -> None:
         p = pp.path
         state_code, state = parse_state(state_txt)
         phys_code, phys = parse_state(phys_txt)
@@ -604,14 +602,24 @@ class RdmaSysfsCollector:
         if not ok and (prev is None or prev.ok):
             log.warning("rdma_link_down", port=key, state=s.state, phys_state=s.phys_state)
             return Finding(
-                kind="nic_link_down", component=key, severity="critical", action=xidcat.ACTION_CHECK_LINK,
-                message=f"{key} is {s.state} / {s.phys_state}", source=SOURCE, attributes=attrs,
+                kind="nic_link_down",
+                component=key,
+                severity="critical",
+                action=vocab.ACTION_CHECK_LINK,
+                message=f"{key} is {s.state} / {s.phys_state}",
+                source=SOURCE,
+                attributes=attrs,
             )
         if ok and prev is not None and not prev.ok:
             log.info("rdma_link_up", port=key)
             return Finding(
-                kind="nic_link_up", component=key, severity="info", action=xidcat.ACTION_NONE,
-                message=f"{key} is ACTIVE / LinkUp again", source=SOURCE, attributes=attrs,
+                kind="nic_link_up",
+                component=key,
+                severity="info",
+                action=vocab.ACTION_NONE,
+                message=f"{key} is ACTIVE / LinkUp again",
+                source=SOURCE,
+                attributes=attrs,
             )
         return None
 

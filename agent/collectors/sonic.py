@@ -24,8 +24,8 @@ from typing import Any
 import redis
 import structlog
 
-from starpulse import xid as xidcat
-from starpulse.findings import Finding
+from starpulse.core import vocab
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -347,15 +347,15 @@ class SonicSwitchCollector:
         if oper == "down" and ((prev is not None and prev.oper == "up") or (prev is None and admin == "up")):
             if admin == "down":
                 return [
-                    self._finding("switch_port_down", port, "info", xidcat.ACTION_NONE, f"{who} administratively down")
+                    self._finding("switch_port_down", port, "info", vocab.ACTION_NONE, f"{who} administratively down")
                 ]
             log.warning("switch_port_down", switch=self.switch_name, port=port)
             return [
-                self._finding("switch_port_down", port, "critical", xidcat.ACTION_CHECK_LINK, f"{who} oper status down")
+                self._finding("switch_port_down", port, "critical", vocab.ACTION_CHECK_LINK, f"{who} oper status down")
             ]
         if oper == "up" and prev is not None and prev.oper == "down":
             log.info("switch_port_up", switch=self.switch_name, port=port)
-            return [self._finding("switch_port_up", port, "info", xidcat.ACTION_NONE, f"{who} oper status up")]
+            return [self._finding("switch_port_up", port, "info", vocab.ACTION_NONE, f"{who} oper status up")]
         return []
 
     def _wd_transitions(self, port: str, wd: dict[str, str]) -> list[Finding]:
@@ -372,7 +372,7 @@ class SonicSwitchCollector:
                         "pfc_storm",
                         port,
                         "critical",
-                        xidcat.ACTION_CHECK_LINK,
+                        vocab.ACTION_CHECK_LINK,
                         f"{who} queue {idx}: PFC watchdog detected a storm",
                         queue=idx,
                     )
@@ -384,7 +384,7 @@ class SonicSwitchCollector:
                         "pfc_storm",
                         port,
                         "info",
-                        xidcat.ACTION_NONE,
+                        vocab.ACTION_NONE,
                         f"{who} queue {idx}: PFC storm over ({status})",
                         queue=idx,
                     )

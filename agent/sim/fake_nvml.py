@@ -360,7 +360,8 @@ class FakeNvml:
         self._driver_missing = driver_missing
         self._unsupported = frozenset(unsupported)
         self._unsupported_fields = frozenset(
-            fid for fid in (*_FIELD_FUNCTION, *(u for u in self._unsupported if isinstance(u, int)))
+            fid
+            for fid in (*_FIELD_FUNCTION, *(u for u in self._unsupported if isinstance(u, int)))
             if fid in self._unsupported or _FIELD_FUNCTION.get(fid) in self._unsupported
         )
         self._driver_version = driver_version
@@ -476,9 +477,7 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> FakeMemoryInfo:
         with self._lock:
             gpu = self._device(handle, "nvmlDeviceGetMemoryInfo")
-            return FakeMemoryInfo(
-                total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used, used=gpu.memory_used
-            )
+            return FakeMemoryInfo(total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used, used=gpu.memory_used)
 
     def nvmlDeviceGetTemperature(self, handle: FakeHandle, sensor: int) -> int:
         with self._lock:

@@ -37,54 +37,146 @@ from dataclasses import dataclass, field
 
 # Same counter names as the recorded H100 node (tests/fixtures/sysfs-h100).
 COUNTERS = (
-    "VL15_dropped", "excessive_buffer_overrun_errors", "link_downed", "link_error_recovery",
-    "local_link_integrity_errors", "multicast_rcv_packets", "multicast_xmit_packets",
-    "port_rcv_constraint_errors", "port_rcv_data", "port_rcv_errors", "port_rcv_packets",
-    "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_constraint_errors",
-    "port_xmit_data", "port_xmit_discards", "port_xmit_packets", "port_xmit_wait", "symbol_error",
-    "unicast_rcv_packets", "unicast_xmit_packets",
+    "VL15_dropped",
+    "excessive_buffer_overrun_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "multicast_rcv_packets",
+    "multicast_xmit_packets",
+    "port_rcv_constraint_errors",
+    "port_rcv_data",
+    "port_rcv_errors",
+    "port_rcv_packets",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_constraint_errors",
+    "port_xmit_data",
+    "port_xmit_discards",
+    "port_xmit_packets",
+    "port_xmit_wait",
+    "symbol_error",
+    "unicast_rcv_packets",
+    "unicast_xmit_packets",
 )
 HW_COUNTERS = (
-    "duplicate_request", "implied_nak_seq_err", "lifespan", "local_ack_timeout_err", "out_of_buffer",
-    "out_of_sequence", "packet_seq_err", "req_cqe_error", "req_cqe_flush_error",
-    "req_remote_access_errors", "req_remote_invalid_request", "resp_cqe_error", "resp_cqe_flush_error",
-    "resp_local_length_error", "resp_remote_access_errors", "rnr_nak_retry_err", "roce_adp_retrans",
-    "roce_adp_retrans_to", "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
-    "rx_atomic_requests", "rx_dct_connect", "rx_icrc_encapsulated", "rx_read_requests", "rx_write_requests",
+    "duplicate_request",
+    "implied_nak_seq_err",
+    "lifespan",
+    "local_ack_timeout_err",
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "req_cqe_error",
+    "req_cqe_flush_error",
+    "req_remote_access_errors",
+    "req_remote_invalid_request",
+    "resp_cqe_error",
+    "resp_cqe_flush_error",
+    "resp_local_length_error",
+    "resp_remote_access_errors",
+    "rnr_nak_retry_err",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rx_atomic_requests",
+    "rx_dct_connect",
+    "rx_icrc_encapsulated",
+    "rx_read_requests",
+    "rx_write_requests",
 )
 NETDEV_STATS = (
-    "collisions", "multicast", "rx_bytes", "rx_compressed", "rx_crc_errors", "rx_dropped", "rx_errors",
-    "rx_fifo_errors", "rx_frame_errors", "rx_length_errors", "rx_missed_errors", "rx_nohandler",
-    "rx_over_errors", "rx_packets", "tx_aborted_errors", "tx_bytes", "tx_carrier_errors",
-    "tx_compressed", "tx_dropped", "tx_errors", "tx_fifo_errors", "tx_heartbeat_errors", "tx_packets",
+    "collisions",
+    "multicast",
+    "rx_bytes",
+    "rx_compressed",
+    "rx_crc_errors",
+    "rx_dropped",
+    "rx_errors",
+    "rx_fifo_errors",
+    "rx_frame_errors",
+    "rx_length_errors",
+    "rx_missed_errors",
+    "rx_nohandler",
+    "rx_over_errors",
+    "rx_packets",
+    "tx_aborted_errors",
+    "tx_bytes",
+    "tx_carrier_errors",
+    "tx_compressed",
+    "tx_dropped",
+    "tx_errors",
+    "tx_fifo_errors",
+    "tx_heartbeat_errors",
+    "tx_packets",
     "tx_window_errors",
 )
 _ETHTOOL_BASE = (
-    "rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "rx_vport_rdma_unicast_packets",
-    "rx_vport_rdma_unicast_bytes", "tx_vport_rdma_unicast_packets", "tx_vport_rdma_unicast_bytes",
-    "rx_out_of_buffer", "rx_packets_phy", "rx_bytes_phy", "tx_packets_phy", "tx_bytes_phy",
-    "rx_crc_errors_phy", "rx_symbol_err_phy", "rx_discards_phy", "tx_discards_phy",
-    "rx_pcs_symbol_err_phy", "rx_corrected_bits_phy", "link_down_events_phy",
+    "rx_packets",
+    "rx_bytes",
+    "tx_packets",
+    "tx_bytes",
+    "rx_vport_rdma_unicast_packets",
+    "rx_vport_rdma_unicast_bytes",
+    "tx_vport_rdma_unicast_packets",
+    "tx_vport_rdma_unicast_bytes",
+    "rx_out_of_buffer",
+    "rx_packets_phy",
+    "rx_bytes_phy",
+    "tx_packets_phy",
+    "tx_bytes_phy",
+    "rx_crc_errors_phy",
+    "rx_symbol_err_phy",
+    "rx_discards_phy",
+    "tx_discards_phy",
+    "rx_pcs_symbol_err_phy",
+    "rx_corrected_bits_phy",
+    "link_down_events_phy",
 )
 _PRIO_STATS = ("bytes", "packets", "pause", "pause_duration", "pause_transition")
 _ETHTOOL_PRIO = tuple(f"{d}_prio{p}_{s}" for p in range(8) for d in ("rx", "tx") for s in _PRIO_STATS)
 _ETHTOOL_TAIL = (
-    "tx_pause_storm_warning_events", "tx_pause_storm_error_events", "rx_pci_signal_integrity",
-    "tx_pci_signal_integrity", "outbound_pci_stalled_rd", "outbound_pci_stalled_wr",
-    "module_unplug", "module_bus_stuck", "module_high_temp", "module_bad_shorted",
+    "tx_pause_storm_warning_events",
+    "tx_pause_storm_error_events",
+    "rx_pci_signal_integrity",
+    "tx_pci_signal_integrity",
+    "outbound_pci_stalled_rd",
+    "outbound_pci_stalled_wr",
+    "module_unplug",
+    "module_bus_stuck",
+    "module_high_temp",
+    "module_bad_shorted",
 )
 ETHTOOL_ETH = _ETHTOOL_BASE + _ETHTOOL_PRIO + _ETHTOOL_TAIL
 ETHTOOL_IPOIB = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "tx_queue_stopped", "rx_csum_none")
 
 # IBA PortCounters error counters are narrow and saturate instead of wrapping.
 _SATURATE = {
-    "symbol_error": 0xFFFF, "port_rcv_errors": 0xFFFF, "port_rcv_remote_physical_errors": 0xFFFF,
-    "port_rcv_switch_relay_errors": 0xFFFF, "port_xmit_discards": 0xFFFF, "VL15_dropped": 0xFFFF,
-    "port_xmit_constraint_errors": 0xFF, "port_rcv_constraint_errors": 0xFF, "link_downed": 0xFF,
-    "link_error_recovery": 0xFF, "local_link_integrity_errors": 0xF, "excessive_buffer_overrun_errors": 0xF,
+    "symbol_error": 0xFFFF,
+    "port_rcv_errors": 0xFFFF,
+    "port_rcv_remote_physical_errors": 0xFFFF,
+    "port_rcv_switch_relay_errors": 0xFFFF,
+    "port_xmit_discards": 0xFFFF,
+    "VL15_dropped": 0xFFFF,
+    "port_xmit_constraint_errors": 0xFF,
+    "port_rcv_constraint_errors": 0xFF,
+    "link_downed": 0xFF,
+    "link_error_recovery": 0xFF,
+    "local_link_integrity_errors": 0xF,
+    "excessive_buffer_overrun_errors": 0xF,
 }
-_RATE_WIDTH = {400: "4X NDR", 200: "4X HDR", 100: "4X EDR", 56: "4X FDR", 50: "2X HDR", 40: "4X QDR",
-               25: "1X EDR", 10: "4X SDR"}
+_RATE_WIDTH = {
+    400: "4X NDR",
+    200: "4X HDR",
+    100: "4X EDR",
+    56: "4X FDR",
+    50: "2X HDR",
+    40: "4X QDR",
+    25: "1X EDR",
+    10: "4X SDR",
+}
 _PFC_PRIO = 3
 _STORM_PAUSE_PER_S = 60_000
 _MTU = 4096
@@ -251,12 +343,21 @@ class FakeSysfs:
         eth = self.rail_link_layer == "Ethernet"
         netdev = f"ens{i + 1}f0np0" if eth else f"ibp{base + 4}s0"
         self._nics.append(
-            self._build_nic(i, f"mlx5_{i}", netdev, nic_ep, link_layer=self.rail_link_layer, rate=rate,
-                            hca="MT4129", with_ethtool=eth, net_parent=nic_ep)
+            self._build_nic(
+                i,
+                f"mlx5_{i}",
+                netdev,
+                nic_ep,
+                link_layer=self.rail_link_layer,
+                rate=rate,
+                hca="MT4129",
+                with_ethtool=eth,
+                net_parent=nic_ep,
+            )
         )
 
     def _build_bond(self, i: int) -> None:
-        bus = 0xe0
+        bus = 0xE0
         ep = os.path.join(self._mkdir("devices", f"pci0000:{bus:02x}", _pci(bus, 1)), _pci(bus + 1))
         self._endpoint(ep, "0x15b3", "0xa2dc", "0x020000", 0)
         for fn, name in ((0, "ens9f0np0"), (1, "ens9f1np1")):
@@ -264,19 +365,40 @@ class FakeSysfs:
             os.makedirs(d, exist_ok=True)
             self._w(os.path.join(d, "dev_port"), f"{fn}\n")
         vnet = self._mkdir("devices", "virtual", "net")
-        nic = self._build_nic(i, "mlx5_bond_0", "bond0", ep, link_layer="Ethernet", rate=200,
-                              hca="MT41692", with_ethtool=False, net_parent=None, virtual_net=vnet)
+        nic = self._build_nic(
+            i,
+            "mlx5_bond_0",
+            "bond0",
+            ep,
+            link_layer="Ethernet",
+            rate=200,
+            hca="MT41692",
+            with_ethtool=False,
+            net_parent=None,
+            virtual_net=vnet,
+        )
         self._nics.append(nic)
 
     def _build_nic(
-        self, i: int, rdma: str, netdev: str, ep: str, *, link_layer: str, rate: float,
-        hca: str, with_ethtool: bool, net_parent: str | None, virtual_net: str | None = None,
+        self,
+        i: int,
+        rdma: str,
+        netdev: str,
+        ep: str,
+        *,
+        link_layer: str,
+        rate: float,
+        hca: str,
+        with_ethtool: bool,
+        net_parent: str | None,
+        virtual_net: str | None = None,
     ) -> _Nic:
         rng = self._rng
         dev_dir = self._mkdir("class", "infiniband", rdma)
         self._link(ep, os.path.join(dev_dir, "device"))
-        self._w(os.path.join(dev_dir, "node_guid"),
-                f"b83f:d203:00{rng.randrange(256):02x}:{rng.randrange(65536):04x}\n")
+        self._w(
+            os.path.join(dev_dir, "node_guid"), f"b83f:d203:00{rng.randrange(256):02x}:{rng.randrange(65536):04x}\n"
+        )
         self._w(os.path.join(dev_dir, "hca_type"), hca + "\n")
         self._w(os.path.join(dev_dir, "fw_ver"), "28.41.1000\n")
         self._w(os.path.join(dev_dir, "board_id"), "MT_0000000838\n")
@@ -303,20 +425,43 @@ class FakeSysfs:
         if virtual_net is None:
             os.makedirs(self.ethtool_dir, exist_ok=True)
             ethtool_path = os.path.join(self.ethtool_dir, netdev)
-        nic = _Nic(i, rdma, netdev, os.path.basename(ep), link_layer, float(rate), port, net_dir,
-                   ethtool_path, rate_gbps=float(rate))
+        nic = _Nic(
+            i,
+            rdma,
+            netdev,
+            os.path.basename(ep),
+            link_layer,
+            float(rate),
+            port,
+            net_dir,
+            ethtool_path,
+            rate_gbps=float(rate),
+        )
         big = rng.randrange(10**12, 10**13)
         nic.counters = dict.fromkeys(COUNTERS, 0)
-        nic.counters.update(port_rcv_data=big, port_xmit_data=big + rng.randrange(10**9),
-                            port_rcv_packets=big // 700, port_xmit_packets=big // 700,
-                            unicast_rcv_packets=big // 700, unicast_xmit_packets=big // 700,
-                            port_xmit_wait=rng.randrange(10**6, 10**8))
+        nic.counters.update(
+            port_rcv_data=big,
+            port_xmit_data=big + rng.randrange(10**9),
+            port_rcv_packets=big // 700,
+            port_xmit_packets=big // 700,
+            unicast_rcv_packets=big // 700,
+            unicast_xmit_packets=big // 700,
+            port_xmit_wait=rng.randrange(10**6, 10**8),
+        )
         nic.hw = dict.fromkeys(HW_COUNTERS, 0)
-        nic.hw.update(lifespan=12, rx_write_requests=rng.randrange(10**8, 10**9),
-                      rx_read_requests=rng.randrange(10**6, 10**7), rx_dct_connect=rng.randrange(10**5))
+        nic.hw.update(
+            lifespan=12,
+            rx_write_requests=rng.randrange(10**8, 10**9),
+            rx_read_requests=rng.randrange(10**6, 10**7),
+            rx_dct_connect=rng.randrange(10**5),
+        )
         nic.stats = dict.fromkeys(NETDEV_STATS, 0)
-        nic.stats.update(rx_bytes=rng.randrange(10**9), tx_bytes=rng.randrange(10**9),
-                         rx_packets=rng.randrange(10**7), tx_packets=rng.randrange(10**7))
+        nic.stats.update(
+            rx_bytes=rng.randrange(10**9),
+            tx_bytes=rng.randrange(10**9),
+            rx_packets=rng.randrange(10**7),
+            tx_packets=rng.randrange(10**7),
+        )
         names = ETHTOOL_ETH if with_ethtool and link_layer == "Ethernet" else ETHTOOL_IPOIB
         nic.ethtool = dict.fromkeys(names, 0)
         for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes"):
@@ -411,10 +556,14 @@ class FakeSysfs:
                 byts = gbps * 1e9 / 8 * dt_s
                 pkts = byts / _MTU
                 bumps: list[tuple[str, str, float]] = [
-                    ("counters", "port_rcv_data", byts / 4), ("counters", "port_xmit_data", byts / 4),
-                    ("counters", "port_rcv_packets", pkts), ("counters", "port_xmit_packets", pkts),
-                    ("counters", "unicast_rcv_packets", pkts), ("counters", "unicast_xmit_packets", pkts),
-                    ("hw", "rx_write_requests", pkts / 16), ("hw", "rx_read_requests", pkts / 256),
+                    ("counters", "port_rcv_data", byts / 4),
+                    ("counters", "port_xmit_data", byts / 4),
+                    ("counters", "port_rcv_packets", pkts),
+                    ("counters", "port_xmit_packets", pkts),
+                    ("counters", "unicast_rcv_packets", pkts),
+                    ("counters", "unicast_xmit_packets", pkts),
+                    ("hw", "rx_write_requests", pkts / 16),
+                    ("hw", "rx_read_requests", pkts / 256),
                     ("stats", "rx_packets", 20 * dt_s if nic.up else 0),
                     ("stats", "tx_packets", 20 * dt_s if nic.up else 0),
                     ("stats", "rx_bytes", 2000 * dt_s if nic.up else 0),
@@ -423,8 +572,10 @@ class FakeSysfs:
                     ("ethtool", "tx_vport_rdma_unicast_bytes", byts),
                     ("ethtool", "rx_vport_rdma_unicast_packets", pkts),
                     ("ethtool", "tx_vport_rdma_unicast_packets", pkts),
-                    ("ethtool", "rx_bytes_phy", byts), ("ethtool", "tx_bytes_phy", byts),
-                    ("ethtool", "rx_packets_phy", pkts), ("ethtool", "tx_packets_phy", pkts),
+                    ("ethtool", "rx_bytes_phy", byts),
+                    ("ethtool", "tx_bytes_phy", byts),
+                    ("ethtool", "rx_packets_phy", pkts),
+                    ("ethtool", "tx_packets_phy", pkts),
                     ("ethtool", f"rx_prio{_PFC_PRIO}_bytes", byts),
                     ("ethtool", f"tx_prio{_PFC_PRIO}_bytes", byts),
                     ("ethtool", f"rx_prio{_PFC_PRIO}_packets", pkts),
@@ -437,7 +588,8 @@ class FakeSysfs:
                     n = _STORM_PAUSE_PER_S * dt_s
                     p = _PFC_PRIO
                     bumps += [
-                        ("ethtool", f"rx_prio{p}_pause", n), ("ethtool", f"tx_prio{p}_pause", n),
+                        ("ethtool", f"rx_prio{p}_pause", n),
+                        ("ethtool", f"tx_prio{p}_pause", n),
                         ("ethtool", f"rx_prio{p}_pause_duration", 15 * n),
                         ("ethtool", f"tx_prio{p}_pause_duration", 15 * n),
                         ("ethtool", f"rx_prio{p}_pause_transition", n / 100),
@@ -470,10 +622,14 @@ class FakeSysfs:
         """NIC i went down and retrained ``count`` times; it ends up ACTIVE."""
         with self._lock:
             nic = self._nic(i)
-            self._apply(nic, [
-                ("counters", "link_downed", count), ("counters", "link_error_recovery", 2 * count),
-                ("ethtool", "link_down_events_phy", count),
-            ])
+            self._apply(
+                nic,
+                [
+                    ("counters", "link_downed", count),
+                    ("counters", "link_error_recovery", 2 * count),
+                    ("ethtool", "link_down_events_phy", count),
+                ],
+            )
             nic.up = True
             self._write_link(nic)
 
@@ -481,16 +637,25 @@ class FakeSysfs:
         """A burst of physical-layer errors and the transport loss they cause on NIC i."""
         with self._lock:
             nic = self._nic(i)
-            self._apply(nic, [
-                ("counters", "symbol_error", n), ("counters", "port_rcv_errors", n // 2 or 1),
-                ("counters", "local_link_integrity_errors", 1),
-                ("hw", "out_of_sequence", n), ("hw", "packet_seq_err", n // 4 or 1),
-                ("hw", "implied_nak_seq_err", n // 8 or 1), ("hw", "duplicate_request", n // 4 or 1),
-                ("hw", "local_ack_timeout_err", n // 10 or 1),
-                ("ethtool", "rx_crc_errors_phy", n // 2 or 1), ("ethtool", "rx_symbol_err_phy", n),
-                ("ethtool", "rx_pcs_symbol_err_phy", n), ("ethtool", "rx_corrected_bits_phy", 50 * n),
-                ("stats", "rx_errors", n // 2 or 1), ("stats", "rx_crc_errors", n // 2 or 1),
-            ])
+            self._apply(
+                nic,
+                [
+                    ("counters", "symbol_error", n),
+                    ("counters", "port_rcv_errors", n // 2 or 1),
+                    ("counters", "local_link_integrity_errors", 1),
+                    ("hw", "out_of_sequence", n),
+                    ("hw", "packet_seq_err", n // 4 or 1),
+                    ("hw", "implied_nak_seq_err", n // 8 or 1),
+                    ("hw", "duplicate_request", n // 4 or 1),
+                    ("hw", "local_ack_timeout_err", n // 10 or 1),
+                    ("ethtool", "rx_crc_errors_phy", n // 2 or 1),
+                    ("ethtool", "rx_symbol_err_phy", n),
+                    ("ethtool", "rx_pcs_symbol_err_phy", n),
+                    ("ethtool", "rx_corrected_bits_phy", 50 * n),
+                    ("stats", "rx_errors", n // 2 or 1),
+                    ("stats", "rx_crc_errors", n // 2 or 1),
+                ],
+            )
 
     def degrade(self, i: int, rate_gbps: float) -> None:
         """NIC i negotiated a lower rate (a lane down, a bad cable)."""

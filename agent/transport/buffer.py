@@ -105,9 +105,7 @@ class EventBuffer:
         excess = int(count) - self.max_events
         if excess <= 0:
             return 0
-        self._db.execute(
-            "DELETE FROM events WHERE seq IN (SELECT seq FROM events ORDER BY seq LIMIT ?)", (excess,)
-        )
+        self._db.execute("DELETE FROM events WHERE seq IN (SELECT seq FROM events ORDER BY seq LIMIT ?)", (excess,))
         total = int(self._meta("dropped_total") or "0") + excess
         self._set_meta("dropped_total", str(total))
         return excess

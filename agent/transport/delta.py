@@ -25,7 +25,7 @@ from __future__ import annotations
 from itertools import compress
 from operator import ne
 
-from starpulse.linkrecords import link_records
+from starpulse.core.linkrecords import link_records
 from starpulse.v1 import telemetry_pb2 as tpb
 
 MAPS = ("counters", "hw_counters", "netdev_stats", "ethtool_stats")
@@ -37,7 +37,7 @@ MAPS = ("counters", "hw_counters", "netdev_stats", "ethtool_stats")
 _PortBase = tuple[tuple[list[str], list[int]], ...]
 _Base = dict[tuple[str, int], _PortBase]
 # Each GPU of the last full report, in report order: (index, its NVLink records serialized).
-# The records come out of the GPU sample in C (starpulse.linkrecords: no Python object per
+# The records come out of the GPU sample in C (starpulse.core.linkrecords: no Python object per
 # link) and a GPU's are compared in one C-level list compare; a record's bytes differ when
 # any field, or a counter's presence, differs.
 _GpuBase = list[tuple[int, list[bytes]]]
@@ -122,7 +122,6 @@ class ReportDelta:
                 for k, v in zip(compress(keys, moved), compress(now, moved), strict=True):
                     current[k] = v
         return True
-
 
     @staticmethod
     def _strip_links(out: tpb.Report, base: _GpuBase) -> bool:

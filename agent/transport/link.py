@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 import grpc
 import structlog
 
 from agent.transport.buffer import EventBuffer
 from agent.transport.delta import ReportDelta
+from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, follow_leader_hint
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -26,51 +26,6 @@ from starpulse.v1 import telemetry_pb2 as tpb
 log = structlog.get_logger(__name__)
 
 CommandHandler = Callable[[spb.Command], Awaitable[spb.CommandResult]]
-
-# A standby controller refuses the stream with FAILED_PRECONDITION and names the leader here.
-LEADER_METADATA_KEY = "starpulse-leader"
-
-CLIENT_CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_send_message_length", 4 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-]
-
-
-def follow_leader_hint(targets: list[str], target: str, err: grpc.aio.AioRpcError) -> int | None:
-    """Where to go after a standby's refusal: the index of the leader it named in ``targets``
-    (appended when new), or None when it named none, or named the one just tried."""
-    leader = ""
-    for key, value in err.trailing_metadata() or ():
-        if key == LEADER_METADATA_KEY:
-            leader = value if isinstance(value, str) else value.decode()
-    if not leader or leader == target:
-        return None
-    if leader not in targets:
-        log.warning("controller_leader_not_configured", leader=leader, configured=list(targets))
-        targets.append(leader)
-    return targets.index(leader)
-
-
-@dataclass
-class Backoff:
-    """Exponential backoff with full jitter, so 10,000 agents do not reconnect in step."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    multiplier: float = 2.0
-    attempt: int = 0
-
-    def next_delay(self, rng: random.Random) -> float:
-        ceiling = min(self.max_s, self.initial_s * (self.multiplier**self.attempt))
-        self.attempt += 1
-        return rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class ControllerLink:
@@ -152,9 +107,7 @@ class ControllerLink:
                     break
                 raise
             except grpc.aio.AioRpcError as err:
-                log.warning(
-                    "controller_stream_failed", target=target, code=err.code().name, detail=err.details()
-                )
+                log.warning("controller_stream_failed", target=target, code=err.code().name, detail=err.details())
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
                     self._target_index += 1
                 elif err.code() == grpc.StatusCode.FAILED_PRECONDITION:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 
 _Key = tuple[str, str, int]
 

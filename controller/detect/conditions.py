@@ -31,15 +31,17 @@ from typing import Any
 import structlog
 
 from controller.detect.linkkey import links_key
-from controller.detect.model import SEVERITY_ORDER, ComponentType, Condition, ConditionChange, ConditionChangeKind
-from controller.detect.naming import NicNamer, gpu_name, switch_port_name
+from controller.detect.model import ComponentType, Condition, ConditionChange, ConditionChangeKind
 from controller.detect.nvlinks import Links, from_rows, overlay
 from controller.detect.rates import CounterRate, RateSample
 from controller.detect.rules import CLOCK_REASON_BITS, Rule, RuleSet
 from controller.fabric import Fabric
-from controller.registry import NodeRecord
-from starpulse import xid as xidcat
-from starpulse.findings import event_kind_name
+from controller.fabric.naming import NicNamer, gpu_name, switch_port_name
+from controller.ingest.registry import NodeRecord
+from starpulse.core import vocab
+from starpulse.core import xid as xidcat
+from starpulse.core.findings import event_kind_name
+from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -73,7 +75,6 @@ _EVENT_SEVERITY = {
 }
 _PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
 _OPTIONAL_FLAGS = frozenset({"remap_pending", "remap_failure", "retired_pages_pending"})
-_SEVERITY_BY_ACTION = {xidcat.ACTION_REBOOT: "fatal", xidcat.ACTION_NONE: "info"}
 _MAX_EVENT_WINDOW = 4096
 _MAX_CACHED_PORTS = 256  # per node: a report names at most MAX_NICS ports; a stranger is named per report
 _SWITCH = ipb.NODE_ROLE_SWITCH
@@ -112,19 +113,6 @@ class _NodeCtx:
     gpu_comp: dict[int, str]  # inventory GPU index -> "node/gpu-<i>", built once, not per report
     # (rdma_device, port) -> ("dev/port", component name, on a rail): the NIC naming of every report
     nic_ports: dict[tuple[str, int], tuple[str, str, bool]]
-
-
-def _pci_key(pci: str) -> str:
-    """'00000000:17:00.0', '0000:17:00' and '17:00.0' all -> '0000:17:00'."""
-    parts = pci.lower().removeprefix("pci:").split(":")
-    if len(parts) < 2:
-        return pci.lower()
-    domain = parts[-3] if len(parts) >= 3 else "0"
-    try:
-        dom = int(domain, 16)
-    except ValueError:
-        dom = 0
-    return f"{dom:04x}:{parts[-2]}:{parts[-1].split('.')[0]}"
 
 
 class ConditionEngine:
@@ -471,7 +459,7 @@ class ConditionEngine:
         if kind in _GPU_EVENTS:
             ctx = self._node_ctx(node)
             if comp.startswith("gpu@") or (comp in ("", "gpu") and ev.pci):
-                index = ctx.gpu_by_pci.get(_pci_key(ev.pci or comp[4:]))
+                index = ctx.gpu_by_pci.get(vocab.pci_key(ev.pci or comp[4:]))
                 if index is not None:
                     return gpu_name(nid, f"gpu-{index}"), "gpu", nid
             return gpu_name(nid, comp or "gpu"), "gpu", nid
@@ -479,7 +467,7 @@ class ConditionEngine:
             ctx = self._node_ctx(node)
             nic = ctx.namer.nic(comp) if comp else None
             if nic is None and ev.pci:
-                nic = ctx.nic_by_pci.get(_pci_key(ev.pci))
+                nic = ctx.nic_by_pci.get(vocab.pci_key(ev.pci))
             if nic is not None:
                 return nic, "nic", nid
         return nid, "node", nid
@@ -553,9 +541,7 @@ class ConditionEngine:
         self._link_base[comp] = base
         return base
 
-    def _gpu_state(
-        self, nid: str, comp: str, g: tpb.GpuSample, now: int, owned: dict[_Key, _Entry] | None
-    ) -> bool:
+    def _gpu_state(self, nid: str, comp: str, g: tpb.GpuSample, now: int, owned: dict[_Key, _Entry] | None) -> bool:
         """Flags, recovery action and clock reasons; False for a lost GPU (stop there).
 
         Each field is read once; presence (HasField) is asked only where it decides something:
@@ -1207,7 +1193,7 @@ class ConditionEngine:
             token=node.stream_token,
             lldp_id=lldp_id,
             namer=NicNamer(node.node_id, inv, node.lldp or None),
-            gpu_by_pci={_pci_key(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id},
+            gpu_by_pci={vocab.pci_key(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id},
             nic_by_pci={},
             gpu_indices=frozenset(g.index for g in inv.gpus),
             gpu_comp={},
@@ -1217,7 +1203,7 @@ class ConditionEngine:
         for n in inv.nics:
             name = ctx.namer.nic(f"{n.rdma_device}/{n.port}")
             if name is not None and n.pci_address:
-                ctx.nic_by_pci[_pci_key(n.pci_address)] = name
+                ctx.nic_by_pci[vocab.pci_key(n.pci_address)] = name
         self._ctx[node.node_id] = ctx
         return ctx
 
@@ -1283,7 +1269,7 @@ def _reason_names(bits: int) -> list[tuple[str, int]]:
 
 def _recovery_severity(rule: Rule, action: str) -> str:
     """At least the rule's severity; a reboot is fatal."""
-    derived = _SEVERITY_BY_ACTION.get(action, rule.severity)
+    derived = vocab.severity_for_action(action, rule.severity)
     if derived == "info":
         return rule.severity
     return derived if SEVERITY_ORDER[derived] > SEVERITY_ORDER[rule.severity] else rule.severity

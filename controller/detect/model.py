@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from starpulse.core.vocab import Severity
+
 ComponentType = Literal["gpu", "nic", "node", "switch", "link", "network"]
-Severity = Literal["info", "warning", "critical", "fatal"]
-SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2, "fatal": 3}
 
 # What a condition is about, for correlation: which failure domain it can implicate.
 CATEGORIES = (
@@ -39,7 +39,7 @@ class Condition:
     category: str  # one of CATEGORIES
     node: str | None  # the compute node it belongs to (None for switches and cables)
     severity: Severity
-    action: str  # recommended action (starpulse.xid.ACTIONS vocabulary, plus rule-specific ones)
+    action: str  # recommended action (starpulse.core.vocab.ACTIONS vocabulary, plus rule-specific ones)
     message: str
     first_seen_ms: int
     last_seen_ms: int

@@ -23,15 +23,15 @@ from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
 from controller.detect.rules import RuleSet
 from controller.fabric import Fabric
+from controller.fabric.topology import TopologyTracker
+from controller.ingest.registry import NodeRecord, now_ms
 from controller.metrics import ControllerMetrics
-from controller.registry import NodeRecord, now_ms
-from controller.topology import TopologyTracker
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 if TYPE_CHECKING:
-    from controller.detect.shard_worker import ReportResult
     from controller.detect.shards import DetectShards
+    from controller.ingest.verdict import ReportResult
 
 log = structlog.get_logger(__name__)
 _COMPUTE = ipb.NODE_ROLE_COMPUTE

@@ -22,7 +22,7 @@ Schema (``version: 1``)::
         description: "..."
         category: nic_errors           # one of controller.detect.model.CATEGORIES
         severity: warning              # info | warning | critical | fatal
-        action: check_link             # starpulse.xid.ACTIONS or EXTRA_ACTIONS
+        action: check_link             # starpulse.core.vocab.ACTIONS or EXTRA_ACTIONS
         kind: nic_counter              # the evaluator, see KINDS
         ...kind parameters...          # thresholds as "10/s", "60s", "5%", "85C", "400Gb/s"
         hold: "5m"                     # optional per-rule override of defaults.hold
@@ -34,7 +34,6 @@ Quantities are strings with a unit or ``{value: 10, unit: "/s"}`` mappings.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -44,8 +43,11 @@ from typing import Any
 import structlog
 import yaml
 
-from controller.detect.model import CATEGORIES, SEVERITY_ORDER
-from starpulse import xid as xidcat
+from controller.detect.model import CATEGORIES
+from starpulse.core import vocab
+from starpulse.core import xid as xidcat
+from starpulse.core.units import BadValue, Quantity, parse_quantity
+from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
@@ -55,23 +57,13 @@ SUPPORTED_VERSION = 1
 
 # Actions rules may recommend beyond the Xid vocabulary.
 EXTRA_ACTIONS = ("replace_optic", "free_disk", "check_pfc", "check_host")
-ALL_ACTIONS = (*xidcat.ACTIONS, *EXTRA_ACTIONS)
+ALL_ACTIONS = (*vocab.ACTIONS, *EXTRA_ACTIONS)
 
-# nvmlClocksEventReason* bits that mean hardware slowed the GPU down (SW power cap and idle are normal).
-CLOCK_REASON_BITS: dict[str, int] = {
-    "GpuIdle": 0x1,
-    "ApplicationsClocksSetting": 0x2,
-    "SwPowerCap": 0x4,
-    "HwSlowdown": 0x8,
-    "SyncBoost": 0x10,
-    "SwThermalSlowdown": 0x20,
-    "HwThermalSlowdown": 0x40,
-    "HwPowerBrakeSlowdown": 0x80,
-    "DisplayClockSetting": 0x100,
-}
+# nvmlClocksEventReason* bits by NVML's name, as rules files write them.
+CLOCK_REASON_BITS: dict[str, int] = {r.name: r.bit for r in vocab.CLOCK_EVENT_REASONS["nvidia"]}
 
 GPU_FLAGS = ("lost", "reset_required", "remap_pending", "remap_failure", "retired_pages_pending")
-NVLINK_COUNTERS = ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors", "ecc_data_errors")
+NVLINK_COUNTERS = vocab.NVLINK_ERROR_COUNTERS
 NIC_SOURCES = ("counters", "hw_counters", "ethtool_stats", "netdev_stats")
 OPTICS_CHECKS = ("temperature", "rx_power", "tx_power")
 EVENT_KINDS: dict[str, int] = {
@@ -89,126 +81,6 @@ class RulesError(ValueError):
         super().__init__("\n".join(errors))
 
 
-class _Bad(ValueError):
-    """One parameter's problem, without the file/rule context (added by the caller)."""
-
-
-# -- quantities --------------------------------------------------------------------------
-
-_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-_QUANTITY = re.compile(rf"^\s*({_NUM})\s*([^\s\d].*?)?\s*$")
-
-# unit -> (dimension, factor to the canonical unit)
-_UNITS: dict[str, tuple[str, float]] = {
-    # time, canonical seconds
-    "ms": ("time", 0.001),
-    "s": ("time", 1.0),
-    "sec": ("time", 1.0),
-    "m": ("time", 60.0),
-    "min": ("time", 60.0),
-    "h": ("time", 3600.0),
-    "d": ("time", 86400.0),
-    # rate, canonical per second
-    "/s": ("rate", 1.0),
-    "/sec": ("rate", 1.0),
-    "/m": ("rate", 1 / 60),
-    "/min": ("rate", 1 / 60),
-    "/h": ("rate", 1 / 3600),
-    # count (a bare number)
-    "": ("count", 1.0),
-    # percent, canonical percent
-    "%": ("percent", 1.0),
-    # temperature, canonical Celsius
-    "C": ("temperature", 1.0),
-    "°C": ("temperature", 1.0),
-    # optical power, canonical dBm
-    "dBm": ("power_dbm", 1.0),
-    # bytes
-    "B": ("bytes", 1.0),
-    "KB": ("bytes", 1e3),
-    "MB": ("bytes", 1e6),
-    "GB": ("bytes", 1e9),
-    "TB": ("bytes", 1e12),
-    "KiB": ("bytes", 2.0**10),
-    "MiB": ("bytes", 2.0**20),
-    "GiB": ("bytes", 2.0**30),
-    "TiB": ("bytes", 2.0**40),
-    # link bandwidth, canonical Gb/s
-    "Mb/s": ("bandwidth", 0.001),
-    "Mbps": ("bandwidth", 0.001),
-    "Gb/s": ("bandwidth", 1.0),
-    "Gbps": ("bandwidth", 1.0),
-    "Tb/s": ("bandwidth", 1000.0),
-}
-
-_EXAMPLES = {
-    "time": "a duration like '60s', '10m', '500ms'",
-    "rate": "a rate like '10/s' or '5/min'",
-    "count": "a count like '3'",
-    "percent": "a percentage like '5%'",
-    "temperature": "a temperature like '85C'",
-    "power_dbm": "an optical power like '-10dBm'",
-    "bytes": "a size like '10GiB'",
-    "bandwidth": "a bandwidth like '400Gb/s'",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Quantity:
-    """A parsed threshold: value in the dimension's canonical unit (s, /s, %, C, dBm, B, Gb/s)."""
-
-    value: float
-    dimension: str
-    text: str  # as written, for messages and evidence
-
-    @property
-    def unit(self) -> str:
-        return _CANONICAL[self.dimension]
-
-
-_CANONICAL = {
-    "time": "s",
-    "rate": "/s",
-    "count": "",
-    "percent": "%",
-    "temperature": "C",
-    "power_dbm": "dBm",
-    "bytes": "B",
-    "bandwidth": "Gb/s",
-}
-
-
-def parse_quantity(raw: Any, dimensions: tuple[str, ...]) -> Quantity:
-    """Parse '10/s', 3, or {value: 10, unit: '/s'} into one of ``dimensions``; _Bad otherwise."""
-    expected = " or ".join(_EXAMPLES[d] for d in dimensions)
-    if isinstance(raw, Mapping):
-        extra = set(raw) - {"value", "unit"}
-        if extra or "value" not in raw:
-            raise _Bad(f"a quantity mapping needs exactly 'value' and 'unit', got {sorted(raw)} (expected {expected})")
-        value, unit = raw["value"], str(raw.get("unit", "") or "")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _Bad(f"'value' must be a number, got {value!r} (expected {expected})")
-        text = f"{value}{unit}"
-    elif isinstance(raw, bool):
-        raise _Bad(f"expected {expected}, got {raw!r}")
-    elif isinstance(raw, int | float):
-        value, unit, text = raw, "", str(raw)
-    elif isinstance(raw, str):
-        m = _QUANTITY.match(raw)
-        if m is None:
-            raise _Bad(f"cannot read {raw!r} as a quantity (expected {expected})")
-        value, unit, text = float(m.group(1)), (m.group(2) or ""), raw.strip()
-    else:
-        raise _Bad(f"expected {expected}, got {type(raw).__name__} {raw!r}")
-    known = _UNITS.get(unit)
-    if known is None:
-        raise _Bad(f"bad unit {unit!r} in {text!r} (expected {expected})")
-    dimension, factor = known
-    if dimension not in dimensions:
-        raise _Bad(f"{text!r} is a {dimension.replace('_dbm', '')}, expected {expected}")
-    return Quantity(float(value) * factor, dimension, text)
-
-
 # -- parameter parsers -------------------------------------------------------------------
 
 
@@ -216,7 +88,7 @@ def _quantity(*dimensions: str, positive: bool = False) -> Callable[[Any], Quant
     def parse(raw: Any) -> Quantity:
         q = parse_quantity(raw, dimensions)
         if positive and q.value <= 0:
-            raise _Bad(f"{q.text!r} must be greater than zero")
+            raise BadValue(f"{q.text!r} must be greater than zero")
         return q
 
     return parse
@@ -225,9 +97,9 @@ def _quantity(*dimensions: str, positive: bool = False) -> Callable[[Any], Quant
 def _int(minimum: int = 0) -> Callable[[Any], int]:
     def parse(raw: Any) -> int:
         if isinstance(raw, bool) or not isinstance(raw, int):
-            raise _Bad(f"expected an integer, got {raw!r}")
+            raise BadValue(f"expected an integer, got {raw!r}")
         if raw < minimum:
-            raise _Bad(f"must be at least {minimum}, got {raw}")
+            raise BadValue(f"must be at least {minimum}, got {raw}")
         return raw
 
     return parse
@@ -235,20 +107,20 @@ def _int(minimum: int = 0) -> Callable[[Any], int]:
 
 def _bool(raw: Any) -> bool:
     if not isinstance(raw, bool):
-        raise _Bad(f"expected true or false, got {raw!r}")
+        raise BadValue(f"expected true or false, got {raw!r}")
     return raw
 
 
 def _str(raw: Any) -> str:
     if not isinstance(raw, str) or not raw:
-        raise _Bad(f"expected a non-empty string, got {raw!r}")
+        raise BadValue(f"expected a non-empty string, got {raw!r}")
     return raw
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def parse(raw: Any) -> str:
         if raw not in choices:
-            raise _Bad(f"unknown value {raw!r} (expected one of {', '.join(choices)})")
+            raise BadValue(f"unknown value {raw!r} (expected one of {', '.join(choices)})")
         return str(raw)
 
     return parse
@@ -259,9 +131,9 @@ def _list_of(item: Callable[[Any], Any], *, non_empty: bool = True) -> Callable[
         if isinstance(raw, str | int):
             raw = [raw]
         if not isinstance(raw, list):
-            raise _Bad(f"expected a list, got {raw!r}")
+            raise BadValue(f"expected a list, got {raw!r}")
         if non_empty and not raw:
-            raise _Bad("expected a non-empty list")
+            raise BadValue("expected a non-empty list")
         return tuple(item(x) for x in raw)
 
     return parse
@@ -269,7 +141,7 @@ def _list_of(item: Callable[[Any], Any], *, non_empty: bool = True) -> Callable[
 
 def _event_kind(raw: Any) -> int:
     if raw not in EVENT_KINDS:
-        raise _Bad(f"unknown event kind {raw!r} (expected one of {', '.join(EVENT_KINDS)})")
+        raise BadValue(f"unknown event kind {raw!r} (expected one of {', '.join(EVENT_KINDS)})")
     return EVENT_KINDS[raw]
 
 
@@ -278,7 +150,8 @@ def _clock_reason(raw: Any) -> int:
         return raw
     if raw in CLOCK_REASON_BITS:
         return CLOCK_REASON_BITS[raw]
-    raise _Bad(f"unknown clock event reason {raw!r} (expected a bit value or one of {', '.join(CLOCK_REASON_BITS)})")
+    known = ", ".join(CLOCK_REASON_BITS)
+    raise BadValue(f"unknown clock event reason {raw!r} (expected a bit value or one of {known})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +171,7 @@ KINDS: dict[str, dict[str, Param]] = {
     "event": {
         "events": Param(_list_of(_event_kind), required=True),
         "xids": Param(_list_of(_int(1))),
-        "xid_action": Param(_one_of(xidcat.ACTIONS)),  # Xids whose catalog bucket maps to this action
+        "xid_action": Param(_one_of(vocab.ACTIONS)),  # Xids whose catalog bucket maps to this action
         "min_count": Param(_int(1), default=1),
         "window": _WINDOW,
         "min_event_severity": Param(_one_of(tuple(SEVERITY_ORDER))),
@@ -559,14 +432,16 @@ def _parse_defaults(raw: Any, source: str, errors: list[str]) -> Defaults:
         attr, param = spec
         try:
             parsed = param.parse(value)
-        except _Bad as bad:
+        except BadValue as bad:
             errors.append(f"{source}: defaults: {key!r}: {bad}")
             continue
         values[attr] = parsed.value if isinstance(parsed, Quantity) else parsed
     return Defaults(**values)
 
 
-def _parse_rule(raw: Any, index: int, defaults: Defaults, source: str, errors: list[str]) -> Rule | None:
+# Complexity over 15 on purpose: one check per rule key, all errors collected; the per-kind parameters move into
+# evaluators (issue 16, evaluators slice).
+def _parse_rule(raw: Any, index: int, defaults: Defaults, source: str, errors: list[str]) -> Rule | None:  # noqa: C901
     if not isinstance(raw, dict):
         errors.append(f"{source}: rules[{index}]: expected a mapping, got {_kind(raw)}")
         return None
@@ -606,7 +481,7 @@ def _parse_rule(raw: Any, index: int, defaults: Defaults, source: str, errors: l
             continue
         try:
             params[key] = param.parse(value)
-        except _Bad as bad:
+        except BadValue as bad:
             errors.append(f"{where}: {key!r}: {bad}")
     if spec is not None:
         for key, param in spec.items():
@@ -619,17 +494,17 @@ def _parse_rule(raw: Any, index: int, defaults: Defaults, source: str, errors: l
     if "hold" in raw:
         try:
             hold_s = _quantity("time", positive=True)(raw["hold"]).value
-        except _Bad as bad:
+        except BadValue as bad:
             errors.append(f"{where}: 'hold': {bad}")
     if "resolve_after" in raw:
         try:
             resolve_after = _int(1)(raw["resolve_after"])
-        except _Bad as bad:
+        except BadValue as bad:
             errors.append(f"{where}: 'resolve_after': {bad}")
     if "enabled" in raw:
         try:
             params["enabled"] = _bool(raw["enabled"])
-        except _Bad as bad:
+        except BadValue as bad:
             errors.append(f"{where}: 'enabled': {bad}")
     if len(errors) == before and spec is not None:
         _check_kind(str(kind), params, defaults, where, errors)

@@ -40,8 +40,9 @@ from controller.detect.conditions import ConditionEngine
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
 from controller.detect.model import ConditionChange
 from controller.detect.rules import load_rules
-from controller.registry import ONLINE, NodeRecord
-from controller.validate import InvalidMessage, validate_event, validate_report
+from controller.ingest.registry import ONLINE, NodeRecord
+from controller.ingest.validate import InvalidMessage, validate_event, validate_report
+from controller.ingest.verdict import ReportResult
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -61,25 +62,6 @@ class ShardSettings:
     failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
     tick_s: float = 1.0
     full_collection_s: float = 600.0  # controller.gcpolicy's schedule
-
-
-@dataclass
-class ReportResult:
-    """What the controller needs back from one report (it never decodes the report itself)."""
-
-    node_id: str
-    stream_token: int
-    submitted: float  # the controller's perf_counter when it handed the report over
-    seq: int = 0
-    timestamp_ms: int = 0
-    error: str = ""  # non-empty: the report was invalid, the stream must end with this
-    full_report_needed: bool = False  # a delta report before any full one on this stream
-    signals: dict[str, float] = field(default_factory=dict)  # fail-slow signals
-    job: str | None = None
-    job_steps: bytes = b""  # a Report holding only job_steps (JobRegistry reads those)
-    lldp: list[bytes] | None = None  # the node's new LLDP neighbours, when the report carried them
-    gpus: int = 0
-    nics: int = 0
 
 
 class Shard:
@@ -244,7 +226,7 @@ def main() -> None:
     # stdout is the frame channel: keep it for frames only, and send anything printed to stderr.
     fd_out = os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    from starpulse.logs import configure_logging
+    from starpulse.core.logs import configure_logging
 
     configure_logging(stream=sys.stderr)
     serve(sys.stdin.fileno(), fd_out)

@@ -31,11 +31,11 @@ from controller.detect.shard_worker import (
     OP_FORGET,
     OP_NODE,
     OP_REPORT,
-    ReportResult,
     ShardSettings,
 )
 from controller.detect.shardwire import encode_frame, frame_parts, read_frame
-from controller.registry import NodeRecord
+from controller.ingest.registry import NodeRecord
+from controller.ingest.verdict import ReportResult
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)

@@ -54,7 +54,8 @@ def fabric_to_dict(fabric: Fabric) -> dict[str, Any]:
     return {"version": FORMAT_VERSION, "params": dict(fabric.params), "vertices": vertices, "links": links}
 
 
-def fabric_from_dict(data: Any, source: str = "<fabric>") -> Fabric:
+# Complexity over 15 on purpose: one validation per file section, every error naming the file and key.
+def fabric_from_dict(data: Any, source: str = "<fabric>") -> Fabric:  # noqa: C901
     """Build and validate a ``Fabric`` from the file structure; errors start with ``source``."""
 
     def fail(msg: str) -> FabricFileError:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import networkx as nx
 import structlog
-
-if TYPE_CHECKING:
-    from controller.fabric.reconcile import LearnedEdge, ReconcileReport
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +88,24 @@ class WiringChange:
         return f"{self.a}: {self.old_peer or 'nothing'} -> {self.new_peer} ({self.port})"
 
 
+@dataclass(frozen=True)
+class LearnedEdge:
+    """One cable as LLDP shows it. ``port`` is on ``b`` (nic-leaf) or ``a`` (leaf-spine)."""
+
+    a: str
+    b: str
+    kind: str
+    port: str
+    source: str  # "host" | "switch"
+    peer_port: str | None = None  # the other end's port, for leaf-spine
+
+
+class _LearnedCables(Protocol):
+    """A reconcile report, as far as ``apply_learned`` reads it."""
+
+    learned: list[LearnedEdge]
+
+
 class Fabric:
     """A typed ``networkx.Graph`` plus the indexes detection needs.
 
@@ -107,7 +122,9 @@ class Fabric:
 
     # -- index -------------------------------------------------------------------------
 
-    def reindex(self) -> None:
+    # Complexity over 15 on purpose: one pass over the graph fills every lookup table; separate passes would walk it
+    # once per table.
+    def reindex(self) -> None:  # noqa: C901
         """Validate the graph and rebuild every lookup table from it. O(V + E)."""
         g = self.graph
         by_kind: dict[str, list[str]] = {k: [] for k in VERTEX_KINDS}
@@ -425,7 +442,7 @@ class Fabric:
         self._behind_cache.clear()
         return WiringChange(leaf, old, spine, leaf_port)
 
-    def apply_learned(self, learned: ReconcileReport | Iterable[LearnedEdge]) -> list[WiringChange]:
+    def apply_learned(self, learned: _LearnedCables | Iterable[LearnedEdge]) -> list[WiringChange]:
         """Treat LLDP-learned cables as the truth, so root cause follows the real cable.
 
         Accepts a ``ReconcileReport`` or its ``learned`` edges; edges to names not in the

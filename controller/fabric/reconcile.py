@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from controller.fabric.model import Fabric
+from controller.fabric.model import Fabric, LearnedEdge
 
 log = structlog.get_logger(__name__)
 
@@ -54,18 +54,6 @@ class MissingLink:
     kind: str
     port: str
     message: str
-
-
-@dataclass(frozen=True)
-class LearnedEdge:
-    """One cable as LLDP shows it. ``port`` is on ``b`` (nic-leaf) or ``a`` (leaf-spine)."""
-
-    a: str
-    b: str
-    kind: str
-    port: str
-    source: str  # "host" | "switch"
-    peer_port: str | None = None  # the other end's port, for leaf-spine
 
 
 @dataclass
@@ -113,7 +101,8 @@ def _resolve_nic(
     return None
 
 
-def reconcile(
+# Complexity over 15 on purpose: one comparison per kind of wiring difference, in the order the report lists them.
+def reconcile(  # noqa: C901
     fabric: Fabric,
     observed: Mapping[str, Sequence[Observation]],
     switches: Mapping[str, Sequence[Observation]] | None = None,

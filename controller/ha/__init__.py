@@ -11,7 +11,8 @@ The pieces, one job each:
 - ``fenced``: the scheduler wrapper that checks the lease before every action.
 - ``standby``: what a standby serves (reads) and refuses (agent streams, admin writes,
   with the leader's address).
-- ``replica``: one controller process: standby until elected, then the full controller.
+- ``controller.replica`` (one floor up, beside the service it runs): one controller process,
+  standby until elected, then the full controller.
 
 A single controller on SQLite (no ``ha`` section) stays the default and needs none of this.
 """

@@ -37,7 +37,7 @@ import structlog
 from controller.ha.config import HAConfig
 from controller.ha.election import Elector, NotLeader
 from controller.ha.etcd import scan_prefix
-from controller.heal.states import transaction
+from controller.store import transaction
 
 log = structlog.get_logger(__name__)
 

@@ -16,12 +16,17 @@ import grpc
 from aiohttp import web
 
 from controller.detect.incidents import IncidentStore
-from controller.query import DEFAULT_EVENT_LIMIT, MAX_EVENT_LIMIT, incident_info, list_events_response, node_statuses
+from controller.outputs.query import (
+    DEFAULT_EVENT_LIMIT,
+    MAX_EVENT_LIMIT,
+    incident_info,
+    list_events_response,
+    node_statuses,
+)
 from controller.store import Store
+from starpulse.core.grpc_client import LEADER_METADATA_KEY
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-
-LEADER_METADATA_KEY = "starpulse-leader"
 
 LeaderHint = Callable[[], str]
 

@@ -40,7 +40,6 @@ from typing import Literal
 
 import structlog
 
-from controller.detect.correlate import evictable
 from controller.detect.model import Incident
 from controller.heal.policy import ALERT_ONLY, Decision, target_node
 from controller.heal.states import (
@@ -49,8 +48,9 @@ from controller.heal.states import (
     NodeHealState,
     RemediationStore,
     is_human,
-    transaction,
 )
+from controller.store import transaction
+from starpulse.core import vocab
 
 log = structlog.get_logger(__name__)
 
@@ -286,7 +286,7 @@ class Guards:
         mode = self.config.mode
         if decision.action == ALERT_ONLY:
             return Verdict(True, "alert only: nothing on the fleet is touched", mode, "alert_only")
-        if not evictable(incident):
+        if not vocab.may_evict(incident.kind):
             return Verdict(
                 False, f"{incident.kind} is not evictable: never act on a node for it", mode, "not_evictable"
             )
@@ -405,7 +405,7 @@ class Guards:
         """Trip the breaker on a mass fault; call it every tick, not only on decisions. True when it opened."""
         cfg = self.config
         since = self._clock() - int(cfg.breaker_window_s * 1000)
-        recent = {i.id: i for i in incidents if evictable(i) and i.active and i.opened_ms >= since}
+        recent = {i.id: i for i in incidents if vocab.may_evict(i.kind) and i.active and i.opened_ms >= since}
         nodes: set[str] = set()
         for inc in recent.values():
             n = target_node(inc)

@@ -24,16 +24,16 @@ from typing import Any
 
 import structlog
 
-from controller.detect.correlate import evictable
 from controller.detect.model import Incident
 from controller.heal.guards import Guards
-from controller.heal.jobs import JobRegistry
 from controller.heal.policy import Decision, HealHistory, Policy
 from controller.heal.scheduler.base import ActionResult, Scheduler
 from controller.heal.spares import SpareError, SparePool
 from controller.heal.states import AUTOMATIC, InvalidTransition, NodeHealState, RemediationStore
+from controller.ingest.registry import NodeRegistry
+from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
-from controller.registry import NodeRegistry
+from starpulse.core import vocab
 from starpulse.v1 import service_pb2 as spb
 
 log = structlog.get_logger(__name__)
@@ -129,7 +129,7 @@ class Healer:
         if not decision.touches_node or decision.node is None:
             self.decisions.append({**record, "outcome": "alert_only", "reason": decision.reason})
             return
-        if decision.evicts and not evictable(incident):  # belt and braces: policy and guards refuse too
+        if decision.evicts and not vocab.may_evict(incident.kind):  # belt and braces: policy and guards refuse too
             log.error("refused_eviction_for_network_incident", incident=incident.id, kind=incident.kind)
             return
         node = decision.node
@@ -140,7 +140,7 @@ class Healer:
             # Already out of service (an incident update, or a second incident on the node).
             self.decisions.append({**record, "outcome": "already_out_of_service", "reason": str(current)})
             return
-        open_evictable = [i for i in self.open_incidents() if evictable(i)]
+        open_evictable = [i for i in self.open_incidents() if vocab.may_evict(i.kind)]
         verdict = self.guards.check(node, decision, incident, self.fleet_size(), open_evictable)
         self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
         self.decisions.append({**record, "outcome": verdict.code, "reason": verdict.reason})

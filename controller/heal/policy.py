@@ -43,10 +43,12 @@ from typing import Any, Protocol
 import structlog
 import yaml
 
-from controller.detect.correlate import EVICTABLE_KINDS, evictable
-from controller.detect.model import SEVERITY_ORDER, Incident
-from controller.detect.rules import parse_quantity
-from controller.heal.states import RemediationStore, transaction
+from controller.detect.model import Incident
+from controller.heal.states import RemediationStore
+from controller.store import transaction
+from starpulse.core import vocab
+from starpulse.core.units import parse_quantity
+from starpulse.core.vocab import EVICTABLE_KINDS, SEVERITY_ORDER
 
 log = structlog.get_logger(__name__)
 
@@ -242,7 +244,7 @@ class Policy:
         towards same-GPU escalation.
         """
         decision = self._decide(incident, history)
-        if not evictable(incident):
+        if not vocab.may_evict(incident.kind):
             assert decision.action == ALERT_ONLY, f"policy produced {decision.action} for {incident.kind}"
         log.info(
             "heal_decision",
@@ -258,7 +260,7 @@ class Policy:
 
     def _decide(self, incident: Incident, history: HealHistory | None) -> Decision:
         kind = incident.kind
-        if kind in NEVER_EVICT_KINDS or not evictable(incident):
+        if kind in NEVER_EVICT_KINDS or not vocab.may_evict(incident.kind):
             return Decision(ALERT_ONLY, False, f"{kind}: the node is not the culprit; alert only, never evict")
         node = target_node(incident)
         rule = self.kinds.get(kind)

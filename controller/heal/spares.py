@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import structlog
 
 from controller.fabric.model import Fabric
-from controller.heal.states import AUTOMATIC, NodeHealState, RemediationStore, transaction
+from controller.heal.states import AUTOMATIC, NodeHealState, RemediationStore
+from controller.store import transaction
 
 log = structlog.get_logger(__name__)
 

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 import structlog
+
+from controller.store import transaction
 
 log = structlog.get_logger(__name__)
 
@@ -192,26 +193,6 @@ CREATE TABLE IF NOT EXISTS heal_pending_actions (
 );
 CREATE INDEX IF NOT EXISTS heal_pending_actions_status ON heal_pending_actions(status, seq);
 """
-
-
-@contextmanager
-def transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN IMMEDIATE/COMMIT on an autocommit connection, ROLLBACK on error; joins an open one.
-
-    IMMEDIATE takes the write lock up front, so two controllers sharing the file cannot
-    both read "unallocated" and then both write (spares, approvals).
-    """
-    own = not db.in_transaction
-    if own:
-        db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        if own:
-            db.execute("ROLLBACK")
-        raise
-    if own:
-        db.execute("COMMIT")
 
 
 class RemediationStore:

@@ -23,11 +23,12 @@ from prometheus_client.samples import Sample
 from agent.collectors.gpu import NvmlGpuCollector
 from agent.collectors.sonic import SonicSwitchCollector
 from agent.factory import build_agent, build_collectors
-from agent.metrics import AgentMetricsCollector, AgentStatus, metric_part, split_listen
+from agent.metrics import AgentMetricsCollector, AgentStatus, metric_part
 from agent.runtime import AgentConfig, CollectorSet
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.fake_switch import FakeSwitch
 from agent.sim.node import SimNode
+from starpulse.core.metrics_http import split_listen
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.helpers import free_port, wait_for

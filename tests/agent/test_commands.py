@@ -75,8 +75,14 @@ async def test_gpu_reset_and_reboot_refused_when_not_allowed() -> None:
 async def test_allowed_gpu_reset_runs_with_gpu_substituted(short_dir: Path) -> None:
     out = short_dir / "argv.txt"
     # No shell: the argv is exec'd as is; a python one-liner records what it received.
-    template = [sys.executable, "-c", f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:]))",
-                "-r", "-i", "{gpu}"]
+    template = [
+        sys.executable,
+        "-c",
+        f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:]))",
+        "-r",
+        "-i",
+        "{gpu}",
+    ]
     handler = CommandHandler(None, {"gpu_reset": template})
     result = await handler(cmd(spb.COMMAND_KIND_GPU_RESET, gpu="3"))
     assert result.ok, result.message
@@ -123,7 +129,10 @@ def test_bad_configuration_rejected_at_startup() -> None:
 
 
 def test_render_argv_values() -> None:
-    assert render_argv(["tool", "--id={gpu}", "{node}"], {"gpu": "02", "node": "gpu-001"}) == ["tool", "--id=2",
-                                                                                                "gpu-001"]
+    assert render_argv(["tool", "--id={gpu}", "{node}"], {"gpu": "02", "node": "gpu-001"}) == [
+        "tool",
+        "--id=2",
+        "gpu-001",
+    ]
     with pytest.raises(ValueError):
         render_argv(["tool", "{node}"], {"node": "--force"})

@@ -127,7 +127,6 @@ class TestKeptNvlinks:
             a.close()
             b.close()
 
-
     def test_link_down_found_once_per_change_between_full_reads(self) -> None:
         fake = FakeNvml(gpu_count=2, seed=4)
         c = NvmlGpuCollector(fake)

@@ -64,8 +64,15 @@ class TestParse:
         assert got["rx_crc_errors_phy"] == 3 and got["rx_corrected_bits_phy"] == 2814
         assert got["link_down_events_phy"] == 1 and got["module_unplug"] == 0
         assert got["rx_pci_signal_integrity"] == 0 and got["rx_discards_phy"] == 2
-        for dropped in ("rx_packets", "rx_bytes_phy", "rx_prio3_pause_transition", "rx_prio3_bytes",
-                        "outbound_pci_stalled_rd", "rx_err_lane_0_phy", "tx0_bytes"):
+        for dropped in (
+            "rx_packets",
+            "rx_bytes_phy",
+            "rx_prio3_pause_transition",
+            "rx_prio3_bytes",
+            "outbound_pci_stalled_rd",
+            "rx_err_lane_0_phy",
+            "tx0_bytes",
+        ):
             assert dropped not in got
         assert len(got) == 24
 
@@ -79,7 +86,10 @@ class TestParse:
         for text in (SAMPLE.read_text(), junk):
             assert parse_interesting(text) == select_interesting(parse_ethtool_stats(text))
         assert parse_interesting(junk) == {
-            "rx_prio1_pause": 7, "tx_prio4_pause_duration": 11, "module_high_temp": 2, "rx_crc_errors_phy": 0,
+            "rx_prio1_pause": 7,
+            "tx_prio4_pause_duration": 11,
+            "module_high_temp": 2,
+            "rx_crc_errors_phy": 0,
             "rx_prio6_pause": 4,
         }
 

@@ -235,9 +235,7 @@ class TestEvents:
     def test_unregistered_events_are_not_delivered(self, nvml: FakeNvml) -> None:
         """Events of other GPUs or other types do not reach the set."""
         es = nvml.nvmlEventSetCreate()
-        nvml.nvmlDeviceRegisterEvents(
-            nvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, es
-        )
+        nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, es)
         nvml.inject_xid(1, 13)
         nvml.inject_ecc_dbe(0)
         with pytest.raises(pynvml.NVMLError_Timeout):
@@ -246,9 +244,7 @@ class TestEvents:
     def test_waiter_is_woken_by_injection(self, nvml: FakeNvml) -> None:
         """A blocked waiter returns as soon as an event is injected, well before its timeout."""
         es = nvml.nvmlEventSetCreate()
-        nvml.nvmlDeviceRegisterEvents(
-            nvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, es
-        )
+        nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, es)
         got: list[int] = []
         waiter = threading.Thread(target=lambda: got.append(nvml.nvmlEventSetWait(es, 10_000).eventData))
         waiter.start()

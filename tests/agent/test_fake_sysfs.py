@@ -35,7 +35,9 @@ class TestLayout:
             for sub in ("counters", "hw_counters"):
                 assert sorted(os.listdir(port / sub)) == sorted(os.listdir(H100_PORT / "ports" / "1" / sub))
         assert sorted(p.name for p in (tmp_path / "class" / "infiniband").iterdir()) == [
-            "mlx5_0", "mlx5_1", "mlx5_bond_0"
+            "mlx5_0",
+            "mlx5_1",
+            "mlx5_bond_0",
         ]
 
     def test_device_links_and_pci(self, tmp_path):

@@ -13,10 +13,10 @@ import pytest
 from agent.collectors.base import Collector, CollectorUnsupported
 from agent.collectors.gpu import NvmlGpuCollector, nvml_unavailable_reason
 from agent.sim.fake_nvml import FakeNvml
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
+from starpulse.core.xid import lookup
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
-from starpulse.xid import lookup
 
 LIBRARY_NOT_FOUND_LINE = "NVML unavailable: NVML Shared Library Not Found (is the NVIDIA driver installed?)"
 
@@ -343,9 +343,7 @@ class TestSamples:
         assert s.reset_required and not s.lost
         assert not s.HasField("power_w")
 
-    def test_fail_slow_shows_in_samples_without_a_finding(
-        self, collector: NvmlGpuCollector, fake: FakeNvml
-    ) -> None:
+    def test_fail_slow_shows_in_samples_without_a_finding(self, collector: NvmlGpuCollector, fake: FakeNvml) -> None:
         """A fail-slow GPU shows lower SM clock, power and utilization; judging it is the controller's."""
         fake.set_slow(3, 0.6)
         report, findings = collect(collector)
@@ -396,9 +394,7 @@ class TestFindings:
         assert collect(collector)[1] == []
         inject(fake, 3)
         _, findings = collect(collector)
-        assert [(f.kind, f.action, f.severity, f.component) for f in findings] == [
-            (kind, action, severity, "gpu-3")
-        ]
+        assert [(f.kind, f.action, f.severity, f.component) for f in findings] == [(kind, action, severity, "gpu-3")]
         finding = findings[0]
         assert finding.source == "nvml"
         assert finding.pci == fake.gpu(3).pci_bus_id
@@ -444,9 +440,7 @@ class TestFindings:
         fake.remove_gpu(5)
         report, findings = collect(collector)
         assert len(report.gpus) == 7
-        assert [(f.kind, f.component, f.pci) for f in findings] == [
-            ("gpu_lost", "gpu-5", fake.gpu(5).pci_bus_id)
-        ]
+        assert [(f.kind, f.component, f.pci) for f in findings] == [("gpu_lost", "gpu-5", fake.gpu(5).pci_bus_id)]
         assert findings[0].attributes["device_count"] == "7"
         assert collect(collector)[1] == []
 
@@ -525,9 +519,7 @@ class TestEventThread:
         assert finding.attributes["recovery_action_name"] == "DRAIN_AND_RESET"
         assert collect(running)[1] == []
 
-    def test_gpu_lost_in_wait_reported_once(
-        self, running: NvmlGpuCollector, fake: FakeNvml, sink: Sink
-    ) -> None:
+    def test_gpu_lost_in_wait_reported_once(self, running: NvmlGpuCollector, fake: FakeNvml, sink: Sink) -> None:
         """GpuIsLost from the wait gives one gpu_lost (after the Xid 79); the thread keeps going."""
         fake.inject_gpu_lost(6)
         findings = sink.wait_for(lambda fs: any(f.kind == "gpu_lost" for f in fs))
@@ -539,9 +531,7 @@ class TestEventThread:
         assert len(sink.kinds("gpu_lost")) == 1
         assert running.events_running
 
-    def test_wait_errors_are_survived(
-        self, fake: FakeNvml, sink: Sink, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_wait_errors_are_survived(self, fake: FakeNvml, sink: Sink, monkeypatch: pytest.MonkeyPatch) -> None:
         """Unexpected wait errors are logged and backed off; events still arrive afterwards."""
         real = fake.nvmlEventSetWait
         failures = iter([pynvml.NVMLError_Unknown(), pynvml.NVMLError_Unknown()])

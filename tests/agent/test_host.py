@@ -68,7 +68,8 @@ class TestHostCollector:
         assert (h.load1, h.load5, h.load15) == (12.0, 10.5, 9.25)
         assert 3590 < h.uptime_s < 3700
         assert [(d.mount, d.total_bytes, d.used_bytes) for d in h.disks] == [
-            ("/", 100 * GiB, 40 * GiB), ("/data", 100 * GiB, 40 * GiB)
+            ("/", 100 * GiB, 40 * GiB),
+            ("/data", 100 * GiB, 40 * GiB),
         ]
 
     def test_missing_mount_is_skipped(self):

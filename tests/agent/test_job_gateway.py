@@ -42,8 +42,9 @@ async def gateway(short_dir: Path) -> AsyncIterator[JobGateway]:
 
 
 def job_for(gw: JobGateway, rank: int, ckpt: Path) -> StarpulseJob:
-    return StarpulseJob("llm", rank=rank, world_size=2, checkpoint_dir=ckpt, socket_path=gw.socket_path,
-                        signal_number=None)
+    return StarpulseJob(
+        "llm", rank=rank, world_size=2, checkpoint_dir=ckpt, socket_path=gw.socket_path, signal_number=None
+    )
 
 
 async def test_socket_created_with_mode_and_folder(gateway: JobGateway) -> None:
@@ -60,8 +61,11 @@ async def test_two_ranks_register_report_and_fill_the_report(gateway: JobGateway
             r0.step(step, 0.5)
             r1.step(step, 0.5 + step)  # rank 1 gets slower
         r0.save_checkpoint(3, b"a")
-        await wait_for(lambda: len(gateway.ranks()) == 2 and all(r.step == 3 for r in gateway.ranks()),
-                       timeout=5, what="two ranks at step 3")
+        await wait_for(
+            lambda: len(gateway.ranks()) == 2 and all(r.step == 3 for r in gateway.ranks()),
+            timeout=5,
+            what="two ranks at step 3",
+        )
         await wait_for(lambda: gateway.ranks()[0].last_checkpoint_step == 3, timeout=5, what="checkpoint_done")
         report = tpb.Report()
         collector = JobCollector(gateway)
@@ -79,8 +83,9 @@ async def test_two_ranks_register_report_and_fill_the_report(gateway: JobGateway
         # request_checkpoint: rank 0 and 1 have no signal, so they are asked over the socket.
         assert gateway.request_checkpoint("llm") == 2
         assert gateway.request_checkpoint("other-job") == 0
-        await wait_for(lambda: r0.checkpoint_requested and r1.checkpoint_requested, timeout=5,
-                       what="socket checkpoint request")
+        await wait_for(
+            lambda: r0.checkpoint_requested and r1.checkpoint_requested, timeout=5, what="socket checkpoint request"
+        )
     finally:
         r0.close()
         r1.close()
@@ -91,8 +96,12 @@ async def test_peer_pid_beats_claimed_pid_and_bad_lines_are_ignored(gateway: Job
     try:
         writer.write(b"not json\n")
         writer.write(b'{"op": "step", "job": "", "rank": 0, "step": 1}\n')
-        writer.write(json.dumps({"op": "register", "job": "x", "rank": 0, "pid": 1, "world_size": 1,
-                                 "signal": "SIGUSR1"}).encode() + b"\n")
+        writer.write(
+            json.dumps(
+                {"op": "register", "job": "x", "rank": 0, "pid": 1, "world_size": 1, "signal": "SIGUSR1"}
+            ).encode()
+            + b"\n"
+        )
         await writer.drain()
         await wait_for(lambda: len(gateway.ranks()) == 1, timeout=5, what="registration")
         (state,) = gateway.ranks()
@@ -118,8 +127,20 @@ async def test_forgets_dead_and_silent_ranks(short_dir: Path) -> None:
 async def test_checkpoint_request_signals_a_real_training_process(gateway: JobGateway, short_dir: Path) -> None:
     ckpt = short_dir / "ckpt"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(TRAIN), "--job", "train", "--steps", "400", "--step-time", "0.05",
-        "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0", "--socket", gateway.socket_path,
+        sys.executable,
+        str(TRAIN),
+        "--job",
+        "train",
+        "--steps",
+        "400",
+        "--step-time",
+        "0.05",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "0",
+        "--socket",
+        gateway.socket_path,
         stdout=asyncio.subprocess.PIPE,
     )
     lines: list[str] = []
@@ -131,15 +152,22 @@ async def test_checkpoint_request_signals_a_real_training_process(gateway: JobGa
 
     reader = asyncio.create_task(read())
     try:
-        await wait_for(lambda: any(r.job == "train" and r.step >= 2 for r in gateway.ranks()), timeout=20,
-                       what="the trainer registered and stepping")
+        await wait_for(
+            lambda: any(r.job == "train" and r.step >= 2 for r in gateway.ranks()),
+            timeout=20,
+            what="the trainer registered and stepping",
+        )
         (state,) = gateway.ranks()
         assert state.pid == proc.pid and state.signal_name == "SIGUSR1"
         assert gateway.request_checkpoint("train") == 1
-        await wait_for(lambda: any(line.startswith("checkpoint step") for line in lines), timeout=10,
-                       what="the trainer checkpointed on request")
-        await wait_for(lambda: gateway.ranks()[0].last_checkpoint_step > 0, timeout=5,
-                       what="checkpoint_done reached the gateway")
+        await wait_for(
+            lambda: any(line.startswith("checkpoint step") for line in lines),
+            timeout=10,
+            what="the trainer checkpointed on request",
+        )
+        await wait_for(
+            lambda: gateway.ranks()[0].last_checkpoint_step > 0, timeout=5, what="checkpoint_done reached the gateway"
+        )
         done = gateway.ranks()[0]
         assert await asyncio.to_thread(os.path.isfile, os.path.join(done.checkpoint_path, "rank-0.COMPLETE"))
         assert lines[0].startswith("start job=train rank=0 world_size=1")
@@ -158,10 +186,22 @@ async def test_checkpoint_request_signals_a_real_training_process(gateway: JobGa
 
 async def test_training_without_agent_runs_to_the_end(short_dir: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(TRAIN), "--job", "solo", "--steps", "5", "--step-time", "0.01",
-        "--checkpoint-dir", str(short_dir / "ck"), "--checkpoint-every", "2", "--socket",
+        sys.executable,
+        str(TRAIN),
+        "--job",
+        "solo",
+        "--steps",
+        "5",
+        "--step-time",
+        "0.01",
+        "--checkpoint-dir",
+        str(short_dir / "ck"),
+        "--checkpoint-every",
+        "2",
+        "--socket",
         str(short_dir / "no-agent.sock"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, err
@@ -171,9 +211,20 @@ async def test_training_without_agent_runs_to_the_end(short_dir: Path) -> None:
     assert b"agent not reachable" in err
     # A second run resumes from the last complete checkpoint.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(TRAIN), "--job", "solo", "--steps", "7", "--step-time", "0.01",
-        "--checkpoint-dir", str(short_dir / "ck"), "--socket", str(short_dir / "no-agent.sock"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        str(TRAIN),
+        "--job",
+        "solo",
+        "--steps",
+        "7",
+        "--step-time",
+        "0.01",
+        "--checkpoint-dir",
+        str(short_dir / "ck"),
+        "--socket",
+        str(short_dir / "no-agent.sock"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 20)
     text = out.decode().splitlines()
@@ -185,29 +236,38 @@ async def test_end_to_end_controller_registry_and_checkpoint_command(short_dir: 
     from agent.factory import build_agent
     from agent.runtime import AgentConfig
     from agent.sim.node import SimNode
-    from controller.heal.jobs import JobRegistry
+    from controller.jobs.registry import JobRegistry
     from controller.service import Controller, ControllerConfig
     from starpulse.v1 import service_pb2 as spb
     from tests.helpers import free_port
 
     port = free_port()
-    ctl = Controller(ControllerConfig(listen=f"127.0.0.1:{port}", http="127.0.0.1:0",
-                                      db_path=tmp_path / "controller.db", sweep_interval_s=0.2))
+    ctl = Controller(
+        ControllerConfig(
+            listen=f"127.0.0.1:{port}", http="127.0.0.1:0", db_path=tmp_path / "controller.db", sweep_interval_s=0.2
+        )
+    )
     await ctl.start()
     registry = JobRegistry(ctl.store.connection, lambda: int(time.time() * 1000))
     ctl.registry.listeners.append(registry)
     sock = str(short_dir / "jobs.sock")
     agent = build_agent(
-        AgentConfig(node_id="node-000", controllers=[f"127.0.0.1:{port}"], interval_s=0.2,
-                    buffer_path=str(tmp_path / "buffer.db"), job_socket=sock),
+        AgentConfig(
+            node_id="node-000",
+            controllers=[f"127.0.0.1:{port}"],
+            interval_s=0.2,
+            buffer_path=str(tmp_path / "buffer.db"),
+            job_socket=sock,
+        ),
         "sim",
         sim=SimNode("node-000", tmp_path / "hw"),
     )
     agent.link.backoff.initial_s = 0.1
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
-    job = StarpulseJob("e2e", checkpoint_dir=short_dir / "ck", socket_path=sock, signal_number=None,
-                       reconnect_interval_s=0.05)
+    job = StarpulseJob(
+        "e2e", checkpoint_dir=short_dir / "ck", socket_path=sock, signal_number=None, reconnect_interval_s=0.05
+    )
     try:
         await wait_for(lambda: os.path.exists(sock), timeout=20, what="the agent's job socket")
         job.register()
@@ -222,15 +282,22 @@ async def test_end_to_end_controller_registry_and_checkpoint_command(short_dir: 
 
         stepping = asyncio.create_task(progressed())
         try:
-            await wait_for(lambda: registry.job("e2e") is not None and registry.job("e2e").step > 0,  # type: ignore[union-attr]
-                           timeout=20, what="job progress at the controller")
+            await wait_for(
+                lambda: registry.job("e2e") is not None and registry.job("e2e").step > 0,  # type: ignore[union-attr]
+                timeout=20,
+                what="job progress at the controller",
+            )
             assert registry.jobs_of("node-000") == ["e2e"]
-            ctl.registry.send_command("node-000", spb.Command(id="ck-1", kind=spb.COMMAND_KIND_CHECKPOINT_REQUEST,
-                                                              args={"job": "e2e"}))
+            ctl.registry.send_command(
+                "node-000", spb.Command(id="ck-1", kind=spb.COMMAND_KIND_CHECKPOINT_REQUEST, args={"job": "e2e"})
+            )
             await wait_for(lambda: job.checkpoint_requested, timeout=10, what="the checkpoint request at the job")
             job.save_checkpoint(step, b"state")
-            await wait_for(lambda: registry.job("e2e").last_complete_step > 0,  # type: ignore[union-attr]
-                           timeout=10, what="the complete checkpoint at the controller")
+            await wait_for(
+                lambda: registry.job("e2e").last_complete_step > 0,  # type: ignore[union-attr]
+                timeout=10,
+                what="the complete checkpoint at the controller",
+            )
         finally:
             stepping.cancel()
             with contextlib.suppress(asyncio.CancelledError):

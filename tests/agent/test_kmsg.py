@@ -12,7 +12,7 @@ import pytest
 
 from agent.collectors.kmsg import KernelRecord, KmsgCollector, classify, parse_line, parse_lines, scan_file
 from agent.sim.fake_kmsg import FakeKmsg
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import telemetry_pb2 as tpb
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"
@@ -23,26 +23,17 @@ XID_119 = (
 )
 FALLEN = "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus."
 SXID_NONFATAL = (
-    "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error "
-    "(First)"
+    "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)"
 )
-SXID_FATAL = (
-    "nvidia-nvswitch0: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 31 sourcetrack TCEN0 crumbstore ECC"
-)
+SXID_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 31 sourcetrack TCEN0 crumbstore ECC"
 MLX5_CMD = (
     "mlx5_core 0000:17:00.0: mlx5_cmd_out_err:838:(pid 4242): ACCESS_REG(0x805) op_mod(0x1) failed, "
     "status bad parameter(0x3), syndrome (0x6a8b2), err(-22)"
 )
-MLX5_HEALTH = (
-    "mlx5_core 0000:17:00.0: poll_health:805:(pid 0): device's health compromised - reached miss count"
-)
-MLX5_MODULE = (
-    "mlx5_core 0000:2a:00.0: Port module event[error]: module 0, Cable error, Bus stuck (I2C or data shorted)"
-)
+MLX5_HEALTH = "mlx5_core 0000:17:00.0: poll_health:805:(pid 0): device's health compromised - reached miss count"
+MLX5_MODULE = "mlx5_core 0000:2a:00.0: Port module event[error]: module 0, Cable error, Bus stuck (I2C or data shorted)"
 MLX5_LINK = "mlx5_core 0000:2a:00.0 ens2f0np0: Link down"
-PEERMEM = (
-    "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing"
-)
+PEERMEM = "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing"
 
 
 def as_kmsg(msg: str, seq: int = 7, usec: int = 123456789, prio: int = 4) -> str:
@@ -159,8 +150,12 @@ class TestFixtures:
 class TestClassify:
     @pytest.mark.parametrize(
         ("xid", "action", "severity"),
-        [(79, "reboot", "fatal"), (95, "reset_gpu", "critical"), (13, "restart_app", "warning"),
-         (119, "reset_gpu", "critical")],
+        [
+            (79, "reboot", "fatal"),
+            (95, "reset_gpu", "critical"),
+            (13, "restart_app", "warning"),
+            (119, "reset_gpu", "critical"),
+        ],
     )
     @pytest.mark.parametrize("fmt", FORMATS)
     def test_xid_actions(self, xid, action, severity, fmt):
@@ -193,7 +188,7 @@ class TestClassify:
 
     @pytest.mark.parametrize("fmt", FORMATS)
     def test_fallen_off_the_bus(self, fmt):
-        """"GPU has fallen off the bus" is gpu_lost, Xid 79, reboot, fatal."""
+        """ "GPU has fallen off the bus" is gpu_lost, Xid 79, reboot, fatal."""
         rec = parse_line(fmt(FALLEN))
         assert rec is not None
         f = classify(rec.message)
@@ -216,8 +211,12 @@ class TestClassify:
     @pytest.mark.parametrize("fmt", FORMATS)
     @pytest.mark.parametrize(
         ("msg", "action", "pci"),
-        [(MLX5_CMD, "investigate", "0000:17:00.0"), (MLX5_HEALTH, "investigate", "0000:17:00.0"),
-         (MLX5_MODULE, "check_link", "0000:2a:00.0"), (MLX5_LINK, "check_link", "0000:2a:00.0")],
+        [
+            (MLX5_CMD, "investigate", "0000:17:00.0"),
+            (MLX5_HEALTH, "investigate", "0000:17:00.0"),
+            (MLX5_MODULE, "check_link", "0000:2a:00.0"),
+            (MLX5_LINK, "check_link", "0000:2a:00.0"),
+        ],
     )
     def test_mlx5_errors(self, fmt, msg, action, pci):
         """mlx5 errors are nic_driver_error warnings carrying the PCI address."""
@@ -226,7 +225,11 @@ class TestClassify:
         f = classify(rec.message)
         assert f is not None
         assert (f.kind, f.severity, f.action, f.pci, f.attributes["pci"]) == (
-            "nic_driver_error", "warning", action, pci, pci
+            "nic_driver_error",
+            "warning",
+            action,
+            pci,
+            pci,
         )
 
     def test_mlx5_link_down_names_the_netdev(self):

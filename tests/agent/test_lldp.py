@@ -137,7 +137,14 @@ class TestControlSocket:
 
         assert lldpcli_command(None) == DEFAULT_COMMAND
         assert lldpcli_command("/run/x/lldpd.sock") == (
-            "lldpcli", "-u", "/run/x/lldpd.sock", "-f", "json", "show", "neighbors")
+            "lldpcli",
+            "-u",
+            "/run/x/lldpd.sock",
+            "-f",
+            "json",
+            "show",
+            "neighbors",
+        )
 
     def test_sim_node_reads_lldp_only_when_given_a_socket(self, tmp_path: Path) -> None:
         from agent.factory import build_collectors
@@ -146,7 +153,6 @@ class TestControlSocket:
         sim = SimNode("node-000", tmp_path / "sim", gpus=1, nics=1)
         plan = build_collectors("sim", None, sim=sim, kmsg_path=None)
         assert not [c for c in plan.collectors if isinstance(c, LldpCollector)]
-        plan = build_collectors("sim", None, sim=sim, kmsg_path=None, lldpcli_socket="/tmp/l.sock",
-                                lldp_interval_s=0.5)
+        plan = build_collectors("sim", None, sim=sim, kmsg_path=None, lldpcli_socket="/tmp/l.sock", lldp_interval_s=0.5)
         (lldp,) = [c for c in plan.collectors if isinstance(c, LldpCollector)]
         assert lldp.command[:3] == ("lldpcli", "-u", "/tmp/l.sock") and lldp.min_interval_s == 0.5

@@ -10,7 +10,7 @@ import pytest
 
 from agent.collectors.gpu import NvmlGpuCollector
 from agent.sim.fake_nvml import FakeNvml
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 

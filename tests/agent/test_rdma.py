@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.pci import normalize_pci, pair_nics_with_gpus, pci_device_path
+from agent.collectors.pci import pair_nics_with_gpus, pci_device_path
 from agent.collectors.rdma import RdmaSysfsCollector, parse_rate_gbps, parse_state, read_counter_dir
 from agent.sim.fake_sysfs import FakeSysfs
+from starpulse.core.vocab import canonical_pci
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -26,8 +27,14 @@ def collect(c: RdmaSysfsCollector) -> tuple[tpb.Report, list]:
 class TestParsers:
     @pytest.mark.parametrize(
         ("text", "gbps"),
-        [("400 Gb/sec (4X NDR)", 400.0), ("25 Gb/sec (1X EDR)", 25.0), ("2.5 Gb/sec", 2.5),
-         ("200 Gb/sec (2X NDR)\n", 200.0), ("", 0.0), ("garbage", 0.0)],
+        [
+            ("400 Gb/sec (4X NDR)", 400.0),
+            ("25 Gb/sec (1X EDR)", 25.0),
+            ("2.5 Gb/sec", 2.5),
+            ("200 Gb/sec (2X NDR)\n", 200.0),
+            ("", 0.0),
+            ("garbage", 0.0),
+        ],
     )
     def test_rate(self, text, gbps):
         """Rates parse from the kernel's "N Gb/sec (width)" text; junk is 0."""
@@ -188,9 +195,9 @@ class TestRdmaOnFakeSysfs:
 class TestPciPairing:
     def test_normalize(self):
         """NVML bus ids lose their extra domain zeros; case is folded."""
-        assert normalize_pci("00000000:17:00.0") == "0000:17:00.0"
-        assert normalize_pci("0000:9B:00.0") == "0000:9b:00.0"
-        assert normalize_pci("0000:17:00.0") == "0000:17:00.0"
+        assert canonical_pci("00000000:17:00.0") == "0000:17:00.0"
+        assert canonical_pci("0000:9B:00.0") == "0000:9b:00.0"
+        assert canonical_pci("0000:17:00.0") == "0000:17:00.0"
 
     def test_fake_sysfs_pairs_gpu_i_with_nic_i(self, tmp_path):
         """Each rail NIC pairs with the GPU behind its switch; the bond pairs with none."""
@@ -211,13 +218,16 @@ class TestPciPairing:
     def test_tie_and_none_are_unpaired(self, tmp_path):
         """Two GPUs equally close leave the NIC unpaired; a NIC sharing no bridge pairs with none."""
         sw = "pci0000:10/0000:10:01.0/0000:11:00.0"
-        self._tree(tmp_path, {
-            "0000:13:00.0": f"{sw}/0000:12:00.0/0000:13:00.0",  # GPU 0
-            "0000:15:00.0": f"{sw}/0000:12:01.0/0000:15:00.0",  # GPU 1
-            "0000:17:00.0": f"{sw}/0000:12:02.0/0000:17:00.0",  # NIC A: same switch as both
-            "0000:91:00.0": "pci0000:90/0000:90:01.0/0000:91:00.0",  # NIC B: other root complex
-            "0000:a1:00.0": "pci0000:a0/0000:a0:01.0/0000:a1:00.0",  # GPU 2
-        })
+        self._tree(
+            tmp_path,
+            {
+                "0000:13:00.0": f"{sw}/0000:12:00.0/0000:13:00.0",  # GPU 0
+                "0000:15:00.0": f"{sw}/0000:12:01.0/0000:15:00.0",  # GPU 1
+                "0000:17:00.0": f"{sw}/0000:12:02.0/0000:17:00.0",  # NIC A: same switch as both
+                "0000:91:00.0": "pci0000:90/0000:90:01.0/0000:91:00.0",  # NIC B: other root complex
+                "0000:a1:00.0": "pci0000:a0/0000:a0:01.0/0000:a1:00.0",  # GPU 2
+            },
+        )
         pairs = pair_nics_with_gpus(
             str(tmp_path),
             {"A": "0000:17:00.0", "B": "0000:91:00.0", "C": "", "D": "0000:ff:00.0"},

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from agent.transport.buffer import EventBuffer
 from agent.transport.storm import StormSuppressor
-from starpulse.findings import Finding
+from starpulse.core.findings import Finding
 from starpulse.v1 import telemetry_pb2 as tpb
 
 
@@ -37,7 +37,6 @@ class TestEventBuffer:
         assert [e.seq for e in buf.pending(0)] == [3, 4]
         assert buf.oldest_seq() == 3
 
-
     def test_repeated_and_early_acks_still_forget_later_events(self, tmp_path: Path) -> None:
         """A re-ack is a no-op; an ack past the newest event does not shield events appended later."""
         buf = EventBuffer(tmp_path / "b.db")
@@ -52,6 +51,7 @@ class TestEventBuffer:
         assert buf.ack(5) == 2
         assert buf.ack(5) == 0
         assert [e.seq for e in buf.pending(0)] == [6, 7]
+
     def test_overflow_drops_oldest_and_counts(self, tmp_path: Path) -> None:
         """A full buffer keeps the newest max_events and counts what it dropped."""
         buf = EventBuffer(tmp_path / "b.db", max_events=3)

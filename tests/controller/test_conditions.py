@@ -11,7 +11,7 @@ from controller.detect.conditions import ConditionEngine
 from controller.detect.model import ConditionChange
 from controller.detect.rules import load_rules
 from controller.fabric import generate_fabric
-from controller.registry import NodeRecord
+from controller.ingest.registry import NodeRecord
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 

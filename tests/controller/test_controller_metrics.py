@@ -7,9 +7,9 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import generate_latest
 
-from controller.detect.correlate import EVICTABLE_KINDS
 from controller.metrics import ControllerMetrics
 from controller.service import Controller, ControllerConfig
+from starpulse.core.vocab import EVICTABLE_KINDS
 from tests.agent.test_agent_metrics import find, one, promtool_check, samples
 from tests.helpers import free_port
 

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.detect.correlate import EVICTABLE_KINDS, CorrelationConfig, Correlator, evictable
+from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import Condition, ConditionChange, Incident
 from controller.fabric import Fabric, generate_fabric
+from starpulse.core import vocab
+from starpulse.core.vocab import EVICTABLE_KINDS
 
 
 class FakeClock:
@@ -152,7 +154,7 @@ class TestCorrelator:
         assert (inc.kind, inc.root_cause, inc.component_type) == ("switch_fault", "leaf-b0-r3", "switch")
         assert inc.affected_nodes == [node(i) for i in range(16)]
         assert inc.action == "investigate_switch"
-        assert not evictable(inc)
+        assert not vocab.may_evict(inc.kind)
         assert len(corr.incidents()) == 1
 
     def test_leaf_own_conditions_join_the_leaf_incident(self, fabric, store, clock):
@@ -243,7 +245,7 @@ class TestCorrelator:
         assert (inc.kind, inc.root_cause, inc.component_type) == ("nic_fault", "node-009/nic-1", "nic")
         assert inc.affected_nodes == ["node-009"]
         assert inc.action == "check_link"
-        assert evictable(inc)
+        assert vocab.may_evict(inc.kind)
 
     def test_nic_with_switch_side_peer_is_a_link_fault(self, fabric, store, clock):
         """A NIC down plus the leaf reporting its peer port down is one link_fault on the cable."""
@@ -255,7 +257,7 @@ class TestCorrelator:
         inc = out[0][1]
         assert (inc.kind, inc.root_cause, inc.component_type) == ("link_fault", "node-005/nic-2<->leaf-b0-r2", "link")
         assert len(inc.condition_keys) == 2
-        assert not evictable(inc)
+        assert not vocab.may_evict(inc.kind)
 
     def test_three_nics_of_one_node_are_a_node_fault(self, fabric, store, clock):
         """NICs on three rails of one node failing (and nothing else on those leaves) blame the node."""
@@ -290,7 +292,7 @@ class TestCorrelator:
         assert (inc.kind, inc.root_cause, inc.component_type) == ("partition", "", "network")
         assert (inc.severity, inc.action) == ("critical", "investigate_network")
         assert inc.affected_nodes == [node(i) for i in (1, 3, 5, 8, 13)]
-        assert not evictable(inc)
+        assert not vocab.may_evict(inc.kind)
         assert all(i.kind != "node_down" for i in corr.incidents())
 
     def test_heartbeats_split_across_blocks_are_node_downs(self, fabric, store, clock):
@@ -299,7 +301,7 @@ class TestCorrelator:
         corr.on_changes(opened(*(heartbeat(i, clock) for i in (1, 2, 20, 21))))
         out = settle(corr, clock)
         assert sorted(i.kind for _, i in out) == ["node_down"] * 4
-        assert all(not evictable(i) for _, i in out)
+        assert all(not vocab.may_evict(i.kind) for _, i in out)
 
     def test_single_heartbeat_loss_is_node_down(self, fabric, store, clock):
         """One lost heartbeat is a node_down on that node with an investigate action."""

@@ -213,8 +213,15 @@ class TestNvLinksOnDeltas:
             for g in r.gpus:
                 del g.nvlinks[:]
             for link, up in links:
-                r.gpus[5].nvlinks.add(link=link, up=up, replay_errors=0, recovery_errors=0,
-                                      crc_flit_errors=0, crc_data_errors=0, ecc_data_errors=0)
+                r.gpus[5].nvlinks.add(
+                    link=link,
+                    up=up,
+                    replay_errors=0,
+                    recovery_errors=0,
+                    crc_flit_errors=0,
+                    crc_data_errors=0,
+                    ecc_data_errors=0,
+                )
             return r
 
         feed(good_report(0, links=4))  # full: every link up

@@ -22,7 +22,7 @@ from controller.detect.model import ConditionChange
 from controller.detect.rules import load_rules
 from controller.detect.shard_worker import OP_EVENTS, OP_FORGET, OP_NODE, OP_REPORT, Shard, ShardSettings
 from controller.detect.shardwire import ShardWireError, encode_frame, read_frame_fd, write_frame_fd
-from controller.registry import ONLINE, NodeRecord
+from controller.ingest.registry import ONLINE, NodeRecord
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -94,16 +94,24 @@ def test_every_report_gets_an_answer_even_a_bad_one() -> None:
     ok = spb.AgentMessage(report=tpb.Report(seq=1)).SerializeToString()
     nan = spb.AgentMessage(report=tpb.Report(seq=2, gpus=[tpb.GpuSample(temperature_c=math.nan)])).SerializeToString()
     hello = spb.AgentMessage(hello=spb.Hello(node_id="node-001")).SerializeToString()
-    results, _ = shard.handle([
-        (OP_REPORT, "node-001", 1, ok, False, 0.0),  # before the shard was told about the node
-        (OP_NODE, "node-001", ipb.NODE_ROLE_COMPUTE, 1, b""),
-        (OP_REPORT, "node-001", 1, ok, False, 0.0),
-        (OP_REPORT, "node-001", 1, nan, False, 0.0),
-        (OP_REPORT, "node-001", 1, b"\x12\x03\xff\xff\xff", False, 0.0),
-        (OP_REPORT, "node-001", 1, hello, False, 0.0),
-        (OP_REPORT, "node-001", 1, spb.AgentMessage(report=tpb.Report(seq=3, counters_delta=True)).SerializeToString(),
-         True, 0.0),
-    ])
+    results, _ = shard.handle(
+        [
+            (OP_REPORT, "node-001", 1, ok, False, 0.0),  # before the shard was told about the node
+            (OP_NODE, "node-001", ipb.NODE_ROLE_COMPUTE, 1, b""),
+            (OP_REPORT, "node-001", 1, ok, False, 0.0),
+            (OP_REPORT, "node-001", 1, nan, False, 0.0),
+            (OP_REPORT, "node-001", 1, b"\x12\x03\xff\xff\xff", False, 0.0),
+            (OP_REPORT, "node-001", 1, hello, False, 0.0),
+            (
+                OP_REPORT,
+                "node-001",
+                1,
+                spb.AgentMessage(report=tpb.Report(seq=3, counters_delta=True)).SerializeToString(),
+                True,
+                0.0,
+            ),
+        ]
+    )
     assert len(results) == 6
     assert "knows no node" in results[0].error
     assert results[1].error == "" and results[1].seq == 1

@@ -85,7 +85,11 @@ def clock() -> FakeClock:
 
 def detector(clock: FakeClock, **cfg: object) -> FailSlowDetector:
     settings: dict[str, object] = {
-        "window_s": 60, "min_samples": 3, "persist_evaluations": 3, "sample_every_s": 0, **cfg
+        "window_s": 60,
+        "min_samples": 3,
+        "persist_evaluations": 3,
+        "sample_every_s": 0,
+        **cfg,
     }
     config = FailSlowConfig(**settings)  # type: ignore[arg-type]
     return FailSlowDetector(config, group_of=block_of, clock_ms=clock)

@@ -10,13 +10,13 @@ from controller.detect.model import Incident
 from controller.fabric import generate_fabric
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
-from controller.heal.jobs import JobRegistry
 from controller.heal.policy import SqliteHealHistory, load_policy
 from controller.heal.scheduler.sim import SimScheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import NodeHealState, RemediationStore
+from controller.ingest.registry import NodeRegistry
+from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
-from controller.registry import NodeRegistry
 from controller.store import Store
 
 NODES = [f"node-{i:03d}" for i in range(8)]

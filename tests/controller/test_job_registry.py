@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.heal.jobs import INTERRUPTED, RESUMING, RUNNING, JobRegistry
-from controller.registry import IngestListener, NodeRecord
+from controller.ingest.registry import IngestListener, NodeRecord
+from controller.jobs.registry import INTERRUPTED, RESUMING, RUNNING, JobRegistry
 from controller.store import Store
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -31,9 +31,17 @@ def report(*samples: tuple[str, int, int, int], world: int = 2, pid: int = 100) 
     """samples: (job, rank, step, last_checkpoint_step)."""
     r = tpb.Report()
     for job, rank, step, ckpt in samples:
-        r.job_steps.add(job=job, rank=rank, step=step, step_time_s=0.5, last_checkpoint_step=ckpt,
-                        checkpoint_path=f"/ckpt/{job}/step-{ckpt:010d}" if ckpt else "", last_checkpoint_ms=5,
-                        pid=pid + rank, world_size=world)
+        r.job_steps.add(
+            job=job,
+            rank=rank,
+            step=step,
+            step_time_s=0.5,
+            last_checkpoint_step=ckpt,
+            checkpoint_path=f"/ckpt/{job}/step-{ckpt:010d}" if ckpt else "",
+            last_checkpoint_ms=5,
+            pid=pid + rank,
+            world_size=world,
+        )
     return r
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from controller.detect.model import Incident
-from controller.notify import payloads
-from controller.notify.config import NotifyConfigError, parse_notify_config
-from controller.notify.signing import (
+from controller.outputs.notify import payloads
+from controller.outputs.notify.config import NotifyConfigError, parse_notify_config
+from controller.outputs.notify.signing import (
     DELIVERY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from controller.detect.model import Incident
-from controller.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
-from controller.notify.notifier import Notifier
-from controller.notify.outbox import Outbox
+from controller.outputs.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
+from controller.outputs.notify.notifier import Notifier
+from controller.outputs.notify.outbox import Outbox
 
 
 class Clock:

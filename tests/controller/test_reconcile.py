@@ -176,7 +176,7 @@ class TestTransitions:
 
 
 def _record(node: str, view: list[tuple[str, str, str]]) -> Any:
-    from controller.registry import NodeRecord
+    from controller.ingest.registry import NodeRecord
 
     lldp = [ipb.LldpNeighbor(local_interface=i.rsplit("/", 1)[-1], chassis_name=n, port_id=p) for i, n, p in view]
     return NodeRecord(node, ipb.NODE_ROLE_COMPUTE, "online", 0, 0, lldp=lldp)
@@ -184,15 +184,17 @@ def _record(node: str, view: list[tuple[str, str, str]]) -> Any:
 
 class TestTracker:
     def test_miswire_reported_while_it_lasts_and_the_fabric_follows_both_ways(self, fabric):
-        from controller.topology import TopologyTracker
+        from controller.fabric.topology import TopologyTracker
 
         tracker = TopologyTracker(fabric, min_interval_s=0)
         good = host_view("node-007", 7)
         swapped = list(good)
         swapped[3] = ("node-007/nic-3", "leaf-b0-r4", "Ethernet28")
         swapped[4] = ("node-007/nic-4", "leaf-b0-r3", "Ethernet28")
-        expected = ["node-007/nic-3 expected on leaf-b0-r3, seen on leaf-b0-r4",
-                    "node-007/nic-4 expected on leaf-b0-r4, seen on leaf-b0-r3"]
+        expected = [
+            "node-007/nic-3 expected on leaf-b0-r3, seen on leaf-b0-r4",
+            "node-007/nic-4 expected on leaf-b0-r4, seen on leaf-b0-r3",
+        ]
         for _ in range(2):  # a second reconcile, after the rewire, still compares with the declaration
             tracker.update(_record("node-007", swapped))
             report = tracker.tick()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from controller.ingest.registry import NodeRegistry
 from controller.metrics import ControllerMetrics
-from controller.registry import NodeRegistry
 from controller.store import Store
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -60,13 +60,15 @@ def test_last_seen_is_written_every_flush_interval_and_state_changes_at_once(tmp
 
 def test_a_round_of_last_seen_times_is_written_a_chunk_per_sweep(tmp_path: Path) -> None:
     """600 nodes heard: the round goes out 250, 250, 100 over three sweeps, then waits for the next round."""
-    from controller.registry import PRESENCE_ROWS_PER_FLUSH
+    from controller.ingest.registry import PRESENCE_ROWS_PER_FLUSH
 
     clock = Clock()
     store = Store(tmp_path / "c.db")
     reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=60, clock_ms=clock, last_seen_flush_s=15)
-    nodes = [reg.register(spb.Hello(node_id=f"node-{i:03d}", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
-             for i in range(600)]
+    nodes = [
+        reg.register(spb.Hello(node_id=f"node-{i:03d}", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
+        for i in range(600)
+    ]
     clock.ms += 16_000
     for node in nodes:
         reg.record_report(node, tpb.Report(seq=1, timestamp_ms=clock.ms))

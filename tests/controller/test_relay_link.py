@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from controller.relay_ingest import RelayedStream, RelayLink
+from controller.ingest.relayed import RelayedStream, RelayLink
 from starpulse.v1 import service_pb2 as spb
 
 

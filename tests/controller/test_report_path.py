@@ -16,7 +16,7 @@ import pytest
 
 from controller.detect.failslow import SIGNAL_POWER, SIGNAL_SM_CLOCK, SIGNAL_UTIL, FailSlowConfig, FailSlowDetector
 from controller.detect.linkkey import links_key
-from controller.validate import InvalidMessage, validate_report
+from controller.ingest.validate import InvalidMessage, validate_report
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.controller.test_conditions import NODE, RULES, compute_node, good_report, make_engine, opened, resolved
 

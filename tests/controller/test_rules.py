@@ -7,18 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from controller.detect.model import CATEGORIES, SEVERITY_ORDER
+from controller.detect.model import CATEGORIES
 from controller.detect.rules import (
     ALL_ACTIONS,
     KINDS,
-    Quantity,
     RulesError,
-    _Bad,
     default_rules_path,
     load_rules,
-    parse_quantity,
     parse_rules,
 )
+from starpulse.core.units import BadValue, Quantity, parse_quantity
+from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import telemetry_pb2 as tpb
 
 GOOD_RULE = """
@@ -92,7 +91,7 @@ class TestQuantities:
     )
     def test_bad(self, raw, dims, message):
         """Unreadable quantities say what was expected."""
-        with pytest.raises(_Bad) as info:
+        with pytest.raises(BadValue) as info:
             parse_quantity(raw, dims)
         assert message in str(info.value)
 

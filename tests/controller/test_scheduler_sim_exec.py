@@ -12,7 +12,7 @@ import pytest
 from controller.heal.scheduler import ExecScheduler, Scheduler, SimScheduler, SlurmScheduler
 from controller.heal.scheduler.base import ActionResult, SchedulerError, sanitize_reason, validate_job_id
 from controller.heal.scheduler.slurm import expand_hostlist
-from starpulse.names import InvalidName
+from starpulse.core.names import InvalidName
 
 ROOT = Path(__file__).resolve().parents[2]
 

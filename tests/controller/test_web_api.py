@@ -23,11 +23,11 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.model import Condition, ConditionChange
 from controller.detect.pipeline import DetectionConfig
 from controller.fabric import Fabric, generate_fabric
-from controller.http import build_app
-from controller.registry import UNREACHABLE, now_ms
+from controller.ingest.registry import UNREACHABLE, now_ms
+from controller.outputs.http import build_app
+from controller.outputs.web import STATIC_DIR
+from controller.outputs.web.api import STATE_KEY, element_of, mark_components
 from controller.service import Controller, ControllerConfig
-from controller.web import STATIC_DIR
-from controller.web.api import STATE_KEY, element_of, mark_components
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 
@@ -434,7 +434,7 @@ def test_assets_reference_nothing_outside_the_controller() -> None:
 
 def test_change_signature_moves_with_presence_not_with_reports(tmp_path: Path) -> None:
     """The dashboard's once-a-second change check: a node going unreachable or coming back changes it."""
-    from controller.web.api import DashboardState
+    from controller.outputs.web.api import DashboardState
 
     clock = [now_ms()]
     ctl = make_controller(tmp_path, None)

@@ -23,7 +23,7 @@ from controller.heal.guards import CircuitBreaker
 from controller.store import Store
 from tests.helpers import free_port
 
-STARPULSE = [sys.executable, "-m", "starpulse.cli"]
+STARPULSE = [sys.executable, "-m", "starpulse.app.cli"]
 
 
 def _env(user: str = "alice") -> dict[str, str]:
@@ -34,9 +34,7 @@ def _env(user: str = "alice") -> dict[str, str]:
 
 
 def run(*args: str, user: str = "alice") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*STARPULSE, *args], capture_output=True, text=True, timeout=60, check=False, env=_env(user)
-    )
+    return subprocess.run([*STARPULSE, *args], capture_output=True, text=True, timeout=60, check=False, env=_env(user))
 
 
 @pytest.fixture
@@ -51,9 +49,23 @@ def controller(tmp_path: Path) -> Iterator[str]:
     address = f"127.0.0.1:{free_port()}"
     with (tmp_path / "controller.log").open("wb") as log:
         proc = subprocess.Popen(
-            [*STARPULSE, "controller", "--listen", address, "--http", "127.0.0.1:0", "--db", str(db),
-             "--fabric", str(fabric_path), "--scheduler", "sim"],
-            stdout=log, stderr=subprocess.STDOUT, env=_env(),
+            [
+                *STARPULSE,
+                "controller",
+                "--listen",
+                address,
+                "--http",
+                "127.0.0.1:0",
+                "--db",
+                str(db),
+                "--fabric",
+                str(fabric_path),
+                "--scheduler",
+                "sim",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_env(),
         )
     try:
         deadline = time.monotonic() + 30
@@ -89,7 +101,9 @@ class TestAdminCli:
         assert data["state"] == "draining" and data["drained_by"] == "alice"
         one_line_error(
             run("uncordon", "node-000", "--reason", "looks fine", "--actor", "bob", *c),
-            "FAILED_PRECONDITION", "drained by alice", "--force",
+            "FAILED_PRECONDITION",
+            "drained by alice",
+            "--force",
         )
         out = run("uncordon", "node-000", "--reason", "alice is away", "--actor", "bob", "--force", "--json", *c)
         data = json.loads(out.stdout)

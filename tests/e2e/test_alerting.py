@@ -23,11 +23,11 @@ import pytest
 from aiohttp import web
 
 from controller.detect.model import Incident
-from controller.notify import payloads
-from controller.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
-from controller.notify.notifier import Notifier
-from controller.notify.outbox import Outbox, now_ms
-from controller.notify.signing import DELIVERY_HEADER, verify
+from controller.outputs.notify import payloads
+from controller.outputs.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
+from controller.outputs.notify.notifier import Notifier
+from controller.outputs.notify.outbox import Outbox, now_ms
+from controller.outputs.notify.signing import DELIVERY_HEADER, verify
 from tests.helpers import free_port, wait_for
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")

@@ -20,7 +20,7 @@ def _start_controller(tmp_path: Path, port: int, log_name: str) -> subprocess.Po
             [
                 sys.executable,
                 "-m",
-                "starpulse.cli",
+                "starpulse.app.cli",
                 "controller",
                 "--listen",
                 f"127.0.0.1:{port}",

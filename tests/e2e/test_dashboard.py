@@ -31,8 +31,8 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.model import Incident
 from controller.detect.pipeline import DetectionConfig
 from controller.service import Controller, ControllerConfig
-from starpulse.scenario.cluster import SimCluster
-from starpulse.scenario.spec import FaultSpec, parse_scenario
+from starpulse.app.scenario.cluster import SimCluster
+from starpulse.app.scenario.spec import FaultSpec, parse_scenario
 from tests.helpers import free_port, wait_for
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -40,7 +40,6 @@ def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
     )
 
 
-
 @contextlib.asynccontextmanager
 async def _serving_with_one_shard(
     tmp_path: Path,
@@ -61,7 +60,6 @@ async def _serving_with_one_shard(
 
 def _root_causes(ctl: Controller) -> set[str]:
     return {i.root_cause for i in ctl.detection.incidents.list_incidents(active_only=True)}
-
 
 
 class TestShardedDetection:
@@ -85,15 +83,22 @@ class TestShardedDetection:
             for a in agents:
                 a.start()
             reg = ctl.registry
-            await wait_for(lambda: all(reg.nodes.get(a.sim.node_id) is not None
-                                       and reg.nodes[a.sim.node_id].acked_report_seq >= 3 for a in agents),
-                           what="reports decided for every node")
+            await wait_for(
+                lambda: all(
+                    reg.nodes.get(a.sim.node_id) is not None and reg.nodes[a.sim.node_id].acked_report_seq >= 3
+                    for a in agents
+                ),
+                what="reports decided for every node",
+            )
 
             relayed[1].sim.inject("gpu_row_remap_failure", "gpu-1")  # seen only in reports
             direct[0].sim.inject("gpu_xid", "gpu-2", xid=79)  # an event
             direct[1].sim.inject("nic_down", "nic-3")  # an event, then the port's state in reports
-            expected = {f"{relayed[1].sim.node_id}/gpu-1", f"{direct[0].sim.node_id}/gpu-2",
-                        f"{direct[1].sim.node_id}/nic-3"}
+            expected = {
+                f"{relayed[1].sim.node_id}/gpu-1",
+                f"{direct[0].sim.node_id}/gpu-2",
+                f"{direct[1].sim.node_id}/nic-3",
+            }
             await wait_for(
                 lambda: expected <= _root_causes(ctl),
                 timeout=30,
@@ -137,8 +142,9 @@ class TestRelayedBadReports:
             bad = tpb.Report(seq=2, gpus=[tpb.GpuSample(index=0, temperature_c=math.nan)])
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{rport}")
             try:
-                call = channel.stream_stream("/starpulse.v1.Telemetry/Connect",
-                                             response_deserializer=spb.ControllerMessage.FromString)()
+                call = channel.stream_stream(
+                    "/starpulse.v1.Telemetry/Connect", response_deserializer=spb.ControllerMessage.FromString
+                )()
                 await call.write(hello.SerializeToString())
                 assert (await asyncio.wait_for(call.read(), 10)).HasField("welcome")
                 # Sent after the Welcome, so the reports do not queue behind the Hello.
@@ -157,8 +163,9 @@ class TestRelayedBadReports:
             assert ctl.registry.nodes["node-050"].acked_report_seq == 1  # nothing of the invalid one was taken
 
             before = ctl.registry.nodes["node-000"].acked_report_seq
-            await wait_for(lambda: ctl.registry.nodes["node-000"].acked_report_seq > before,
-                           what="the good agent still reporting")
+            await wait_for(
+                lambda: ctl.registry.nodes["node-000"].acked_report_seq > before, what="the good agent still reporting"
+            )
         finally:
             await agent.halt()
             await relay.stop()

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.detect.correlate import EVICTABLE_KINDS
+from starpulse.core.vocab import EVICTABLE_KINDS
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.netns.cluster import HEARTBEAT_TIMEOUT_S, MultiHostCluster, start_cluster
 from tests.netns.harness import require_lab, run, sigterm_raises, sweep_stale, wait_until
@@ -91,13 +91,17 @@ def _assert_exactly_once(net: MultiHostCluster, node: str, injected: set[str]) -
 
 
 def _incidents_since(net: MultiHostCluster, t0_ms: int, **match: str) -> list:
-    return [i for i in net.incidents() if i.opened_ms >= t0_ms - 1000
-            and all(getattr(i, k) == v for k, v in match.items())]
+    return [
+        i for i in net.incidents() if i.opened_ms >= t0_ms - 1000 and all(getattr(i, k) == v for k, v in match.items())
+    ]
 
 
 def _link_events(net: MultiHostCluster, node: str, after_seq: int, component: str) -> list[int]:
-    return [e.kind for e in sorted(net.events(node), key=lambda e: e.seq)
-            if e.seq > after_seq and e.kind in (LINK_DOWN, LINK_UP) and e.component == component]
+    return [
+        e.kind
+        for e in sorted(net.events(node), key=lambda e: e.seq)
+        if e.seq > after_seq and e.kind in (LINK_DOWN, LINK_UP) and e.component == component
+    ]
 
 
 def _last_seq(net: MultiHostCluster, node: str) -> int:
@@ -125,16 +129,21 @@ class TestMultiHost:
         t0 = _now_ms()
         net.lab.set_link(leaf, f"m-{node}", False)
         injected = _inject_xids(net, node, 10, "during-cut")
-        wait_until(lambda: net.node_states().get(node) == "unreachable", HEARTBEAT_TIMEOUT_S + 10,
-                   f"{node} unreachable", diagnose=net.diagnose)
+        wait_until(
+            lambda: net.node_states().get(node) == "unreachable",
+            HEARTBEAT_TIMEOUT_S + 10,
+            f"{node} unreachable",
+            diagnose=net.diagnose,
+        )
         assert net.node_states()[neighbour] == "online"
         wait_until(lambda: net.buffered_events(node) >= len(injected), 15, "the events held in the agent's buffer")
         assert not injected & set(_stored_kmsg_seqs(net, node)), "events crossed a cut link"
         net.restart_agent(node)  # the buffer survives on disk; the new agent cannot reach the controller either
         injected |= _inject_xids(net, node, 4, "after-restart")
         wait_until(lambda: net.buffered_events(node) >= len(injected), 15, "the new events buffered too")
-        wait_until(lambda: _incidents_since(net, t0, kind="node_down", root_cause=node), 15,
-                   f"node_down incident for {node}")
+        wait_until(
+            lambda: _incidents_since(net, t0, kind="node_down", root_cause=node), 15, f"node_down incident for {node}"
+        )
         net.lab.set_link(leaf, f"m-{node}", True)
         wait_until(lambda: net.node_states().get(node) == "online", 40, f"{node} back online", diagnose=net.diagnose)
         wait_until(lambda: injected <= set(_stored_kmsg_seqs(net, node)), 30, "buffered events replayed")
@@ -148,8 +157,12 @@ class TestMultiHost:
         assert len(behind) >= 2
         t0 = _now_ms()
         net.lab.set_link(leaf, "uplink", False)
-        wait_until(lambda: all(net.node_states().get(n) == "unreachable" for n in behind), HEARTBEAT_TIMEOUT_S + 10,
-                   f"{behind} unreachable", diagnose=net.diagnose)
+        wait_until(
+            lambda: all(net.node_states().get(n) == "unreachable" for n in behind),
+            HEARTBEAT_TIMEOUT_S + 10,
+            f"{behind} unreachable",
+            diagnose=net.diagnose,
+        )
         states = net.node_states()
         assert all(states[n] == "online" for n in others), states
         found = wait_until(lambda: _incidents_since(net, t0, kind="partition"), 15, "a partition incident")
@@ -164,10 +177,17 @@ class TestMultiHost:
         assert not blamed, "a lost node blamed on its own (node_down or an evictable kind)"
         assert inc.kind not in EVICTABLE_KINDS
         net.lab.set_link(leaf, "uplink", True)
-        wait_until(lambda: all(net.node_states().get(n) == "online" for n in behind), 40, f"{behind} back online",
-                   diagnose=net.diagnose)
-        wait_until(lambda: any(i.id == inc.id and i.resolved_ms for i in net.incidents()), 20,
-                   "the partition incident resolved")
+        wait_until(
+            lambda: all(net.node_states().get(n) == "online" for n in behind),
+            40,
+            f"{behind} back online",
+            diagnose=net.diagnose,
+        )
+        wait_until(
+            lambda: any(i.id == inc.id and i.resolved_ms for i in net.incidents()),
+            20,
+            "the partition incident resolved",
+        )
 
     def test_fabric_link_down_changes_finding_and_learned_topology(self, net: MultiHostCluster) -> None:
         """The leaf port of node-001's rail-1 cable goes down: NIC-down event and incident, and LLDP loses the cable."""
@@ -176,8 +196,12 @@ class TestMultiHost:
         base = _last_seq(net, cable.node)
         t0 = _now_ms()
         net.lab.set_link(cable.leaf, cable.port, False)
-        wait_until(lambda: _link_events(net, cable.node, base, component) == [LINK_DOWN], 15,
-                   "nic_link_down from the real carrier", diagnose=net.diagnose)
+        wait_until(
+            lambda: _link_events(net, cable.node, base, component) == [LINK_DOWN],
+            15,
+            "nic_link_down from the real carrier",
+            diagnose=net.diagnose,
+        )
         down = next(e for e in net.events(cable.node) if e.seq > base and e.kind == LINK_DOWN)
         assert down.attributes["netdev"] == cable.netdev and down.source == "sysfs"
         missing = f"{cable.nic} expected on {cable.leaf} port {cable.port}, not seen"
@@ -188,8 +212,11 @@ class TestMultiHost:
         assert isinstance(found, list) and found[0].kind in ("nic_fault", "link_fault")
         assert net.node_states()[cable.node] == "online"  # management is a different network
         net.lab.set_link(cable.leaf, cable.port, True)
-        wait_until(lambda: _link_events(net, cable.node, base, component) == [LINK_DOWN, LINK_UP], 15,
-                   "nic_link_up when the carrier returns")
+        wait_until(
+            lambda: _link_events(net, cable.node, base, component) == [LINK_DOWN, LINK_UP],
+            15,
+            "nic_link_up when the carrier returns",
+        )
         wait_until(lambda: not net.topology().missing_links, 20, "the cable confirmed by LLDP again")
 
     def test_flapping_link_reports_every_transition_in_one_incident(self, net: MultiHostCluster) -> None:
@@ -203,8 +230,12 @@ class TestMultiHost:
         def toggle(up: bool) -> None:
             net.lab.set_link(cable.leaf, cable.port, up)
             expected.append(LINK_UP if up else LINK_DOWN)
-            wait_until(lambda: _link_events(net, cable.node, base, component) == expected, 15,
-                       f"transition {len(expected)} seen by the controller", diagnose=net.diagnose)
+            wait_until(
+                lambda: _link_events(net, cable.node, base, component) == expected,
+                15,
+                f"transition {len(expected)} seen by the controller",
+                diagnose=net.diagnose,
+            )
 
         toggle(False)
         first = wait_until(lambda: _incidents_since(net, t0, root_cause=cable.nic), 15, f"an incident on {cable.nic}")
@@ -220,25 +251,32 @@ class TestMultiHost:
         net.swap_cables_at_node(a.node, a.rail, b.rail)
         swapped = sorted([(a.netdev, b.leaf, b.port), (b.netdev, a.leaf, a.port)])
         wait_until(lambda: sorted(net.lldp_neighbours(a.node)) == swapped, 15, "lldpd hears the new wiring")
-        expected = sorted([f"{a.nic} expected on {a.leaf}, seen on {b.leaf}",
-                           f"{b.nic} expected on {b.leaf}, seen on {a.leaf}"])
-        wait_until(lambda: sorted(net.topology().miswired) == expected, 20, "both miswires reported",
-                   diagnose=net._why)
+        expected = sorted(
+            [f"{a.nic} expected on {a.leaf}, seen on {b.leaf}", f"{b.nic} expected on {b.leaf}, seen on {a.leaf}"]
+        )
+        wait_until(lambda: sorted(net.topology().miswired) == expected, 20, "both miswires reported", diagnose=net._why)
         assert list(net.topology().missing_links) == []  # every cable is seen, only in the wrong place
         net.restore()
-        wait_until(lambda: sorted(net.lldp_neighbours(a.node)) == sorted([(a.netdev, a.leaf, a.port),
-                                                                           (b.netdev, b.leaf, b.port)]),
-                   15, "lldpd hears the original wiring")
-        wait_until(lambda: not net.topology().miswired, 20, "the miswires cleared once cabled back",
-                   diagnose=net._why)
+        wait_until(
+            lambda: (
+                sorted(net.lldp_neighbours(a.node)) == sorted([(a.netdev, a.leaf, a.port), (b.netdev, b.leaf, b.port)])
+            ),
+            15,
+            "lldpd hears the original wiring",
+        )
+        wait_until(lambda: not net.topology().miswired, 20, "the miswires cleared once cabled back", diagnose=net._why)
 
     def test_packet_loss_still_delivers_every_event(self, net: MultiHostCluster) -> None:
         """25% of node-003's management packets dropped each way (nftables): every event arrives exactly once."""
         node = "node-003"
         net.lab.nft(node, LOSS_RULESET)
         injected = _inject_xids(net, node, 20, "lossy")
-        wait_until(lambda: injected <= set(_stored_kmsg_seqs(net, node)), 60, "every event through the lossy link",
-                   diagnose=net.diagnose)
+        wait_until(
+            lambda: injected <= set(_stored_kmsg_seqs(net, node)),
+            60,
+            "every event through the lossy link",
+            diagnose=net.diagnose,
+        )
         _assert_exactly_once(net, node, injected)
         ruleset = run(["ip", "netns", "exec", net.lab.ns(node), "nft", "-j", "list", "ruleset"]).stdout
         dropped = sum(item["counter"]["packets"] for item in _exprs(json.loads(ruleset)) if "counter" in item)
@@ -250,4 +288,3 @@ def _exprs(doc: dict) -> list[dict]:
     for item in doc.get("nftables", []):
         out.extend(x for x in item.get("rule", {}).get("expr", []) if isinstance(x, dict))
     return out
-

@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.service import Controller, ControllerConfig
-from starpulse.findings import event_kind_name
+from starpulse.core.findings import event_kind_name
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from tests.helpers import free_port, make_sim_agent, wait_for
@@ -121,9 +121,11 @@ class TestNoLossNoDuplicates:
             await fire(10)
             for a in agents:
                 await wait_for(
-                    lambda a=a: a.agent.events_emitted == 70
-                    and ctl.registry.nodes.get(a.agent.config.node_id) is not None
-                    and ctl.registry.nodes[a.agent.config.node_id].acked_event_seq == a.agent.buffer.next_seq - 1,
+                    lambda a=a: (
+                        a.agent.events_emitted == 70
+                        and ctl.registry.nodes.get(a.agent.config.node_id) is not None
+                        and ctl.registry.nodes[a.agent.config.node_id].acked_event_seq == a.agent.buffer.next_seq - 1
+                    ),
                     what="all events acked",
                 )
             for a in agents:

@@ -134,10 +134,15 @@ class TestDeployFiles:
                         {"series": f'starpulse_switch_port_optic_rx_power_dbm{{{port},lane="2"}}', "values": "-2x5"},
                         {"series": f"starpulse_switch_port_optic_rx_power_low_alarm_dbm{{{port}}}", "values": "-10x5"},
                         {"series": f"starpulse_gpu_ecc_dbe_volatile_total{{{gpu}}}", "values": "0 0 1 1"},
-                        {"series": 'starpulse_relays_connected{job="starpulse-controller",instance="c:8080"}',
-                         "values": "3 3 2 2 2 2 2"},
-                        {"series": 'starpulse_detect_shard_reports_in_flight{job="starpulse-controller",'
-                                   'instance="c:8080"}', "values": "100 3000 3000 3000 3000 3000 3000 3000"},
+                        {
+                            "series": 'starpulse_relays_connected{job="starpulse-controller",instance="c:8080"}',
+                            "values": "3 3 2 2 2 2 2",
+                        },
+                        {
+                            "series": 'starpulse_detect_shard_reports_in_flight{job="starpulse-controller",'
+                            'instance="c:8080"}',
+                            "values": "100 3000 3000 3000 3000 3000 3000 3000",
+                        },
                     ],
                     "alert_rule_test": [
                         {
@@ -208,11 +213,13 @@ class TestDeployFiles:
                             "alertname": "StarpulseDetectionShardsBehind",
                             "exp_alerts": [
                                 {
-                                    "exp_labels": {"severity": "warning", "job": "starpulse-controller",
-                                                   "instance": "c:8080"},
+                                    "exp_labels": {
+                                        "severity": "warning",
+                                        "job": "starpulse-controller",
+                                        "instance": "c:8080",
+                                    },
                                     "exp_annotations": {
-                                        "summary": "Controller c:8080 has 3000 reports waiting in its detection "
-                                        "shards",
+                                        "summary": "Controller c:8080 has 3000 reports waiting in its detection shards",
                                         "description": "Add detection workers (detection.workers) or controller "
                                         "CPU; see docs/architecture.md, Detection shards.",
                                     },
@@ -224,8 +231,11 @@ class TestDeployFiles:
                             "alertname": "StarpulseRelayLost",
                             "exp_alerts": [
                                 {
-                                    "exp_labels": {"severity": "warning", "job": "starpulse-controller",
-                                                   "instance": "c:8080"},
+                                    "exp_labels": {
+                                        "severity": "warning",
+                                        "job": "starpulse-controller",
+                                        "instance": "c:8080",
+                                    },
                                     "exp_annotations": {
                                         "summary": "Controller c:8080 has 2 relay(s) connected, fewer than in the "
                                         "last hour",

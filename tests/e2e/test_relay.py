@@ -14,10 +14,10 @@ from pathlib import Path
 
 import grpc
 
-from controller.relay.service import Relay, RelayConfig
 from controller.service import Controller, ControllerConfig
-from starpulse.findings import event_kind_name
-from starpulse.tls import TestCA, load_channel_credentials, make_test_ca
+from relay.service import Relay, RelayConfig
+from starpulse.core.findings import event_kind_name
+from starpulse.core.tls import TestCA, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -36,17 +36,19 @@ def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
     )
 
 
-
 def _scrape(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return {k: float(v) for line in text.splitlines() if line and not line.startswith("#")
-            for k, _, v in [line.rpartition(" ")]}
+    return {
+        k: float(v)
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+        for k, _, v in [line.rpartition(" ")]
+    }
 
 
 def _stored_seqs(ctl: Controller, node: str) -> list[int]:
     return sorted(r.event.seq for r in ctl.store.list_events(node, limit=10_000))
-
 
 
 class TestRelayedAgents:
@@ -64,8 +66,10 @@ class TestRelayedAgents:
                 a.start()
             reg = ctl.registry
             await wait_for(
-                lambda: all(n in reg.nodes and reg.nodes[n].latest_report is not None
-                            for n in ("node-000", "node-001", "node-002")),
+                lambda: all(
+                    n in reg.nodes and reg.nodes[n].latest_report is not None
+                    for n in ("node-000", "node-001", "node-002")
+                ),
                 what="three relayed nodes reporting",
             )
             assert len(reg.nodes["node-001"].inventory.gpus) == 8
@@ -83,8 +87,10 @@ class TestRelayedAgents:
             assert scraped['starpulse_relay_upstream_connected{relay="relay-a"}'] == 1
             assert scraped['starpulse_relay_agent_streams{relay="relay-a"}'] == 3
             # batched, not one batch per message
-            assert scraped['starpulse_relay_batches_up_total{relay="relay-a"}'] < scraped[
-                'starpulse_relay_messages_up_total{relay="relay-a"}']
+            assert (
+                scraped['starpulse_relay_batches_up_total{relay="relay-a"}']
+                < scraped['starpulse_relay_messages_up_total{relay="relay-a"}']
+            )
         finally:
             await halt_agents(agents)
             await relay.stop()
@@ -177,8 +183,9 @@ class TestRelayedBadInput:
                     raise AssertionError("malformed bytes were accepted")
             finally:
                 await raw.close()
-            code = await stream_session(grpc.aio.insecure_channel(target), spb.AgentMessage(
-                command_result=spb.CommandResult(id="x")))
+            code = await stream_session(
+                grpc.aio.insecure_channel(target), spb.AgentMessage(command_result=spb.CommandResult(id="x"))
+            )
             assert code == grpc.StatusCode.FAILED_PRECONDITION
             stranger = spb.Hello(node_id="node-999", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
             code = await stream_session(grpc.aio.insecure_channel(target), spb.AgentMessage(hello=stranger))
@@ -217,8 +224,9 @@ class TestRelayedBadInput:
         await relay.start()
         try:
             hello = spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
-            code = await stream_session(grpc.aio.insecure_channel(f"127.0.0.1:{relay.port}"),
-                                        spb.AgentMessage(hello=hello))
+            code = await stream_session(
+                grpc.aio.insecure_channel(f"127.0.0.1:{relay.port}"), spb.AgentMessage(hello=hello)
+            )
             assert code == grpc.StatusCode.UNAVAILABLE
         finally:
             await relay.stop()
@@ -231,8 +239,15 @@ class TestRelayWithMutualTLS:
         ca = make_test_ca(tmp_path / "pki", ["node-000", "node-001"], relays=["relay-a", "relay-b"])
         ctl = _controller(tmp_path, 0, tls=ca.controller, relays=["relay-a"], listen="127.0.0.1:0")
         await ctl.start()
-        relay = Relay(RelayConfig(controllers=[f"localhost:{ctl.grpc_port}"], relay_id=relay_cert,
-                                  listen="127.0.0.1:0", linger_s=0.01, tls=ca.relays[relay_cert]))
+        relay = Relay(
+            RelayConfig(
+                controllers=[f"localhost:{ctl.grpc_port}"],
+                relay_id=relay_cert,
+                listen="127.0.0.1:0",
+                linger_s=0.01,
+                tls=ca.relays[relay_cert],
+            )
+        )
         relay.upstream.backoff.initial_s = 0.1
         relay.upstream.backoff.max_s = 0.3
         await relay.start()
@@ -247,8 +262,10 @@ class TestRelayWithMutualTLS:
             agent.agent.link._credentials = load_channel_credentials(ca.nodes["node-000"])
             agent.start()
             try:
-                await wait_for(lambda: (n := ctl.registry.nodes.get("node-000")) is not None
-                               and n.latest_report is not None, what="node-000 through relay-a")
+                await wait_for(
+                    lambda: (n := ctl.registry.nodes.get("node-000")) is not None and n.latest_report is not None,
+                    what="node-000 through relay-a",
+                )
             finally:
                 await agent.halt()
             # node-001's certificate cannot speak for node-000 through the relay either.
@@ -265,13 +282,15 @@ class TestRelayWithMutualTLS:
         """relay-b has a valid certificate but is not in ingest.relays: refused, so it takes no agent."""
         ctl, relay, ca = await self._rig(tmp_path, "relay-b")
         try:
-            await wait_for(lambda: ctl.metrics.rejected.labels("relay_not_allowed")._value.get() >= 1,
-                           what="relay-b refused")
+            await wait_for(
+                lambda: ctl.metrics.rejected.labels("relay_not_allowed")._value.get() >= 1, what="relay-b refused"
+            )
             assert not relay.upstream.ready.is_set()
             hello = spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
             creds = load_channel_credentials(ca.nodes["node-000"])
-            code = await stream_session(grpc.aio.secure_channel(f"localhost:{relay.port}", creds),
-                                        spb.AgentMessage(hello=hello))
+            code = await stream_session(
+                grpc.aio.secure_channel(f"localhost:{relay.port}", creds), spb.AgentMessage(hello=hello)
+            )
             assert code == grpc.StatusCode.UNAVAILABLE
             assert "node-000" not in ctl.registry.nodes
         finally:
@@ -291,8 +310,11 @@ class TestRelayFollowsTheLeader:
         sgrpc.add_RelayServicer_to_server(StandbyRelay(lambda: leader), standby)
         standby_port = standby.add_insecure_port("127.0.0.1:0")
         await standby.start()
-        relay = Relay(RelayConfig(controllers=[f"127.0.0.1:{standby_port}"], relay_id="relay-a",
-                                  listen="127.0.0.1:0", linger_s=0.01))
+        relay = Relay(
+            RelayConfig(
+                controllers=[f"127.0.0.1:{standby_port}"], relay_id="relay-a", listen="127.0.0.1:0", linger_s=0.01
+            )
+        )
         relay.upstream.backoff.initial_s = 0.1
         await relay.start()
         agent = make_sim_agent("node-000", tmp_path, [f"127.0.0.1:{relay.port}"])

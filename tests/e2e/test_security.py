@@ -20,8 +20,8 @@ from controller.fabric import generate_fabric
 from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
-from starpulse.auth import AuthConfig, bearer_metadata
-from starpulse.tls import TestCA, TLSSettings, load_channel_credentials, make_test_ca
+from starpulse.core.auth import AuthConfig, bearer_metadata
+from starpulse.core.tls import TestCA, TLSSettings, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -287,7 +287,7 @@ async def test_admin_certificate_name_counts_as_credential(tmp_path: Path) -> No
 
 async def test_cli_sends_certificate_and_token(rig: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`starpulse cordon` with --tls-* and --admin-token-file acts; without the token it is one line, exit 2."""
-    from starpulse import cli
+    from starpulse.app import cli
 
     token_file = tmp_path / "admin-token"
     token_file.write_text(TOKEN + "\n")

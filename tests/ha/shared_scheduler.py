@@ -37,8 +37,13 @@ def _status(state: dict[str, Any], node: str) -> dict[str, Any]:
     n = state["nodes"][node]
     jobs = [j for j, placed in state["jobs"].items() if node in placed]
     if n["drained"]:
-        return {"node": node, "state": "draining" if jobs else "drained", "reason": n["reason"],
-                "drained_by_us": n["reason"].startswith(PREFIX), "jobs": jobs}
+        return {
+            "node": node,
+            "state": "draining" if jobs else "drained",
+            "reason": n["reason"],
+            "drained_by_us": n["reason"].startswith(PREFIX),
+            "jobs": jobs,
+        }
     return {"node": node, "state": "allocated" if jobs else "idle", "reason": "", "drained_by_us": None, "jobs": jobs}
 
 
@@ -69,8 +74,11 @@ def _act(state_dir: Path, state: dict[str, Any], action: str, args: list[str]) -
         prefer = list(filter(None, os.environ.get("STARPULSE_PREFER", "").split(",")))
         busy = {n for placed in state["jobs"].values() for n in placed}
         keep = [n for n in state["jobs"][job] if n not in exclude]
-        free = [n for n in [*prefer, *sorted(state["nodes"])]
-                if n not in busy and n not in exclude and not state["nodes"][n]["drained"]]
+        free = [
+            n
+            for n in [*prefer, *sorted(state["nodes"])]
+            if n not in busy and n not in exclude and not state["nodes"][n]["drained"]
+        ]
         size = len(state["jobs"][job])
         state["jobs"][job] = (keep + [n for n in dict.fromkeys(free) if n not in keep])[:size]
         log(f"requeue {job} {','.join(state['jobs'][job])}")

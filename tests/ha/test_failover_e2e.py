@@ -44,13 +44,20 @@ def _config(tmp_path: Path, name: str, etcd: str, fabric: Path, sched: Path) -> 
     listen = f"127.0.0.1:{free_port()}"
     hook = [sys.executable, str(Path(shared_scheduler.__file__)), str(sched)]
     data: dict[str, Any] = {
-        "server": {"listen": listen, "http": f"127.0.0.1:{free_port()}", "db_path": str(tmp_path / f"{name}.db"),
-                   "controller_id": name, "grace_s": 1.0},
+        "server": {
+            "listen": listen,
+            "http": f"127.0.0.1:{free_port()}",
+            "db_path": str(tmp_path / f"{name}.db"),
+            "controller_id": name,
+            "grace_s": 1.0,
+        },
         "ingest": {"heartbeat_timeout_s": 30, "sweep_interval_s": 0.2},
         "fabric": {"path": str(fabric), "jobs": {JOB: NODES[:3]}},
         "detection": {"correlation": {"settle_s": 0.3}},
         "heal": {
-            "enabled": True, "checkpoint_timeout_s": 0, "retry_delay_s": 0.2,
+            "enabled": True,
+            "checkpoint_timeout_s": 0,
+            "retry_delay_s": 0.2,
             # one node of four may be out; the informational events must not trip the breaker
             "guards": {"max_fleet_share": 0.5, "breaker_trip_share": 1.0, "breaker_min_nodes": 5},
             "scheduler": {"type": "exec", "exec": {"hooks": {a: hook for a in HOOK_ACTIONS}, "timeout_s": 60}},
@@ -66,8 +73,9 @@ def _config(tmp_path: Path, name: str, etcd: str, fabric: Path, sched: Path) -> 
 def _start(tmp_path: Path, name: str, config: Path) -> subprocess.Popen[bytes]:
     with (tmp_path / f"{name}.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "starpulse.cli", "controller", "--config", str(config)],
-            stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "starpulse.app.cli", "controller", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -133,8 +141,9 @@ class TestFailover:
                 new = next(n for n in address if n != old)
                 # The standby's address first: agents start by following its leader hint.
                 targets = [address[new], address[old]]
-                agents = [make_sim_agent(n, tmp_path / "agents", targets, interval_s=0.3, seed=i)
-                          for i, n in enumerate(NODES)]
+                agents = [
+                    make_sim_agent(n, tmp_path / "agents", targets, interval_s=0.3, seed=i) for i, n in enumerate(NODES)
+                ]
                 for a in agents:
                     a.start()
                 await wait_for(lambda: all(a.agent.link.connected.is_set() for a in agents), 40, "agents connected")
@@ -170,8 +179,9 @@ class TestFailover:
                 for a in agents:  # every line read from the (simulated) kernel log, then acked
                     await wait_for(lambda a=a: a.agent.events_emitted >= base, 30, "all findings buffered")
                     await wait_for(
-                        lambda a=a: a.agent.link.acked_event_seq == a.agent.buffer.next_seq - 1
-                        and a.agent.buffer.depth() == 0,
+                        lambda a=a: (
+                            a.agent.link.acked_event_seq == a.agent.buffer.next_seq - 1 and a.agent.buffer.depth() == 0
+                        ),
                         40,
                         f"{a.agent.config.node_id}: all events acked by the new leader",
                     )

@@ -70,8 +70,15 @@ class TestStateMirror:
         a = await make("a")
         assert await a.elector.campaign(asyncio.Event())
         a.store.upsert_node(node("node-001"))
-        ev = tpb.Event(seq=1, timestamp_ms=5, kind=tpb.EVENT_KIND_XID, severity=tpb.SEVERITY_CRITICAL, xid=79,
-                       component="gpu-2", message="xid 79")
+        ev = tpb.Event(
+            seq=1,
+            timestamp_ms=5,
+            kind=tpb.EVENT_KIND_XID,
+            severity=tpb.SEVERITY_CRITICAL,
+            xid=79,
+            component="gpu-2",
+            message="xid 79",
+        )
         a.store.insert_events("node-001", "ep", [ev], received_ms=6, acked_event_seq=1)
         a.heal.transition("node-001", NodeHealState.SUSPECT, "xid 79", "inc-1")
         planned = a.heal.plan_action("node-001", "drain", "inc-1")

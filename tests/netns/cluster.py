@@ -97,8 +97,9 @@ class MultiHostCluster:
     _starts: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.fabric = generate_fabric(self.nodes, gpus_per_node=self.gpus, rails=self.rails,
-                                      nodes_per_block=self.nodes_per_block, spines=1)
+        self.fabric = generate_fabric(
+            self.nodes, gpus_per_node=self.gpus, rails=self.rails, nodes_per_block=self.nodes_per_block, spines=1
+        )
         for node in self.fabric.nodes():
             for nic in self.fabric.nics_of(node):
                 leaf, port = self.fabric.leaf_of(nic), self.fabric.port_of(nic)
@@ -190,22 +191,44 @@ class MultiHostCluster:
         fabric_path = self.workdir / "fabric.json"
         save_fabric(self.fabric, fabric_path)
         config = {
-            "server": {"listen": f"{CTL_ADDR}:{GRPC_PORT}", "http": "127.0.0.1:18080",
-                       "db_path": str(self.workdir / "controller.db"), "grace_s": 0.5},
+            "server": {
+                "listen": f"{CTL_ADDR}:{GRPC_PORT}",
+                "http": "127.0.0.1:18080",
+                "db_path": str(self.workdir / "controller.db"),
+                "grace_s": 0.5,
+            },
             "ingest": {"heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S, "sweep_interval_s": 0.25},
             "fabric": {"path": str(fabric_path)},
-            "detection": {"correlation": {"settle_s": 0.5, "partition_min_nodes": 2,
-                                          "partition_fleet_share": 0.6, "resolve_hold_s": 1.0}},
+            "detection": {
+                "correlation": {
+                    "settle_s": 0.5,
+                    "partition_min_nodes": 2,
+                    "partition_fleet_share": 0.6,
+                    "resolve_hold_s": 1.0,
+                }
+            },
             "log": {"level": "info"},
         }
         path = self.workdir / "controller.yaml"
         path.write_text(yaml.safe_dump(config))
-        self.controller = self.lab.spawn(CTL, "controller", [sys.executable, "-m", "starpulse.cli", "controller",
-                                                              "--config", str(path)], cwd=REPO)
+        self.controller = self.lab.spawn(
+            CTL,
+            "controller",
+            [sys.executable, "-m", "starpulse.app.cli", "controller", "--config", str(path)],
+            cwd=REPO,
+        )
         self.relay = self.lab.spawn(
-            CTL, "relay",
-            [sys.executable, "-m", "tests.netns.relay", "--unix", str(self.query_socket),
-             "--to", f"{CTL_ADDR}:{GRPC_PORT}"],
+            CTL,
+            "relay",
+            [
+                sys.executable,
+                "-m",
+                "tests.netns.relay",
+                "--unix",
+                str(self.query_socket),
+                "--to",
+                f"{CTL_ADDR}:{GRPC_PORT}",
+            ],
             cwd=REPO,
         )
 
@@ -216,11 +239,31 @@ class MultiHostCluster:
     def _start_agent(self, node: str, seed: int) -> None:
         state = self.workdir / node
         argv = [
-            sys.executable, "-m", "starpulse.cli", "agent",
-            "--node-id", node, "--controller", f"{CTL_ADDR}:{GRPC_PORT}",
-            "--backend", "sim", "--seed", str(seed), "--sim-gpus", str(self.gpus), "--sim-nics", str(self.rails),
-            "--sim-real-netdevs", "--lldpcli-socket", str(self.lldp_socket(node)), "--lldp-interval-s", "0.5",
-            "--interval-s", str(AGENT_INTERVAL_S), "--state-dir", str(state),
+            sys.executable,
+            "-m",
+            "starpulse.app.cli",
+            "agent",
+            "--node-id",
+            node,
+            "--controller",
+            f"{CTL_ADDR}:{GRPC_PORT}",
+            "--backend",
+            "sim",
+            "--seed",
+            str(seed),
+            "--sim-gpus",
+            str(self.gpus),
+            "--sim-nics",
+            str(self.rails),
+            "--sim-real-netdevs",
+            "--lldpcli-socket",
+            str(self.lldp_socket(node)),
+            "--lldp-interval-s",
+            "0.5",
+            "--interval-s",
+            str(AGENT_INTERVAL_S),
+            "--state-dir",
+            str(state),
         ]
         self._starts[node] = self._starts.get(node, 0) + 1
         self.agents[node] = self.lab.spawn(node, f"agent-{node}-{self._starts[node]}", argv, cwd=REPO)
@@ -316,23 +359,32 @@ class MultiHostCluster:
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Every node online and every cable confirmed by LLDP, with no miswire."""
+
         def ok() -> bool:
             self.assert_processes_alive()
             states = self.node_states()
             if sorted(states) != self.node_ids or set(states.values()) != {"online"}:
                 return False
             topo = self.topology()
-            return (topo.nodes_reporting_lldp == len(self.node_ids) and not topo.missing_links
-                    and not topo.miswired and not topo.unknown_devices)
+            return (
+                topo.nodes_reporting_lldp == len(self.node_ids)
+                and not topo.missing_links
+                and not topo.miswired
+                and not topo.unknown_devices
+            )
 
         wait_until(ok, timeout, "all nodes online with their cables confirmed by LLDP", diagnose=self._why)
 
     def _why(self) -> str:
         try:
             topo = self.topology()
-            view = {"states": self.node_states(), "lldp": topo.nodes_reporting_lldp,
-                    "missing": list(topo.missing_links), "miswired": list(topo.miswired),
-                    "unknown": list(topo.unknown_devices)}
+            view = {
+                "states": self.node_states(),
+                "lldp": topo.nodes_reporting_lldp,
+                "missing": list(topo.missing_links),
+                "miswired": list(topo.miswired),
+                "unknown": list(topo.unknown_devices),
+            }
         except grpc.RpcError as exc:
             view = {"query": str(exc)}
         return json.dumps(view, indent=1) + "\n" + self.diagnose()

@@ -63,6 +63,7 @@ def sigterm_raises() -> Iterator[None]:
     """While inside, SIGTERM raises KeyboardInterrupt in the main thread, so a CI job that is
     cancelled still runs the finalizers that delete the lab (SIGKILL cannot be caught: the
     next run's ``sweep_stale`` removes what such a run left)."""
+
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -78,8 +79,9 @@ def tool(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
-def run(argv: Sequence[str], *, input_text: str | None = None, check: bool = True,
-        timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str], *, input_text: str | None = None, check: bool = True, timeout: float = 20.0
+) -> subprocess.CompletedProcess[str]:
     """Run a command without a shell; LabError with its stderr when it fails."""
     res = subprocess.run(list(argv), check=False, input=input_text, capture_output=True, text=True, timeout=timeout)
     if check and res.returncode != 0:
@@ -193,8 +195,23 @@ class Lab:
 
     def link(self, a: str, a_if: str, b: str, b_if: str) -> None:
         """A cable: a veth pair with one end in each host, both up."""
-        run([tool("ip"), "link", "add", a_if, "netns", self.ns(a), "type", "veth",
-             "peer", "name", b_if, "netns", self.ns(b)])
+        run(
+            [
+                tool("ip"),
+                "link",
+                "add",
+                a_if,
+                "netns",
+                self.ns(a),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                b_if,
+                "netns",
+                self.ns(b),
+            ]
+        )
         self.ip(a, "link", "set", a_if, "up")
         self.ip(b, "link", "set", b_if, "up")
 
@@ -233,15 +250,26 @@ class Lab:
         run([tool("ip"), "netns", "exec", self.ns(host), tool("nft"), "flush", "ruleset"])
 
     # -- processes --------------------------------------------------------------------
-    def spawn(self, host: str, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | Path | None = None) -> Proc:
+    def spawn(
+        self,
+        host: str,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> Proc:
         """Start ``argv`` inside ``host``; stdout and stderr go to ``<workdir>/<name>.log``."""
         log = self.workdir / f"{name}.log"
         with log.open("wb") as fh:  # the child keeps its own descriptor
             popen = subprocess.Popen(
                 [tool("ip"), "netns", "exec", self.ns(host), *argv],
-                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
             )
         proc = Proc(name, host, popen, log)
         self.procs.append(proc)
@@ -282,8 +310,13 @@ class Lab:
         return [ns for ns in list_namespaces() if ns.startswith(self.prefix)]
 
 
-def wait_until(pred: Callable[[], object], timeout: float, what: str, interval: float = 0.2,
-               diagnose: Callable[[], str] | None = None) -> object:
+def wait_until(
+    pred: Callable[[], object],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+    diagnose: Callable[[], str] | None = None,
+) -> object:
     """Poll ``pred`` until it returns something truthy; AssertionError naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout
     last: object = None

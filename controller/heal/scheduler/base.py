@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 
 import structlog
 
-from starpulse.names import InvalidName, validate_node_id
+from starpulse.core.names import InvalidName, validate_node_id
 
 log = structlog.get_logger(__name__)
 

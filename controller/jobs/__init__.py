@@ -1,0 +1,1 @@
+"""Jobs: which training job runs on which node and rank, its steps and checkpoints, from reports."""

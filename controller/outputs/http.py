@@ -1,0 +1,88 @@
+"""The controller's HTTP side: /metrics, /healthz, a small JSON API, and the web dashboard at ``/``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from google.protobuf.json_format import MessageToDict
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controller.detect.pipeline import Detection
+from controller.ingest.registry import NodeRegistry
+from controller.metrics import ControllerMetrics
+from controller.outputs.query import node_statuses
+from controller.outputs.web import STATIC_DIR
+from controller.outputs.web.api import BreakerProvider, DashboardState, add_api_routes, find_detection
+from controller.store import Store
+from starpulse.core.findings import event_kind_name, severity_name
+
+
+def build_app(
+    registry: NodeRegistry,
+    store: Store,
+    metrics: ControllerMetrics,
+    healthy: Callable[[], bool],
+    detection: Detection | None = None,
+    breaker: BreakerProvider | None = None,
+    poll_s: float = 1.0,
+) -> web.Application:
+    """The aiohttp app. ``detection`` defaults to the Detection among the registry's listeners."""
+    dashboard = DashboardState(registry, detection or find_detection(registry.listeners), breaker)
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def metrics_handler(request: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(request: web.Request) -> web.Response:
+        if healthy():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="not serving\n")
+
+    async def api_nodes(request: web.Request) -> web.Response:
+        rows = [
+            MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            for s in node_statuses(registry.nodes.values(), store)
+        ]
+        return web.json_response({"nodes": rows})
+
+    async def api_events(request: web.Request) -> web.Response:
+        try:
+            limit = min(int(request.query.get("limit", "100")), 10_000)
+        except ValueError:
+            raise web.HTTPBadRequest(text="limit must be an integer") from None
+        node = request.query.get("node") or None
+        events: list[dict[str, Any]] = []
+        for row in store.list_events(node, limit):
+            ev = row.event
+            events.append(
+                {
+                    "node": row.node_id,
+                    "seq": ev.seq,
+                    "timestamp_ms": ev.timestamp_ms,
+                    "received_ms": row.received_ms,
+                    "kind": event_kind_name(ev.kind),
+                    "severity": severity_name(ev.severity),
+                    "component": ev.component,
+                    "message": ev.message,
+                    "action": ev.action,
+                    "xid": ev.xid or None,
+                    "pci": ev.pci or None,
+                    "source": ev.source,
+                }
+            )
+        return web.json_response({"events": events})
+
+    app = web.Application(client_max_size=1024 * 1024)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/api/nodes", api_nodes)
+    app.router.add_get("/api/events", api_events)
+    add_api_routes(app, dashboard, poll_s=poll_s)
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC_DIR)
+    return app

@@ -1,0 +1,130 @@
+"""Read API for the CLI and other tools: nodes and events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Protocol
+
+import grpc
+
+from controller.detect.model import Incident
+from controller.detect.pipeline import Detection, evidence_json
+from controller.ingest.registry import NodeRegistry, now_ms
+from controller.store import Store
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import service_pb2_grpc as sgrpc
+from starpulse.v1 import telemetry_pb2 as tpb
+
+RECENT_WINDOW_MS = 3600 * 1000
+DEFAULT_EVENT_LIMIT = 100
+MAX_EVENT_LIMIT = 10_000
+
+
+class NodeRow(Protocol):
+    """What a node status is made of: a live registry record or a row replicated from etcd."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def role(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def last_seen_ms(self) -> int: ...
+    @property
+    def agent_version(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def inventory(self) -> ipb.Inventory: ...
+
+
+def node_statuses(nodes: Iterable[NodeRow], store: Store) -> list[spb.NodeStatus]:
+    """One row per node, by id; open_events = warning-or-worse events in the last hour."""
+    recent = store.recent_event_counts(now_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
+    return [
+        spb.NodeStatus(
+            node_id=node.node_id,
+            role=ipb.NodeRole.Name(node.role),
+            state=node.state,
+            last_seen_ms=node.last_seen_ms,
+            gpu_count=len(node.inventory.gpus),
+            nic_count=len(node.inventory.nics),
+            open_events=recent.get(node.node_id, 0),
+            agent_version=node.agent_version,
+            hostname=node.hostname,
+        )
+        for node in sorted(nodes, key=lambda n: n.node_id)
+    ]
+
+
+async def list_events_response(
+    store: Store, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
+) -> spb.ListEventsResponse:
+    """ListEvents from the store (leader and standby alike); an oversized limit is refused."""
+    limit = request.limit or DEFAULT_EVENT_LIMIT
+    if limit > MAX_EVENT_LIMIT:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be ≤ {MAX_EVENT_LIMIT}")
+    rows = store.list_events(request.node_id or None, limit)
+    return spb.ListEventsResponse(
+        events=[spb.StoredEvent(node_id=r.node_id, event=r.event, received_ms=r.received_ms) for r in rows]
+    )
+
+
+def incident_info(incident: Incident) -> spb.IncidentInfo:
+    return spb.IncidentInfo(
+        id=incident.id,
+        kind=incident.kind,
+        root_cause=incident.root_cause,
+        component_type=incident.component_type,
+        affected_nodes=incident.affected_nodes,
+        affected_jobs=incident.affected_jobs,
+        severity=incident.severity,
+        action=incident.action,
+        evidence_json=evidence_json(incident),
+        opened_ms=incident.opened_ms,
+        resolved_ms=incident.resolved_ms or 0,
+    )
+
+
+def topology_response(detection: Detection) -> spb.TopologyResponse:
+    fabric = detection.fabric
+    report = detection.topology.report
+    return spb.TopologyResponse(
+        summary_json=json.dumps(fabric.summary() if fabric is not None else {}, sort_keys=True),
+        miswired=[m.message for m in report.miswired],
+        unknown_devices=[f"{u.name} (seen by {u.seen_by} {u.local})".strip() for u in report.unknown],
+        missing_links=[m.message for m in report.missing],
+        nodes_reporting_lldp=detection.topology.nodes_reporting,
+    )
+
+
+class QueryServicer(sgrpc.QueryServicer):
+    def __init__(self, registry: NodeRegistry, store: Store, detection: Detection) -> None:
+        self.registry = registry
+        self.store = store
+        self.detection = detection
+
+    async def ListIncidents(
+        self, request: spb.ListIncidentsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ListIncidentsResponse:
+        limit = min(request.limit or DEFAULT_EVENT_LIMIT, MAX_EVENT_LIMIT)
+        incidents = self.detection.incidents.list_incidents(active_only=not request.include_resolved, limit=limit)
+        return spb.ListIncidentsResponse(incidents=[incident_info(i) for i in incidents])
+
+    async def GetTopology(
+        self, request: spb.TopologyRequest, context: grpc.aio.ServicerContext
+    ) -> spb.TopologyResponse:
+        return topology_response(self.detection)
+
+    async def ListNodes(
+        self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ListNodesResponse:
+        return spb.ListNodesResponse(nodes=node_statuses(self.registry.nodes.values(), self.store))
+
+    async def ListEvents(
+        self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ListEventsResponse:
+        return await list_events_response(self.store, request, context)

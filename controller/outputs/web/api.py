@@ -1,0 +1,455 @@
+"""The dashboard's JSON: the fabric as a layout-ready picture, incidents, a summary, and a change stream.
+
+Everything is read from the controller's in-memory state (registry, correlator) on the
+event loop; nothing here writes. Endpoints:
+
+- ``GET /api/fabric``: spines, blocks -> leaves per rail, nodes per block; each element
+  carries its status (worst severity of the open incidents naming it) and which
+  incidents blame it (``root_cause_of``) or merely touch it (``affected_by``).
+- ``GET /api/incidents?all=1&limit=N``: open incidents (``all=1``: every stored one), newest first.
+- ``GET /api/summary``: node counts by state, open incidents by kind and severity, breaker state.
+- ``GET /api/stream``: Server-Sent Events, one ``changed`` event (with a version) whenever
+  the incidents or the node states change.
+
+Bad query parameters get a 400 with ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from controller.detect.model import Incident
+from controller.detect.pipeline import Detection
+from controller.fabric import Fabric
+from controller.fabric.model import LINK_SEPARATOR
+from controller.ingest.registry import NodeRecord, NodeRegistry, now_ms
+from starpulse.core.vocab import SEVERITY_ORDER
+from starpulse.v1 import inventory_pb2 as ipb
+
+log = structlog.get_logger(__name__)
+
+BreakerProvider = Callable[[], Mapping[str, Any]]
+DEFAULT_BREAKER: dict[str, Any] = {"state": "closed", "available": False}
+DEFAULT_INCIDENT_LIMIT = 200
+MAX_INCIDENT_LIMIT = 10_000
+UNKNOWN = "unknown"  # a fabric node the controller has never heard from
+
+
+class ApiError(web.HTTPBadRequest):
+    """A 400 whose body is ``{"error": message}``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(text=json.dumps({"error": message}), content_type="application/json")
+
+
+def find_detection(listeners: Iterable[object]) -> Detection | None:
+    """The Detection among the registry's listeners (the controller appends it there)."""
+    return next((x for x in listeners if isinstance(x, Detection)), None)
+
+
+@dataclass
+class DashboardState:
+    """What the dashboard reads. ``breaker`` may be set later (self-healing plugs in here)."""
+
+    registry: NodeRegistry
+    detection: Detection | None = None
+    breaker: BreakerProvider | None = None
+
+    @property
+    def fabric(self) -> Fabric | None:
+        return self.detection.fabric if self.detection is not None else None
+
+    def open_incidents(self) -> list[Incident]:
+        """Open incidents, newest first."""
+        if self.detection is None:
+            return []
+        return self.detection.correlator.incidents(active_only=True, limit=MAX_INCIDENT_LIMIT)
+
+    def incidents(self, include_resolved: bool, limit: int) -> list[Incident]:
+        if self.detection is None:
+            return []
+        return self.detection.correlator.incidents(active_only=not include_resolved, limit=limit)
+
+    def breaker_state(self) -> dict[str, Any]:
+        """The circuit breaker's state, or the placeholder while no breaker exists."""
+        if self.breaker is None:
+            return dict(DEFAULT_BREAKER)
+        try:
+            return {"available": True, **dict(self.breaker())}
+        except Exception:
+            log.exception("breaker_provider_failed")
+            return {"state": UNKNOWN, "available": False, "error": "breaker provider failed"}
+
+    def compute_nodes(self) -> list[NodeRecord]:
+        return [n for n in self.registry.nodes.values() if n.role != ipb.NODE_ROLE_SWITCH]
+
+    def signature(self) -> Hashable:
+        """Cheap fingerprint of what the page shows: open incidents, node states, breaker."""
+        incidents = tuple((i.id, i.updated_ms, i.severity, len(i.affected_nodes)) for i in self.open_incidents())
+        nodes = (self.registry.presence_version, len(self.registry.nodes))
+        breaker = json.dumps(self.breaker_state(), sort_keys=True, default=str)
+        return hash((incidents, nodes, breaker))
+
+
+# -- incidents on the picture --------------------------------------------------------------
+
+
+def element_of(component: str) -> str:
+    """The drawn element a component lives on: ``node-003/gpu-5`` -> ``node-003``, ``leaf-b0-r3:Ethernet8`` -> leaf."""
+    return component.split(":", 1)[0].split("/", 1)[0]
+
+
+@dataclass
+class Mark:
+    """How the open incidents touch one drawn element."""
+
+    severity: str | None = None
+    root_cause_of: list[str] = field(default_factory=list)
+    affected_by: list[str] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # faulty sub-components (GPU, NIC, port)
+
+    def add(self, incident: Incident, root: bool, part: str | None = None) -> None:
+        if self.severity is None or SEVERITY_ORDER.get(incident.severity, 0) > SEVERITY_ORDER.get(self.severity, 0):
+            self.severity = incident.severity
+        ids = self.root_cause_of if root else self.affected_by
+        if incident.id not in ids:
+            ids.append(incident.id)
+        if part and part not in self.parts:
+            self.parts.append(part)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.severity or "ok",
+            "root_cause_of": self.root_cause_of,
+            "affected_by": self.affected_by,
+            "parts": self.parts,
+        }
+
+
+_NO_MARK: dict[str, Any] = Mark().to_json()
+
+
+def mark_components(incidents: Iterable[Incident]) -> tuple[dict[str, Mark], list[dict[str, Any]]]:
+    """Element name -> Mark, plus the faulty cables (a link root cause marks its two ends as affected)."""
+    marks: dict[str, Mark] = {}
+    links: list[dict[str, Any]] = []
+    for inc in incidents:
+        rc = inc.root_cause
+        ends: set[str] = set()
+        if LINK_SEPARATOR in rc:
+            a, _, b = rc.partition(LINK_SEPARATOR)
+            ends = {element_of(a), element_of(b)}
+            links.append(
+                {
+                    "name": rc,
+                    "a": element_of(a),
+                    "b": element_of(b),
+                    "status": inc.severity,
+                    "incident": inc.id,
+                    "kind": inc.kind,
+                }
+            )
+            for end, part in ((element_of(a), a), (element_of(b), b)):
+                marks.setdefault(end, Mark()).add(inc, root=False, part=part if part != end else None)
+        elif rc:
+            element = element_of(rc)
+            ends = {element}
+            marks.setdefault(element, Mark()).add(inc, root=True, part=rc if rc != element else None)
+        for node in inc.affected_nodes:
+            if node not in ends:
+                marks.setdefault(node, Mark()).add(inc, root=False)
+    return marks, links
+
+
+# -- JSON builders -------------------------------------------------------------------------
+
+
+def incident_json(inc: Incident) -> dict[str, Any]:
+    return {
+        "id": inc.id,
+        "kind": inc.kind,
+        "root_cause": inc.root_cause,
+        "component_type": inc.component_type,
+        "affected_nodes": list(inc.affected_nodes),
+        "affected_jobs": list(inc.affected_jobs),
+        "severity": inc.severity,
+        "action": inc.action,
+        "open": inc.resolved_ms is None,
+        "opened_ms": inc.opened_ms,
+        "updated_ms": inc.updated_ms,
+        "resolved_ms": inc.resolved_ms,
+        "evidence": inc.evidence,
+    }
+
+
+def fabric_json(state: DashboardState) -> dict[str, Any]:
+    """The layout-ready fabric (nodes only when the controller has no fabric)."""
+    marks, links = mark_components(state.open_incidents())
+    nodes = state.registry.nodes
+
+    def mark(name: str) -> dict[str, Any]:
+        m = marks.get(name)
+        return m.to_json() if m is not None else dict(_NO_MARK)
+
+    def node_entry(name: str, spare: bool) -> dict[str, Any]:
+        rec = nodes.get(name)
+        return {
+            "name": name,
+            "state": rec.state if rec else UNKNOWN,
+            "last_seen_ms": rec.last_seen_ms if rec else None,
+            "spare": spare,
+            **mark(name),
+        }
+
+    def switch_entry(name: str, **extra: Any) -> dict[str, Any]:
+        rec = nodes.get(name)
+        return {"name": name, **extra, "state": rec.state if rec else None, **mark(name)}
+
+    fabric = state.fabric
+    if fabric is None:
+        loose = sorted(n.node_id for n in state.compute_nodes())
+        return {
+            "fabric": False,
+            "summary": None,
+            "rails": [],
+            "spines": [],
+            "blocks": [],
+            "nodes": [node_entry(n, False) for n in loose],
+            "links": links,
+        }
+
+    spines = fabric.spines()
+    spine_index = {s: i for i, s in enumerate(spines)}
+    by_block: dict[int, dict[int, str]] = {}
+    for leaf in fabric.leaves():
+        attrs = fabric.graph.nodes[leaf]
+        by_block.setdefault(int(attrs["block"]), {})[int(attrs["rail"])] = leaf
+    rails = sorted({r for leaves in by_block.values() for r in leaves})
+    blocks = []
+    for b in sorted(set(fabric.blocks()) | set(by_block)):
+        leaves = by_block.get(b, {})
+        blocks.append(
+            {
+                "block": b,
+                "leaves": [
+                    switch_entry(leaf, rail=r, spines=sorted(spine_index[s] for s in fabric.spines_of(leaf)))
+                    for r, leaf in sorted(leaves.items())
+                ],
+                "nodes": [node_entry(n, fabric.is_spare(n)) for n in fabric.nodes_in_block(b)],
+            }
+        )
+    placed = set(fabric.nodes())
+    loose = sorted(n.node_id for n in state.compute_nodes() if n.node_id not in placed)
+    return {
+        "fabric": True,
+        "summary": fabric.summary(),
+        "rails": rails,
+        "spines": [switch_entry(s, index=i) for i, s in enumerate(spines)],
+        "blocks": blocks,
+        "nodes": [node_entry(n, False) for n in loose],
+        "links": links,
+    }
+
+
+def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
+    """Counts for the header: nodes by state, open incidents by kind/severity, breaker."""
+    by_state: dict[str, int] = {"online": 0, "unreachable": 0}
+    for rec in state.compute_nodes():
+        by_state[rec.state] = by_state.get(rec.state, 0) + 1
+    fabric = state.fabric
+    if fabric is not None:
+        by_state[UNKNOWN] = sum(1 for n in fabric.nodes() if n not in state.registry.nodes)
+    switches: dict[str, int] = {}
+    for rec in state.registry.nodes.values():
+        if rec.role == ipb.NODE_ROLE_SWITCH:
+            switches[rec.state] = switches.get(rec.state, 0) + 1
+    by_kind: dict[str, int] = {}
+    by_severity: dict[str, int] = {}
+    open_incidents = state.open_incidents()
+    for inc in open_incidents:
+        by_kind[inc.kind] = by_kind.get(inc.kind, 0) + 1
+        by_severity[inc.severity] = by_severity.get(inc.severity, 0) + 1
+    return {
+        "nodes": {"total": sum(by_state.values()), **by_state},
+        "switches": switches,
+        "incidents": {"open": len(open_incidents), "by_kind": by_kind, "by_severity": by_severity},
+        "breaker": state.breaker_state(),
+        "fabric": fabric.summary() if fabric is not None else None,
+        "version": version,
+        "now_ms": now_ms(),
+    }
+
+
+# -- query parameters ----------------------------------------------------------------------
+
+
+def check_params(request: web.Request, allowed: Iterable[str]) -> None:
+    unknown = sorted(set(request.query) - set(allowed))
+    if unknown:
+        raise ApiError(f"unknown query parameter(s): {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def flag_param(request: web.Request, name: str, default: bool = False) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ApiError(f"{name} must be 1 or 0 (got {raw!r})")
+
+
+def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(f"{name} must be an integer (got {raw!r})") from None
+    if not lo <= value <= hi:
+        raise ApiError(f"{name} must be between {lo} and {hi} (got {value})")
+    return value
+
+
+# -- change stream -------------------------------------------------------------------------
+
+
+class ChangeWatcher:
+    """Polls a signature every ``poll_s`` and bumps ``version`` when it changes."""
+
+    def __init__(self, signature: Callable[[], Hashable], poll_s: float = 1.0) -> None:
+        self._signature = signature
+        self.poll_s = poll_s
+        self.version = 0
+        self.closed = False
+        self._last: Hashable = None
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def check(self) -> bool:
+        """Compare the signature now; True (and a new version) when it changed."""
+        try:
+            sig = self._signature()
+        except Exception:
+            log.exception("dashboard_signature_failed")
+            return False
+        if sig == self._last:
+            return False
+        self._last = sig
+        self.version += 1
+        self._wake()
+        return True
+
+    def _wake(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def wait(self, version: int, within_s: float) -> None:
+        """Return once ``version`` is stale, the watcher closes, or ``within_s`` passes."""
+        if self.version != version or self.closed:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), within_s)
+
+    async def _run(self) -> None:
+        while not self.closed:
+            self.check()
+            await asyncio.sleep(self.poll_s)
+
+    def start(self) -> None:
+        self.check()
+        self._task = asyncio.create_task(self._run())
+
+    def close(self) -> None:
+        """Wake every stream so it ends (the HTTP server waits for open handlers on shutdown)."""
+        self.closed = True
+        self._wake()
+
+    async def stop(self) -> None:
+        self.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _sse(event: str, data: Mapping[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+# -- routes --------------------------------------------------------------------------------
+
+STATE_KEY = web.AppKey("dashboard_state", DashboardState)
+WATCHER_KEY = web.AppKey("dashboard_watcher", ChangeWatcher)
+
+
+def add_api_routes(app: web.Application, state: DashboardState, poll_s: float = 1.0, keepalive_s: float = 15.0) -> None:
+    """Mount the dashboard's JSON endpoints and the change stream on ``app``."""
+    watcher = ChangeWatcher(state.signature, poll_s)
+    app[STATE_KEY] = state
+    app[WATCHER_KEY] = watcher
+
+    async def fabric_handler(request: web.Request) -> web.Response:
+        check_params(request, ())
+        return web.json_response(fabric_json(state))
+
+    async def incidents_handler(request: web.Request) -> web.Response:
+        check_params(request, ("all", "limit"))
+        include_resolved = flag_param(request, "all")
+        limit = int_param(request, "limit", DEFAULT_INCIDENT_LIMIT, 1, MAX_INCIDENT_LIMIT)
+        rows = [incident_json(i) for i in state.incidents(include_resolved, limit)]
+        return web.json_response({"incidents": rows, "all": include_resolved, "limit": limit})
+
+    async def summary_handler(request: web.Request) -> web.Response:
+        check_params(request, ())
+        return web.json_response(summary_json(state, watcher.version))
+
+    async def stream_handler(request: web.Request) -> web.StreamResponse:
+        check_params(request, ())
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        await resp.prepare(request)
+        version = watcher.version
+        try:
+            await resp.write(b"retry: 3000\n\n" + _sse("changed", {"version": version}))
+            while not watcher.closed:
+                await watcher.wait(version, keepalive_s)
+                if watcher.closed:
+                    break
+                if watcher.version != version:
+                    version = watcher.version
+                    await resp.write(_sse("changed", {"version": version}))
+                else:
+                    await resp.write(b": keepalive\n\n")
+        except ConnectionError:
+            pass  # the browser went away
+        return resp
+
+    async def on_startup(app: web.Application) -> None:
+        watcher.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        watcher.close()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await watcher.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_get("/api/fabric", fabric_handler)
+    app.router.add_get("/api/incidents", incidents_handler)
+    app.router.add_get("/api/summary", summary_handler)
+    app.router.add_get("/api/stream", stream_handler)

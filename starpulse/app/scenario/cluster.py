@@ -1,0 +1,575 @@
+"""A whole simulated cluster in one process: a real agent per node and per switch, faults by scenario kind.
+
+Every compute node (spares included) runs the real Agent over a SimNode (fake NVML,
+sysfs, kernel log) plus an LldpCollector fed lldpcli JSON rendered from the fabric;
+every leaf and spine runs a switch-role Agent whose SonicSwitchCollector reads a
+FakeSwitch in its own in-process fakeredis server (no redis-server per switch). All
+agents stream to ``controller_target`` over real gRPC, as tasks in the caller's loop.
+
+Faults act where the hardware would show them. A cable is modelled by its ends (a NIC,
+a switch port): taking it down downs every end it has, each end is down while any fault
+holds it, so overlapping faults (a NIC down inside a dead leaf) clear correctly. A dead
+switch goes silent and its *peers* see their ends go down; its own tables are left
+alone, since a dead switch reports nothing about itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import redis
+import structlog
+
+from agent.collectors.base import Collector
+from agent.collectors.lldp import LldpCollector
+from agent.collectors.sonic import SonicSwitchCollector
+from agent.factory import build_collectors
+from agent.runtime import Agent, AgentConfig
+from agent.sim.fake_switch import FakeSwitch
+from agent.sim.node import SimNode
+from controller.fabric import Fabric
+from controller.fabric.model import LINK_SEPARATOR
+from starpulse.app.scenario.spec import GPU_KINDS, PORT_SEPARATOR, FaultSpec, Scenario, switch_port, switch_port_count
+from starpulse.core.findings import Finding
+from starpulse.v1 import inventory_pb2 as ipb
+
+log = structlog.get_logger(__name__)
+
+NIC_RATE_GBPS = 400.0
+# Queues per switch port: the two lossless ones (3, 4) and the best-effort ones below them. Every
+# queue is a Redis hash written and read each cycle, so eight would cost 40% more CPU for nothing.
+SWITCH_QUEUES = 5
+# A cable end: a NIC ("node-003/nic-5") or a switch port (("leaf-b0-r5", "Ethernet12")).
+End = str | tuple[str, str]
+FaultKey = tuple[str, str, tuple[str, ...], float]
+
+
+def fault_key(fault: FaultSpec) -> FaultKey:
+    """What identifies a fault between inject and clear (an equal re-parsed fault clears it too)."""
+    return (fault.kind, fault.target, tuple(fault.targets), fault.at_s)
+
+
+class _Holds:
+    """Reference counts of who holds what down: the first hold applies, the last release undoes."""
+
+    def __init__(self) -> None:
+        self._held: dict[Any, set[FaultKey]] = {}
+
+    def acquire(self, what: Any, by: FaultKey) -> bool:
+        holders = self._held.setdefault(what, set())
+        first = not holders
+        holders.add(by)
+        return first
+
+    def release(self, what: Any, by: FaultKey) -> bool:
+        holders = self._held.get(what)
+        if not holders or by not in holders:
+            return False
+        holders.discard(by)
+        if not holders:
+            del self._held[what]
+            return True
+        return False
+
+    def held(self, what: Any) -> bool:
+        return bool(self._held.get(what))
+
+
+@dataclass
+class _Member:
+    """One agent of the cluster: how to (re)build it, and its running task."""
+
+    name: str
+    build: Callable[[], Agent]
+    agent: Agent
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class _FakeRedisFactory:
+    """One fakeredis server per switch; one cached client per DB (FakeSwitch asks on every write)."""
+
+    def __init__(self) -> None:
+        self.server = fakeredis.FakeServer()
+        self._clients: dict[int, redis.Redis] = {}
+
+    def __call__(self, db: int) -> redis.Redis:
+        client = self._clients.get(db)
+        if client is None:
+            # bytes replies: the collector decodes either way, and fakeredis is ~2x cheaper without
+            client = fakeredis.FakeRedis(server=self.server, db=db, decode_responses=False)
+            self._clients[db] = client
+        return client
+
+    def close(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+# SONiC itself refreshes queue counters every 10 s and port counters every 1 s; the
+# simulated switches move their counters in steps of this many seconds (faults such as a
+# port going down are written at once, not on this clock). It keeps dozens of switches
+# within one process's CPU budget.
+SWITCH_COUNTER_STEP_S = 5.0
+
+
+class _LockedSwitch:
+    """Serialises a FakeSwitch between the agent's worker thread (advance) and fault injection."""
+
+    def __init__(self, switch: FakeSwitch) -> None:
+        self.switch = switch
+        self.lock = threading.Lock()
+        self._pending_s = 0.0
+
+    def advance(self, dt_s: float) -> None:
+        self._pending_s += max(dt_s, 0.0)
+        if self._pending_s < SWITCH_COUNTER_STEP_S:
+            return
+        with self.lock:
+            self.switch.advance(self._pending_s)
+        self._pending_s = 0.0
+
+
+def render_lldpcli_json(neighbours: Sequence[tuple[str, str, str]]) -> str:
+    """``lldpcli -f json show neighbors`` text for (local interface, switch name, switch port) triples."""
+    interfaces = [
+        {
+            ifname: {
+                "via": "LLDP",
+                "chassis": {
+                    system: {
+                        "id": {"type": "local", "value": system},
+                        "descr": "SONiC Software Version: starpulse-sim",
+                    }
+                },
+                "port": {"id": {"type": "local", "value": port}, "descr": port},
+            }
+        }
+        for ifname, system, port in neighbours
+    ]
+    return json.dumps({"lldp": {"interface": interfaces}})
+
+
+class SimCluster:
+    """A compute agent per node (spares too) and a switch agent per leaf and spine, in the caller's loop.
+
+    ``inject``/``clear`` take scenario faults; they act at once on the simulated hardware
+    (the agents notice on their next cycle) and return without waiting.
+    """
+
+    def __init__(
+        self,
+        scenario_or_fabric: Scenario | Fabric,
+        workdir: str | Path,
+        controller_target: str,
+        interval_s: float | None = None,
+        *,
+        lldp_interval_s: float | None = None,
+        keep_files: bool = False,
+    ) -> None:
+        if isinstance(scenario_or_fabric, Scenario):
+            self.scenario: Scenario | None = scenario_or_fabric
+            self.fabric = scenario_or_fabric.build_fabric()
+            default_interval = scenario_or_fabric.interval_s
+        else:
+            self.scenario = None
+            self.fabric = scenario_or_fabric
+            default_interval = 0.5
+        self.interval_s = float(interval_s if interval_s is not None else default_interval)
+        self.lldp_interval_s = float(lldp_interval_s if lldp_interval_s is not None else self.interval_s)
+        self.controller_target = controller_target
+        self.root = Path(workdir) / "simcluster"
+        self.keep_files = keep_files
+        self.agents: dict[str, Agent] = {}
+        self.sims: dict[str, SimNode] = {}
+        self.switches: dict[str, FakeSwitch] = {}
+        self._locked: dict[str, _LockedSwitch] = {}
+        self._redis: dict[str, _FakeRedisFactory] = {}
+        self._members: dict[str, _Member] = {}
+        self._holds = _Holds()
+        self._degraded: dict[str, list[float]] = {}  # NIC -> rates of the nic_degraded faults on it, oldest first
+        self._pending: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._stopped = False
+        gpus = int(self.fabric.params.get("gpus_per_node", 8))
+        # End and link indexes: which cable is on which switch port, and which NIC is on it.
+        self._nic_index: dict[str, int] = {}
+        self._nic_end: dict[str, tuple[str, str]] = {}  # nic -> (leaf, port)
+        self._peer_end: dict[tuple[str, str], End] = {}  # switch port -> the other end of its cable
+        self.root.mkdir(parents=True, exist_ok=True)
+        for i, node in enumerate(self.fabric.nodes()):
+            nics = self.fabric.nics_of(node)
+            self.sims[node] = SimNode(node, self.root / node / "hw", gpus=gpus, nics=len(nics), seed=i)
+            for nic in nics:
+                self._nic_index[nic] = self.fabric.rail_of(nic)
+                leaf, port = self.fabric.leaf_of(nic), self.fabric.port_of(nic)
+                if leaf is not None and port is not None:
+                    self._nic_end[nic] = (leaf, port)
+                    self._peer_end[(leaf, port)] = nic
+        for leaf in self.fabric.leaves():
+            for spine in self.fabric.spines_of(leaf):
+                attrs = self.fabric.graph.edges[leaf, spine]
+                a, b = (leaf, str(attrs["leaf_port"])), (spine, str(attrs["spine_port"]))
+                self._peer_end[a], self._peer_end[b] = b, a
+        for switch in self.fabric.switches():
+            self._build_switch(switch)
+        for node in self.fabric.nodes():
+            self._add_member(node, lambda n=node: self._build_node_agent(n))  # type: ignore[misc]
+        for switch in self.fabric.switches():
+            self._add_member(switch, lambda s=switch: self._build_switch_agent(s))  # type: ignore[misc]
+
+    # -- building ----------------------------------------------------------------------------
+
+    def _config(self, name: str, role: int) -> AgentConfig:
+        # Switch agents report at most once a second (a SONiC switch's own port poll is 1 s).
+        interval = self.interval_s if role == ipb.NODE_ROLE_COMPUTE else max(self.interval_s, 1.0)
+        return AgentConfig(
+            node_id=name,
+            controllers=[self.controller_target],
+            role=role,
+            interval_s=interval,
+            buffer_path=str(self.root / name / "buffer.db"),
+        )
+
+    def _build_node_agent(self, node: str) -> Agent:
+        """The factory's sim collectors plus an LLDP collector over the fabric (the factory has none for sim)."""
+        sim = self.sims[node]
+        holder: list[Agent] = []
+
+        def sink(finding: Finding) -> None:
+            holder[0].sink(finding)
+
+        plan = build_collectors("sim", sink, sim=sim)
+        lldp = LldpCollector(runner=lambda _argv: self._lldp_json(node), min_interval_s=self.lldp_interval_s)
+        collectors: list[Collector] = [*plan.collectors, lldp]
+        agent = Agent(
+            self._config(node, ipb.NODE_ROLE_COMPUTE),
+            collectors,
+            before_collect=plan.before_collect,
+            starters=plan.starters,
+            kmsg=plan.kmsg,
+            inventory_hooks=plan.inventory_hooks,
+        )
+        holder.append(agent)
+        return agent
+
+    def _build_switch(self, switch: str) -> None:
+        factory = _FakeRedisFactory()
+        fake = FakeSwitch(factory, switch, ports=switch_port_count(self.fabric, switch), queues=SWITCH_QUEUES)
+        fake.install()
+        self._redis[switch] = factory
+        self.switches[switch] = fake
+        self._locked[switch] = _LockedSwitch(fake)
+        for port in fake.ports:
+            self._set_switch_lldp(switch, port, up=True)
+
+    def _build_switch_agent(self, switch: str) -> Agent:
+        collector = SonicSwitchCollector(self._redis[switch], switch)
+        return Agent(
+            self._config(switch, ipb.NODE_ROLE_SWITCH),
+            [collector],
+            before_collect=self._locked[switch].advance,
+        )
+
+    def _add_member(self, name: str, build: Callable[[], Agent]) -> None:
+        member = _Member(name=name, build=build, agent=build())
+        self._tune(member.agent)
+        self._members[name] = member
+        self.agents[name] = member.agent
+
+    @staticmethod
+    def _tune(agent: Agent) -> None:
+        # Reconnect fast after a partition or controller restart: a scenario is seconds long.
+        agent.link.backoff.initial_s = 0.2
+        agent.link.backoff.max_s = 2.0
+
+    # -- LLDP ----------------------------------------------------------------------------------
+
+    def _lldp_json(self, node: str) -> str:
+        """What lldpd on ``node`` would print: one neighbour per NIC whose cable is up."""
+        netdevs = self.sims[node].sysfs.netdevs()
+        triples: list[tuple[str, str, str]] = []
+        for nic in self.fabric.nics_of(node):
+            end = self._nic_end.get(nic)
+            i = self._nic_index[nic]
+            if end is None or self._holds.held(nic) or i >= len(netdevs):
+                continue
+            triples.append((netdevs[i], end[0], end[1]))
+        return render_lldpcli_json(triples)
+
+    def _set_switch_lldp(self, switch: str, port: str, up: bool) -> None:
+        """The switch's lldpd entry for ``port``: the NIC's host and netdev, or the other switch's port."""
+        fake = self.switches[switch]
+        peer = self._peer_end.get((switch, port))
+        if peer is None:
+            return
+        if not up:
+            fake.clear_lldp_neighbor(port)
+        elif isinstance(peer, str):
+            host = self.fabric.host_of(peer)
+            netdev = self.sims[host].sysfs.netdevs()[self._nic_index[peer]]
+            fake.set_lldp_neighbor(port, host, netdev)
+        else:
+            fake.set_lldp_neighbor(port, peer[0], peer[1])
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every agent as a task in the running loop."""
+        if self._started:
+            return
+        self._started = True
+        for member in self._members.values():
+            self._run_member(member)
+        log.info(
+            "simcluster_started",
+            nodes=len(self.sims),
+            switches=len(self.switches),
+            interval_s=self.interval_s,
+            target=self.controller_target,
+        )
+
+    def _run_member(self, member: _Member) -> None:
+        member.stop = asyncio.Event()
+        member.task = asyncio.create_task(member.agent.run(member.stop), name=f"agent:{member.name}")
+
+    async def stop(self) -> None:
+        """Stop every agent (unsent events stay in their buffers), close the fake Redis servers. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        for member in self._members.values():
+            member.stop.set()
+        tasks = [m.task for m in self._members.values() if m.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for factory in self._redis.values():
+            factory.close()
+        if not self.keep_files:
+            await asyncio.to_thread(shutil.rmtree, self.root, True)
+        log.info("simcluster_stopped", agents=len(tasks))
+
+    async def __aenter__(self) -> SimCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def jobs_of(self, node: str) -> list[str]:
+        """Jobs on ``node`` (the scenario's rule: a job of K nodes takes the first K non-spare nodes)."""
+        return self.scenario.jobs_of(node) if self.scenario is not None else []
+
+    def running(self, name: str) -> bool:
+        """Whether ``name``'s agent task is running (False while node_down holds it)."""
+        task = self._members[name].task
+        return task is not None and not task.done()
+
+    # -- cable ends ------------------------------------------------------------------------------
+
+    def _ends_of_link(self, link: str) -> list[End]:
+        a, b = Fabric.link_ends(link)
+        if self.fabric.kind(a) == "nic" or self.fabric.kind(b) == "nic":
+            nic = a if self.fabric.kind(a) == "nic" else b
+            return [nic, self._nic_end[nic]]
+        leaf, spine = (a, b) if self.fabric.kind(a) == "leaf" else (b, a)
+        attrs = self.fabric.graph.edges[leaf, spine]
+        return [(leaf, str(attrs["leaf_port"])), (spine, str(attrs["spine_port"]))]
+
+    def _ends_of_port(self, switch: str, port: str) -> list[End]:
+        """A switch port and, when cabled, the other end of its cable (a link is down at both ends)."""
+        peer = self._peer_end.get((switch, port))
+        return [(switch, port)] if peer is None else [(switch, port), peer]
+
+    def _hold_end(self, end: End, by: FaultKey) -> None:
+        if not self._holds.acquire(end, by):
+            return
+        if isinstance(end, str):
+            host = self.fabric.host_of(end)
+            self.sims[host].inject("nic_down", f"nic-{self._nic_index[end]}")
+        else:
+            switch, port = end
+            with self._locked[switch].lock:
+                self.switches[switch].port_down(port)
+                self._set_switch_lldp(switch, port, up=False)
+
+    def _release_end(self, end: End, by: FaultKey) -> None:
+        if not self._holds.release(end, by):
+            return
+        if isinstance(end, str):
+            host = self.fabric.host_of(end)
+            i = self._nic_index[end]
+            self.sims[host].clear("nic_down", f"nic-{i}")  # also resets storm/rate: re-assert those held
+            if self._holds.held(("storm", end)):
+                self.sims[host].sysfs.pfc_storm(i, True)
+            degraded = self._degraded.get(end)
+            if degraded:
+                self.sims[host].sysfs.degrade(i, degraded[-1])
+        else:
+            switch, port = end
+            with self._locked[switch].lock:
+                self.switches[switch].port_up(port)
+                self._set_switch_lldp(switch, port, up=True)
+
+    # -- agents: silence, stop, restart -----------------------------------------------------------
+
+    def _block(self, name: str, by: FaultKey) -> None:
+        if self._holds.acquire(("blocked", name), by):
+            self._members[name].agent.link.set_blocked(True)
+
+    def _unblock(self, name: str, by: FaultKey) -> None:
+        if self._holds.release(("blocked", name), by):
+            self._members[name].agent.link.set_blocked(False)
+
+    def _halt(self, name: str, by: FaultKey) -> None:
+        if self._holds.acquire(("down", name), by):
+            self._members[name].stop.set()
+
+    def _revive(self, name: str, by: FaultKey) -> None:
+        if self._holds.release(("down", name), by):
+            task = asyncio.get_running_loop().create_task(self._restart(name), name=f"restart:{name}")
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _restart(self, name: str) -> None:
+        """A node coming back: a fresh agent on the same buffer file (its events resume, none lost)."""
+        member = self._members[name]
+        if member.task is not None:
+            await asyncio.gather(member.task, return_exceptions=True)
+        if self._stopped or self._holds.held(("down", name)):
+            return
+        member.agent = await asyncio.to_thread(member.build)
+        self._tune(member.agent)
+        self.agents[name] = member.agent
+        if self._holds.held(("blocked", name)):
+            member.agent.link.set_blocked(True)
+        if self._started:
+            self._run_member(member)
+        log.info("simcluster_agent_restarted", agent=name)
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def _node_component(self, target: str) -> tuple[SimNode, str]:
+        node, _, part = target.partition("/")
+        return self.sims[node], part
+
+    def _port_target(self, fault: FaultSpec) -> tuple[str, str]:
+        """A switch port from ``leaf:port-N``, or a NIC's leaf port."""
+        if PORT_SEPARATOR in fault.target:
+            return switch_port(self.fabric, fault.target)
+        end = self._nic_end.get(fault.target)
+        if end is None:
+            raise ValueError(f"{fault.target} is not cabled to a switch")
+        return end
+
+    def _ends_of_fault(self, fault: FaultSpec) -> list[End]:
+        """The cable ends a fault holds down: a dead switch's peers, a cable's both ends, a NIC and its port."""
+        kind, target = fault.kind, fault.target
+        if kind == "nic_down":
+            end = self._nic_end.get(target)
+            return [target] if end is None else [target, end]
+        if kind == "switch_down":
+            ports = self.switches[target].ports
+            return [peer for p in ports if (peer := self._peer_end.get((target, p))) is not None]
+        if kind == "switch_port_down":
+            if LINK_SEPARATOR in target:
+                return self._ends_of_link(target)
+            return self._ends_of_port(*switch_port(self.fabric, target))
+        return []
+
+    def inject(self, fault: FaultSpec) -> None:
+        """Start a scenario fault now (call from the loop the agents run in)."""
+        key = fault_key(fault)
+        kind, target = fault.kind, fault.target
+        log.info("simcluster_inject", kind=kind, target=target or fault.targets, **fault.params)
+        for end in self._ends_of_fault(fault):
+            self._hold_end(end, key)
+        if kind in GPU_KINDS or kind in ("nic_flap", "nic_errors"):
+            sim, part = self._node_component(target)
+            sim.inject(kind, part, **fault.params)
+        elif kind == "nic_degraded":
+            sim, part = self._node_component(target)
+            self._degraded.setdefault(target, []).append(float(fault.params.get("rate_gbps", 200.0)))
+            sim.sysfs.degrade(self._nic_index[target], self._degraded[target][-1])
+        elif kind == "switch_down":
+            self._block(target, key)
+        elif kind == "pfc_storm":
+            if PORT_SEPARATOR in target:
+                switch, port = switch_port(self.fabric, target)
+                if self._holds.acquire(("storm", (switch, port)), key):
+                    with self._locked[switch].lock:
+                        self.switches[switch].pfc_storm(port, True, queue=fault.params.get("queue"))
+            elif self._holds.acquire(("storm", target), key):
+                sim, part = self._node_component(target)
+                sim.inject("pfc_storm", part)
+        elif kind == "optics_degraded":
+            switch, port = self._port_target(fault)
+            if self._holds.acquire(("optics", (switch, port)), key):
+                with self._locked[switch].lock:
+                    self.switches[switch].optics_degraded(port, True)
+        elif kind == "node_down":
+            self._halt(target, key)
+        elif kind == "partition":
+            for name in fault.targets:
+                self._block(name, key)
+
+    # Complexity over 15 on purpose: one branch per fault kind; replaced by the simulator's fault table (issue 16).
+    def clear(self, fault: FaultSpec) -> None:  # noqa: C901
+        """End a fault started by ``inject`` (a scenario's until_s); other faults keep their hold."""
+        key = fault_key(fault)
+        kind, target = fault.kind, fault.target
+        log.info("simcluster_clear", kind=kind, target=target or fault.targets)
+        for end in self._ends_of_fault(fault):
+            self._release_end(end, key)
+        if kind in GPU_KINDS:
+            sim, part = self._node_component(target)
+            sim.clear(kind, part)
+        elif kind in ("nic_flap", "nic_errors"):
+            pass  # one-shot: the flaps and errors happened; nothing is left to undo
+        elif kind == "nic_degraded":
+            rates = self._degraded.get(target, [])
+            rate = float(fault.params.get("rate_gbps", 200.0))
+            if rate in rates:
+                rates.remove(rate)
+            sim, _ = self._node_component(target)
+            sim.sysfs.degrade(self._nic_index[target], rates[-1] if rates else NIC_RATE_GBPS)
+        elif kind == "switch_down":
+            self._unblock(target, key)
+        elif kind == "pfc_storm":
+            if PORT_SEPARATOR in target:
+                switch, port = switch_port(self.fabric, target)
+                if self._holds.release(("storm", (switch, port)), key):
+                    with self._locked[switch].lock:
+                        self.switches[switch].pfc_storm(port, False)
+            elif self._holds.release(("storm", target), key):
+                sim, _ = self._node_component(target)
+                sim.sysfs.pfc_storm(self._nic_index[target], False)
+        elif kind == "optics_degraded":
+            switch, port = self._port_target(fault)
+            if self._holds.release(("optics", (switch, port)), key):
+                with self._locked[switch].lock:
+                    self.switches[switch].optics_degraded(port, False)
+        elif kind == "node_down":
+            self._revive(target, key)
+        elif kind == "partition":
+            for name in fault.targets:
+                self._unblock(name, key)
+
+    # -- measurement ---------------------------------------------------------------------------
+
+    def cycles(self) -> int:
+        """Collection cycles run by every current agent (to check the cluster keeps up)."""
+        return sum(a.cycles for a in self.agents.values())

@@ -1,0 +1,45 @@
+"""A /metrics HTTP endpoint for one Prometheus collector, on a registry of its own.
+
+The agent and the relay each serve their own exposition; an own registry keeps
+prometheus_client's process and GC defaults out of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+
+def split_listen(address: str) -> tuple[str, int]:
+    """'HOST:PORT' (or ':PORT', '[::1]:PORT') -> (host, port); an empty host means all interfaces."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"metrics address {address!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class MetricsServer:
+    """prometheus_client's threaded HTTP server on one registry."""
+
+    def __init__(self, server: WSGIServer, registry: CollectorRegistry) -> None:
+        self._server = server
+        self.registry = registry
+        self.port = int(server.server_port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def serve_collector(collector: Collector, listen: str) -> MetricsServer:
+    """/metrics of one collector on `listen`, on a registry of its own (the agent's, a relay's)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    host, port = split_listen(listen)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server, registry)
