@@ -11,16 +11,22 @@ from controller.ingest.relayed import RelayedStream, RelayLink
 from starpulse.v1 import service_pb2 as spb
 
 
+class NeverFull:
+    """A report decider with nothing waiting for verdicts: the link never holds the relay for it."""
+
+    full = False
+
+
 class GatedServicer:
     """Reads its stream only while the gate is open; records what it read."""
 
-    shards = None  # as a TelemetryServicer without detection shards: the link decodes every message
+    decider = NeverFull()
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.read: list[Any] = []
 
-    async def Connect(self, request_iterator: Any, context: RelayedStream) -> None:
+    async def serve(self, context: RelayedStream, relayed: RelayedStream | None = None) -> None:
         while True:
             await self.gate.wait()
             msg = await context.read()
@@ -97,3 +103,4 @@ async def test_an_oversize_relayed_message_ends_only_its_stream() -> None:
     assert len(servicer.read) == 2  # stream 2 unaffected
     writer.cancel()
     await link.close()
+
