@@ -28,6 +28,7 @@ from controller.heal.policy import SqliteHealHistory, load_policy
 from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import RemediationStore
+from controller.ingest.decider import ReportDecider
 from controller.ingest.registry import NodeRegistry, now_ms
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
 from controller.ingest.servicer import TelemetryServicer
@@ -146,9 +147,14 @@ class Controller:
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
         self._heal_task: asyncio.Task[None] | None = None
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        # Who decides reports: detection's shards when there are workers (started with the
+        # controller, before its port opens), else detection itself on this event loop.
+        self.shards = self._build_shards() if config.detection.workers > 0 else None
+        decider: ReportDecider = self.shards if self.shards is not None else self.detection
         self.telemetry = TelemetryServicer(
             self.registry,
             self.metrics,
+            decider,
             rate_per_s=config.rate_per_node_per_s,
             burst=config.rate_burst,
             report_interval_s=config.report_interval_s,
@@ -166,7 +172,6 @@ class Controller:
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self.shards: DetectShards | None = None
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self.detection.failslow_stepwise = True  # _sweep_loop runs it in steps
         self._periodic: list[tuple[str, Callable[[], object]]] = [
@@ -213,7 +218,8 @@ class Controller:
             return len(self.fabric.nodes())
         return sum(1 for n in self.registry.nodes.values() if n.role == ipb.NODE_ROLE_COMPUTE)
 
-    async def _start_shards(self) -> None:
+    def _build_shards(self) -> DetectShards:
+        """Compute nodes' reports and events to worker processes; switches stay with detection here."""
         cfg = self.config
         shards = DetectShards(
             cfg.detection.workers,
@@ -222,13 +228,13 @@ class Controller:
                 failslow=cfg.detection.failslow,
                 tick_s=cfg.sweep_interval_s,
             ),
-            on_result=self.telemetry.on_shard_result,
-            on_changes=self.detection.on_shard_changes,
+            local=self.detection,
+            on_changes=self.detection.feed_shard_changes,
             on_lost=self._shard_lost,
         )
-        await shards.start()
-        self.shards = self.telemetry.shards = self.detection.shards = shards
+        self.detection.shards = shards  # compute nodes' events and forgetting go to their shard
         self.metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
+        return shards
 
     def _shard_lost(self, index: int) -> None:
         """A shard held some nodes' conditions: without it detection would be silently partial."""
@@ -238,8 +244,8 @@ class Controller:
 
     async def start(self) -> None:
         cfg = self.config
-        if cfg.detection.workers > 0:
-            await self._start_shards()  # before the port opens: no report may bypass them
+        if self.shards is not None:
+            await self.shards.start()  # before the port opens: no report may bypass them
         self.store.start_checkpointer()
         credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
         server = grpc.aio.server(
