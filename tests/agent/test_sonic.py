@@ -130,6 +130,21 @@ def _collect(c: SonicSwitchCollector) -> tuple[tpb.Report, dict[str, tpb.SwitchP
     return report, {s.port: s for s in report.switch_ports}, findings
 
 
+def assert_bad_at_start_reported_once(c: SonicSwitchCollector) -> None:
+    """Ethernet0 down while admin up, queue 3 of Ethernet0 and 4 of Ethernet8 stormed: found on the first cycle only."""
+    _, _, findings = _collect(c)
+    got = sorted((f.kind, f.component, f.severity, f.attributes.get("queue", "")) for f in findings)
+    assert got == [
+        ("pfc_storm", "Ethernet0", "critical", "3"),
+        ("pfc_storm", "Ethernet8", "critical", "4"),
+        ("switch_port_down", "Ethernet0", "critical", ""),
+    ]
+    assert all(f.source == "sonic" and f.attributes["switch"] == c.switch_name for f in findings)
+    assert all(f.action == "check_link" for f in findings)
+    _, _, again = _collect(c)
+    assert again == []
+
+
 class TestParsers:
     def test_u64_rejects_non_counters(self):
         """Counter parsing keeps non-negative integers and drops N/A, floats and negatives."""
@@ -276,17 +291,7 @@ class TestSonicSwitchCollectorOnFixture:
 
     def test_first_cycle_reports_state_already_bad(self, fixture_collector):
         """Ethernet0 down while admin up and the two stormed queues are reported on the first cycle only."""
-        _, _, findings = _collect(fixture_collector)
-        got = sorted((f.kind, f.component, f.severity, f.attributes.get("queue", "")) for f in findings)
-        assert got == [
-            ("pfc_storm", "Ethernet0", "critical", "3"),
-            ("pfc_storm", "Ethernet8", "critical", "4"),
-            ("switch_port_down", "Ethernet0", "critical", ""),
-        ]
-        assert all(f.source == "sonic" and f.attributes["switch"] == "sonic-fixture" for f in findings)
-        assert all(f.action == "check_link" for f in findings)
-        _, _, again = _collect(fixture_collector)
-        assert again == []
+        assert_bad_at_start_reported_once(fixture_collector)
 
     def test_describe_lists_front_panel_ports(self, fixture_collector):
         """Inventory ports are APPL_DB PORT_TABLE plus CONFIG_DB PORT, without internal ports."""
@@ -504,18 +509,7 @@ class TestSonicSwitchCollectorOnFakeSwitch:
         fake.port_down("Ethernet0")
         fake.pfc_storm("Ethernet0")
         fake.pfc_storm("Ethernet8", queue=4)
-        c = SonicSwitchCollector(factory, fake.name)
-        _, _, findings = _collect(c)
-        got = sorted((f.kind, f.component, f.severity, f.attributes.get("queue", "")) for f in findings)
-        assert got == [
-            ("pfc_storm", "Ethernet0", "critical", "3"),
-            ("pfc_storm", "Ethernet8", "critical", "4"),
-            ("switch_port_down", "Ethernet0", "critical", ""),
-        ]
-        assert all(f.source == "sonic" and f.attributes["switch"] == fake.name for f in findings)
-        assert all(f.action == "check_link" for f in findings)
-        _, _, again = _collect(c)
-        assert again == []
+        assert_bad_at_start_reported_once(SonicSwitchCollector(factory, fake.name))
 
     def test_describe_lists_front_panel_ports(self, factory, fake):
         """Inventory ports are APPL_DB PORT_TABLE plus CONFIG_DB PORT, without internal ports."""
