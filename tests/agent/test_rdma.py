@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from agent.collectors.pci import pair_nics_with_gpus, pci_device_path
-from agent.collectors.rdma import RdmaSysfsCollector, parse_rate_gbps, parse_state, read_counter_dir
+from agent.collectors.rdma import (
+    RdmaSysfsCollector,
+    parse_rate_gbps,
+    parse_state,
+    read_counter_dir,
+    revalidate_dirs,
+)
 from agent.sim.fake_sysfs import COUNTERS, HW_COUNTERS, FakeSysfs
 from starpulse.core.vocab import canonical_pci
 from starpulse.v1 import inventory_pb2 as ipb
@@ -37,16 +44,35 @@ class IbNode:
             shutil.copytree(recorded, ib)
         return ib
 
+    def release(self) -> None:
+        """Let go of this tree's counter files, which the RDMA collector keeps open for the whole process.
 
-def recorded_h100(tmp_path: Path) -> IbNode:
+        They stay cached while their directory exists, under one budget of kept files shared by
+        every collector: trees left behind would starve the later tests in this worker. Only the
+        link to the recording (or the copy of it) is removed, never the recording.
+        """
+        ib = self.root / "class" / "infiniband"
+        dirs = [str(d) for d in ib.glob("*/ports/*/*counters")]
+        if ib.is_symlink():
+            ib.unlink()
+        else:
+            shutil.rmtree(self.root)
+        revalidate_dirs(dirs)
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Iterator[IbNode]:
     """The recorded H100 node, read in place: its class/infiniband is a link into ../shared/fixtures."""
-    recorded = shared_fixture("sysfs/class-infiniband-h100")
+    target = shared_fixture("sysfs/class-infiniband-h100")
     (tmp_path / "recorded" / "class").mkdir(parents=True)
-    (tmp_path / "recorded" / "class" / "infiniband").symlink_to(recorded, target_is_directory=True)
-    return IbNode(tmp_path / "recorded", H100_DEVICES)
+    (tmp_path / "recorded" / "class" / "infiniband").symlink_to(target, target_is_directory=True)
+    node = IbNode(tmp_path / "recorded", H100_DEVICES)
+    yield node
+    node.release()
 
 
-def generated_h100(tmp_path: Path) -> IbNode:
+@pytest.fixture
+def generated(tmp_path: Path) -> Iterator[IbNode]:
     """FakeSysfs shaped like the recorded node: 8 InfiniBand rails and the bond, without what the recording lacks.
 
     The recording has no ``device`` links, RoCE GID tables or node GUIDs; they are removed so
@@ -58,18 +84,30 @@ def generated_h100(tmp_path: Path) -> IbNode:
         (dev / "device").unlink()
         (dev / "node_guid").unlink()
         shutil.rmtree(dev / "ports" / "1" / "gid_attrs", ignore_errors=True)
-    return IbNode(root, GENERATED_DEVICES)
+    node = IbNode(root, GENERATED_DEVICES)
+    yield node
+    node.release()
 
 
 @pytest.fixture(params=["recorded", "generated"])
-def h100(request: pytest.FixtureRequest, tmp_path: Path) -> IbNode:
+def h100(request: pytest.FixtureRequest) -> IbNode:
     """The recorded H100 node (skipped where ../shared is absent) and its generated twin."""
-    return recorded_h100(tmp_path) if request.param == "recorded" else generated_h100(tmp_path)
+    node: IbNode = request.getfixturevalue(request.param)
+    return node
 
 
 def collect(c: RdmaSysfsCollector) -> tuple[tpb.Report, list]:
     r = tpb.Report()
     return r, c.collect(r)
+
+
+def scan(root: Path) -> tuple[tpb.Report, list]:
+    """One cycle of a fresh collector, whose kept port files are closed after."""
+    c = RdmaSysfsCollector(str(root))
+    try:
+        return collect(c)
+    finally:
+        c.close()
 
 
 class TestParsers:
@@ -109,16 +147,15 @@ class TestParsers:
 class TestRdmaOnH100Layout:
     def test_supported_and_ports(self, h100):
         """The node has exactly nine ports, all port 1: the eight rails plus the bond."""
-        c = RdmaSysfsCollector(str(h100.root))
-        assert c.supported()
-        r, findings = collect(c)
+        assert RdmaSysfsCollector(str(h100.root)).supported()
+        r, findings = scan(h100.root)
         assert [s.rdma_device for s in r.nics] == h100.devices
         assert all(s.port == 1 for s in r.nics)
         assert findings == []
 
     def test_link_and_rate(self, h100):
         """IB rails are 400G InfiniBand, the bond is 200G Ethernet, all ACTIVE/LinkUp."""
-        r, _ = collect(RdmaSysfsCollector(str(h100.root)))
+        r, _ = scan(h100.root)
         by = {s.rdma_device: s for s in r.nics}
         for dev in h100.devices[:-1]:
             assert (by[dev].rate_gbps, by[dev].link_layer) == (400.0, "InfiniBand")
@@ -129,7 +166,7 @@ class TestRdmaOnH100Layout:
 
     def test_counters_are_every_file_as_read(self, h100):
         """Each counters/ and hw_counters/ file is one entry of its own map, with the file's integer."""
-        r, _ = collect(RdmaSysfsCollector(str(h100.root)))
+        r, _ = scan(h100.root)
         for s in r.nics:
             port = h100.root / "class" / "infiniband" / s.rdma_device / "ports" / "1"
             for sub, got in (("counters", s.counters), ("hw_counters", s.hw_counters)):
@@ -138,7 +175,7 @@ class TestRdmaOnH100Layout:
 
     def test_no_device_links(self, h100):
         """Without device links there is no netdev, PCI address or NUMA node, and no netdev stats."""
-        r, _ = collect(RdmaSysfsCollector(str(h100.root)))
+        r, _ = scan(h100.root)
         assert all(s.netdev == "" and not s.netdev_stats and s.netdev_operstate == "" for s in r.nics)
         inv = ipb.Inventory()
         RdmaSysfsCollector(str(h100.root)).describe(inv)
@@ -154,7 +191,7 @@ class TestRdmaOnH100Layout:
         ib = h100.writable_ib()
         (ib / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error").write_text("oops\n")
         (ib / "mlx5_4" / "ports" / "1" / "state").unlink()
-        r, findings = collect(RdmaSysfsCollector(str(h100.root)))
+        r, findings = scan(h100.root)
         devs = [s.rdma_device for s in r.nics]
         assert "mlx5_4" not in devs and len(devs) == 8
         assert "symbol_error" not in r.nics[0].counters and len(r.nics[0].counters) == 20
@@ -162,9 +199,9 @@ class TestRdmaOnH100Layout:
 
 
 class TestRdmaOnRecordedH100:
-    def test_counters(self, tmp_path):
+    def test_counters(self, recorded):
         """The recorded counters read as uint64, port counters and hw counters separately."""
-        r, _ = collect(RdmaSysfsCollector(str(recorded_h100(tmp_path).root)))
+        r, _ = scan(recorded.root)
         s = r.nics[0]
         assert s.rdma_device == "mlx5_0"
         assert s.counters["port_rcv_data"] == 230539874932483
@@ -177,22 +214,20 @@ class TestRdmaOnRecordedH100:
         assert s.hw_counters["roce_adp_retrans"] == 3
         assert len(s.hw_counters) == 26
 
-    def test_the_recording_is_unchanged_by_a_broken_copy(self, tmp_path):
+    def test_the_recording_is_unchanged_by_a_broken_copy(self, recorded):
         """Breaking the writable copy leaves the recorded files in ../shared as they were."""
-        node = recorded_h100(tmp_path)
-        recorded = (node.root / "class" / "infiniband").resolve()
-        (node.writable_ib() / "mlx5_0" / "ports" / "1" / "state").unlink()
-        assert (recorded / "mlx5_0" / "ports" / "1" / "state").read_text().strip() == "4: ACTIVE"
+        target = (recorded.root / "class" / "infiniband").resolve()
+        (recorded.writable_ib() / "mlx5_0" / "ports" / "1" / "state").unlink()
+        assert (target / "mlx5_0" / "ports" / "1" / "state").read_text().strip() == "4: ACTIVE"
 
 
 class TestRdmaOnGeneratedH100:
-    def test_counters_are_uint64(self, tmp_path):
+    def test_counters_are_uint64(self, generated):
         """Counters up to 2^64-1 are kept, one past it is dropped, without losing the port's other counters."""
-        node = generated_h100(tmp_path)
-        port = node.root / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+        port = generated.root / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
         (port / "counters" / "port_rcv_data").write_text(f"{2**64 - 1}\n")
         (port / "hw_counters" / "rx_write_requests").write_text(f"{2**64}\n")
-        s = collect(RdmaSysfsCollector(str(node.root)))[0].nics[0]
+        s = scan(generated.root)[0].nics[0]
         assert s.counters["port_rcv_data"] == 2**64 - 1
         assert "rx_write_requests" not in s.hw_counters
         assert (len(s.counters), len(s.hw_counters)) == (21, 25)
