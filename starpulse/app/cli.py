@@ -1,4 +1,4 @@
-"""The `starpulse` command: services (controller, agent), one-shot checks, queries, the demo."""
+"""The `starpulse` command: services (controller, agent, relay), one-shot checks, queries, the demo."""
 
 from __future__ import annotations
 
