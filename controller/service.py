@@ -41,6 +41,7 @@ from controller.outputs.query import QueryServicer
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthConfig, AuthInterceptor
+from starpulse.core.schema import setting
 from starpulse.core.tls import TLSSettings, load_server_credentials, peer_node_id
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -58,38 +59,68 @@ class HealSettings:
     """Self-healing: which scheduler acts, with which policy and guards."""
 
     scheduler: Scheduler
-    policy_path: Path | None = None  # None: the packaged default policy
+    policy_path: Path | None = setting(
+        None, "Remediation policy file (YAML: incident kind -> action); null: the packaged default policy"
+    )
     guards: GuardConfig = field(default_factory=GuardConfig)
     heal: HealConfig = field(default_factory=HealConfig)
 
 
 @dataclass
 class ControllerConfig:
-    """Controller settings; units in names."""
+    """Controller settings; units in names. The settings file places them in sections (starpulse.app.config)."""
 
-    listen: str = "127.0.0.1:50051"  # gRPC address for agents and the CLI
-    http: str = "127.0.0.1:8080"  # HTTP: /metrics, /healthz, /api, dashboard
-    db_path: Path = Path("starpulse.db")
-    heartbeat_timeout_s: float = 15.0  # silent this long -> unreachable (3 missed reports at 5 s)
-    sweep_interval_s: float = 1.0
-    max_message_bytes: int = 4 * 1024 * 1024  # larger agent messages get RESOURCE_EXHAUSTED
-    rate_per_node_per_s: float = 200.0  # sustained messages/s a node may send
-    rate_burst: float = 5000.0  # replay after an outage fits in the burst
-    report_interval_s: float = 0.0  # 0: agents keep their own interval
-    report_ack_interval_s: float = 10.0  # report-only acks at most this often per stream (event acks at once)
-    # Relays (relay/) whose certificates may carry agents' streams; plaintext: any relay.
-    relays: list[str] = field(default_factory=list)
-    allowed_nodes: list[str] | None = None  # None: any valid node id may register (or the fabric's)
+    listen: str = setting("127.0.0.1:50051", "gRPC address for agents, relays and the CLI", address=True)
+    http: str = setting("127.0.0.1:8080", "HTTP address: /metrics, /healthz, /api and the dashboard", address=True)
+    db_path: Path = setting(Path("starpulse.db"), "SQLite database: nodes, events, incidents, remediations")
+    heartbeat_timeout_s: float = setting(
+        15.0, "Seconds a node may stay silent before it is unreachable: three missed reports at 5 s", gt=0
+    )
+    sweep_interval_s: float = setting(
+        1.0, "Seconds between heartbeat sweeps and detection ticks: a silent node is noticed within this", gt=0
+    )
+    max_message_bytes: int = setting(
+        4 * 1024 * 1024,
+        "Bytes: a larger agent message is refused (RESOURCE_EXHAUSTED); 4 MiB holds a full report of a "
+        "large node many times over",
+        ge=1024,
+    )
+    rate_per_node_per_s: float = setting(
+        200.0, "Messages per second a node may send, sustained; far above one report and its events", gt=0
+    )
+    rate_burst: float = setting(
+        5000.0, "Messages a node may send at once: a replay of its buffered events after an outage fits", ge=1
+    )
+    report_interval_s: float = setting(
+        0.0, "Seconds between reports agents are told to keep; 0: each agent keeps its own", ge=0
+    )
+    report_ack_interval_s: float = setting(
+        10.0,
+        "Seconds: report-only acks go out at most this often per stream (event acks at once); a report "
+        "lost with a dropped stream is superseded by the next one",
+        ge=0,
+    )
+    relays: list[str] = setting(
+        [],
+        "Relay ids (their certificates' names) that may carry agents' streams under mutual TLS; plaintext: any relay",
+    )
+    allowed_nodes: list[str] | None = setting(
+        None, "Node ids that may register; null: any valid id, or the declared fabric's nodes"
+    )
     fabric: Fabric | None = None  # the declared fabric (or fabric_path); None: no topology root cause
-    fabric_path: Path | None = None
-    rules_path: Path | None = None  # None: the packaged default rules
-    jobs: dict[str, list[str]] = field(default_factory=dict)  # job -> nodes, until a job registry exists
+    fabric_path: Path | None = setting(
+        None, "Declared fabric file (JSON/YAML from `starpulse topology generate`); null: no topology root cause"
+    )
+    rules_path: Path | None = setting(None, "Detection rules file; null: the packaged default rules")
+    jobs: dict[str, list[str]] = setting(
+        {}, "Static job -> nodes placement, until a job registry reports it", example={"llama-70b": ["node-001"]}
+    )
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)  # alert receivers (none: alerts off)
     heal: HealSettings | None = None  # self-healing (None: detect and alert only)
-    controller_id: str = "controller-0"
-    grace_s: float = 5.0
-    extra_listen: list[str] = field(default_factory=list)
+    controller_id: str = setting("controller-0", "This controller's name in acks and logs", nonempty=True)
+    grace_s: float = setting(5.0, "Seconds open streams get to end on shutdown before they are cut", ge=0)
+    extra_listen: list[str] = setting([], "More gRPC addresses to listen on", address=True)
     # Mutual TLS on the gRPC port (None: plaintext). With it a node may report only as the
     # node id its client certificate names (starpulse.core.tls.peer_node_id).
     tls: TLSSettings | None = None

@@ -32,6 +32,7 @@ from controller.ingest.registry import NodeRecord, now_ms
 from controller.ingest.validate import InvalidMessage, validate_report
 from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
+from starpulse.core.schema import setting
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -47,10 +48,16 @@ _COMPUTE = ipb.NODE_ROLE_COMPUTE
 class DetectionConfig:
     correlation: CorrelationConfig = field(default_factory=CorrelationConfig)
     failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
-    failslow_every_s: float = 5.0  # peer comparison cadence; each evaluation looks at a window
-    # Processes that evaluate compute nodes' reports and events (controller.detect.shards);
-    # 0: all detection in the controller's process (enough for ~4,000-6,000 nodes at 5 s).
-    workers: int = 0
+    failslow_every_s: float = setting(
+        5.0, "Seconds between fail-slow peer comparisons; each one looks at a whole window", gt=0
+    )
+    workers: int = setting(
+        0,
+        "Processes that evaluate compute nodes' reports and events (detection shards); 0: all detection "
+        "in the controller's process, enough for ~4,000-6,000 nodes reporting every 5 s",
+        ge=0,
+        le=64,
+    )
 
 
 class IncidentListener(Protocol):

@@ -46,6 +46,7 @@ import yaml
 from controller.detect.model import CATEGORIES
 from starpulse.core import vocab
 from starpulse.core import xid as xidcat
+from starpulse.core.schema import ConfigError
 from starpulse.core.units import BadValue, Quantity, parse_quantity
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -73,12 +74,8 @@ EVENT_KINDS: dict[str, int] = {
 }
 
 
-class RulesError(ValueError):
+class RulesError(ConfigError):
     """A rules file that cannot be used; ``errors`` holds one line per problem."""
-
-    def __init__(self, errors: list[str]) -> None:
-        self.errors = errors
-        super().__init__("\n".join(errors))
 
 
 # -- parameter parsers -------------------------------------------------------------------
