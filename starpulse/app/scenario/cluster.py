@@ -29,17 +29,13 @@ import fakeredis
 import redis
 import structlog
 
-from agent.collectors.base import Collector
-from agent.collectors.lldp import LldpCollector
-from agent.collectors.sonic import SonicSwitchCollector
-from agent.factory import build_collectors
+from agent.factory import build_agent, build_switch_agent
 from agent.runtime import Agent, AgentConfig
 from agent.sim.fake_switch import FakeSwitch
 from agent.sim.node import SimNode
 from controller.fabric import Fabric
 from controller.fabric.model import LINK_SEPARATOR
 from starpulse.app.scenario.spec import GPU_KINDS, PORT_SEPARATOR, FaultSpec, Scenario, switch_port, switch_port_count
-from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 
 log = structlog.get_logger(__name__)
@@ -243,26 +239,14 @@ class SimCluster:
         )
 
     def _build_node_agent(self, node: str) -> Agent:
-        """The factory's sim collectors plus an LLDP collector over the fabric (the factory has none for sim)."""
-        sim = self.sims[node]
-        holder: list[Agent] = []
-
-        def sink(finding: Finding) -> None:
-            holder[0].sink(finding)
-
-        plan = build_collectors("sim", sink, sim=sim)
-        lldp = LldpCollector(runner=lambda _argv: self._lldp_json(node), min_interval_s=self.lldp_interval_s)
-        collectors: list[Collector] = [*plan.collectors, lldp]
-        agent = Agent(
+        """The factory's sim agent, its LLDP fed from the fabric (what lldpd on the node would print)."""
+        return build_agent(
             self._config(node, ipb.NODE_ROLE_COMPUTE),
-            collectors,
-            before_collect=plan.before_collect,
-            starters=plan.starters,
-            kmsg=plan.kmsg,
-            inventory_hooks=plan.inventory_hooks,
+            "sim",
+            sim=self.sims[node],
+            lldp_runner=lambda _argv: self._lldp_json(node),
+            lldp_interval_s=self.lldp_interval_s,
         )
-        holder.append(agent)
-        return agent
 
     def _build_switch(self, switch: str) -> None:
         factory = _FakeRedisFactory()
@@ -275,11 +259,8 @@ class SimCluster:
             self._set_switch_lldp(switch, port, up=True)
 
     def _build_switch_agent(self, switch: str) -> Agent:
-        collector = SonicSwitchCollector(self._redis[switch], switch)
-        return Agent(
-            self._config(switch, ipb.NODE_ROLE_SWITCH),
-            [collector],
-            before_collect=self._locked[switch].advance,
+        return build_switch_agent(
+            self._config(switch, ipb.NODE_ROLE_SWITCH), self._redis[switch], before_collect=self._locked[switch].advance
         )
 
     def _add_member(self, name: str, build: Callable[[], Agent]) -> None:
