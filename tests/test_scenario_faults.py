@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.sim.faults import FAULTS, FaultKind
+from agent.sim.fault_kinds import FaultKind
+from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from controller.fabric import Fabric
 from controller.fabric.model import LINK_SEPARATOR
 from starpulse.app.demo import fault_menu
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import PORT_SEPARATOR, FaultSpec, ScenarioError, parse_scenario
-from tests.agent.test_sim_faults import examples
-from tests.hardware_view import View, Watch, node_view, switch_view
+from tests.fault_watch import View, Watch, examples, node_view, switch_view
 
 FABRIC = {"nodes": 2, "gpus_per_node": 2, "rails": 2, "nodes_per_block": 2, "spines": 1}
 CASES = [(kind, shape) for kind in FAULTS for shape in sorted(kind.targets)]

@@ -15,7 +15,8 @@ import structlog
 from agent.sim.fake_kmsg import FakeKmsg
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.fake_sysfs import FakeSysfs
-from agent.sim.faults import FAULTS, UnknownFault, part_index
+from agent.sim.fault_kinds import UnknownFault, part_index
+from agent.sim.faults import FAULTS
 from agent.sim.real_netdev import RealNetdevs
 
 log = structlog.get_logger(__name__)

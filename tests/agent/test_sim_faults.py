@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.sim.faults import (
-    FAULTS,
-    REQUIRED,
+from agent.sim.fault_kinds import (
     FaultError,
     FaultKind,
     FaultTable,
@@ -24,9 +22,10 @@ from agent.sim.faults import (
     UnknownFault,
     part_index,
 )
+from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from starpulse.core import vocab
-from tests.hardware_view import Watch, node_view
+from tests.fault_watch import Watch, examples, node_view
 
 NODE_KINDS = [k for k in FAULTS if k.node is not None]
 
@@ -39,19 +38,6 @@ def a_kind(name: str = "x_fault", **changes: Any) -> FaultKind:
     """A well-formed kind acting on a GPU, with ``changes`` applied."""
     base = FaultKind(name, "a test fault", frozenset({"gpu"}), ("gpu_fault",), node=OnNode("gpu", _nothing, _nothing))
     return dataclasses.replace(base, **changes)
-
-
-def example(param: Param) -> float:
-    """A value ``param`` accepts (its default, or its lowest allowed value when it has none)."""
-    if param.default is not REQUIRED and param.default is not None:
-        return param.default
-    low = param.minimum + (1 if param.exclusive_minimum else 0)
-    return int(low) if param.integer else float(param.maximum if param.maximum is not None else low)
-
-
-def examples(kind: FaultKind, shape: str | None) -> dict[str, Any]:
-    """Parameters for ``kind`` on a target of ``shape``: every required one given an allowed value."""
-    return {p.name: example(p) for p in kind.params if p.applies_to(shape) and p.default is REQUIRED}
 
 
 class TestRegistry:

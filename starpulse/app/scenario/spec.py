@@ -40,7 +40,8 @@ from typing import Any
 
 import yaml
 
-from agent.sim.faults import FAULTS, FaultError, FaultKind
+from agent.sim.fault_kinds import FaultError, FaultKind
+from agent.sim.faults import FAULTS
 from controller.fabric import Fabric, generate_fabric
 from controller.fabric.model import LINK_SEPARATOR
 from starpulse.core import vocab

@@ -1,4 +1,4 @@
-"""What simulated hardware shows, to see a fault appear on it and go again.
+"""Helpers to exercise the fault table: parameters a kind accepts, and what simulated hardware shows.
 
 A ``Watch`` looks at a node or a cluster on a healthy step first: its state (link state,
 rates, NVML's view of each GPU, switch port tables, agents) and the pace at which every
@@ -18,12 +18,26 @@ from typing import Any
 
 from agent.collectors.sonic import APPL_DB, CONFIG_DB, COUNTERS_DB, STATE_DB
 from agent.sim.fake_switch import FakeSwitch
+from agent.sim.fault_kinds import REQUIRED, FaultKind, Param
 from agent.sim.node import SimNode
 
 View = dict[str, Any]
 # Files that count (they only grow) rather than say a state.
 _COUNTING_DIRS = ("counters", "hw_counters", "statistics", "ethtool")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def example(param: Param) -> float:
+    """A value ``param`` accepts (its default, or its lowest allowed value when it has none)."""
+    if param.default is not REQUIRED and param.default is not None:
+        return param.default
+    low = param.minimum + (1 if param.exclusive_minimum else 0)
+    return int(low) if param.integer else float(param.maximum if param.maximum is not None else low)
+
+
+def examples(kind: FaultKind, shape: str | None) -> dict[str, Any]:
+    """Parameters for ``kind`` on a target of ``shape``: every required one given an allowed value."""
+    return {p.name: example(p) for p in kind.params if p.applies_to(shape) and p.default is REQUIRED}
 
 
 def node_view(sim: SimNode, prefix: str = "") -> View:
