@@ -44,7 +44,7 @@ def _healer(tmp_path: Path, mode: str = "enforce", db: str = "c.db") -> tuple[He
     states = RemediationStore(conn)
     scheduler = SimScheduler([*fabric.nodes()])
     scheduler.add_job("llm", NODES)
-    jobs = JobRegistry(conn, lambda: int(time.time() * 1000))
+    jobs = JobRegistry(conn)
     jobs.register_job("llm", NODES)
     metrics = ControllerMetrics()
     healer = Healer(

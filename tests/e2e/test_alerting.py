@@ -26,8 +26,9 @@ from controller.detect.model import Incident
 from controller.outputs.notify import payloads
 from controller.outputs.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
 from controller.outputs.notify.notifier import Notifier
-from controller.outputs.notify.outbox import Outbox, now_ms
+from controller.outputs.notify.outbox import Outbox
 from controller.outputs.notify.signing import DELIVERY_HEADER, verify
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port, wait_for
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -115,7 +116,7 @@ def start_notifier(db: Path, *receivers: ReceiverConfig) -> Running:
 
 
 def incident(**kw: Any) -> Incident:
-    t = now_ms()
+    t = SYSTEM_CLOCK.time_ms()
     base: dict[str, Any] = {
         "id": "inc-000042",
         "kind": "link_fault",
@@ -134,7 +135,7 @@ def incident(**kw: Any) -> Incident:
 
 
 def resolved(inc: Incident) -> Incident:
-    t = now_ms()
+    t = SYSTEM_CLOCK.time_ms()
     return Incident(**{**inc.__dict__, "resolved_ms": t, "updated_ms": t})
 
 
