@@ -95,6 +95,18 @@ class TestFakeClock:
         await asyncio.gather(*tasks)
         assert woke == [1, 2, 3]
 
+    async def test_run_for_lets_a_new_task_reach_its_first_sleep_before_time_moves(self) -> None:
+        clock = FakeClock(monotonic_s=0.0)
+        woke: list[float] = []
+
+        async def nap() -> None:
+            await clock.sleep(5)
+            woke.append(clock.monotonic())
+
+        task = asyncio.create_task(nap())  # not started yet: run_for must not jump past its deadline
+        await clock.run_for(10)
+        assert task.done() and woke == [5.0] and clock.monotonic() == 10.0
+
     async def test_run_for_turns_a_periodic_loop_once_per_period_without_real_time(self) -> None:
         """An hour of a once-a-second loop, with the loop's own view of the time at each turn."""
         clock = FakeClock(1_000_000, monotonic_s=0.0)

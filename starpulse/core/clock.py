@@ -134,14 +134,17 @@ class FakeClock:
             self._wall_ns = target
 
     async def run_for(self, seconds: float, turns: int = 5) -> None:
-        """Let ``seconds`` pass deadline by deadline, giving woken tasks ``turns`` loop turns at each.
+        """Let ``seconds`` pass deadline by deadline, giving tasks ``turns`` loop turns at each.
 
-        A woken task runs until its next await; ``turns`` covers a few awaits on other
-        in-process work (a queue, an event) before it sleeps again.
+        Tasks get their turns first too, so one just created reaches its first sleep before
+        time moves. A woken task runs until its next await; ``turns`` covers a few awaits on
+        other in-process work (a queue, an event) before it sleeps again.
         """
         if seconds < 0:
             raise ValueError(f"a clock does not go back: run_for({seconds})")
         end = self._mono_ns + round(seconds * _NS)
+        for _ in range(turns):
+            await asyncio.sleep(0)
         while True:
             self._drop_done()
             if not self._sleepers or self._sleepers[0][0] > end:
