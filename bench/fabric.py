@@ -27,20 +27,13 @@ from collections import Counter
 from typing import Any
 
 from bench.common import median, quiet_logging, table, write_result
+from starpulse.core.clock import FakeClock
 
 NAME = "fabric"
 NODES_PER_BLOCK = 16
 RAILS = 8
 GPUS = 8
 SPINES = 8
-
-
-class Clock:
-    def __init__(self, ms: int = 1_700_000_000_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def _cond(rule: str, component: str, ctype: str, category: str, node: str | None, severity: str,
@@ -137,8 +130,8 @@ def bench_size(n: int, build_reps: int, group_reps: int) -> dict[str, Any]:
     from controller.fabric import generate_fabric
 
     build_times, fabric = timed(lambda: generate_fabric(n, GPUS, RAILS, NODES_PER_BLOCK, SPINES), build_reps)
-    clock = Clock()
-    conds, counts = fault_batch(fabric, clock())
+    clock = FakeClock()
+    conds, counts = fault_batch(fabric, clock.time_ms())
     fleet = len(fabric.nodes())
     cfg = CorrelationConfig()
     grouper = Grouper(fabric, cfg, lambda: fleet)
@@ -151,14 +144,14 @@ def bench_size(n: int, build_reps: int, group_reps: int) -> dict[str, Any]:
     opened = 0
     for _ in range(group_reps):
         conn = sqlite3.connect(":memory:", isolation_level=None)
-        clk = Clock()
-        corr = Correlator(fabric, IncidentStore(conn), CorrelationConfig(), fleet_size=lambda: fleet, clock_ms=clk)
+        clk = FakeClock()
+        corr = Correlator(fabric, IncidentStore(conn), CorrelationConfig(), fleet_size=lambda: fleet, clock=clk)
         changes = [ConditionChange("opened", c) for c in conds]
         gc.collect()
         t0 = time.perf_counter()
         corr.on_changes(changes)
         t1 = time.perf_counter()
-        clk.ms += int(cfg.settle_s * 1000) + 1
+        clk.advance(cfg.settle_s + 0.001)
         out = corr.tick()
         t2 = time.perf_counter()
         on_changes_times.append(t1 - t0)

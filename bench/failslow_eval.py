@@ -20,21 +20,20 @@ from typing import Any
 
 from bench.common import quiet_logging, table, write_result
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from starpulse.core.clock import FakeClock
 
 NAME = "failslow_eval"
 _DONE = object()  # what next() gives once an evaluation has finished
 
 
 def run(nodes: int, group: int, samples: int, repeats: int) -> dict[str, Any]:
-    clock = [1_000_000]
+    clock = FakeClock(1_000_000)
     rng = random.Random(1)
-    detector = FailSlowDetector(
-        FailSlowConfig(), group_of=lambda n: f"block:{int(n[5:]) // group}", clock_ms=lambda: clock[0]
-    )
+    detector = FailSlowDetector(FailSlowConfig(), group_of=lambda n: f"block:{int(n[5:]) // group}", clock=clock)
     names = [f"node-{i:05d}" for i in range(nodes)]
     append_s = 0.0
     for _ in range(samples):
-        clock[0] += 5_000
+        clock.advance(5)
         started = time.perf_counter()
         for i, name in enumerate(names):
             slow = 0.6 if i % group == 0 else 1.0
@@ -48,7 +47,7 @@ def run(nodes: int, group: int, samples: int, repeats: int) -> dict[str, Any]:
     timings = []
     opened = 0
     for _ in range(repeats):
-        clock[0] += 5_000
+        clock.advance(5)
         started = time.perf_counter()
         changes = detector.evaluate()
         timings.append(time.perf_counter() - started)
@@ -57,7 +56,7 @@ def run(nodes: int, group: int, samples: int, repeats: int) -> dict[str, Any]:
     longest_step = 0.0
     steps = 0
     for _ in range(repeats):
-        clock[0] += 5_000
+        clock.advance(5)
         changes: list[Any] = []
         running = detector.evaluation_steps(changes)
         while True:

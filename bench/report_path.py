@@ -47,24 +47,15 @@ from typing import Any
 
 from bench.common import median, table, write_result
 from bench.loadgen import EVENT_TAG, REPORT_TAG, Templates, build_templates, encode
+from starpulse.core.clock import FakeClock
 
 NAME = "report_path"
-
-
-class VirtualClock:
-    """The controller's and the agents' clock: set by the bench, read by every component."""
-
-    def __init__(self, start_ms: int) -> None:
-        self.ms = start_ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 class Harness:
     """The controller's ingest-side pieces, wired as ``controller.service.Controller`` wires them."""
 
-    def __init__(self, db_path: Path, clock: VirtualClock) -> None:
+    def __init__(self, db_path: Path, clock: FakeClock) -> None:
         from controller.detect.model import ConditionChange
         from controller.detect.pipeline import Detection, DetectionConfig
         from controller.detect.rules import load_rules
@@ -78,7 +69,7 @@ class Harness:
         self.clock = clock
         self.metrics = ControllerMetrics()
         self.store = Store(db_path)
-        self.registry = NodeRegistry(self.store, self.metrics, heartbeat_timeout_s=600, clock_ms=clock)
+        self.registry = NodeRegistry(self.store, self.metrics, heartbeat_timeout_s=600, clock=clock)
         self.jobs = JobRegistry(self.store.connection, clock)
         self.registry.listeners.append(self.jobs)
         self.detection = Detection(
@@ -88,8 +79,7 @@ class Harness:
             self.metrics,
             DetectionConfig(),
             jobs_of=self.jobs.jobs_of,
-            clock_ms=clock,
-            monotonic=lambda: clock() / 1000.0,
+            clock=clock,
         )
         self.registry.listeners.append(self.detection)
         self.telemetry = TelemetryServicer(self.registry, self.metrics, self.detection)  # binds the verdict sink
@@ -148,7 +138,7 @@ def run(
 
     interval_ms = int(interval_s * 1000)
     start_ms = 1_800_000_000_000
-    clock = VirtualClock(start_ms)
+    clock = FakeClock(start_ms)  # the controller's and the agents' clock, set by the bench
     h = Harness(workdir / "c.db", clock)
     registry, decide = h.registry, h.detection.decide
     inventory = ipb.Inventory.FromString(tpl.inventory)
@@ -197,12 +187,12 @@ def run(
         for i in range(nodes):
             now = stamps[i]
             while next_tick_ms <= now:  # the sweep loop's once-a-second work
-                clock.ms = next_tick_ms
+                clock.set_ms(next_tick_ms)
                 t0 = pt()
                 h.periodic()
                 cpu["periodic"] += pt() - t0
                 next_tick_ms += 1000
-            clock.ms = now
+            clock.set_ms(now)
             node = records[i]
             events, report_wire = wires[i]
             if events:

@@ -29,7 +29,7 @@ from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import RemediationStore
 from controller.ingest.decider import ReportDecider
-from controller.ingest.registry import NodeRegistry, now_ms
+from controller.ingest.registry import NodeRegistry
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
 from controller.ingest.servicer import TelemetryServicer
 from controller.jobs.registry import JobRegistry
@@ -41,6 +41,7 @@ from controller.outputs.query import QueryServicer
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthConfig, AuthInterceptor
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
 from starpulse.core.tls import TLSSettings, load_server_credentials, peer_node_id
 from starpulse.v1 import inventory_pb2 as ipb
@@ -138,8 +139,13 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 
 class Controller:
-    def __init__(self, config: ControllerConfig) -> None:
+    def __init__(self, config: ControllerConfig, clock: Clock | None = None) -> None:
+        """``clock``: the one clock every part reads the time from and waits on (None: the real one).
+
+        A simulation hands in a ``FakeClock``; detection shards, being other processes, keep real time.
+        """
         self.config = config
+        self.clock = clock if clock is not None else SYSTEM_CLOCK
         self.metrics = ControllerMetrics()
         self.fabric = config.fabric or (load_fabric(config.fabric_path) if config.fabric_path else None)
         allowed = config.allowed_nodes
@@ -151,8 +157,9 @@ class Controller:
             self.metrics,
             heartbeat_timeout_s=config.heartbeat_timeout_s,
             allowed_nodes=allowed,
+            clock=self.clock,
         )
-        self.jobs = JobRegistry(self.store.connection, now_ms)
+        self.jobs = JobRegistry(self.store.connection, self.clock)
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
         self.registry.listeners.append(self.jobs)
@@ -164,11 +171,12 @@ class Controller:
             config.detection,
             jobs_of=self.jobs.jobs_of,
             fleet_size=self._fleet_size,
+            clock=self.clock,
         )
         self.registry.listeners.append(self.detection)
         self.notifier = Notifier(
             config.notify,
-            Outbox(self.store.connection),
+            Outbox(self.store.connection, self.clock),
             metrics_hook=lambda outcome, receiver, n: self.metrics.alert_notifications.labels(receiver, outcome).inc(n),
         )
         self.metrics.set_outbox_depth_source(self.notifier.outbox_depth)
@@ -217,14 +225,14 @@ class Controller:
         self._serving = False
 
     def _build_healer(self, settings: HealSettings) -> Healer:
-        store = RemediationStore(self.store.connection)
-        guards = Guards(settings.guards, store, self.store.connection)
+        store = RemediationStore(self.store.connection, self.clock)  # the spares' clock too
+        guards = Guards(settings.guards, store, self.store.connection, self.clock)
         spares = SparePool(self.fabric, self._spare_healthy, store) if self.fabric is not None else None
         healer = Healer(
             load_policy(settings.policy_path),
             guards,
             store,
-            SqliteHealHistory(store),
+            SqliteHealHistory(store, self.clock),
             spares,
             settings.scheduler,
             self.jobs,
@@ -233,6 +241,7 @@ class Controller:
             fleet_size=self._fleet_size,
             open_incidents=lambda: self.detection.correlator.incidents(active_only=True, limit=100_000),
             config=settings.heal,
+            clock=self.clock,
         )
         self.detection.listeners.append(healer)
         return healer
@@ -344,7 +353,7 @@ class Controller:
     async def _sweep_loop(self) -> None:
         watchdog = sdnotify.Watchdog()  # WATCHDOG=1 every half WatchdogSec= while sweeps keep running
         while True:
-            await asyncio.sleep(self.config.sweep_interval_s)
+            await self.clock.sleep(self.config.sweep_interval_s)
             for step, run in self._periodic:
                 started = time.perf_counter()
                 try:

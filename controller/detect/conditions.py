@@ -21,7 +21,6 @@ built just for components in a bad state.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -40,6 +39,7 @@ from controller.fabric.naming import NicNamer, gpu_name, switch_port_name
 from controller.ingest.registry import NodeRecord
 from starpulse.core import vocab
 from starpulse.core import xid as xidcat
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.findings import event_kind_name
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import inventory_pb2 as ipb
@@ -78,10 +78,6 @@ _OPTIONAL_FLAGS = frozenset({"remap_pending", "remap_failure", "retired_pages_pe
 _MAX_EVENT_WINDOW = 4096
 _MAX_CACHED_PORTS = 256  # per node: a report names at most MAX_NICS ports; a stranger is named per report
 _SWITCH = ipb.NODE_ROLE_SWITCH
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(slots=True)
@@ -126,12 +122,13 @@ class ConditionEngine:
         self,
         rules: RuleSet,
         fabric: Fabric | None = None,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock: Clock = SYSTEM_CLOCK,
         rates: CounterRate | None = None,
     ) -> None:
         self.rules = rules
         self.fabric = fabric
-        self._clock = clock_ms
+        self.clock = clock
+        self._clock = clock.time_ms
         longest = max((r.window_s for r in rules.rules), default=0.0)
         self.rates = rates or CounterRate(retain_s=max(longest, rules.defaults.flap_window_s) + 60.0)
         self._update_ms = int(rules.defaults.update_interval_s * 1000)

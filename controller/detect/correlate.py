@@ -47,7 +47,6 @@ merged, pointing at the one that absorbed them: exactly one open incident per fa
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -59,6 +58,7 @@ from controller.detect.incidents import IncidentStore
 from controller.detect.model import ComponentType, Condition, ConditionChange, Incident
 from controller.fabric.model import LINK_SEPARATOR, Fabric
 from starpulse.core import vocab
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
 from starpulse.core.vocab import SEVERITY_ORDER, Severity
 
@@ -81,10 +81,6 @@ _ACTION_RANK = {a: i for i, a in enumerate(vocab.ACTIONS)}
 _NIC_RE = re.compile(r"/nic-\d+$")
 _OPTIC_WORDS = ("optic", "transceiver", "dom")
 _SILENT_WORDS = ("silent", "stale", "unreachable")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -546,13 +542,14 @@ class Correlator:
         config: CorrelationConfig | None = None,
         jobs_of: Callable[[str], list[str]] = lambda node: [],
         fleet_size: Callable[[], int] | None = None,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config or CorrelationConfig()
         self.store = store
         self.grouper = Grouper(fabric, self.config, fleet_size)
         self._jobs_of = jobs_of
-        self._clock_ms = clock_ms
+        self.clock = clock
+        self._clock_ms = clock.time_ms
         self._conds: dict[Key, Condition] = {}
         self._pending: dict[Key, int] = {}  # key -> arrival ms, not yet grouped
         self._owner: dict[Key, str] = {}  # key -> open incident id

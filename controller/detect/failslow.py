@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from bisect import bisect_left, insort
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +28,7 @@ from typing import Any
 import structlog
 
 from controller.detect.model import Condition, ConditionChange
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -57,10 +57,6 @@ _MAD_SCALE = 0.6745
 _BYTES_PER_WORD = 4
 _GPU_SIGNALS = attrgetter("sm_clock_mhz", "power_w", "utilization_gpu_pct")
 _NIC_FIELDS = attrgetter("rdma_device", "port", "counters")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -236,11 +232,12 @@ class FailSlowDetector:
         self,
         config: FailSlowConfig | None = None,
         group_of: Callable[[str], str | None] = lambda node: None,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config or FailSlowConfig()
         self._group_of = group_of
-        self._clock_ms = clock_ms
+        self.clock = clock
+        self._clock_ms = clock.time_ms
         self._nodes: dict[str, _NodeSamples] = {}
         self._state: dict[str, _NodeState] = {}
         self._sample_ms = int(self.config.sample_every_s * 1000)

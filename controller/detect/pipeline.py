@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -28,10 +27,11 @@ from controller.detect.model import ConditionChange, Incident
 from controller.detect.rules import RuleSet
 from controller.fabric import Fabric
 from controller.fabric.topology import TopologyTracker
-from controller.ingest.registry import NodeRecord, now_ms
+from controller.ingest.registry import NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_report
 from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -86,23 +86,22 @@ class Detection:
         config: DetectionConfig | None = None,
         jobs_of: Callable[[str], list[str]] = lambda node: [],
         fleet_size: Callable[[], int] | None = None,
-        clock_ms: Callable[[], int] = now_ms,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config or DetectionConfig()
+        self.clock = clock
         self.fabric = fabric
         self.metrics = metrics
         self.jobs_of = jobs_of
-        self.engine = ConditionEngine(rules, fabric, clock_ms=clock_ms)
-        self.failslow = FailSlowDetector(self.config.failslow, group_of=self._peer_group, clock_ms=clock_ms)
+        self.engine = ConditionEngine(rules, fabric, clock=clock)
+        self.failslow = FailSlowDetector(self.config.failslow, group_of=self._peer_group, clock=clock)
         self.incidents = IncidentStore(conn)
         self.correlator = Correlator(
-            fabric, self.incidents, self.config.correlation, jobs_of=jobs_of, fleet_size=fleet_size, clock_ms=clock_ms
+            fabric, self.incidents, self.config.correlation, jobs_of=jobs_of, fleet_size=fleet_size, clock=clock
         )
-        self.topology = TopologyTracker(fabric)
+        self.topology = TopologyTracker(fabric, clock=clock)
         self.listeners: list[IncidentListener] = []
-        self._monotonic = monotonic  # fail-slow cadence (a bench with a virtual clock passes its own)
-        self._last_failslow = monotonic()
+        self._last_failslow = clock.monotonic()  # the fail-slow cadence (failslow_due)
         # With detection shards (controller.detect.shards) compute nodes' reports and events are
         # evaluated there; this engine keeps presence (heartbeats) and switches.
         self.shards: DetectShards | None = None
@@ -266,7 +265,7 @@ class Detection:
 
     def failslow_due(self) -> bool:
         """True once every failslow_every_s (and the clock starts over): time for a peer comparison."""
-        now = self._monotonic()
+        now = self.clock.monotonic()
         if now - self._last_failslow < self.config.failslow_every_s:
             return False
         self._last_failslow = now

@@ -9,13 +9,12 @@ reported while it lasts, and clears, and the fabric follows, when the cable is p
 
 from __future__ import annotations
 
-import time
-
 import structlog
 
 from controller.fabric import Fabric, ReconcileReport, reconcile
 from controller.fabric.naming import NicNamer
 from controller.ingest.registry import NodeRecord
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import inventory_pb2 as ipb
 
 log = structlog.get_logger(__name__)
@@ -24,8 +23,9 @@ log = structlog.get_logger(__name__)
 class TopologyTracker:
     """Keeps every node's latest LLDP view and reconciles at most once a second."""
 
-    def __init__(self, fabric: Fabric | None, min_interval_s: float = 1.0) -> None:
+    def __init__(self, fabric: Fabric | None, min_interval_s: float = 1.0, clock: Clock = SYSTEM_CLOCK) -> None:
         self.fabric = fabric
+        self.clock = clock
         self.declared = Fabric(fabric.graph.copy(), fabric.params) if fabric is not None else None
         self.min_interval_s = min_interval_s
         self._hosts: dict[str, list[tuple[str, str, str]]] = {}
@@ -61,7 +61,7 @@ class TopologyTracker:
         """Reconcile when something changed (rate-limited); returns the new report, if any."""
         if self.fabric is None or self.declared is None or not self._dirty:
             return None
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._last_run < self.min_interval_s:
             return None
         self._dirty = False

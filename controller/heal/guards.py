@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,6 +51,7 @@ from controller.heal.states import (
 )
 from controller.store import transaction
 from starpulse.core import vocab
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
 
 log = structlog.get_logger(__name__)
@@ -183,9 +184,10 @@ CREATE TABLE IF NOT EXISTS heal_approvals (
 class CircuitBreaker:
     """Fleet-wide stop switch, persisted: once open, only a named person closes it."""
 
-    def __init__(self, conn: sqlite3.Connection, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
         self._db = conn
-        self._clock = clock_ms
+        self.clock = clock
+        self._clock = clock.time_ms
         self._db.executescript(_SCHEMA)
 
     def state(self) -> BreakerState:
@@ -253,13 +255,14 @@ class Guards:
         config: GuardConfig,
         store: RemediationStore,
         conn: sqlite3.Connection | None = None,
-        clock_ms: Callable[[], int] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self._db = conn if conn is not None else store.conn
-        self._clock = clock_ms if clock_ms is not None else store.clock_ms
-        self.breaker = CircuitBreaker(self._db, self._clock)
+        self.clock = clock if clock is not None else store.clock
+        self._clock = self.clock.time_ms
+        self.breaker = CircuitBreaker(self._db, self.clock)
 
     # -- the check ---------------------------------------------------------------------------
 

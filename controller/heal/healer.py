@@ -17,7 +17,6 @@ refuse, and this module checks once more before any scheduler call.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from controller.ingest.registry import NodeRegistry
 from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
 from starpulse.core import vocab
+from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
 from starpulse.v1 import service_pb2 as spb
 
@@ -80,7 +80,7 @@ class Healer:
         fleet_size: Callable[[], int],
         open_incidents: Callable[[], list[Incident]],
         config: HealConfig | None = None,
-        clock_ms: Callable[[], int] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.policy = policy
         self.guards = guards
@@ -94,7 +94,8 @@ class Healer:
         self.fleet_size = fleet_size
         self.open_incidents = open_incidents
         self.config = config or HealConfig()
-        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock = clock if clock is not None else store.clock  # eviction times, retry and checkpoint waits
+        self._clock_ms = self.clock.time_ms
         self._queue: asyncio.Queue[Incident] = asyncio.Queue()
         self.evictions: list[Eviction] = []
         self.decisions: list[dict[str, Any]] = []
@@ -241,7 +242,7 @@ class Healer:
             if result.ok or result.permanent:
                 break
             log.warning("scheduler_action_retry", node=node, action=kind, attempt=attempt, detail=result.detail)
-            await asyncio.sleep(self.config.retry_delay_s)
+            await self.clock.sleep(self.config.retry_delay_s)
         self.store.mark_action(
             action.action_id, "done" if result.ok else "failed", None if result.ok else result.detail
         )
@@ -255,13 +256,13 @@ class Healer:
             for node in self.jobs.nodes_of(job):
                 self._command(node, spb.COMMAND_KIND_CHECKPOINT_REQUEST, {"job": job}, incident)
             await self.scheduler.signal_job(job, "USR1")
-        deadline = time.monotonic() + self.config.checkpoint_timeout_s
-        while time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + self.config.checkpoint_timeout_s
+        while self.clock.monotonic() < deadline:
             current = {j: self._checkpoint_step(j) for j in jobs}
             if all(current[j] > before[j] for j in jobs):
                 log.info("checkpoint_before_eviction", jobs=jobs, steps=current)
                 return
-            await asyncio.sleep(0.2)
+            await self.clock.sleep(0.2)
         log.warning("checkpoint_before_eviction_timed_out", jobs=jobs, timeout_s=self.config.checkpoint_timeout_s)
 
     def _requeue_call(self, job: str, node: str, prefer: list[str]) -> Callable[[], Any]:

@@ -34,7 +34,7 @@ incident (same id, flap damping) counts once.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -47,6 +47,7 @@ from controller.detect.model import Incident
 from controller.heal.states import RemediationStore
 from controller.store import transaction
 from starpulse.core import vocab
+from starpulse.core.clock import Clock
 from starpulse.core.schema import ConfigError
 from starpulse.core.units import parse_quantity
 from starpulse.core.vocab import EVICTABLE_KINDS, SEVERITY_ORDER
@@ -163,10 +164,11 @@ class HealHistory(Protocol):
 class SqliteHealHistory:
     """``HealHistory`` on the controller's SQLite connection (table ``heal_gpu_faults``)."""
 
-    def __init__(self, store: RemediationStore, clock_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, store: RemediationStore, clock: Clock | None = None) -> None:
         self._store = store
         self._db: sqlite3.Connection = store.conn
-        self._clock = clock_ms if clock_ms is not None else store.clock_ms
+        self.clock = clock if clock is not None else store.clock
+        self._clock = self.clock.time_ms
         self._db.executescript(
             """CREATE TABLE IF NOT EXISTS heal_gpu_faults (
                    component TEXT NOT NULL,

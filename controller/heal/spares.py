@@ -88,7 +88,7 @@ class SparePool:
         with transaction(self._db):
             self._db.execute(
                 "INSERT OR IGNORE INTO heal_spares(node, marked_by, marked_ms) VALUES (?, ?, ?)",
-                (node, actor, self.store.clock_ms()),
+                (node, actor, self.store.clock.time_ms()),
             )
         log.info("heal_spare_marked", node=node, actor=actor)
 
@@ -162,7 +162,7 @@ class SparePool:
                 raise SpareError(f"{spare} is not healthy")
             self._db.execute(
                 "INSERT INTO heal_spare_allocations(spare, for_node, job, allocated_ms) VALUES (?, ?, ?, ?)",
-                (spare, for_node, job, self.store.clock_ms()),
+                (spare, for_node, job, self.store.clock.time_ms()),
             )
         log.info("heal_spare_allocated", spare=spare, for_node=for_node, job=job)
 

@@ -31,14 +31,13 @@ controller's store opens it; every write here is one explicit transaction.
 from __future__ import annotations
 
 import sqlite3
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 import structlog
 
 from controller.store import transaction
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
 
@@ -51,10 +50,6 @@ EXTERNAL = "external"
 def is_human(actor: str | None) -> bool:
     """A named person: anything but the controller itself, ``external`` or empty."""
     return bool(actor and actor.strip()) and actor not in (AUTOMATIC, EXTERNAL)
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class NodeHealState(StrEnum):
@@ -198,9 +193,9 @@ CREATE INDEX IF NOT EXISTS heal_pending_actions_status ON heal_pending_actions(s
 class RemediationStore:
     """Node states, their transition history and the pending-action log, in SQLite."""
 
-    def __init__(self, conn: sqlite3.Connection, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
         self.conn = conn
-        self.clock_ms = clock_ms
+        self.clock = clock  # guards, heal history and spares default to it
         self.conn.executescript(_SCHEMA)
 
     # -- node state ------------------------------------------------------------------------
@@ -255,7 +250,7 @@ class RemediationStore:
         target = NodeHealState(to)
         if not actor:
             raise ValueError("transition needs an actor ('starpulse' or a person's name)")
-        now = self.clock_ms()
+        now = self.clock.time_ms()
         with transaction(self.conn):
             cur = self.record(node)
             if cur.state == target and cur.incident_id == incident_id:
@@ -307,7 +302,7 @@ class RemediationStore:
         already taken out keeps its state but its owner becomes ``actor`` (someone else now
         holds it too, so we must not put it back). Idempotent.
         """
-        now = self.clock_ms()
+        now = self.clock.time_ms()
         with transaction(self.conn):
             cur = self.record(node)
             if cur.state in _IN_SERVICE:
@@ -331,7 +326,7 @@ class RemediationStore:
             raise ValueError(f"only a named person may reset repair loops, not {actor!r}")
         with transaction(self.conn):
             self.conn.execute(
-                "UPDATE heal_nodes SET repair_loops = 0, updated_ms = ? WHERE node = ?", (self.clock_ms(), node)
+                "UPDATE heal_nodes SET repair_loops = 0, updated_ms = ? WHERE node = ?", (self.clock.time_ms(), node)
             )
         log.info("heal_repair_loops_reset", node=node, actor=actor)
 
@@ -354,7 +349,7 @@ class RemediationStore:
         replayed decision does not plan a second copy."""
         if kind not in ACTION_KINDS:
             raise ValueError(f"unknown action kind {kind!r} (expected one of {', '.join(ACTION_KINDS)})")
-        now = self.clock_ms()
+        now = self.clock.time_ms()
         with transaction(self.conn):
             row = self.conn.execute(
                 "SELECT action_id, status FROM heal_pending_actions WHERE node = ? AND kind = ? "
@@ -392,7 +387,7 @@ class RemediationStore:
             cur = self.conn.execute(
                 "UPDATE heal_pending_actions SET status = ?, attempts = attempts + ?, last_error = ?, updated_ms = ? "
                 "WHERE action_id = ?",
-                (status, 0 if status == "planned" else 1, error, self.clock_ms(), action_id),
+                (status, 0 if status == "planned" else 1, error, self.clock.time_ms(), action_id),
             )
             if cur.rowcount == 0:
                 raise KeyError(f"no pending action {action_id!r}")

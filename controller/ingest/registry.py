@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,6 +17,7 @@ import structlog
 
 from controller.metrics import ControllerMetrics
 from controller.store import Store, StoredNode
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -30,10 +30,6 @@ log = structlog.get_logger(__name__)
 PRESENCE_ROWS_PER_FLUSH = 250  # last-seen rows a sweep writes (state changes come on top)
 ONLINE = "online"
 UNREACHABLE = "unreachable"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -97,25 +93,26 @@ class NodeRegistry:
         metrics: ControllerMetrics,
         heartbeat_timeout_s: float = 15.0,
         allowed_nodes: Iterable[str] | None = None,
-        clock_ms: Callable[[], int] = now_ms,
+        clock: Clock = SYSTEM_CLOCK,
         last_seen_flush_s: float = 15.0,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.heartbeat_timeout_ms = int(heartbeat_timeout_s * 1000)
         self.allowed_nodes = set(allowed_nodes) if allowed_nodes is not None else None
-        self._clock_ms = clock_ms
+        self.clock = clock  # presence and last-seen times; the dashboard's "now" too
+        self._clock_ms = clock.time_ms
         self.nodes: dict[str, NodeRecord] = {}
         self.listeners: list[IngestListener] = []
         self._stream_counter = 0
-        self._started_ms = clock_ms()
+        self._started_ms = clock.time_ms()
         self._presence_dirty: set[str] = set()
         # Last-seen times are written at most this often (a state change at once): each is
         # only a restart's starting point, and writing every report's was ~5 % of a core at
         # 10,000 nodes. A restart gives every node a full heartbeat timeout anyway.
         self._last_seen_flush_ms = int(last_seen_flush_s * 1000)
         self._state_changed: set[str] = set()  # written at the next sweep, whatever the cadence
-        self._flushed_ms = clock_ms()
+        self._flushed_ms = clock.time_ms()
         # Bumped on every registration and presence change: the dashboard's change check
         # compares this instead of sorting every node's state once a second.
         self.presence_version = 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -29,6 +29,7 @@ import structlog
 
 from controller.ingest.registry import NodeRecord
 from controller.store import transaction
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
@@ -208,11 +209,12 @@ class JobRegistry:
     def __init__(
         self,
         conn: sqlite3.Connection,
-        clock_ms: Callable[[], int],
+        clock: Clock = SYSTEM_CLOCK,
         persist_interval_ms: int = 30_000,
     ) -> None:
         self._db = conn
-        self._clock_ms = clock_ms
+        self.clock = clock
+        self._clock_ms = clock.time_ms
         self.persist_interval_ms = persist_interval_ms
         self._db.executescript(_SCHEMA)
         self._jobs: dict[str, JobRecord] = {}

@@ -46,7 +46,7 @@ def build_app(
     async def api_nodes(request: web.Request) -> web.Response:
         rows = [
             MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-            for s in node_statuses(registry.nodes.values(), store)
+            for s in node_statuses(registry.nodes.values(), store, registry.clock)
         ]
         return web.json_response({"nodes": rows})
 

@@ -10,8 +10,9 @@ import grpc
 
 from controller.detect.model import Incident
 from controller.detect.pipeline import Detection, evidence_json
-from controller.ingest.registry import NodeRegistry, now_ms
+from controller.ingest.registry import NodeRegistry
 from controller.store import Store
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -41,9 +42,9 @@ class NodeRow(Protocol):
     def inventory(self) -> ipb.Inventory: ...
 
 
-def node_statuses(nodes: Iterable[NodeRow], store: Store) -> list[spb.NodeStatus]:
-    """One row per node, by id; open_events = warning-or-worse events in the last hour."""
-    recent = store.recent_event_counts(now_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
+def node_statuses(nodes: Iterable[NodeRow], store: Store, clock: Clock = SYSTEM_CLOCK) -> list[spb.NodeStatus]:
+    """One row per node, by id; open_events = warning-or-worse events in the last hour (on ``clock``)."""
+    recent = store.recent_event_counts(clock.time_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
     return [
         spb.NodeStatus(
             node_id=node.node_id,
@@ -122,7 +123,7 @@ class QueryServicer(sgrpc.QueryServicer):
     async def ListNodes(
         self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListNodesResponse:
-        return spb.ListNodesResponse(nodes=node_statuses(self.registry.nodes.values(), self.store))
+        return spb.ListNodesResponse(nodes=node_statuses(self.registry.nodes.values(), self.store, self.registry.clock))
 
     async def ListEvents(
         self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.collectors.ethtool import EthtoolCollector, parse_ethtool_stats, parse_interesting, select_interesting
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
 
 SAMPLE = Path(__file__).resolve().parent.parent / "fixtures" / "ethtool" / "mlx5_ens1f0np0.txt"
@@ -31,14 +32,6 @@ class FakeRunner:
         if nd in self.fail:
             raise subprocess.CalledProcessError(94, list(argv), stderr="no stats available")
         return self.texts[nd]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class TestParse:
@@ -108,16 +101,16 @@ class TestEthtoolCollector:
 
     def test_caches_between_runs(self):
         """Within min_interval_s the last values are re-used without running the tool."""
-        clock = Clock()
+        clock = FakeClock(monotonic_s=100.0)
         runner = FakeRunner({"ens1f0np0": "NIC statistics:\n     rx_prio3_pause: 1\n"})
-        c = EthtoolCollector(runner=runner, min_interval_s=10.0, clock=clock)
+        c = EthtoolCollector(runner=runner, min_interval_s=10.0, clock=clock.monotonic)
         c.collect(report("ens1f0np0"))
         runner.texts["ens1f0np0"] = "NIC statistics:\n     rx_prio3_pause: 2\n"
-        clock.t += 5
+        clock.advance(5)
         r = report("ens1f0np0")
         c.collect(r)
         assert r.nics[0].ethtool_stats["rx_prio3_pause"] == 1 and len(runner.calls) == 1
-        clock.t += 6
+        clock.advance(6)
         r = report("ens1f0np0")
         c.collect(r)
         assert r.nics[0].ethtool_stats["rx_prio3_pause"] == 2 and len(runner.calls) == 2

@@ -10,7 +10,6 @@ import os
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -248,7 +247,7 @@ async def test_end_to_end_controller_registry_and_checkpoint_command(short_dir: 
         )
     )
     await ctl.start()
-    registry = JobRegistry(ctl.store.connection, lambda: int(time.time() * 1000))
+    registry = JobRegistry(ctl.store.connection, ctl.clock)
     ctl.registry.listeners.append(registry)
     sock = str(short_dir / "jobs.sock")
     agent = build_agent(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.collectors.lldp import LldpCollector, parse_lldpcli_json
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -28,14 +29,6 @@ class Runner:
         if self.fail:
             raise subprocess.CalledProcessError(1, list(argv), stderr="unable to connect to lldpd")
         return self.text
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class TestParse:
@@ -71,28 +64,28 @@ class TestLldpCollector:
 
     def test_reports_only_changes(self):
         """report.lldp is set on the first report and then only when the list changed."""
-        runner, clock = Runner(ONE), Clock()
-        c = LldpCollector(runner=runner, min_interval_s=30.0, clock=clock)
+        runner, clock = Runner(ONE), FakeClock(monotonic_s=0.0)
+        c = LldpCollector(runner=runner, min_interval_s=30.0, clock=clock.monotonic)
         r1 = tpb.Report()
         assert c.collect(r1) == []
         assert r1.HasField("lldp") and len(r1.lldp.neighbors) == 1
-        clock.t += 31
+        clock.advance(31)
         r2 = tpb.Report()
         c.collect(r2)
         assert not r2.HasField("lldp") and runner.calls == 2
         runner.text = SEVERAL
-        clock.t += 31
+        clock.advance(31)
         r3 = tpb.Report()
         c.collect(r3)
         assert r3.HasField("lldp") and len(r3.lldp.neighbors) == 3
 
     def test_rate_limited(self):
         """lldpcli runs at most once per min_interval_s."""
-        runner, clock = Runner(ONE), Clock()
-        c = LldpCollector(runner=runner, min_interval_s=30.0, clock=clock)
+        runner, clock = Runner(ONE), FakeClock(monotonic_s=0.0)
+        c = LldpCollector(runner=runner, min_interval_s=30.0, clock=clock.monotonic)
         c.describe(ipb.Inventory())
         for _ in range(5):
-            clock.t += 1
+            clock.advance(1)
             c.collect(tpb.Report())
         assert runner.calls == 1
 
@@ -108,18 +101,18 @@ class TestLldpCollector:
 
     def test_failure_never_raises(self):
         """A failing or garbled lldpcli is logged; the last good list is kept and nothing raises."""
-        runner, clock = Runner(ONE), Clock()
-        c = LldpCollector(runner=runner, min_interval_s=1.0, clock=clock)
+        runner, clock = Runner(ONE), FakeClock(monotonic_s=0.0)
+        c = LldpCollector(runner=runner, min_interval_s=1.0, clock=clock.monotonic)
         runner.fail = True
         r = tpb.Report()
         assert c.collect(r) == [] and not r.HasField("lldp")
         c.describe(ipb.Inventory())
         runner.fail = False
-        clock.t += 2
+        clock.advance(2)
         c.collect(r := tpb.Report())
         assert len(r.lldp.neighbors) == 1
         runner.text = "{not json"
-        clock.t += 2
+        clock.advance(2)
         c.collect(r := tpb.Report())
         assert not r.HasField("lldp")
 

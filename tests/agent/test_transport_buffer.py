@@ -6,6 +6,7 @@ from pathlib import Path
 
 from agent.transport.buffer import EventBuffer
 from agent.transport.storm import StormSuppressor
+from starpulse.core.clock import FakeClock
 from starpulse.core.findings import Finding
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -69,8 +70,8 @@ class TestEventBuffer:
 class TestStormSuppressor:
     def test_identical_findings_beyond_burst_become_one_summary(self) -> None:
         """10,000 identical XIDs pass `burst` times, then one summary carries the count."""
-        now = [0.0]
-        storms = StormSuppressor(window_s=60, burst=5, clock=lambda: now[0])
+        clock = FakeClock(monotonic_s=0.0)
+        storms = StormSuppressor(window_s=60, burst=5, clock=clock.monotonic)
         passed = [
             f
             for f in (
@@ -81,26 +82,26 @@ class TestStormSuppressor:
         ]
         assert len(passed) == 5
         assert storms.flush() == []  # window still open
-        now[0] = 61.0
+        clock.advance(61)
         summaries = storms.flush()
         assert len(summaries) == 1
         assert summaries[0].attributes["suppressed"] == "9995"
 
     def test_different_components_are_not_merged(self) -> None:
         """Storm keys include the component: GPU 1 and GPU 2 each get their own burst."""
-        storms = StormSuppressor(window_s=60, burst=1, clock=lambda: 0.0)
+        storms = StormSuppressor(window_s=60, burst=1, clock=FakeClock(monotonic_s=0.0).monotonic)
         a = storms.admit(Finding("xid", "gpu-1", "critical", "reset_gpu", "x", "kmsg", xid=95))
         b = storms.admit(Finding("xid", "gpu-2", "critical", "reset_gpu", "x", "kmsg", xid=95))
         assert a is not None and b is not None
 
     def test_same_fault_from_two_sources_is_one_event(self) -> None:
         """NVML's Xid event and the kernel log's Xid line for one GPU become one event."""
-        now = [0.0]
-        storms = StormSuppressor(window_s=60, burst=5, coalesce_s=5, clock=lambda: now[0])
+        clock = FakeClock(monotonic_s=0.0)
+        storms = StormSuppressor(window_s=60, burst=5, coalesce_s=5, clock=clock.monotonic)
         nvml = storms.admit(Finding("xid", "gpu-3", "fatal", "reboot", "Xid 79", "nvml", xid=79))
-        now[0] = 0.2
+        clock.advance(0.2)
         kmsg = storms.admit(Finding("xid", "gpu-3", "fatal", "reboot", "NVRM: Xid 79", "kmsg", xid=79))
-        now[0] = 10.0
+        clock.advance(9.8)  # 10 s after the first
         later = storms.admit(Finding("xid", "gpu-3", "fatal", "reboot", "NVRM: Xid 79", "kmsg", xid=79))
         assert nvml is not None and kmsg is None and later is not None
         assert storms.coalesced_total == 1

@@ -12,6 +12,7 @@ from controller.detect.model import ConditionChange
 from controller.detect.rules import load_rules
 from controller.fabric import generate_fabric
 from controller.ingest.registry import NodeRecord
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -35,19 +36,6 @@ HW_COUNTERS = (
     "req_transport_retries_exceeded",
 )
 ETHTOOL = ("rx_prio3_pause", "tx_prio3_pause", "tx_pause_storm_warning_events", "tx_pause_storm_error_events")
-
-
-class Clock:
-    """A fake controller clock, in ms."""
-
-    def __init__(self, start: int = 1_000_000) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * 1000)
 
 
 def inventory(gpus: int = 8, nics: int = 8) -> ipb.Inventory:
@@ -150,9 +138,9 @@ def event(kind: int, component: str, severity: int = tpb.SEVERITY_CRITICAL, **kw
     return tpb.Event(kind=kind, component=component, severity=severity, timestamp_ms=123, **kw)
 
 
-def make_engine(fabric=None) -> tuple[ConditionEngine, Clock]:
-    clock = Clock()
-    return ConditionEngine(RULES, fabric=fabric, clock_ms=clock), clock
+def make_engine(fabric=None) -> tuple[ConditionEngine, FakeClock]:
+    clock = FakeClock(1_000_000)
+    return ConditionEngine(RULES, fabric=fabric, clock=clock), clock
 
 
 def opened(changes: list[ConditionChange]) -> list[tuple[str, str]]:
@@ -385,8 +373,8 @@ STATE_EVENT_CASES = [
 ]
 
 
-def _feed(engine: ConditionEngine, clock: Clock, node: NodeRecord, report: tpb.Report) -> list[ConditionChange]:
-    report.timestamp_ms = clock.now
+def _feed(engine: ConditionEngine, clock: FakeClock, node: NodeRecord, report: tpb.Report) -> list[ConditionChange]:
+    report.timestamp_ms = clock.time_ms()
     return engine.on_report(node, report)
 
 
@@ -455,7 +443,7 @@ class TestEveryDefaultRule:
     def test_switch_port_without_fabric(self):
         """Without a fabric the component is the switch port itself, typed switch."""
         engine, clock = make_engine()
-        bad = good_switch_report(clock.now)
+        bad = good_switch_report(clock.time_ms())
         _port_down(bad)
         assert opened(engine.on_report(switch_node(), bad)) == [("switch.port_down", f"{SWITCH}:Ethernet12")]
         assert engine.active()[0].component_type == "switch"
@@ -463,7 +451,7 @@ class TestEveryDefaultRule:
     def test_admin_down_port_is_intended(self):
         """A port an operator shut (admin down) is not a condition."""
         engine, clock = make_engine()
-        r = good_switch_report(clock.now)
+        r = good_switch_report(clock.time_ms())
         _port_down(r)
         _port("Ethernet12")(r).admin_status = "down"
         assert engine.on_report(switch_node(), r) == []
@@ -520,12 +508,12 @@ class TestEveryDefaultRule:
         """The recovery-action value names the action; a reboot escalates to fatal."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         _gpu()(r).recovery_action = 1
         cond = engine.on_report(node, r)[0].condition
         assert (cond.action, cond.severity) == ("reset_gpu", "critical")
         clock.advance(5)
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         _gpu()(r).recovery_action = 7
         changes = engine.on_report(node, r)
         assert [(c.kind, c.condition.action, c.condition.severity) for c in changes] == [("updated", "reboot", "fatal")]
@@ -533,14 +521,14 @@ class TestEveryDefaultRule:
     def test_sw_power_cap_is_normal(self):
         """SwPowerCap and GpuIdle bits never open a slowdown condition."""
         engine, clock = make_engine()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         _gpu()(r).clock_event_reasons = 0x1 | 0x4 | 0x20 | 0x2
         assert engine.on_report(compute_node(), r) == []
 
     def test_failed_gpu_collector_is_not_missing_gpus(self):
         """A report whose GPU collector failed does not say the GPUs are missing."""
         engine, clock = make_engine()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         del r.gpus[:]
         r.collectors[0].ok = False
         assert engine.on_report(compute_node(), r) == []
@@ -639,7 +627,7 @@ class TestFlaps:
         engine, clock = make_engine()
         node = compute_node()
         for value, expect in ((0, False), (1, False), (2, False), (3, True)):
-            r = good_report(clock.now)
+            r = good_report(clock.time_ms())
             r.nics[5].counters["link_downed"] = value
             changes = engine.on_report(node, r)
             assert (("nic.flap", f"{NODE}/nic-5") in opened(changes)) is expect
@@ -650,12 +638,12 @@ class TestFlaps:
         engine, clock = make_engine()
         node = compute_node()
         for value in (0, 2, 3):  # 5 s apart: the middle report is not read (interval 15 s)
-            r = good_report(clock.now)
+            r = good_report(clock.time_ms())
             r.nics[5].counters["link_downed"] = value
             engine.on_report(node, r)
             clock.advance(5)
         clock.advance(5)
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.nics[5].counters["link_downed"] = 3
         assert opened(engine.on_report(node, r)) == [("nic.flap", f"{NODE}/nic-5")]
 
@@ -664,7 +652,7 @@ class TestFlaps:
         engine, clock = make_engine()
         node = compute_node()
         for _ in range(3):
-            r = good_report(clock.now)
+            r = good_report(clock.time_ms())
             r.nics[5].counters["symbol_error"] = 0xFFFF
             engine.on_report(node, r)
             clock.advance(60)
@@ -677,11 +665,11 @@ class TestFlaps:
         """A counter that drops (driver reload) to a small value is a small delta, not a burst."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.nics[5].hw_counters["out_of_sequence"] = 5_000_000
         engine.on_report(node, r)
         clock.advance(60)
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.nics[5].hw_counters["out_of_sequence"] = 2
         assert engine.on_report(node, r) == []
 
@@ -742,7 +730,7 @@ class TestNamingAndForget:
         """forget(node) resolves its conditions and drops its counters."""
         engine, clock = make_engine()
         node = compute_node()
-        engine.on_report(node, good_report(clock.now))
+        engine.on_report(node, good_report(clock.time_ms()))
         engine.on_events(node, [event(X, "gpu-5", xid=79)])
         assert engine.rates.entities()
         changes = engine.forget(NODE)
@@ -755,7 +743,7 @@ class TestNamingAndForget:
         engine, clock = make_engine()
         node = compute_node()
         for _ in range(20):
-            assert engine.on_report(node, good_report(clock.now)) == []
+            assert engine.on_report(node, good_report(clock.time_ms())) == []
             clock.advance(5)
         assert engine.active() == []
 
@@ -768,7 +756,7 @@ class TestNvLinkSaturated:
         node = compute_node()
         sat = 0xFFFF_FFFF_FFFF_FFFF
         for _ in range(3):
-            r = good_report(clock.now, links=4)
+            r = good_report(clock.time_ms(), links=4)
             g = r.gpus[5]
             g.nvlinks[0].crc_flit_errors = 0  # quiet links first: the worst by value alone is one of them
             g.nvlinks[2].crc_data_errors = sat

@@ -13,18 +13,8 @@ from controller.detect.incidents import IncidentStore
 from controller.detect.model import Condition, ConditionChange, Incident
 from controller.fabric import Fabric, generate_fabric
 from starpulse.core import vocab
+from starpulse.core.clock import FakeClock
 from starpulse.core.vocab import EVICTABLE_KINDS
-
-
-class FakeClock:
-    def __init__(self, ms: int = 1_000_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, seconds: float) -> None:
-        self.ms += int(seconds * 1000)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +24,7 @@ def fabric() -> Fabric:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000)
 
 
 @pytest.fixture
@@ -57,8 +47,8 @@ def nic_down(n: int, rail: int, clock: FakeClock, severity: str = "critical", wi
         severity=severity,  # type: ignore[arg-type]
         action="check_link",
         message="port down",
-        first_seen_ms=clock(),
-        last_seen_ms=clock(),
+        first_seen_ms=clock.time_ms(),
+        last_seen_ms=clock.time_ms(),
     )
 
 
@@ -79,8 +69,8 @@ def switch_cond(
         severity=severity,  # type: ignore[arg-type]
         action="investigate",
         message=rule,
-        first_seen_ms=clock(),
-        last_seen_ms=clock(),
+        first_seen_ms=clock.time_ms(),
+        last_seen_ms=clock.time_ms(),
         evidence=dict(evidence),
     )
 
@@ -95,8 +85,8 @@ def gpu_xid(n: int, gpu: int, clock: FakeClock, width: int = 3) -> Condition:
         severity="fatal",
         action="reboot",
         message="Xid 79: GPU has fallen off the bus",
-        first_seen_ms=clock(),
-        last_seen_ms=clock(),
+        first_seen_ms=clock.time_ms(),
+        last_seen_ms=clock.time_ms(),
         evidence={"xid": 79},
     )
 
@@ -111,8 +101,8 @@ def heartbeat(n: int, clock: FakeClock, width: int = 3) -> Condition:
         severity="critical",
         action="investigate",
         message="no report for 30s",
-        first_seen_ms=clock(),
-        last_seen_ms=clock(),
+        first_seen_ms=clock.time_ms(),
+        last_seen_ms=clock.time_ms(),
     )
 
 
@@ -122,7 +112,7 @@ def opened(*conds: Condition) -> list[ConditionChange]:
 
 def resolved(clock: FakeClock, *conds: Condition) -> list[ConditionChange]:
     for c in conds:
-        c.resolved_ms = clock()
+        c.resolved_ms = clock.time_ms()
     return [ConditionChange("resolved", c) for c in conds]
 
 
@@ -132,7 +122,7 @@ def settle(corr: Correlator, clock: FakeClock) -> list[tuple[str, Incident]]:
 
 
 def make(fabric: Fabric | None, store: IncidentStore, clock: FakeClock, **kw: object) -> Correlator:
-    return Correlator(fabric, store, CorrelationConfig(settle_s=2.0, resolve_hold_s=60.0), clock_ms=clock, **kw)  # type: ignore[arg-type]
+    return Correlator(fabric, store, CorrelationConfig(settle_s=2.0, resolve_hold_s=60.0), clock=clock, **kw)  # type: ignore[arg-type]
 
 
 def uplink_port(fabric: Fabric, leaf: str, spine: str) -> str:
@@ -338,11 +328,10 @@ class TestCorrelator:
     def test_failslow_and_host_conditions(self, fabric, store, clock):
         """A fail-slow condition is a straggler on its node; a disk condition is a host_fault."""
         corr = make(fabric, store, clock)
-        slow = Condition(
-            "failslow", "node-004", "node", "failslow", "node-004", "warning", "investigate", "slow", clock(), clock()
-        )
+        t = clock.time_ms()
+        slow = Condition("failslow", "node-004", "node", "failslow", "node-004", "warning", "investigate", "slow", t, t)
         disk = Condition(
-            "host_disk", "node-006", "node", "host", "node-006", "warning", "investigate", "disk full", clock(), clock()
+            "host_disk", "node-006", "node", "host", "node-006", "warning", "investigate", "disk full", t, t
         )
         corr.on_changes(opened(slow, disk))
         out = settle(corr, clock)

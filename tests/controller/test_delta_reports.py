@@ -13,11 +13,12 @@ from controller.detect.failslow import FailSlowDetector
 from controller.detect.model import ConditionChange
 from controller.detect.rates import CounterRate
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import Clock, compute_node, good_report, make_engine
+from tests.controller.test_conditions import compute_node, good_report, make_engine
 from tests.helpers import free_port, make_sim_agent, wait_for
 
 NIC5 = "node-003/nic-5"
@@ -62,7 +63,7 @@ class TestDetectionOnDeltas:
                 (delta_engine, delta_clock, delta_seen, encoder.encode(r)),
             ):
                 clock.advance(5)
-                msg.timestamp_ms = clock.now
+                msg.timestamp_ms = clock.time_ms()
                 seen.append(_changes(engine.on_report(node, msg)))
                 seen[-1] += _changes(engine.tick())
         assert encoder.delta_sent > 40
@@ -101,13 +102,13 @@ class TestRatesAbsentValues:
 class TestFailSlowOnDeltas:
     def test_idle_port_in_a_delta_is_zero_not_unknown(self) -> None:
         """port_xmit/rcv_data absent from a delta means 'unchanged since the full report': 0 Gb/s."""
-        clock = Clock()
-        det = FailSlowDetector(clock_ms=clock)
+        clock = FakeClock(1_000_000)
+        det = FailSlowDetector(clock=clock)
         r = good_report(0, nics=1)
         _traffic(r, 1)
         det.observe("node-003", r)
         clock.advance(15)  # one sample_every_s on: the delta is sampled
-        delta = tpb.Report(timestamp_ms=clock.now + 15000, counters_delta=True)
+        delta = tpb.Report(timestamp_ms=clock.time_ms() + 15000, counters_delta=True)
         delta.nics.add(rdma_device="mlx5_0", port=1)
         det.observe("node-003", delta)
         series = det._nodes["node-003"].series.get("nic_gbps")
@@ -152,7 +153,7 @@ class TestNvLinksOnDeltas:
                 (delta_engine, delta_clock, delta_seen, msg),
             ):
                 clock.advance(5)
-                m.timestamp_ms = clock.now
+                m.timestamp_ms = clock.time_ms()
                 seen.append(_changes(engine.on_report(node, m)))
                 seen[-1] += _changes(engine.tick())
         assert full_engine.rates.last(GPU2, "nvlink-3/crc_flit_errors") == 10_000
@@ -204,7 +205,7 @@ class TestNvLinksOnDeltas:
 
         def feed(r: tpb.Report) -> list[ConditionChange]:
             clock.advance(5)
-            r.timestamp_ms = clock.now
+            r.timestamp_ms = clock.time_ms()
             return engine.on_report(node, r)
 
         def delta(*links: tuple[int, bool]) -> tpb.Report:
@@ -244,7 +245,7 @@ class TestNvLinksOnDeltas:
         """No base yet (the controller asks for a full report): links that are there are all there is."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now, links=4)
+        r = good_report(clock.time_ms(), links=4)
         r.counters_delta = True
         for g in r.gpus:
             if g.index != 5:
@@ -270,7 +271,7 @@ class TestNvLinksOnDeltas:
             if step:
                 assert [(g.index, nl.link) for g in msg.gpus for nl in g.nvlinks] == [(5, 2)]
             clock.advance(5)
-            msg.timestamp_ms = clock.now
+            msg.timestamp_ms = clock.time_ms()
             if ("opened", "gpu.nvlink_errors", GPU5) in _changes(engine.on_report(node, msg)):
                 opened_at = opened_at or step
         assert opened_at is not None
@@ -289,7 +290,7 @@ class TestNvLinksOnDeltas:
             r.gpus[5].nvlinks[1].crc_flit_errors = crc
             msg = encoder.encode(r)
             assert msg.counters_delta == (step % 2 == 1)
-            msg.timestamp_ms = clock.now
+            msg.timestamp_ms = clock.time_ms()
             engine.on_report(node, msg)
             clock.advance(5)
         assert _sent_links(msg) == 0  # the last delta left the link out: as in the full report before

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
 
 NODES = [f"node-{i:03d}" for i in range(16)]
@@ -15,17 +16,6 @@ BASE_POWER = 650.0
 BASE_UTIL = 95.0
 BASE_GBPS = 400.0  # per node, tx + rx
 INTERVAL_S = 5
-
-
-class FakeClock:
-    def __init__(self, ms: int = 1_000_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, seconds: float) -> None:
-        self.ms += int(seconds * 1000)
 
 
 class Cluster:
@@ -44,7 +34,7 @@ class Cluster:
 
     def report(self, node: str) -> tpb.Report:
         f = self.factor[node]
-        r = tpb.Report(seq=1, timestamp_ms=self.clock())
+        r = tpb.Report(seq=1, timestamp_ms=self.clock.time_ms())
         for g in range(8):
             r.gpus.add(
                 index=g,
@@ -80,7 +70,7 @@ def block_of(node: str) -> str:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000)
 
 
 def detector(clock: FakeClock, **cfg: object) -> FailSlowDetector:
@@ -92,7 +82,7 @@ def detector(clock: FakeClock, **cfg: object) -> FailSlowDetector:
         **cfg,
     }
     config = FailSlowConfig(**settings)  # type: ignore[arg-type]
-    return FailSlowDetector(config, group_of=block_of, clock_ms=clock)
+    return FailSlowDetector(config, group_of=block_of, clock=clock)
 
 
 class TestFailSlowDetector:
@@ -127,7 +117,7 @@ class TestFailSlowDetector:
         assert cluster.run(det, 2) == []
         resolved = cluster.run(det, 1)
         assert [(c.kind, c.condition.component) for c in resolved] == [("resolved", "node-003")]
-        assert resolved[0].condition.resolved_ms == clock()
+        assert resolved[0].condition.resolved_ms == clock.time_ms()
 
     def test_uniformly_slow_group_flags_nobody(self, clock):
         """Every node at 0.7x is a slow job, not a straggler: nobody is flagged."""
@@ -153,7 +143,7 @@ class TestFailSlowDetector:
                 window_s=60, min_samples=3, persist_evaluations=3, signals=("step_time_s",), sample_every_s=0
             ),
             group_of=lambda n: None,
-            clock_ms=clock,
+            clock=clock,
         )
         changes = cluster.run(det, 5)
         assert [(c.kind, c.condition.component) for c in changes] == [("opened", "node-011")]
@@ -180,7 +170,7 @@ class TestFailSlowDetector:
         words_per_s = 400e9 / 8 / 4 / 2  # tx and rx each carry half of 400 Gb/s, in 4-byte words
 
         def report(t: int, words: int | None, delta: bool = False) -> tpb.Report:
-            r = tpb.Report(seq=1, timestamp_ms=clock(), counters_delta=delta)
+            r = tpb.Report(seq=1, timestamp_ms=clock.time_ms(), counters_delta=delta)
             r.gpus.add(index=0, power_w=600.0 + t)
             nic = r.nics.add(rdma_device="mlx5_0", port=1)
             if words is not None:
@@ -207,7 +197,7 @@ class TestFailSlowDetector:
         det = FailSlowDetector(
             FailSlowConfig(window_s=60, min_samples=3, persist_evaluations=1),
             group_of=lambda n: "tiny" if n in NODES[:3] else None,
-            clock_ms=clock,
+            clock=clock,
         )
         assert cluster.run(det, 5) == []
 
@@ -251,16 +241,16 @@ def test_window_median_is_statistics_median_as_samples_come_and_go() -> None:
 def test_stepwise_evaluation_pauses_and_reaches_the_same_verdicts() -> None:
     """evaluation_steps pauses between groups of nodes and ends where evaluate ends; a node
     forgotten during a pause gets no condition."""
-    now = [1_000_000]
+    clock = FakeClock(1_000_000)
 
     def build() -> FailSlowDetector:
         return FailSlowDetector(
-            FailSlowConfig(persist_evaluations=1), group_of=lambda n: f"g{int(n[1:]) // 8}", clock_ms=lambda: now[0]
+            FailSlowConfig(persist_evaluations=1), group_of=lambda n: f"g{int(n[1:]) // 8}", clock=clock
         )
 
     whole, stepwise = build(), build()
     for _ in range(6):
-        now[0] += 5_000
+        clock.advance(5)
         for i in range(64):  # 8 groups of 8; the first node of each group is slow
             values = {"sm_clock_mhz": 1980.0 * (0.5 if i % 8 == 0 else 1.0) + i % 3}
             whole.append(f"n{i}", values)
@@ -275,7 +265,7 @@ def test_stepwise_evaluation_pauses_and_reaches_the_same_verdicts() -> None:
     again: list = []
     steps = build()
     for _ in range(6):
-        now[0] += 5_000
+        clock.advance(5)
         for i in range(64):
             steps.append(f"n{i}", {"sm_clock_mhz": 1980.0 * (0.5 if i % 8 == 0 else 1.0) + i % 3})
     running = steps.evaluation_steps(again, nodes_per_step=16)

@@ -12,20 +12,10 @@ from controller.detect.model import Incident
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.policy import Decision
 from controller.heal.states import AUTOMATIC, EXTERNAL, NodeHealState, RemediationStore
+from starpulse.core.clock import FakeClock
 
 S = NodeHealState
 FLEET = 100
-
-
-class Clock:
-    def __init__(self, ms: int = 10_000_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, s: float) -> None:
-        self.ms += int(s * 1000)
 
 
 def inc(node: str, n: int = 1, kind: str = "gpu_fault", opened_ms: int = 10_000_000, **kw: Any) -> Incident:
@@ -53,8 +43,8 @@ ALERT = Decision("alert_only", False, "test")
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(10_000_000)
 
 
 @pytest.fixture
@@ -62,27 +52,27 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "c.db"
 
 
-def make(db: Path, clock: Clock, **cfg: Any) -> Guards:
+def make(db: Path, clock: FakeClock, **cfg: Any) -> Guards:
     base: dict[str, Any] = {"cooldown_s": 0, "max_fleet_share": 1.0}
     base.update(cfg)
     store = RemediationStore(sqlite3.connect(str(db), isolation_level=None), clock)
     return Guards(GuardConfig(**base), store, store.conn, clock)
 
 
-def test_alert_only_always_passes(db: Path, clock: Clock) -> None:
+def test_alert_only_always_passes(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, mode="dry_run")
     v = g.check(None, ALERT, inc("node-001", kind="switch_fault"), FLEET)
     assert v.allowed and v.code == "alert_only"
 
 
 @pytest.mark.parametrize("kind", ["switch_fault", "partition", "link_fault", "node_down"])
-def test_never_evict_for_network_incidents(db: Path, clock: Clock, kind: str) -> None:
+def test_never_evict_for_network_incidents(db: Path, clock: FakeClock, kind: str) -> None:
     g = make(db, clock)
     v = g.check("node-001", EVICT, inc("node-001", kind=kind), FLEET)
     assert not v.allowed and v.code == "not_evictable"
 
 
-def test_budget_per_window(db: Path, clock: Clock) -> None:
+def test_budget_per_window(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, max_evictions_per_window=2, window_s=600)
     assert g.check("node-001", EVICT, inc("node-001", 1), FLEET).allowed
     assert g.check("node-002", EVICT, inc("node-002", 2), FLEET).allowed
@@ -93,17 +83,17 @@ def test_budget_per_window(db: Path, clock: Clock) -> None:
     # a cordon is not an eviction
     assert g.check("node-004", CORDON, inc("node-004", 4), FLEET).allowed
     clock.advance(601)
-    assert g.check("node-003", EVICT, inc("node-003", 3, opened_ms=clock.ms), FLEET).allowed
+    assert g.check("node-003", EVICT, inc("node-003", 3, opened_ms=clock.time_ms()), FLEET).allowed
 
 
-def test_budget_survives_restart(db: Path, clock: Clock) -> None:
+def test_budget_survives_restart(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, max_evictions_per_window=1)
     assert g.check("node-001", EVICT, inc("node-001", 1), FLEET).allowed
     g2 = make(db, clock, max_evictions_per_window=1)
     assert g2.check("node-002", EVICT, inc("node-002", 2), FLEET).code == "budget"
 
 
-def test_fleet_share(db: Path, clock: Clock) -> None:
+def test_fleet_share(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, max_fleet_share=0.05, max_evictions_per_window=100)
     for i in range(1, 4):  # three nodes already out by us, two out by a person (not counted)
         g.store.transition(f"node-{i:03d}", S.CORDONED, "earlier", f"old-{i}")
@@ -117,13 +107,13 @@ def test_fleet_share(db: Path, clock: Clock) -> None:
     assert g.check("node-001", EVICT, inc("node-001", 13), 100).allowed
 
 
-def test_fleet_share_allows_one_in_a_small_fleet(db: Path, clock: Clock) -> None:
+def test_fleet_share_allows_one_in_a_small_fleet(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, max_fleet_share=0.05)
     assert g.check("node-001", EVICT, inc("node-001", 1), 4).allowed
     assert g.check("node-002", EVICT, inc("node-002", 2), 4).code == "fleet_share"
 
 
-def test_breaker_opens_on_mass_fault_and_stays_open_until_a_person_resets(db: Path, clock: Clock) -> None:
+def test_breaker_opens_on_mass_fault_and_stays_open_until_a_person_resets(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, breaker_trip_share=0.5, breaker_window_s=300, max_evictions_per_window=100)
     active = [inc(f"node-{i:03d}", i) for i in range(1, 6)]  # 5 of 10 nodes
     v = g.check("node-001", EVICT, active[0], 10, active)
@@ -132,7 +122,7 @@ def test_breaker_opens_on_mass_fault_and_stays_open_until_a_person_resets(db: Pa
     # faults gone, an hour later, after a restart: still open
     clock.advance(3600)
     g = make(db, clock, breaker_trip_share=0.5)
-    assert g.check("node-020", EVICT, inc("node-020", 20, opened_ms=clock.ms), 10).code == "breaker_open"
+    assert g.check("node-020", EVICT, inc("node-020", 20, opened_ms=clock.time_ms()), 10).code == "breaker_open"
     with pytest.raises(PermissionError):
         g.breaker.reset(AUTOMATIC)
     with pytest.raises(PermissionError):
@@ -140,25 +130,25 @@ def test_breaker_opens_on_mass_fault_and_stays_open_until_a_person_resets(db: Pa
     assert g.breaker.reset("alice", "driver rollback done")
     st = g.breaker.state()
     assert not st.open and st.closed_by == "alice"
-    assert g.check("node-020", EVICT, inc("node-020", 20, opened_ms=clock.ms), 10).allowed
+    assert g.check("node-020", EVICT, inc("node-020", 20, opened_ms=clock.time_ms()), 10).allowed
     assert [e[1:3] for e in g.breaker.log()] == [("open", AUTOMATIC), ("close", "alice")]
 
 
-def test_breaker_ignores_old_and_network_incidents(db: Path, clock: Clock) -> None:
+def test_breaker_ignores_old_and_network_incidents(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, breaker_trip_share=0.5, breaker_window_s=300)
-    old = [inc(f"node-{i:03d}", i, opened_ms=clock.ms - 301_000) for i in range(1, 6)]
+    old = [inc(f"node-{i:03d}", i, opened_ms=clock.time_ms() - 301_000) for i in range(1, 6)]
     net = [inc(f"node-{i:03d}", 10 + i, kind="switch_fault") for i in range(1, 6)]
     assert g.check("node-009", EVICT, inc("node-009", 99), 10, old + net).allowed
     assert not g.breaker.is_open
 
 
-def test_breaker_trips_on_incident_count(db: Path, clock: Clock) -> None:
+def test_breaker_trips_on_incident_count(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, breaker_trip_incidents=3)
     active = [inc("node-001", i) for i in range(1, 4)]  # three incidents, one node
     assert g.check("node-001", EVICT, active[0], 1000, active).code == "breaker_open"
 
 
-def test_dry_run_says_what_it_would_do(db: Path, clock: Clock) -> None:
+def test_dry_run_says_what_it_would_do(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, mode="dry_run", max_evictions_per_window=1)
     v = g.check("node-001", EVICT, inc("node-001", 1), FLEET)
     assert not v.allowed and v.mode == "dry_run" and v.code == "dry_run" and "would evict node-001" in v.reason
@@ -168,7 +158,7 @@ def test_dry_run_says_what_it_would_do(db: Path, clock: Clock) -> None:
     assert g.check("node-002", EVICT, inc("node-002", 2), FLEET).allowed
 
 
-def test_manual_mode_requires_a_persons_approval(db: Path, clock: Clock) -> None:
+def test_manual_mode_requires_a_persons_approval(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, mode="manual")
     i = inc("node-001", 1)
     v = g.check("node-001", EVICT, i, FLEET)
@@ -189,14 +179,14 @@ def test_manual_mode_requires_a_persons_approval(db: Path, clock: Clock) -> None
         g.approve("inc-000001", "alice")
 
 
-def test_manual_mode_rejection(db: Path, clock: Clock) -> None:
+def test_manual_mode_rejection(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, mode="manual")
     g.check("node-001", EVICT, inc("node-001", 1), FLEET)
     g.reject("inc-000001", "bob")
     assert g.check("node-001", EVICT, inc("node-001", 1), FLEET).code == "rejected"
 
 
-def test_cooldown(db: Path, clock: Clock) -> None:
+def test_cooldown(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, cooldown_s=1800, max_evictions_per_window=100)
     assert g.check("node-001", CORDON, inc("node-001", 1), FLEET).allowed
     clock.advance(600)
@@ -207,7 +197,7 @@ def test_cooldown(db: Path, clock: Clock) -> None:
     assert g.check("node-001", EVICT, inc("node-001", 2), FLEET).allowed
 
 
-def test_flapping_node_is_held(db: Path, clock: Clock) -> None:
+def test_flapping_node_is_held(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, flap_window_s=3600, flap_max=3, max_evictions_per_window=100)
     for k in range(4):
         g.store.transition("node-001", S.SUSPECT, "fault", f"f{k}")
@@ -219,13 +209,13 @@ def test_flapping_node_is_held(db: Path, clock: Clock) -> None:
     assert g.check("node-001", EVICT, inc("node-001", 1), FLEET).allowed
 
 
-def test_no_action_on_a_node_someone_else_drained(db: Path, clock: Clock) -> None:
+def test_no_action_on_a_node_someone_else_drained(db: Path, clock: FakeClock) -> None:
     g = make(db, clock)
     g.store.record_external_drain("node-001", EXTERNAL, "slurm DRAIN by ops")
     assert g.check("node-001", EVICT, inc("node-001", 1), FLEET).code == "foreign_drain"
 
 
-def test_external_drain_is_never_resumed_automatically(db: Path, clock: Clock) -> None:
+def test_external_drain_is_never_resumed_automatically(db: Path, clock: FakeClock) -> None:
     g = make(db, clock)
     g.store.transition("node-001", S.CORDONED, "xid", "inc-1")
     assert g.check_resume("node-001").allowed  # ours: fine

@@ -20,17 +20,10 @@ from controller.heal.policy import (
     target_node,
 )
 from controller.heal.states import NodeHealState, RemediationStore
+from starpulse.core.clock import FakeClock
 
 S = NodeHealState
-H = 3_600_000
-
-
-class Clock:
-    def __init__(self, ms: int = 10 * 86_400_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
+H = 3600  # s
 
 
 def incident(
@@ -70,12 +63,12 @@ def policy() -> Policy:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(10 * 86_400_000)
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> RemediationStore:
+def store(tmp_path: Path, clock: FakeClock) -> RemediationStore:
     return RemediationStore(sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None), clock)
 
 
@@ -138,24 +131,26 @@ def test_network_kinds_never_evict_whatever_the_history(policy: Policy, history:
 # -- escalation ----------------------------------------------------------------------------
 
 
-def test_same_gpu_escalates_to_rma_after_three_in_24h(policy: Policy, history: SqliteHealHistory, clock: Clock) -> None:
+def test_same_gpu_escalates_to_rma_after_three_in_24h(
+    policy: Policy, history: SqliteHealHistory, clock: FakeClock
+) -> None:
     def decide(i: int, gpu: str = "node-003/gpu-5") -> Any:
         return policy.decide(incident(root=gpu, id=f"inc-{i}", severity="critical", action="reset_gpu"), history)
 
     assert decide(1).action == "reset_gpu"
-    clock.ms += 5 * H
+    clock.advance(5 * H)
     assert decide(1).action == "reset_gpu"  # the same incident again counts once
     assert decide(2).action == "reset_gpu"
     assert decide(3, gpu="node-003/gpu-6").action == "reset_gpu"  # another GPU has its own count
-    clock.ms += 5 * H
+    clock.advance(5 * H)
     d = decide(4)
     assert d.action == "rma" and d.escalated and "hardware inspection" in d.reason
 
 
-def test_same_gpu_escalation_window_expires(policy: Policy, history: SqliteHealHistory, clock: Clock) -> None:
+def test_same_gpu_escalation_window_expires(policy: Policy, history: SqliteHealHistory, clock: FakeClock) -> None:
     for i in range(2):
         policy.decide(incident(id=f"inc-{i}"), history)
-    clock.ms += 25 * H  # both fell out of the 24 h window
+    clock.advance(25 * H)  # both fell out of the 24 h window
     assert policy.decide(incident(id="inc-9"), history).action == "reset_gpu"
 
 
@@ -165,7 +160,7 @@ def test_same_gpu_escalation_ignores_minor_faults(policy: Policy, history: Sqlit
     assert d.action == ALERT_ONLY and not d.escalated
 
 
-def test_escalation_counts_survive_restart(tmp_path: Path, policy: Policy, clock: Clock) -> None:
+def test_escalation_counts_survive_restart(tmp_path: Path, policy: Policy, clock: FakeClock) -> None:
     def hist() -> SqliteHealHistory:
         return SqliteHealHistory(RemediationStore(sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None), clock))
 

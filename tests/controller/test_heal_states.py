@@ -16,32 +16,22 @@ from controller.heal.states import (
     NodeHealState,
     RemediationStore,
 )
+from starpulse.core.clock import FakeClock
 
 S = NodeHealState
 
 
-class Clock:
-    def __init__(self, ms: int = 1_000_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, s: float) -> None:
-        self.ms += int(s * 1000)
-
-
-def _open(path: Path, clock: Clock) -> RemediationStore:
+def _open(path: Path, clock: FakeClock) -> RemediationStore:
     return RemediationStore(sqlite3.connect(str(path), isolation_level=None), clock)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(1_000_000)
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> RemediationStore:
+def store(tmp_path: Path, clock: FakeClock) -> RemediationStore:
     return _open(tmp_path / "c.db", clock)
 
 
@@ -109,7 +99,7 @@ def test_idempotent_same_state_same_incident(store: RemediationStore) -> None:
     assert len(store.history("n")) == 2
 
 
-def test_history_records_actor_reason_incident_and_time(store: RemediationStore, clock: Clock) -> None:
+def test_history_records_actor_reason_incident_and_time(store: RemediationStore, clock: FakeClock) -> None:
     store.transition("n", S.CORDONED, "xid 79 on gpu-3", "inc-7")
     clock.advance(30)
     store.transition("n", S.HEALTHY, "false alarm", "inc-7", actor="alice")
@@ -160,7 +150,7 @@ def test_repair_loops_counted_and_reset(store: RemediationStore) -> None:
     assert store.repair_loops("n") == 0
 
 
-def test_restart_resume(tmp_path: Path, clock: Clock) -> None:
+def test_restart_resume(tmp_path: Path, clock: FakeClock) -> None:
     a = _open(tmp_path / "c.db", clock)
     _walk(a, "node-001", S.CORDONED, S.DRAINING)
     a.transition("node-002", S.CORDONED, "maint", None, actor="bob")
@@ -183,7 +173,7 @@ def test_invalid_state_name(store: RemediationStore) -> None:
 # -- pending actions -----------------------------------------------------------------------
 
 
-def test_plan_mark_replay_exactly_once(tmp_path: Path, clock: Clock) -> None:
+def test_plan_mark_replay_exactly_once(tmp_path: Path, clock: FakeClock) -> None:
     a = _open(tmp_path / "c.db", clock)
     cordon = a.plan_action("n", "cordon", "inc-1")
     drain = a.plan_action("n", "drain", "inc-1")

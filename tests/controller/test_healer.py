@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from pathlib import Path
+
+import pytest
 
 from controller.detect.model import Incident
 from controller.fabric import generate_fabric
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
 from controller.heal.policy import SqliteHealHistory, load_policy
+from controller.heal.scheduler.base import ActionResult
 from controller.heal.scheduler.sim import SimScheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import NodeHealState, RemediationStore
@@ -18,6 +22,7 @@ from controller.ingest.registry import NodeRegistry
 from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
 from controller.store import Store
+from starpulse.core.clock import SYSTEM_CLOCK, Clock, FakeClock
 
 NODES = [f"node-{i:03d}" for i in range(8)]
 
@@ -37,14 +42,21 @@ def _incident(iid: str, kind: str, root: str, node: str, action: str = "reset_gp
     )
 
 
-def _healer(tmp_path: Path, mode: str = "enforce", db: str = "c.db") -> tuple[Healer, SimScheduler, Store]:
+def _healer(
+    tmp_path: Path,
+    mode: str = "enforce",
+    db: str = "c.db",
+    clock: Clock = SYSTEM_CLOCK,
+    config: HealConfig | None = None,
+) -> tuple[Healer, SimScheduler, Store]:
+    """A healer on the in-memory scheduler; its clock is the remediation store's (``clock``)."""
     fabric = generate_fabric(nodes=8, gpus_per_node=8, rails=4, nodes_per_block=4, spines=2, spares=1)
     store = Store(tmp_path / db)
     conn: sqlite3.Connection = store.connection
-    states = RemediationStore(conn)
+    states = RemediationStore(conn, clock)
     scheduler = SimScheduler([*fabric.nodes()])
     scheduler.add_job("llm", NODES)
-    jobs = JobRegistry(conn, lambda: int(time.time() * 1000))
+    jobs = JobRegistry(conn)
     jobs.register_job("llm", NODES)
     metrics = ControllerMetrics()
     healer = Healer(
@@ -59,7 +71,7 @@ def _healer(tmp_path: Path, mode: str = "enforce", db: str = "c.db") -> tuple[He
         metrics,
         fleet_size=lambda: 8,
         open_incidents=lambda: [],
-        config=HealConfig(checkpoint_timeout_s=0.2, retry_delay_s=0.01),
+        config=config or HealConfig(checkpoint_timeout_s=0.2, retry_delay_s=0.01),
     )
     return healer, scheduler, store
 
@@ -165,3 +177,37 @@ class TestHealer:
         assert again.store.state("node-002") in (NodeHealState.EVICTED, NodeHealState.IN_REPAIR)
         await again._resume_interrupted()  # nothing left to do: no second requeue
         assert [a[0] for a in sched.actions].count("requeue") == 1
+
+
+class TestHealerOnTheControllersClock:
+    """The healer's waits are on the clock it was given: a fake one drives them with no real time passing."""
+
+    async def test_a_temporary_failure_is_retried_once_retry_delay_s_passed_on_the_clock(self, tmp_path: Path) -> None:
+        """A busy scheduler: the drain is tried again only when the fake clock passes the 2 min retry delay."""
+        clock = FakeClock(1_700_000_000_000)
+        config = HealConfig(retry_delay_s=120.0, checkpoint_timeout_s=0.0)
+        healer, sched, _ = _healer(tmp_path, clock=clock, config=config)
+        assert healer.clock is clock  # taken from its remediation store
+        sched.inject_failure("drain", "node-002", ActionResult.temporary("slurmctld busy"))
+        task = asyncio.create_task(healer.handle(_incident("inc-1", "gpu_fault", "node-002/gpu-1", "node-002")))
+        await clock.run_for(119.9)
+        drains = [a for a in sched.actions if a[0] == "drain"]
+        assert not task.done() and drains == []  # the first try failed; the retry waits on the clock
+        assert clock.next_deadline() == pytest.approx(clock.monotonic() + 0.1)
+        await clock.run_for(0.1)
+        await asyncio.wait_for(task, 5)
+        assert ("drain", "node-002") in [(a[0], a[1]) for a in sched.actions]
+        assert [(e.node, e.at_ms) for e in healer.evictions] == [("node-002", 1_700_000_000_000 + 120_000)]
+
+    async def test_the_checkpoint_wait_times_out_on_the_clock(self, tmp_path: Path) -> None:
+        """A job that never checkpoints: the node is drained once checkpoint_timeout_s passed on the fake clock."""
+        clock = FakeClock()
+        healer, sched, _ = _healer(tmp_path, clock=clock, config=HealConfig(checkpoint_timeout_s=600.0))
+        nic = _incident("inc-4", "nic_fault", "node-003/nic-1", "node-003", action="check_link", severity="warning")
+        task = asyncio.create_task(healer.handle(nic))
+        await clock.run_for(599)
+        assert sched.jobs["llm"].signals[:1] == ["USR1"] and not task.done()
+        assert ("drain", "node-003") not in [(a[0], a[1]) for a in sched.actions]  # still waiting for the checkpoint
+        await clock.run_for(1.2)  # the wait polls every 0.2 s
+        await asyncio.wait_for(task, 5)
+        assert ("drain", "node-003") in [(a[0], a[1]) for a in sched.actions]

@@ -11,16 +11,9 @@ import pytest
 from controller.ingest.registry import IngestListener, NodeRecord
 from controller.jobs.registry import INTERRUPTED, RESUMING, RUNNING, JobRegistry
 from controller.store import Store
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def node(node_id: str) -> NodeRecord:
@@ -53,7 +46,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def test_is_an_ingest_listener(store: Store) -> None:
-    reg = JobRegistry(store.connection, Clock())
+    reg = JobRegistry(store.connection, FakeClock(1_000_000))
     listener: IngestListener = reg  # mypy checks the protocol
     assert all(callable(getattr(listener, m)) for m in ("on_report", "on_events", "on_presence"))
     reg.on_events(node("a"), [])
@@ -61,7 +54,7 @@ def test_is_an_ingest_listener(store: Store) -> None:
 
 
 def test_progress_nodes_and_last_complete_checkpoint(store: Store) -> None:
-    reg = JobRegistry(store.connection, Clock())
+    reg = JobRegistry(store.connection, FakeClock(1_000_000))
     reg.on_report(node("gpu-001"), report(("llm", 0, 25, 20)))
     job = reg.job("llm")
     assert job is not None and job.step == 25 and job.world_size == 2
@@ -81,7 +74,7 @@ def test_progress_nodes_and_last_complete_checkpoint(store: Store) -> None:
 
 
 def test_declared_jobs_and_ranks_leaving_a_node(store: Store) -> None:
-    reg = JobRegistry(store.connection, Clock())
+    reg = JobRegistry(store.connection, FakeClock(1_000_000))
     reg.register_job("llm", ["gpu-001", "gpu-002"], "/ckpt/llm", world_size=2)
     assert reg.nodes_of("llm") == ["gpu-001", "gpu-002"]
     assert [j.job for j in reg.jobs()] == ["llm"]
@@ -96,7 +89,7 @@ def test_a_rank_that_moved_stays_with_its_new_node(tmp_path: Path) -> None:
     """Ranks leave only the node that listed them; after a restart the first report still sees restored ones."""
     s = Store(tmp_path / "c.db")
     try:
-        reg = JobRegistry(s.connection, Clock())
+        reg = JobRegistry(s.connection, FakeClock(1_000_000))
         reg.on_report(node("gpu-001"), report(("llm", 0, 5, 0), ("llm", 1, 5, 0)))
         reg.on_report(node("gpu-002"), report(("llm", 1, 6, 0)))  # rank 1 moved (rescheduled)
         reg.on_report(node("gpu-001"), report(("llm", 0, 7, 0)))  # gpu-001 no longer lists rank 1
@@ -105,7 +98,7 @@ def test_a_rank_that_moved_stays_with_its_new_node(tmp_path: Path) -> None:
         reg.on_report(node("gpu-002"), tpb.Report())  # now it left gpu-002 too
         assert sorted(reg.job("llm").ranks) == [0]  # type: ignore[union-attr]
 
-        reopened = JobRegistry(s.connection, Clock())  # ranks restored from the database
+        reopened = JobRegistry(s.connection, FakeClock(1_000_000))  # ranks restored from the database
         assert reopened.jobs_of("gpu-001") == ["llm"]
         reopened.on_report(node("gpu-001"), tpb.Report())  # first report after the restart lists none
         assert reopened.jobs_of("gpu-001") == []
@@ -114,25 +107,25 @@ def test_a_rank_that_moved_stays_with_its_new_node(tmp_path: Path) -> None:
 
 
 def test_interruption_and_resume_accounting(store: Store) -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000)
     reg = JobRegistry(store.connection, clock)
     reg.register_job("llm", ["gpu-001", "gpu-002"], "/ckpt/llm", world_size=2)
     reg.on_report(node("gpu-001"), report(("llm", 0, 47, 40)))
     reg.on_report(node("gpu-002"), report(("llm", 1, 47, 40)))
-    t0 = clock.ms
+    t0 = clock.time_ms()
     job = reg.mark_interrupted("llm", t0, "evict gpu-002: pending row remap")
     assert job.state == INTERRUPTED and job.history[-1].interrupted_step == 47
     assert reg.mark_interrupted("llm", t0 + 5, "again").history[-1].interrupted_ms == t0, "idempotent while down"
 
-    clock.ms = t0 + 20_000
-    job = reg.mark_resumed("llm", clock.ms, resumed_from_step=40)
+    clock.set_ms(t0 + 20_000)
+    job = reg.mark_resumed("llm", clock.time_ms(), resumed_from_step=40)
     assert job.state == RESUMING and job.restarts == 1 and job.steps_lost == 7 and job.resumed_from_step == 40
     # Stale samples (same step, same pid, same node) are not progress.
-    clock.ms = t0 + 25_000
+    clock.set_ms(t0 + 25_000)
     reg.on_report(node("gpu-001"), report(("llm", 0, 47, 40)))
     assert reg.job("llm").state == RESUMING  # type: ignore[union-attr]
     # Rank 1 comes back on the spare and steps past the checkpoint: downtime ends here.
-    clock.ms = t0 + 30_000
+    clock.set_ms(t0 + 30_000)
     reg.on_report(node("spare-01"), report(("llm", 1, 41, 40), pid=900))
     job = reg.job("llm")  # type: ignore[assignment]
     assert job is not None and job.state == RUNNING
@@ -144,32 +137,32 @@ def test_interruption_and_resume_accounting(store: Store) -> None:
 
     # A second interruption adds up; an open one counts its downtime up to now.
     reg.on_report(node("spare-01"), report(("llm", 1, 55, 50), pid=900))
-    clock.ms = t0 + 100_000
-    reg.mark_interrupted("llm", clock.ms, "node lost")
-    clock.ms = t0 + 110_000
+    clock.set_ms(t0 + 100_000)
+    reg.mark_interrupted("llm", clock.time_ms(), "node lost")
+    clock.set_ms(t0 + 110_000)
     assert reg.job("llm").downtime_s == pytest.approx(40.0)  # type: ignore[union-attr]
-    reg.mark_resumed("llm", clock.ms, resumed_from_step=50)
+    reg.mark_resumed("llm", clock.time_ms(), resumed_from_step=50)
     job = reg.job("llm")  # type: ignore[assignment]
     assert job is not None and job.restarts == 2 and job.steps_lost == 7 + 5
 
 
 def test_resume_without_recorded_interruption_still_counts(store: Store) -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000)
     reg = JobRegistry(store.connection, clock)
     reg.on_report(node("a"), report(("j", 0, 12, 10), world=1))
-    job = reg.mark_resumed("j", clock.ms, 10)
+    job = reg.mark_resumed("j", clock.time_ms(), 10)
     assert job.restarts == 1 and job.steps_lost == 2
 
 
 def test_survives_reopen(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000)
     store = Store(tmp_path / "c.db")
     reg = JobRegistry(store.connection, clock)
     reg.register_job("llm", ["gpu-001"], "/ckpt/llm", world_size=2)
     reg.on_report(node("gpu-001"), report(("llm", 0, 22, 20)))
     reg.on_report(node("gpu-002"), report(("llm", 1, 22, 20)))
-    reg.mark_interrupted("llm", clock.ms, "evict")
-    reg.mark_resumed("llm", clock.ms + 1000, 20)
+    reg.mark_interrupted("llm", clock.time_ms(), "evict")
+    reg.mark_resumed("llm", clock.time_ms() + 1000, 20)
     store.close()
 
     store = Store(tmp_path / "c.db")
@@ -182,7 +175,7 @@ def test_survives_reopen(tmp_path: Path) -> None:
         assert job.restarts == 1 and job.steps_lost == 2 and job.resumed_from_step == 20
         assert sorted(job.ranks) == [0, 1] and again.jobs_of("gpu-002") == ["llm"]
         # Downtime still closes on the first step after the reopen.
-        clock.ms += 5000
+        clock.advance(5)
         again.on_report(node("gpu-002"), report(("llm", 1, 21, 20), pid=777))
         assert again.job("llm").state == RUNNING  # type: ignore[union-attr]
         assert again.job("llm").downtime_s == pytest.approx(5.0)  # type: ignore[union-attr]
@@ -191,17 +184,17 @@ def test_survives_reopen(tmp_path: Path) -> None:
 
 
 def test_step_progress_writes_are_throttled(store: Store) -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000)
     reg = JobRegistry(store.connection, clock, persist_interval_ms=30_000)
     reg.on_report(node("a"), report(("j", 0, 1, 0), world=1))
-    clock.ms += 5000
+    clock.advance(5)
     reg.on_report(node("a"), report(("j", 0, 2, 0), world=1))
     row = store.connection.execute("SELECT step FROM heal_job_ranks WHERE job='j'").fetchone()
     assert row == (1,), "step-only progress waits for the persist interval"
     assert reg.job("j").step == 2  # type: ignore[union-attr]
-    clock.ms += 30_000
+    clock.advance(30)
     reg.on_report(node("a"), report(("j", 0, 3, 0), world=1))
     assert store.connection.execute("SELECT step FROM heal_job_ranks WHERE job='j'").fetchone() == (3,)
-    clock.ms += 1000
+    clock.advance(1)
     reg.on_report(node("a"), report(("j", 0, 4, 4), world=1))  # a checkpoint is written at once
     assert store.connection.execute("SELECT last_checkpoint_step FROM heal_job_ranks").fetchone() == (4,)

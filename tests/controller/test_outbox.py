@@ -15,14 +15,7 @@ from controller.detect.model import Incident
 from controller.outputs.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
 from controller.outputs.notify.notifier import Notifier
 from controller.outputs.notify.outbox import Outbox
-
-
-class Clock:
-    def __init__(self, t: int = 1_000_000) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
+from starpulse.core.clock import FakeClock
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -41,7 +34,7 @@ def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 
 class TestOutbox:
     def test_enqueue_is_idempotent(self, db: sqlite3.Connection) -> None:
-        ob = Outbox(db, Clock())
+        ob = Outbox(db, FakeClock(1_000_000))
         first = ob.enqueue("r", "inc-1#1.0", "firing", "{}", group="inc-1")
         assert first is not None
         assert ob.enqueue("r", "inc-1#1.0", "firing", '{"other": 1}', group="inc-1") is None
@@ -53,34 +46,34 @@ class TestOutbox:
         assert item is not None and item.payload == "{}"  # the first one stands
 
     def test_delivery_id_is_stable_and_distinct(self, db: sqlite3.Connection) -> None:
-        ob = Outbox(db, Clock())
+        ob = Outbox(db, FakeClock(1_000_000))
         a = ob.get(ob.enqueue("r", "k", "firing", "{}") or 0)
         b = ob.get(ob.enqueue("r", "k", "resolved", "{}") or 0)
         assert a is not None and b is not None
         assert len(a.delivery_id) == 32 and a.delivery_id != b.delivery_id
 
     def test_resolved_waits_for_its_firing_notice(self, db: sqlite3.Connection) -> None:
-        clock = Clock()
+        clock = FakeClock(1_000_000)
         ob = Outbox(db, clock)
         fire = ob.enqueue("r", "inc-1#1.0", "firing", "f", group="inc-1")
         res = ob.enqueue("r", "inc-1#1", "resolved", "r", group="inc-1")
         other = ob.enqueue("r", "inc-2#1.0", "firing", "o", group="inc-2")
         assert fire and res and other
-        assert [i.id for i in ob.due(clock.t)] == [fire, other]  # one head per incident
-        ob.mark_failed(fire, "HTTP 503", clock.t + 5000)
-        assert [i.id for i in ob.due(clock.t)] == [other]  # resolved still held back by the firing one
-        assert ob.next_due_ms() == clock.t
+        assert [i.id for i in ob.due(clock.time_ms())] == [fire, other]  # one head per incident
+        ob.mark_failed(fire, "HTTP 503", clock.time_ms() + 5000)
+        assert [i.id for i in ob.due(clock.time_ms())] == [other]  # resolved still held back by the firing one
+        assert ob.next_due_ms() == clock.time_ms()
         ob.mark_delivered(other)
-        assert ob.due(clock.t) == [] and ob.next_due_ms() == clock.t + 5000
-        clock.t += 5000
-        assert [i.id for i in ob.due(clock.t)] == [fire]
+        assert ob.due(clock.time_ms()) == [] and ob.next_due_ms() == clock.time_ms() + 5000
+        clock.advance(5)
+        assert [i.id for i in ob.due(clock.time_ms())] == [fire]
         ob.mark_delivered(fire)
-        assert [i.id for i in ob.due(clock.t)] == [res]
+        assert [i.id for i in ob.due(clock.time_ms())] == [res]
         ob.mark_delivered(res)
         assert ob.pending_count() == 0 and ob.next_due_ms() is None
 
     def test_permanent_failure_unblocks_the_group(self, db: sqlite3.Connection) -> None:
-        ob = Outbox(db, Clock())
+        ob = Outbox(db, FakeClock(1_000_000))
         fire = ob.enqueue("r", "a", "firing", "f", group="inc-1")
         res = ob.enqueue("r", "b", "resolved", "r", group="inc-1")
         assert fire and res
@@ -93,7 +86,7 @@ class TestOutbox:
     def test_survives_reopen(self, tmp_path: Path) -> None:
         path = tmp_path / "c.db"
         conn = connect(path)
-        ob = Outbox(conn, Clock())
+        ob = Outbox(conn, FakeClock(1_000_000))
         fire = ob.enqueue("r", "inc-1#1.0", "firing", '{"a": 1}', group="inc-1")
         assert fire is not None
         ob.mark_failed(fire, "connection refused", 2_000_000)
@@ -101,7 +94,7 @@ class TestOutbox:
         conn.close()
 
         conn = connect(path)
-        ob = Outbox(conn, Clock(2_000_000))
+        ob = Outbox(conn, FakeClock(2_000_000))
         assert ob.pending_count() == 1
         (item,) = ob.due()
         assert item.id == fire and item.attempts == 1 and item.payload == '{"a": 1}'
@@ -112,7 +105,7 @@ class TestOutbox:
         conn.close()
 
     def test_purge_keeps_what_deduplicates_firing_incidents(self, db: sqlite3.Connection) -> None:
-        clock = Clock()
+        clock = FakeClock(1_000_000)
         ob = Outbox(db, clock)
         for inc, state in (("inc-1", "firing"), ("inc-2", "resolved")):
             i = ob.enqueue("r", f"{inc}#1.0", "firing", "{}", group=inc)
@@ -120,8 +113,8 @@ class TestOutbox:
             ob.mark_delivered(i)
             ob.set_state("r", inc, 1, 0, state, "warning", "{}")
         pending = ob.enqueue("r", "inc-3#1.0", "firing", "{}", group="inc-3")
-        clock.t += 10_000
-        assert ob.purge(clock.t) == 1
+        clock.advance(10)
+        assert ob.purge(clock.time_ms()) == 1
         assert [i.group for i in ob.items()] == ["inc-1", "inc-3"]
         assert ob.get(pending or 0) is not None
         assert ob.state("r", "inc-2") is None and ob.state("r", "inc-1") is not None
@@ -146,7 +139,7 @@ def incident(**kw: Any) -> Incident:
 
 
 def notifier(db: sqlite3.Connection, *receivers: ReceiverConfig) -> Notifier:
-    return Notifier(NotifyConfig(receivers=list(receivers)), Outbox(db, Clock()), rng=random.Random(1))
+    return Notifier(NotifyConfig(receivers=list(receivers)), Outbox(db, FakeClock(1_000_000)), rng=random.Random(1))
 
 
 def hook(name: str = "hook", **kw: Any) -> ReceiverConfig:

@@ -8,16 +8,9 @@ from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
 from controller.store import Store
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def _report(node: NodeRecord, seq: int, timestamp_ms: int) -> ReportResult:
@@ -30,36 +23,36 @@ def _stored(store: Store) -> dict[str, tuple[str, int]]:
 
 
 def test_last_seen_is_written_every_flush_interval_and_state_changes_at_once(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000)
     store = Store(tmp_path / "c.db")
-    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock_ms=clock, last_seen_flush_s=15)
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock=clock, last_seen_flush_s=15)
     node = reg.register(spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
     registered_seen = _stored(store)["node-000"][1]
 
-    clock.ms += 5_000
-    reg.record_report(node, _report(node, seq=1, timestamp_ms=clock.ms))
+    clock.advance(5)
+    reg.record_report(node, _report(node, seq=1, timestamp_ms=clock.time_ms()))
     reg.flush_presence()
     assert _stored(store)["node-000"] == ("online", registered_seen)  # a report alone: not yet
 
-    clock.ms += 11_000  # 16 s after the registry's last write
-    reg.record_report(node, _report(node, seq=2, timestamp_ms=clock.ms))
+    clock.advance(11)  # 16 s after the registry's last write
+    reg.record_report(node, _report(node, seq=2, timestamp_ms=clock.time_ms()))
     reg.flush_presence()
-    assert _stored(store)["node-000"] == ("online", clock.ms)
+    assert _stored(store)["node-000"] == ("online", clock.time_ms())
 
-    clock.ms += 16_000  # silent past the heartbeat timeout: unreachable is written at the next flush
+    clock.advance(16)  # silent past the heartbeat timeout: unreachable is written at the next flush
     assert [n.node_id for n in reg.sweep()] == ["node-000"]
     reg.flush_presence()
     assert _stored(store)["node-000"][0] == "unreachable"
 
-    clock.ms += 1_000  # back: online written at once, not 15 s later
-    reg.record_report(node, _report(node, seq=3, timestamp_ms=clock.ms))
+    clock.advance(1)  # back: online written at once, not 15 s later
+    reg.record_report(node, _report(node, seq=3, timestamp_ms=clock.time_ms()))
     reg.flush_presence()
-    assert _stored(store)["node-000"] == ("online", clock.ms)
+    assert _stored(store)["node-000"] == ("online", clock.time_ms())
 
-    clock.ms += 2_000
-    reg.record_report(node, _report(node, seq=4, timestamp_ms=clock.ms))
+    clock.advance(2)
+    reg.record_report(node, _report(node, seq=4, timestamp_ms=clock.time_ms()))
     reg.flush_presence(force=True)  # shutdown writes what it has
-    assert _stored(store)["node-000"] == ("online", clock.ms)
+    assert _stored(store)["node-000"] == ("online", clock.time_ms())
     store.close()
 
 
@@ -67,19 +60,19 @@ def test_a_round_of_last_seen_times_is_written_a_chunk_per_sweep(tmp_path: Path)
     """600 nodes heard: the round goes out 250, 250, 100 over three sweeps, then waits for the next round."""
     from controller.ingest.registry import PRESENCE_ROWS_PER_FLUSH
 
-    clock = Clock()
+    clock = FakeClock(1_000_000)
     store = Store(tmp_path / "c.db")
-    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=60, clock_ms=clock, last_seen_flush_s=15)
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=60, clock=clock, last_seen_flush_s=15)
     nodes = [
         reg.register(spb.Hello(node_id=f"node-{i:03d}", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
         for i in range(600)
     ]
-    clock.ms += 16_000
+    clock.advance(16)
     for node in nodes:
-        reg.record_report(node, _report(node, seq=1, timestamp_ms=clock.ms))
+        reg.record_report(node, _report(node, seq=1, timestamp_ms=clock.time_ms()))
 
     def written() -> int:
-        return sum(1 for state, seen in _stored(store).values() if seen == clock.ms)
+        return sum(1 for state, seen in _stored(store).values() if seen == clock.time_ms())
 
     reg.flush_presence()
     assert written() == PRESENCE_ROWS_PER_FLUSH == 250
@@ -87,10 +80,10 @@ def test_a_round_of_last_seen_times_is_written_a_chunk_per_sweep(tmp_path: Path)
     assert written() == 500
     reg.flush_presence()
     assert written() == 600
-    clock.ms += 1_000
-    reg.record_report(nodes[0], _report(nodes[0], seq=2, timestamp_ms=clock.ms))
+    clock.advance(1)
+    reg.record_report(nodes[0], _report(nodes[0], seq=2, timestamp_ms=clock.time_ms()))
     reg.flush_presence()  # the round is done: the next one is 15 s away
-    assert _stored(store)["node-000"][1] == clock.ms - 1_000
+    assert _stored(store)["node-000"][1] == clock.time_ms() - 1_000
     store.close()
 
 
@@ -99,7 +92,7 @@ def test_a_last_seen_write_leaves_the_nodes_row_alone(tmp_path: Path) -> None:
     store = Store(tmp_path / "c.db")
     hello = spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e")
     hello.inventory.gpus.add(index=0, uuid="GPU-0")
-    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock_ms=Clock())
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock=FakeClock(1_000_000))
     reg.register(hello)
     db = store.connection
 
@@ -127,7 +120,7 @@ def test_the_wal_is_checkpointed_off_the_writers_connection(tmp_path: Path) -> N
     path = tmp_path / "c.db"
     store = Store(path)
     store.start_checkpointer(every_s=0.05)
-    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock_ms=Clock())
+    reg = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock=FakeClock(1_000_000))
     reg.register(spb.Hello(node_id="node-000", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
     assert store.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     for i in range(50):

@@ -17,6 +17,7 @@ import pytest
 from controller.detect.failslow import SIGNAL_POWER, SIGNAL_SM_CLOCK, SIGNAL_UTIL, FailSlowConfig, FailSlowDetector
 from controller.detect.linkkey import links_key
 from controller.ingest.validate import InvalidMessage, validate_report
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.controller.test_conditions import NODE, RULES, compute_node, good_report, make_engine, opened, resolved
 
@@ -35,9 +36,9 @@ class TestNvLink:
         """Link 11 of 18 down opens gpu.nvlink_down naming link 11, whether or not the counters are read then."""
         engine, clock = make_engine()
         node = compute_node()
-        engine.on_report(node, report_18_links(clock.now))  # first report: counters read
+        engine.on_report(node, report_18_links(clock.time_ms()))  # first report: counters read
         clock.advance(offset_s or 15)  # 15 s: the counters are due again; 5 s: they are not
-        r = report_18_links(clock.now)
+        r = report_18_links(clock.time_ms())
         r.gpus[5].nvlinks[11].up = False
         changes = engine.on_report(node, r)
         assert opened(changes) == [("gpu.nvlink_down", GPU5)]
@@ -46,13 +47,13 @@ class TestNvLink:
         assert cond.evidence == {"links_down": [11], "links": LINKS}
         assert "NVLink 11 down" in cond.message
         clock.advance(5)
-        assert resolved(engine.on_report(node, report_18_links(clock.now))) == [("gpu.nvlink_down", GPU5)]
+        assert resolved(engine.on_report(node, report_18_links(clock.time_ms()))) == [("gpu.nvlink_down", GPU5)]
 
     def test_link_numbers_not_positions(self):
         """The down link is named by its link number, not its position in the report."""
         engine, clock = make_engine()
         node = compute_node()
-        r = report_18_links(clock.now)
+        r = report_18_links(clock.time_ms())
         links = r.gpus[5].nvlinks
         for pos, nl in enumerate(links):
             nl.link = 100 + pos
@@ -67,9 +68,9 @@ class TestNvLink:
         """A link down and CRC errors on another link, read in one pass: both conditions, right links."""
         engine, clock = make_engine()
         node = compute_node()
-        engine.on_report(node, report_18_links(clock.now))
+        engine.on_report(node, report_18_links(clock.time_ms()))
         clock.advance(15)
-        r = report_18_links(clock.now)
+        r = report_18_links(clock.time_ms())
         r.gpus[5].nvlinks[2].up = False
         r.gpus[5].nvlinks[17].crc_flit_errors = 10_000
         changes = engine.on_report(node, r)
@@ -86,11 +87,11 @@ class TestNvLink:
         """A link that stops reporting a counter reads it as 0, as the protobuf default always did."""
         engine, clock = make_engine()
         node = compute_node()
-        r = report_18_links(clock.now)
+        r = report_18_links(clock.time_ms())
         r.gpus[5].nvlinks[4].crc_flit_errors = 500
         engine.on_report(node, r)
         clock.advance(15)
-        r = report_18_links(clock.now)
+        r = report_18_links(clock.time_ms())
         r.gpus[5].nvlinks[4].ClearField("crc_flit_errors")  # absent: a reset to 0, not an error burst
         assert engine.on_report(node, r) == []
 
@@ -100,58 +101,58 @@ class TestGpuState:
         """An open remap_pending stays open while the GPU omits the flag, and resolves when it says False."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[5].remap_pending = True
         assert opened(engine.on_report(node, r)) == [("gpu.remap_pending", GPU5)]
         for _ in range(3):
             clock.advance(5)
-            r = good_report(clock.now)
+            r = good_report(clock.time_ms())
             r.gpus[5].ClearField("remap_pending")
             assert engine.on_report(node, r) == []
         clock.advance(5)
-        assert resolved(engine.on_report(node, good_report(clock.now))) == [("gpu.remap_pending", GPU5)]
+        assert resolved(engine.on_report(node, good_report(clock.time_ms()))) == [("gpu.remap_pending", GPU5)]
 
     def test_absent_recovery_action_is_not_zero(self):
         """Recovery action 2 opens; an absent field keeps it open; an explicit 0 resolves it."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[5].recovery_action = 2
         assert opened(engine.on_report(node, r)) == [("gpu.recovery_action", GPU5)]
         clock.advance(5)
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[5].ClearField("recovery_action")
         assert engine.on_report(node, r) == []
         clock.advance(5)
-        assert resolved(engine.on_report(node, good_report(clock.now))) == [("gpu.recovery_action", GPU5)]
+        assert resolved(engine.on_report(node, good_report(clock.time_ms()))) == [("gpu.recovery_action", GPU5)]
 
     def test_unwatched_clock_bits_open_nothing_and_absent_resolves_nothing(self):
         """Idle + SW power cap (unwatched) is healthy; HW slowdown opens; an absent field does not count as good."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[5].clock_event_reasons = 0x1 | 0x4 | 0x2 | 0x100  # none of the watched reasons
         assert engine.on_report(node, r) == []
         clock.advance(5)
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[5].clock_event_reasons = 0x8 | 0x4
         assert opened(engine.on_report(node, r)) == [("gpu.hw_slowdown", GPU5)]
         for _ in range(3):  # resolve_after 2: absent reports must not count toward it
             clock.advance(5)
-            r = good_report(clock.now)
+            r = good_report(clock.time_ms())
             r.gpus[5].ClearField("clock_event_reasons")
             assert engine.on_report(node, r) == []
         assert engine.get("gpu.hw_slowdown", GPU5) is not None
         clock.advance(5)
-        assert engine.on_report(node, good_report(clock.now)) == []  # first good report of 2
+        assert engine.on_report(node, good_report(clock.time_ms())) == []  # first good report of 2
         clock.advance(5)
-        assert resolved(engine.on_report(node, good_report(clock.now))) == [("gpu.hw_slowdown", GPU5)]
+        assert resolved(engine.on_report(node, good_report(clock.time_ms()))) == [("gpu.hw_slowdown", GPU5)]
 
     def test_lost_gpu_skips_the_other_rules(self):
         """A lost GPU opens gpu.lost only, even with a recovery action and a slowdown bit in the same sample."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         g = r.gpus[5]
         g.lost = True
         g.recovery_action = 2
@@ -163,14 +164,14 @@ class TestGpuState:
         """gpu.missing opens for an absent GPU and resolves once it is reported again (nothing else open)."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         del r.gpus[5]
         assert opened(engine.on_report(node, r)) == [("gpu.missing", GPU5)]
         after = RULES.get("gpu.missing").resolve_after
         for n in range(1, after + 1):
             clock.advance(5)
             expect = [("gpu.missing", GPU5)] if n == after else []
-            assert resolved(engine.on_report(node, good_report(clock.now))) == expect
+            assert resolved(engine.on_report(node, good_report(clock.time_ms()))) == expect
 
 
 class TestThresholdBoundary:
@@ -179,9 +180,9 @@ class TestThresholdBoundary:
         """nic.phy_errors is 0.1/s over 60 s: 6 symbol errors in the window fire, 5 do not."""
         engine, clock = make_engine()
         node = compute_node()
-        engine.on_report(node, good_report(clock.now))
+        engine.on_report(node, good_report(clock.time_ms()))
         clock.advance(15)
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.nics[5].counters["symbol_error"] = errors
         assert (("nic.phy_errors", f"{NODE}/nic-5") in opened(engine.on_report(node, r))) is fires
 
@@ -189,17 +190,17 @@ class TestThresholdBoundary:
         """In a delta report an absent counter is the last full report's value: no reset, no burst."""
         engine, clock = make_engine()
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.nics[5].counters["symbol_error"] = 1_000
         engine.on_report(node, r)
         for _ in range(4):  # counter reads every 15 s, all from deltas that omit symbol_error
             clock.advance(15)
-            d = good_report(clock.now)
+            d = good_report(clock.time_ms())
             d.counters_delta = True
             del d.nics[5].counters["symbol_error"]
             assert engine.on_report(node, d) == []
         clock.advance(15)
-        d = good_report(clock.now)
+        d = good_report(clock.time_ms())
         d.counters_delta = True
         d.nics[5].counters["symbol_error"] = 1_006  # +6 in the window: exactly the threshold
         assert opened(engine.on_report(node, d)) == [("nic.phy_errors", f"{NODE}/nic-5")]
@@ -208,9 +209,9 @@ class TestThresholdBoundary:
 class TestFailSlowSignals:
     def test_absent_is_skipped_and_zero_is_kept(self):
         """A GPU that does not report utilization is left out of the mean; one that reports 0 % is in it."""
-        now = [1_000_000]
-        det = FailSlowDetector(FailSlowConfig(), clock_ms=lambda: now[0])
-        r = tpb.Report(seq=1, timestamp_ms=now[0])
+        clock = FakeClock(1_000_000)
+        det = FailSlowDetector(FailSlowConfig(), clock=clock)
+        r = tpb.Report(seq=1, timestamp_ms=clock.time_ms())
         r.gpus.add(index=0, utilization_gpu_pct=90.0, power_w=300.0, sm_clock_mhz=1800)
         r.gpus.add(index=1, utilization_gpu_pct=0.0, power_w=0.0, sm_clock_mhz=0)  # present zeros
         r.gpus.add(index=2)  # absent: none of the three
@@ -221,9 +222,9 @@ class TestFailSlowSignals:
         assert series[SIGNAL_SM_CLOCK][-1][1] == pytest.approx(900.0)
 
     def test_all_absent_gives_no_sample(self):
-        now = [1_000_000]
-        det = FailSlowDetector(FailSlowConfig(), clock_ms=lambda: now[0])
-        r = tpb.Report(seq=1, timestamp_ms=now[0])
+        clock = FakeClock(1_000_000)
+        det = FailSlowDetector(FailSlowConfig(), clock=clock)
+        r = tpb.Report(seq=1, timestamp_ms=clock.time_ms())
         r.gpus.add(index=0)
         det.observe("node-1", r)
         assert SIGNAL_UTIL not in det._nodes["node-1"].series
@@ -296,7 +297,7 @@ class TestUnchangedLinksSkipTheRead:
         out = []
         for i in range(count):
             clock.advance(15)  # every report reads the NVLink counters
-            r = report_18_links(clock.now)
+            r = report_18_links(clock.time_ms())
             if mutate is not None:
                 mutate(r, i)
             out.append(engine.on_report(node, r))
@@ -306,7 +307,7 @@ class TestUnchangedLinksSkipTheRead:
         """After several identical counter reads, errors on one link open gpu.nvlink_errors at once."""
         engine, clock = make_engine()
         node = compute_node()
-        engine.on_report(node, report_18_links(clock.now))
+        engine.on_report(node, report_18_links(clock.time_ms()))
         assert self.run_due_reports(engine, clock, node, 3) == [[], [], []]
 
         def errors(r: tpb.Report, i: int) -> None:
@@ -322,7 +323,7 @@ class TestUnchangedLinksSkipTheRead:
         """A link down on a counter read after identical ones opens; the same bytes again keep it open."""
         engine, clock = make_engine()
         node = compute_node()
-        engine.on_report(node, report_18_links(clock.now))
+        engine.on_report(node, report_18_links(clock.time_ms()))
         self.run_due_reports(engine, clock, node, 2)
 
         def down(r: tpb.Report, i: int) -> None:
@@ -349,4 +350,4 @@ class TestUnchangedLinksSkipTheRead:
         self.run_due_reports(engine, clock, node, 4, stuck)  # first sight, then 3 unchanged reads
         window = engine.rates._groups[GPU5].windows["nvlink-2/crc_flit_errors"]
         assert [(delta, saturated) for _, delta, saturated in window] == [(0, True)] * 3
-        assert engine.rates.window_sum(GPU5, "nvlink-2/crc_flit_errors", 60, clock.now) == (0, True)
+        assert engine.rates.window_sum(GPU5, "nvlink-2/crc_flit_errors", 60, clock.time_ms()) == (0, True)

@@ -11,13 +11,7 @@ from controller.fabric.generate import generate_fabric
 from controller.fabric.model import Fabric
 from controller.heal.spares import SpareError, SparePool
 from controller.heal.states import NodeHealState, RemediationStore
-
-
-class Clock:
-    ms = 1_000
-
-    def __call__(self) -> int:
-        return self.ms
+from starpulse.core.clock import FakeClock
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +21,7 @@ def fabric() -> Fabric:
 
 
 def pool(db: Path, fabric: Fabric, unhealthy: frozenset[str] = frozenset()) -> SparePool:
-    store = RemediationStore(sqlite3.connect(str(db), isolation_level=None), Clock())
+    store = RemediationStore(sqlite3.connect(str(db), isolation_level=None), FakeClock(1_000))
     return SparePool(fabric, lambda n: n not in unhealthy, store)
 
 
@@ -79,7 +73,7 @@ def test_health_gate(tmp_path: Path, fabric: Fabric) -> None:
 
 
 def test_broken_health_source_gates(tmp_path: Path, fabric: Fabric) -> None:
-    store = RemediationStore(sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None), Clock())
+    store = RemediationStore(sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None), FakeClock(1_000))
 
     def boom(node: str) -> bool:
         raise RuntimeError("prometheus down")

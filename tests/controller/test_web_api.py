@@ -23,24 +23,26 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.model import Condition, ConditionChange
 from controller.detect.pipeline import DetectionConfig
 from controller.fabric import Fabric, generate_fabric
-from controller.ingest.registry import UNREACHABLE, now_ms
+from controller.ingest.registry import UNREACHABLE
 from controller.outputs.http import build_app
 from controller.outputs.web import STATIC_DIR
 from controller.outputs.web.api import STATE_KEY, element_of, mark_components
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK, FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 
 Client = TestClient[web.Request, web.Application]
 
 
-def make_controller(tmp_path: Path, fabric: Fabric | None) -> Controller:
+def make_controller(tmp_path: Path, fabric: Fabric | None, clock: FakeClock | None = None) -> Controller:
     return Controller(
         ControllerConfig(
             db_path=tmp_path / "controller.db",
             fabric=fabric,
             detection=DetectionConfig(correlation=CorrelationConfig(settle_s=0, resolve_hold_s=0)),
-        )
+        ),
+        clock,
     )
 
 
@@ -57,7 +59,7 @@ def cond(
     node: str | None,
     severity: str = "critical",
 ) -> Condition:
-    t = now_ms()
+    t = SYSTEM_CLOCK.time_ms()
     return Condition(
         rule=rule,
         component=component,
@@ -86,7 +88,7 @@ def feed(ctl: Controller, *conditions: Condition, kind: str = "opened") -> None:
 
 
 def resolve(ctl: Controller, *conditions: Condition) -> None:
-    t = now_ms()
+    t = SYSTEM_CLOCK.time_ms()
     feed(ctl, *(replace(c, resolved_ms=t, last_seen_ms=t) for c in conditions), kind="resolved")
     ctl.detection.tick()
 
@@ -436,16 +438,15 @@ def test_change_signature_moves_with_presence_not_with_reports(tmp_path: Path) -
     """The dashboard's once-a-second change check: a node going unreachable or coming back changes it."""
     from controller.outputs.web.api import DashboardState
 
-    clock = [now_ms()]
-    ctl = make_controller(tmp_path, None)
-    ctl.registry._clock_ms = lambda: clock[0]
+    clock = FakeClock(SYSTEM_CLOCK.time_ms())
+    ctl = make_controller(tmp_path, None, clock)
     register(ctl, "node-000")
     state = DashboardState(ctl.registry, ctl.detection)
     first = state.signature()
     node = ctl.registry.nodes["node-000"]
     ctl.registry.touch(node)  # an ordinary report: nothing on the page changes
     assert state.signature() == first
-    clock[0] += 60_000
+    clock.advance(60)
     assert ctl.registry.sweep() == [node]
     gone = state.signature()
     assert gone != first

@@ -44,7 +44,7 @@ def controller(tmp_path: Path) -> Iterator[str]:
     save_fabric(generate_fabric(4, 2, 2, 4, 2, spares=1), fabric_path)
     db = tmp_path / "c.db"
     store = Store(db)
-    CircuitBreaker(store.connection, lambda: int(time.time() * 1000)).trip("4 of 5 nodes faulty (before restart)")
+    CircuitBreaker(store.connection).trip("4 of 5 nodes faulty (before restart)")
     store.close()
     address = f"127.0.0.1:{free_port()}"
     with (tmp_path / "controller.log").open("wb") as log:

@@ -26,8 +26,9 @@ from controller.detect.model import Incident
 from controller.outputs.notify import payloads
 from controller.outputs.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
 from controller.outputs.notify.notifier import Notifier
-from controller.outputs.notify.outbox import Outbox, now_ms
+from controller.outputs.notify.outbox import Outbox
 from controller.outputs.notify.signing import DELIVERY_HEADER, verify
+from starpulse.core.clock import SYSTEM_CLOCK, Clock, FakeClock
 from tests.helpers import free_port, wait_for
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -105,17 +106,19 @@ class Running:
         self.conn.close()
 
 
-def start_notifier(db: Path, *receivers: ReceiverConfig) -> Running:
+def start_notifier(
+    db: Path, *receivers: ReceiverConfig, clock: Clock = SYSTEM_CLOCK, poll_interval_s: float = 0.1
+) -> Running:
     """A Notifier on its own connection to the controller DB file, as the controller would run it."""
     conn = sqlite3.connect(str(db), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    n = Notifier(NotifyConfig(receivers=list(receivers), poll_interval_s=0.1), Outbox(conn))
+    n = Notifier(NotifyConfig(receivers=list(receivers), poll_interval_s=poll_interval_s), Outbox(conn, clock))
     stop = asyncio.Event()
     return Running(n, conn, stop, asyncio.create_task(n.run(stop, grace_s=1.0)))
 
 
 def incident(**kw: Any) -> Incident:
-    t = now_ms()
+    t = SYSTEM_CLOCK.time_ms()
     base: dict[str, Any] = {
         "id": "inc-000042",
         "kind": "link_fault",
@@ -134,7 +137,7 @@ def incident(**kw: Any) -> Incident:
 
 
 def resolved(inc: Incident) -> Incident:
-    t = now_ms()
+    t = SYSTEM_CLOCK.time_ms()
     return Incident(**{**inc.__dict__, "resolved_ms": t, "updated_ms": t})
 
 
@@ -205,6 +208,31 @@ class TestReceiverOutage:
                 assert len(broken.refused) == 1 and broken.hits == []
                 (item,) = run.notifier.outbox.items("broken")
                 assert item.state == "failed" and item.last_error.startswith("HTTP 400")
+            finally:
+                await run.halt()
+
+
+class TestBackoffOnTheControllersClock:
+    async def test_a_retry_waits_for_its_backoff_on_the_injected_clock(self, tmp_path: Path) -> None:
+        """Five minutes of backoff after a 503: no retry while the fake clock stands short of it, even
+        as real time passes, and the retry goes out once the clock passes it, with no real waiting."""
+        clock = FakeClock(SYSTEM_CLOCK.time_ms())
+        five_min = BackoffConfig(initial_s=300, max_s=300, multiplier=2.0, jitter=0.0)
+        flaky = Receiver(free_port(), fail_first=1, fail_status=503)
+        cfg = ReceiverConfig(name="flaky", type="alertmanager_webhook", url=flaky.url, backoff=five_min)
+        async with receiving(flaky):
+            # An hour's poll interval: only the backoff's deadline, on the fake clock, wakes the loop.
+            run = start_notifier(tmp_path / "controller.db", cfg, clock=clock, poll_interval_s=3600)
+            try:
+                run.notifier.on_incident("opened", incident())
+                await wait_for(lambda: run.notifier.stats.retried["flaky"] == 1, 10, "the first attempt refused")
+                assert run.notifier.outbox.next_due_ms() == clock.time_ms() + 300_000
+                clock.advance(299.9)
+                await settle()
+                assert flaky.hits == [] and len(flaky.refused) == 1
+                clock.advance(0.1)
+                await wait_for(lambda: len(flaky.hits) == 1, 10, "the retry once the backoff passed")
+                assert len(flaky.refused) == 1 and run.notifier.stats.sent["flaky"] == 1
             finally:
                 await run.halt()
 

@@ -30,7 +30,6 @@ import contextlib
 import functools
 import json
 import random
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,8 +42,9 @@ import structlog
 from controller.detect.model import Incident
 from controller.outputs.notify import payloads
 from controller.outputs.notify.config import NotifyConfig, ReceiverConfig
-from controller.outputs.notify.outbox import ActiveAlert, Outbox, OutboxItem, delivery_id, now_ms
+from controller.outputs.notify.outbox import ActiveAlert, Outbox, OutboxItem, delivery_id
 from controller.outputs.notify.signing import signed_headers
+from starpulse.core.clock import Clock
 
 log = structlog.get_logger(__name__)
 
@@ -84,13 +84,15 @@ class Notifier:
         config: NotifyConfig,
         outbox: Outbox,
         metrics_hook: MetricsHook | None = None,
-        clock_ms: Callable[[], int] = now_ms,
+        clock: Clock | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.outbox = outbox
         self.metrics_hook = metrics_hook
-        self.clock_ms = clock_ms
+        # Due times, backoff, re-send cadence, signatures and the loop's waits: the outbox's clock by default.
+        self.clock = clock if clock is not None else outbox.clock
+        self._clock_ms = self.clock.time_ms
         self.stats = NotifierStats()
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()
@@ -152,7 +154,7 @@ class Notifier:
     ) -> int:
         dedup = f"{inc.id}#{episode}.{revision}" + (f"@{update_ms}" if update_ms is not None else "")
         ext = self.config.external_url
-        now = self.clock_ms()
+        now = self._clock_ms()
         body: Any
         if r.type == "alertmanager_api":
             alert = payloads.api_alert(inc, "firing", ext)
@@ -221,10 +223,10 @@ class Notifier:
                     except Exception:
                         log.exception("notifier_pass_failed")
                     wake = asyncio.ensure_future(self._wake.wait())
-                    await asyncio.wait(
-                        {wake, stop_waiter}, timeout=self._sleep_s(), return_when=asyncio.FIRST_COMPLETED
-                    )
+                    timer = asyncio.ensure_future(self.clock.sleep(self._sleep_s()))
+                    await asyncio.wait({wake, stop_waiter, timer}, return_when=asyncio.FIRST_COMPLETED)
                     wake.cancel()
+                    timer.cancel()
                 await self._drain(grace_s)
         finally:
             stop_waiter.cancel()
@@ -233,7 +235,7 @@ class Notifier:
     def _pass(self, session: aiohttp.ClientSession) -> None:
         free = self.config.concurrency - len(self._inflight)
         if free > 0:
-            for item in self.outbox.due(self.clock_ms(), limit=self.config.batch_size + len(self._inflight)):
+            for item in self.outbox.due(self._clock_ms(), limit=self.config.batch_size + len(self._inflight)):
                 if item.id in self._inflight:
                     continue
                 task = asyncio.create_task(self._deliver(session, item))
@@ -242,7 +244,7 @@ class Notifier:
                 free -= 1
                 if free <= 0:
                     break
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         for r in self.config.receivers:
             if r.type != "alertmanager_api" or r.name in self._resending:
                 continue
@@ -253,7 +255,7 @@ class Notifier:
                 task.add_done_callback(functools.partial(self._resend_done, r.name))
         if mono - self._last_purge >= 3600:
             self._last_purge = mono
-            n = self.outbox.purge(self.clock_ms() - int(self.config.retention_s * 1000))
+            n = self.outbox.purge(self._clock_ms() - int(self.config.retention_s * 1000))
             if n:
                 log.info("notify_outbox_purged", rows=n)
 
@@ -268,12 +270,12 @@ class Notifier:
         sleep = self.config.poll_interval_s
         nxt = self.outbox.next_due_ms()
         if nxt is not None:
-            wait = (nxt - self.clock_ms()) / 1000
+            wait = (nxt - self._clock_ms()) / 1000
             if wait > 0:
                 sleep = min(sleep, wait)
             elif not self._inflight:  # due but not started (a failed pass): retry soon, do not spin
                 sleep = min(sleep, 0.05)
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         for r in self.config.receivers:
             if r.type == "alertmanager_api":
                 sleep = min(sleep, max(0.0, self._last_resend.get(r.name, mono) + r.resend_interval_s - mono))
@@ -309,7 +311,7 @@ class Notifier:
             return
         payload = item.payload
         if r.type == "alertmanager_api":  # firing alerts get a fresh endsAt at each attempt
-            alerts = payloads.stamp_api_alerts(json.loads(payload), self.clock_ms(), r.resend_interval_s)
+            alerts = payloads.stamp_api_alerts(json.loads(payload), self._clock_ms(), r.resend_interval_s)
             payload = json.dumps(alerts, sort_keys=True)
         outcome = await self._post(session, r, payload.encode(), item.delivery_id)
         fields = {
@@ -332,7 +334,7 @@ class Notifier:
             log.error("notify_failed", outcome="gave_up", error=outcome.detail, **fields)
             return
         delay = self._backoff_s(r, attempt, outcome.retry_after_s)
-        self.outbox.mark_failed(item.id, outcome.detail, self.clock_ms() + int(delay * 1000))
+        self.outbox.mark_failed(item.id, outcome.detail, self._clock_ms() + int(delay * 1000))
         self._count("retried", r.name)
         log.warning("notify_retry", outcome="retry", error=outcome.detail, retry_in_s=round(delay, 2), **fields)
 
@@ -349,7 +351,7 @@ class Notifier:
             "Content-Type": "application/json",
             "User-Agent": "starpulse-controller",
             **r.headers,
-            **signed_headers(r.key, int(time.time()), body, delivery),
+            **signed_headers(r.key, int(self.clock.time()), body, delivery),
         }
         try:
             async with session.post(
@@ -357,7 +359,7 @@ class Notifier:
             ) as resp:
                 text = (await resp.text(errors="replace"))[:200]
                 code = resp.status
-                retry_after = _retry_after_s(resp.headers.get("Retry-After"))
+                retry_after = _retry_after_s(resp.headers.get("Retry-After"), self.clock.time())
         except TimeoutError:
             return _Outcome(False, True, f"timeout after {r.timeout_s}s")
         except (aiohttp.ClientError, OSError) as e:
@@ -373,12 +375,12 @@ class Notifier:
         if not active:
             return
         alerts = payloads.stamp_api_alerts(
-            [json.loads(a.payload) for a in active], self.clock_ms(), r.resend_interval_s
+            [json.loads(a.payload) for a in active], self._clock_ms(), r.resend_interval_s
         )
         for i in range(0, len(alerts), API_CHUNK):
             chunk = alerts[i : i + API_CHUNK]
             body = json.dumps(chunk, sort_keys=True).encode()
-            outcome = await self._post(session, r, body, f"resend-{int(time.time())}-{i}")
+            outcome = await self._post(session, r, body, f"resend-{int(self.clock.time())}-{i}")
             if outcome.ok:
                 self._count("resent", r.name, len(chunk))
                 log.debug("notify_resent", receiver=r.name, alerts=len(chunk), outcome="delivered")
@@ -397,8 +399,8 @@ class Notifier:
                 log.exception("notify_metrics_hook_failed", event=event)
 
 
-def _retry_after_s(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
+def _retry_after_s(value: str | None, now_s: float) -> float | None:
+    """Retry-After as seconds (delta-seconds, or an HTTP date less ``now_s``); None when absent or unreadable."""
     if not value:
         return None
     try:
@@ -406,6 +408,6 @@ def _retry_after_s(value: str | None) -> float | None:
     except ValueError:
         pass
     try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        return max(0.0, parsedate_to_datetime(value).timestamp() - now_s)
     except (TypeError, ValueError):
         return None

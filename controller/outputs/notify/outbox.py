@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import structlog
 
 from controller.store import transaction
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
 
@@ -68,10 +68,6 @@ CREATE TABLE IF NOT EXISTS notify_state (
     PRIMARY KEY (receiver, incident_id)
 );
 """
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 PENDING = "pending"
@@ -124,9 +120,10 @@ def delivery_id(receiver: str, dedup_key: str, status: str) -> str:
 class Outbox:
     """Notifications waiting for (or done with) delivery, on a caller-owned SQLite connection."""
 
-    def __init__(self, conn: sqlite3.Connection, clock_ms: Callable[[], int] = now_ms) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
         self._db = conn
-        self._clock = clock_ms
+        self.clock = clock  # the notifier's too, unless it is given its own
+        self._clock = clock.time_ms
         self._db.executescript(_SCHEMA)
 
     # -- the queue ---------------------------------------------------------------------

@@ -30,7 +30,7 @@ from controller.detect.model import Incident
 from controller.detect.pipeline import Detection
 from controller.fabric import Fabric
 from controller.fabric.model import LINK_SEPARATOR
-from controller.ingest.registry import NodeRecord, NodeRegistry, now_ms
+from controller.ingest.registry import NodeRecord, NodeRegistry
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import inventory_pb2 as ipb
 
@@ -284,7 +284,7 @@ def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
         "breaker": state.breaker_state(),
         "fabric": fabric.summary() if fabric is not None else None,
         "version": version,
-        "now_ms": now_ms(),
+        "now_ms": state.registry.clock.time_ms(),  # the clock last-seen times are on
     }
 
 
