@@ -101,6 +101,7 @@ class TestRegistry:
         """rules.KINDS (kind -> parameters) is derived from the one registry, in its order."""
         assert list(KINDS) == list(REGISTRY.kinds())
         assert all(KINDS[cls.kind] is cls.params for cls in REGISTRY)
+        assert {"gpu_field", "nic_field"} <= set(KINDS)
 
     def test_a_kind_outside_the_registry_is_unknown(self) -> None:
         """A rules file may use only the kinds of the registry it is loaded with."""

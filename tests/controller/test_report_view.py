@@ -114,8 +114,10 @@ class TestVerdicts:
                 r.nics[5].counters["symbol_error"] = 900 * (step - 3)
             if step >= 20:
                 r.nics[5].counters["symbol_error"] = 900 * 16
+            if 6 <= step < 14:
+                r.nics[2].phys_state_code = 6  # nic.link_error_recovery (nic_field)
             if 10 <= step < 26:
-                r.gpus[5].remap_pending = True
+                r.gpus[5].remap_pending = True  # gpu.remap_pending (gpu_field)
             if 12 <= step < 30:
                 r.gpus[3].nvlinks[1].up = False
             if step >= 16:
@@ -135,6 +137,7 @@ class TestVerdicts:
         rules = {rule for step in full_seen for kind, rule, _ in step if kind == "opened"}
         assert rules >= {
             "nic.phy_errors",
+            "nic.link_error_recovery",
             "gpu.remap_pending",
             "gpu.nvlink_down",
             "gpu.nvlink_errors",

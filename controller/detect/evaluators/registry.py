@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from controller.detect.evaluators.base import Registry
 from controller.detect.evaluators.events import EventRule
+from controller.detect.evaluators.fields import GpuField, NicField
 from controller.detect.evaluators.gpu import (
     GpuClockReasons,
     GpuFlag,
@@ -29,10 +30,12 @@ REGISTRY = Registry(
         GpuFlag,
         GpuRecoveryAction,
         GpuClockReasons,
+        GpuField,
         GpuMissing,
         NvLinkDown,
         NvLinkErrors,
         NicState,
+        NicField,
         NicCounter,
         NicRate,
         SwitchPortState,
