@@ -125,6 +125,20 @@ class Evaluator:
         self.rules = rules
         self.judge = setup.judge
 
+    def bad_on(
+        self,
+        nid: str,
+        rule: Rule,
+        comp: str,
+        ctype: ComponentType,
+        message: str,
+        evidence: dict[str, Any],
+        now: int,
+        **kw: Any,
+    ) -> None:
+        """``Judge.bad`` for a component of node ``nid`` that its own reports drive (most kinds)."""
+        self.judge.bad(rule, comp, ctype, nid, nid, message, evidence, now, **kw)
+
     def opened_by_event(self, rule: Rule, cond: Condition, ev: tpb.Event) -> None:
         """An event opened ``rule``'s condition before a report confirmed it: adjust it from the
         event (most kinds take the rule's action and severity as they are)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import eq, ge, gt, le, lt, ne
-from typing import Any
+from typing import Any, ClassVar
 
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -302,12 +302,10 @@ def _evidence(b: _Bound, value: Any, rhs: Any, state: tuple[Any, ...]) -> tuple[
     return detail, evidence
 
 
-class GpuField(GpuEvaluator):
-    """A GpuSample field compared with a threshold or another field."""
+class _FieldKind:
+    """What both field kinds share: their rules compile at load against ``known``."""
 
-    kind = "gpu_field"
-    known = comparable_fields(tpb.GpuSample.DESCRIPTOR)
-    params = field_params(tpb.GpuSample.DESCRIPTOR)
+    known: ClassVar[dict[str, FieldInfo]]
 
     @classmethod
     def prepare(cls, params: dict[str, Any], defaults: Defaults, where: str, errors: list[str]) -> Derived:
@@ -317,6 +315,14 @@ class GpuField(GpuEvaluator):
     def reads(cls, rule: Rule) -> tuple[str, ...]:
         spec: FieldSpec = rule.spec
         return spec.fields()
+
+
+class GpuField(_FieldKind, GpuEvaluator):
+    """A GpuSample field compared with a threshold or another field."""
+
+    kind = "gpu_field"
+    known = comparable_fields(tpb.GpuSample.DESCRIPTOR)
+    params = field_params(tpb.GpuSample.DESCRIPTOR)
 
     @classmethod
     def wake(cls, rule: Rule) -> Mapping[str, int] | None:
@@ -343,26 +349,17 @@ class GpuField(GpuEvaluator):
                     detail, evidence = _evidence(b, value, rhs, state)
                     evidence["uuid"] = g.uuid
                     message = f"{comp}: {b.rule.description} ({detail})"
-                    self.judge.bad(b.rule, comp, "gpu", nid, nid, message, evidence, now)
+                    self.bad_on(nid, b.rule, comp, "gpu", message, evidence, now)
             elif owned and (b.rule.id, comp) in owned and _known(b, g, state):
                 self.judge.good(owned, b.rule, comp, now)
 
 
-class NicField(NicEvaluator):
+class NicField(_FieldKind, NicEvaluator):
     """A NicSample field compared with a threshold or another field."""
 
     kind = "nic_field"
     known = comparable_fields(tpb.NicSample.DESCRIPTOR)
     params = field_params(tpb.NicSample.DESCRIPTOR)
-
-    @classmethod
-    def prepare(cls, params: dict[str, Any], defaults: Defaults, where: str, errors: list[str]) -> Derived:
-        return compile_spec(params, cls.known, where, errors)
-
-    @classmethod
-    def reads(cls, rule: Rule) -> tuple[str, ...]:
-        spec: FieldSpec = rule.spec
-        return spec.fields()
 
     def __init__(self, rules: tuple[Rule, ...], setup: Setup) -> None:
         super().__init__(rules, setup)
@@ -383,7 +380,7 @@ class NicField(NicEvaluator):
                         detail, evidence = _evidence(b, value, rhs, state)
                         evidence = judge.nic_evidence(comp, s, state=s.state, phys_state=s.phys_state, **evidence)
                         message = f"{comp} ({local}): {rule.description} ({detail})"
-                        judge.bad(rule, comp, "nic", nid, nid, message, evidence, now)
+                        self.bad_on(nid, rule, comp, "nic", message, evidence, now)
                 elif owned and (rule.id, comp) in owned and _known(b, s, state):
                     judge.good(owned, rule, comp, now)
 

@@ -67,9 +67,7 @@ class GpuFlag(GpuEvaluator):
         judge = self.judge
         for rule, fld, at, optional in self._spec:
             if state[at]:
-                judge.bad(
-                    rule, comp, "gpu", nid, nid, f"{comp}: {rule.description}", {"field": fld, "uuid": g.uuid}, now
-                )
+                self.bad_on(nid, rule, comp, "gpu", f"{comp}: {rule.description}", {"field": fld, "uuid": g.uuid}, now)
             elif owned and (not optional or g.HasField(fld)):
                 judge.good(owned, rule, comp, now)
 
@@ -96,19 +94,11 @@ class GpuRecoveryAction(GpuEvaluator):
         value = state[self._at]
         if value:
             name, action = xidcat.recovery_action(value)
+            message = f"{comp}: driver recovery action {value} ({name})"
+            evidence = {"recovery_action": value, "recovery_action_name": name, "uuid": g.uuid}
             for rule in self.rules:
-                self.judge.bad(
-                    rule,
-                    comp,
-                    "gpu",
-                    nid,
-                    nid,
-                    f"{comp}: driver recovery action {value} ({name})",
-                    {"recovery_action": value, "recovery_action_name": name, "uuid": g.uuid},
-                    now,
-                    action=action,
-                    severity=recovery_severity(rule, action),
-                )
+                severity = recovery_severity(rule, action)
+                self.bad_on(nid, rule, comp, "gpu", message, dict(evidence), now, action=action, severity=severity)
         elif owned and g.HasField("recovery_action"):  # absent is unknown, not 0
             for rule in self.rules:
                 self.judge.good(owned, rule, comp, now)
@@ -149,12 +139,11 @@ class GpuClockReasons(GpuEvaluator):
             bits = reasons & mask
             if bits:
                 names = [n for n, b in CLOCK_REASON_BITS.items() if bits & b]
-                self.judge.bad(
+                self.bad_on(
+                    nid,
                     rule,
                     comp,
                     "gpu",
-                    nid,
-                    nid,
                     f"{comp}: hardware clock slowdown ({', '.join(names)})",
                     {
                         "clock_event_reasons": hex(reasons),
@@ -197,12 +186,11 @@ class GpuMissing(GpuSetEvaluator):
             for index in indices:
                 comp = names[index]
                 if index not in reported:
-                    self.judge.bad(
+                    self.bad_on(
+                        nid,
                         rule,
                         comp,
                         "gpu",
-                        nid,
-                        nid,
                         f"{comp}: in the inventory but not in the report ({len(reported)} of {len(indices)} GPUs)",
                         {"reported_gpus": len(reported), "inventory_gpus": len(indices)},
                         now,
@@ -224,17 +212,9 @@ class NvLinkDown(LinkStateEvaluator):
                 for rule in self.rules:
                     self.judge.good(owned, rule, comp, now)
             return
+        message = f"{comp}: NVLink {', '.join(map(str, down))} down"
         for rule in self.rules:
-            self.judge.bad(
-                rule,
-                comp,
-                "gpu",
-                nid,
-                nid,
-                f"{comp}: NVLink {', '.join(map(str, down))} down",
-                {"links_down": list(down), "links": len(view.numbers)},
-                now,
-            )
+            self.bad_on(nid, rule, comp, "gpu", message, {"links_down": list(down), "links": len(view.numbers)}, now)
 
 
 class NvLinkErrors(LinkCounterEvaluator):
@@ -279,12 +259,11 @@ class NvLinkErrors(LinkCounterEvaluator):
                         worst = (measured[0], measured[1], link, counter)
             if worst is not None and counters.exceeds(rule, self._defaults, worst[0], worst[1]):
                 value, saturated, link, counter = worst
-                self.judge.bad(
+                self.bad_on(
+                    nid,
                     rule,
                     comp,
                     "gpu",
-                    nid,
-                    nid,
                     counters.threshold_message(rule, f"{comp} NVLink {link} {counter}", value, saturated),
                     counters.threshold_evidence(rule, counter, value, saturated, link=link),
                     now,

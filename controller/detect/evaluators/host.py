@@ -45,12 +45,11 @@ class HostDisk(HostEvaluator):
             if worst is not None:
                 _, d, pct = worst
                 free = max(d.total_bytes - d.used_bytes, 0)
-                self.judge.bad(
+                self.bad_on(
+                    nid,
                     rule,
                     nid,
                     "node",
-                    nid,
-                    nid,
                     f"{nid}: {d.mount} has {pct:.1f}% free (minimum {limit.text})",
                     {
                         "mount": d.mount,
@@ -83,12 +82,11 @@ class HostMemory(HostEvaluator):
             limit = rule.params["min_available"]
             measure = pct if limit.dimension == "percent" else float(h.memory_available_bytes)
             if measure < limit.value:
-                self.judge.bad(
+                self.bad_on(
+                    nid,
                     rule,
                     nid,
                     "node",
-                    nid,
-                    nid,
                     f"{nid}: {pct:.1f}% of memory available (minimum {limit.text})",
                     {
                         "available_bytes": h.memory_available_bytes,

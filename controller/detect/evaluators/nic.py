@@ -58,12 +58,11 @@ class NicState(NicEvaluator):
                 continue  # 0: the state was not read, neither bad nor good
             for rule, expect in self._expect:
                 if code != expect:
-                    judge.bad(
+                    self.bad_on(
+                        nid,
                         rule,
                         comp,
                         "nic",
-                        nid,
-                        nid,
                         f"{comp} ({local}) is {s.state or code} / {s.phys_state}",
                         judge.nic_evidence(
                             comp,
@@ -115,12 +114,11 @@ class NicCounter(NicCounterEvaluator):
                     worst = (measured[0], measured[1], key)
             if worst is not None and counters.exceeds(rule, self._defaults, worst[0], worst[1]):
                 value, saturated, counter = worst
-                self.judge.bad(
+                self.bad_on(
+                    nid,
                     rule,
                     comp,
                     "nic",
-                    nid,
-                    nid,
                     counters.threshold_message(rule, f"{comp} {counter}", value, saturated),
                     self.judge.nic_evidence(comp, s, **counters.threshold_evidence(rule, counter, value, saturated)),
                     now,
@@ -170,12 +168,11 @@ class NicRate(NicEvaluator):
                 bad = code == _ACTIVE and rate > 0 and ((nominal and rate < nominal) or (compare and rate < top))
                 if bad:
                     expected = max(nominal, top if compare else 0.0)
-                    self.judge.bad(
+                    self.bad_on(
+                        nid,
                         rule,
                         comp,
                         "nic",
-                        nid,
-                        nid,
                         f"{comp} negotiated {rate:g} Gb/s, expected {expected:g} Gb/s",
                         self.judge.nic_evidence(
                             comp,

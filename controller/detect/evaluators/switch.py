@@ -6,16 +6,29 @@ the port itself (the engine's ``Judge.port_component``).
 
 from __future__ import annotations
 
+from abc import ABC
 from typing import Any
 
 from controller.detect.evaluators.base import Owned, SwitchPortEvaluator
 from controller.detect.evaluators.params import EVENTS, Param, list_of, one_of
+from controller.detect.model import Rule
 from starpulse.v1 import telemetry_pb2 as tpb
 
 OPTICS_CHECKS = ("temperature", "rx_power", "tx_power")
 
 
-class SwitchPortState(SwitchPortEvaluator):
+class _PortKind(SwitchPortEvaluator, ABC):
+    """What the switch port kinds share: naming the port (or its cable) in what they say."""
+
+    def bad_port(self, rule: Rule, nid: str, p: tpb.SwitchPortSample, message: str, now: int, **evidence: Any) -> None:
+        comp, ctype, peer = self.judge.port_component(nid, p.port)
+        self.judge.bad(rule, comp, ctype, None, nid, message, port_evidence(nid, p, peer, **evidence), now)
+
+    def good_port(self, owned: Owned, rule: Rule, nid: str, p: tpb.SwitchPortSample, now: int) -> None:
+        self.judge.good(owned, rule, self.judge.port_component(nid, p.port)[0], now)
+
+
+class SwitchPortState(_PortKind):
     """A switch port operationally down while administratively up."""
 
     kind = "switch_port_state"
@@ -24,52 +37,32 @@ class SwitchPortState(SwitchPortEvaluator):
     def port(self, nid: str, p: tpb.SwitchPortSample, now: int, owned: Owned) -> None:
         if p.oper_status not in ("up", "down"):
             return  # not read: neither bad nor good
-        judge = self.judge
         bad = p.oper_status == "down" and p.admin_status == "up"  # admin down is an operator's choice
         for rule in self.rules:
             if bad:
-                comp, ctype, peer = judge.port_component(nid, p.port)
-                judge.bad(
-                    rule,
-                    comp,
-                    ctype,
-                    None,
-                    nid,
-                    f"{nid} {p.port} oper down (admin up)",
-                    port_evidence(nid, p, peer, oper_status=p.oper_status, admin_status=p.admin_status),
-                    now,
-                )
+                message = f"{nid} {p.port} oper down (admin up)"
+                self.bad_port(rule, nid, p, message, now, oper_status=p.oper_status, admin_status=p.admin_status)
             elif owned:
-                judge.good(owned, rule, judge.port_component(nid, p.port)[0], now)
+                self.good_port(owned, rule, nid, p, now)
 
 
-class PfcWatchdog(SwitchPortEvaluator):
+class PfcWatchdog(_PortKind):
     """A PFC watchdog queue in "stormed"."""
 
     kind = "switch_pfc_watchdog"
     params = {"events": EVENTS}
 
     def port(self, nid: str, p: tpb.SwitchPortSample, now: int, owned: Owned) -> None:
-        judge = self.judge
         stormed = [i for i, st in enumerate(p.pfc_wd_status) if st == "stormed"]
         for rule in self.rules:
             if stormed:
-                comp, ctype, peer = judge.port_component(nid, p.port)
-                judge.bad(
-                    rule,
-                    comp,
-                    ctype,
-                    None,
-                    nid,
-                    f"{nid} {p.port}: PFC watchdog stormed on queue(s) {', '.join(map(str, stormed))}",
-                    port_evidence(nid, p, peer, stormed_queues=stormed, deadlocks=p.pfc_wd_deadlocks),
-                    now,
-                )
+                message = f"{nid} {p.port}: PFC watchdog stormed on queue(s) {', '.join(map(str, stormed))}"
+                self.bad_port(rule, nid, p, message, now, stormed_queues=stormed, deadlocks=p.pfc_wd_deadlocks)
             elif owned and p.pfc_wd_status:  # a port without a watchdog says nothing
-                judge.good(owned, rule, judge.port_component(nid, p.port)[0], now)
+                self.good_port(owned, rule, nid, p, now)
 
 
-class SwitchOptics(SwitchPortEvaluator):
+class SwitchOptics(_PortKind):
     """Transceiver DOM readings outside the module's own alarm thresholds."""
 
     kind = "switch_optics"
@@ -78,23 +71,13 @@ class SwitchOptics(SwitchPortEvaluator):
     def port(self, nid: str, p: tpb.SwitchPortSample, now: int, owned: Owned) -> None:
         if not (p.HasField("optic_temperature_c") or p.optic_rx_power_dbm or p.optic_tx_power_dbm):
             return  # no optic readings (a DAC cable, or not read): neither bad nor good
-        judge = self.judge
         for rule in self.rules:
             faults = optic_faults(p, rule.params["checks"])
             if faults:
-                comp, ctype, peer = judge.port_component(nid, p.port)
-                judge.bad(
-                    rule,
-                    comp,
-                    ctype,
-                    None,
-                    nid,
-                    f"{nid} {p.port} optics out of range: " + "; ".join(f["text"] for f in faults),
-                    port_evidence(nid, p, peer, faults=faults),
-                    now,
-                )
+                message = f"{nid} {p.port} optics out of range: " + "; ".join(f["text"] for f in faults)
+                self.bad_port(rule, nid, p, message, now, faults=faults)
             elif owned:
-                judge.good(owned, rule, judge.port_component(nid, p.port)[0], now)
+                self.good_port(owned, rule, nid, p, now)
 
 
 def port_evidence(switch: str, p: tpb.SwitchPortSample, peer: str | None, **extra: Any) -> dict[str, Any]:
