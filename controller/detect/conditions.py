@@ -240,8 +240,8 @@ class ConditionEngine:
         post = [e for e in gpu if not e.judges_lost_gpus]
         # A woken GPU (a wake field set, or a condition open on it) is asked by every GPU kind;
         # a quiet one only by the kinds without a wake (they must look at every GPU).
-        self._gpu_pre, self._gpu_pre_always = tuple(pre), tuple(e for e in pre if type(e) in always)
-        self._gpu_post, self._gpu_post_always = tuple(post), tuple(e for e in post if type(e) in always)
+        self._gpu_pre, self._gpu_post = tuple(pre), tuple(post)
+        self._gpu_quiet = tuple(e for e in (*pre, *post) if type(e) in always)
         self._link_state = tuple(e for e in evs if isinstance(e, LinkStateEvaluator))
         self._link_counter = tuple(e for e in evs if isinstance(e, LinkCounterEvaluator))
         self._gpu_sets = tuple(e for e in evs if isinstance(e, GpuSetEvaluator))
@@ -376,7 +376,8 @@ class ConditionEngine:
         owned = self._by_owner.get(nid)
         open_at = self._open_at
         read, masks, lost_at = self._gpu_read, self._gpu_masks, self._lost_at
-        has_links, links = self._has_links, self.view.links
+        quiet = self._gpu_quiet
+        has_links, links, link_base, full = self._has_links, self.view.links, self.view.link_base, self.view.full
         link_state, link_counter = self._link_state, self._link_counter
         sampled, counter_ms = self._sampled, self._counter_ms
         for g in gpus:
@@ -392,14 +393,13 @@ class ConditionEngine:
                     continue  # a lost GPU: nothing else was readable, neither bad nor good
                 checks = self._gpu_post
             else:
-                for check in self._gpu_pre_always:
-                    check.gpu(nid, comp, g, state, now, owned)
-                checks = self._gpu_post_always
+                checks = quiet
             for check in checks:
                 check.gpu(nid, comp, g, state, now, owned)
             if not has_links:
                 continue
-            view = links(comp, g)
+            # the view's links; a delta report's GPU without links is the base itself (inline: no call)
+            view = link_base.get(comp) if not full and not g.nvlinks else links(comp, g)
             if view is None:
                 continue
             if link_state and (view.down or (owned and comp in open_at)):  # all up, nothing open: no verdict

@@ -22,7 +22,8 @@ A field that is unset never judges: an ``optional`` field the sample does not ca
 driver does not support it), or a number without presence at zero (how the agent leaves a
 NIC value it could not read; NicSample has no optional fields). A guard (``when``) that
 does not hold leaves the condition as it is, neither bad nor good: a GPU drops its PCIe
-generation when idle, so an idle GPU says nothing about its link.
+generation when idle, so an idle GPU says nothing about its link. A lost GPU is judged by
+``gpu_flag`` alone (nothing else on it was readable).
 """
 
 from __future__ import annotations
@@ -368,21 +369,24 @@ class NicField(_FieldKind, NicEvaluator):
     def nics(self, nid: str, ports: list[NicPort], now: int, owned: Owned) -> None:
         judge = self.judge
         for b in self._bound:
-            rule, test, at, other_at = b.rule, b.test, b.at, b.other_at
-            compare, constant = test.compare, test.value
-            for comp, local, s, state, _ in ports:
-                if b.guard is not None and not _guard_holds(b, state):
+            rule, guard, at, other_at = b.rule, b.guard, b.at, b.other_at
+            compare, rhs = b.test.compare, b.test.value
+            for port in ports:
+                state = port[3]
+                if guard is not None and not _guard_holds(b, state):
                     continue  # the guard does not hold: neither bad nor good
                 value = state[at]
-                rhs = constant if other_at < 0 else state[other_at]
+                if other_at >= 0:
+                    rhs = state[other_at]
                 if compare(value, rhs):
+                    comp, local, s, _, _ = port
                     if _known(b, s, state):
                         detail, evidence = _evidence(b, value, rhs, state)
                         evidence = judge.nic_evidence(comp, s, state=s.state, phys_state=s.phys_state, **evidence)
                         message = f"{comp} ({local}): {rule.description} ({detail})"
                         self.bad_on(nid, rule, comp, "nic", message, evidence, now)
-                elif owned and (rule.id, comp) in owned and _known(b, s, state):
-                    judge.good(owned, rule, comp, now)
+                elif owned and (rule.id, port[0]) in owned and _known(b, port[2], state):
+                    judge.good(owned, rule, port[0], now)
 
 
 def _show(value: Any) -> str:

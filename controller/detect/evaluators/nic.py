@@ -52,30 +52,22 @@ class NicState(NicEvaluator):
     def nics(self, nid: str, ports: list[NicPort], now: int, owned: Owned) -> None:
         code_at = self._code
         judge = self.judge
-        for comp, local, s, state, _ in ports:
-            code = state[code_at]
-            if not code:
-                continue  # 0: the state was not read, neither bad nor good
-            for rule, expect in self._expect:
-                if code != expect:
-                    self.bad_on(
-                        nid,
-                        rule,
-                        comp,
-                        "nic",
-                        f"{comp} ({local}) is {s.state or code} / {s.phys_state}",
-                        judge.nic_evidence(
-                            comp,
-                            s,
-                            state=s.state,
-                            state_code=code,
-                            phys_state=s.phys_state,
-                            operstate=s.netdev_operstate,
-                        ),
-                        now,
-                    )
-                elif owned:
-                    judge.good(owned, rule, comp, now)
+        for rule, expect in self._expect:
+            for port in ports:
+                code = port[3][code_at]
+                if code == expect:
+                    if owned:
+                        judge.good(owned, rule, port[0], now)
+                    continue
+                if not code:
+                    continue  # 0: the state was not read, neither bad nor good
+                comp, local, s, _, _ = port
+                evidence = judge.nic_evidence(
+                    comp, s, state=s.state, state_code=code, phys_state=s.phys_state, operstate=s.netdev_operstate
+                )
+                self.bad_on(
+                    nid, rule, comp, "nic", f"{comp} ({local}) is {s.state or code} / {s.phys_state}", evidence, now
+                )
 
 
 class NicCounter(NicCounterEvaluator):
@@ -155,15 +147,18 @@ class NicRate(NicEvaluator):
 
     def nics(self, nid: str, ports: list[NicPort], now: int, owned: Owned) -> None:
         code_at, rate_at = self._code, self._rate
-        rails = [(comp, s, st) for comp, _, s, st, on_rail in ports if on_rail]  # ports paired to a GPU rail
-        if not rails:
-            return
-        top = max((st[rate_at] for _, _, st in rails if st[code_at] == _ACTIVE and st[rate_at] > 0), default=0.0)
+        top = 0.0  # the fastest active rail (a port paired to a GPU rail)
+        for port in ports:
+            st = port[3]
+            if port[4] and st[code_at] == _ACTIVE and st[rate_at] > top:
+                top = st[rate_at]
         for rule in self.rules:
             nominal_q = rule.params.get("nominal")
             nominal = nominal_q.value if nominal_q is not None else 0.0
             compare = rule.params.get("compare_rails", True)
-            for comp, s, st in rails:
+            for comp, _, s, st, on_rail in ports:
+                if not on_rail:
+                    continue
                 code, rate = st[code_at], st[rate_at]
                 bad = code == _ACTIVE and rate > 0 and ((nominal and rate < nominal) or (compare and rate < top))
                 if bad:
