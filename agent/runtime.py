@@ -29,6 +29,7 @@ from starpulse import __version__
 from starpulse.core import sdnotify, vocab
 from starpulse.core.findings import Finding
 from starpulse.core.metrics_http import serve_collector
+from starpulse.core.schema import meta, setting
 from starpulse.core.tls import TLSSettings, load_channel_credentials
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -135,23 +136,50 @@ def read_boot_id(path: str) -> str:
 
 @dataclass
 class AgentConfig:
-    node_id: str
-    controllers: list[str]
+    """Agent settings; units in names. The settings file places them in sections (starpulse.app.config)."""
+
+    node_id: str = field(
+        metadata=meta(
+            "This node's id as the controller and the fabric know it (letters, digits, . _ -)", example="gpu-node-001"
+        )
+    )
+    controllers: list[str] = field(
+        metadata=meta(
+            "Controller (or relay) addresses, tried in order: the agent fails over between them",
+            address=True,
+            nonempty=True,
+            example=["controller.example.internal:50051"],
+        )
+    )
     role: int = ipb.NODE_ROLE_COMPUTE
-    interval_s: float = 5.0
+    interval_s: float = setting(5.0, "Seconds between collection cycles and reports", gt=0)
     buffer_path: str = "/var/lib/starpulse/agent-buffer.db"
-    buffer_max_events: int = 100_000
-    storm_window_s: float = 60.0
-    storm_burst: int = 5
-    boot_id_path: str = "/proc/sys/kernel/random/boot_id"  # a new boot restarts kernel-log seqs
-    flush_timeout_s: float = 2.0  # on shutdown, wait this long for the controller to ack what is buffered
-    metrics_listen: str | None = None  # HOST:PORT for Prometheus /metrics; None: no metrics server
-    job_socket: str | None = None  # unix socket for training jobs (starpulse.job); None: no job gateway
-    allowed_commands: dict[str, list[str]] = field(default_factory=dict)  # kind -> argv template (agent.commands)
+    buffer_max_events: int = setting(
+        100_000, "Events kept on disk while the controller is away; the oldest go first beyond it", ge=1
+    )
+    storm_window_s: float = setting(60.0, "Seconds: the window of event-storm suppression", gt=0)
+    storm_burst: int = setting(5, "Identical events per window before the rest are suppressed (and counted)", ge=1)
+    boot_id_path: str = setting(
+        "/proc/sys/kernel/random/boot_id", "File of the kernel's boot id: a new boot restarts kernel-log seqs"
+    )
+    flush_timeout_s: float = setting(
+        2.0, "Seconds to wait on shutdown for the controller to ack what is buffered (the rest stays on disk)", ge=0
+    )
+    metrics_listen: str | None = setting(None, "Serve Prometheus /metrics at this address; null: off", address=True)
+    job_socket: str | None = setting(None, "Unix socket for training jobs (starpulse.job); null: off")
+    allowed_commands: dict[str, list[str]] = setting(
+        {},
+        "Commands the controller may run here, no shell: gpu_reset, reboot, run_diagnostic -> argv "
+        "({gpu} becomes a GPU index)",
+        example={"gpu_reset": ["/usr/bin/nvidia-smi", "-r", "-i", "{gpu}"]},
+    )
     tls: TLSSettings | None = None  # mutual TLS to the controller (None: plaintext)
-    # Full reads of slow-moving counters (NIC error counters, NVLink error counters) at
-    # most this often; link state and traffic counters every cycle. 0: every cycle.
-    counters_every_s: float = 5.0
+    counters_every_s: float = setting(
+        5.0,
+        "Seconds: full reads of slow-moving counters (NIC and NVLink error counters) at most this often; "
+        "link state and traffic counters every cycle; 0: every cycle",
+        ge=0,
+    )
 
 
 class Agent:

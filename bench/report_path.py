@@ -4,15 +4,17 @@ gRPC itself costs ~0.35 ms per report (``bench.null_controller``) and a relay ti
 most of it away; what is left per report is measured here, in one process, with nothing
 else in the way. The controller's pieces are built as ``controller.service`` wires them:
 a ``Store`` on a temporary SQLite file, the ``NodeRegistry``, the ``JobRegistry`` and the
-``Detection`` pipeline (default rules, fail-slow, correlator) as registry listeners. The
+``Detection`` pipeline (default rules, fail-slow, correlator) as the report decider and a
+registry listener, and the ``TelemetryServicer`` as the sink of its verdicts. The
 nodes are ``bench.loadgen``'s: a ``SimNode`` through the production collectors (8 GPUs, 9
 NIC ports), delta-encoded by the agent's ``ReportDelta`` (a full report every
 ``--full-every``), ``--fault-pct`` of them faulty (NIC error bursts, Xid 79 events). Each
 node says Hello, then every pass sends one report per node as pre-encoded
 ``AgentMessage`` bytes, and the bench runs what ``TelemetryServicer._read_loop`` runs per
 message: the token bucket, decode (``AgentMessage.FromString``, as the gRPC servicer
-deserializes), ``validate_report``, ``registry.record_report`` (which drives detection),
-the ingest and report-age histograms.
+deserializes), ``validate_report``, ``Detection.decide`` (the rules) and the verdict's
+recording (``TelemetryServicer.on_verdict``: registry, listeners, the ingest and report-age
+histograms; no stream is open, so no ack).
 
 Time is virtual: node ``i``'s report of pass ``s`` is stamped, and the controller's clock
 reads, ``s * interval + i * interval / nodes``, so counter intervals, windows and the
@@ -67,6 +69,7 @@ class Harness:
         from controller.detect.pipeline import Detection, DetectionConfig
         from controller.detect.rules import load_rules
         from controller.ingest.registry import NodeRegistry
+        from controller.ingest.servicer import TelemetryServicer
         from controller.jobs.registry import JobRegistry
         from controller.metrics import ControllerMetrics
         from controller.outputs.web.api import DashboardState
@@ -89,6 +92,7 @@ class Harness:
             monotonic=lambda: clock() / 1000.0,
         )
         self.registry.listeners.append(self.detection)
+        self.telemetry = TelemetryServicer(self.registry, self.metrics, self.detection)  # binds the verdict sink
         self.dashboard = DashboardState(self.registry, self.detection)
         # Every condition change detection hands to the correlator, for the verdict digest.
         self.changes: list[ConditionChange] = []
@@ -146,7 +150,7 @@ def run(
     start_ms = 1_800_000_000_000
     clock = VirtualClock(start_ms)
     h = Harness(workdir / "c.db", clock)
-    registry, metrics = h.registry, h.metrics
+    registry, decide = h.registry, h.detection.decide
     inventory = ipb.Inventory.FromString(tpl.inventory)
     ids = [f"node-{i:05d}" for i in range(nodes)]
     n_faulty = round(nodes * fault_pct / 100)
@@ -164,7 +168,6 @@ def run(
         records.append(registry.register(hello))
     profiles = [tpl.faulty[i % len(tpl.faulty)] if node_id in faulty else tpl.healthy for i, node_id in enumerate(ids)]
     buckets = [TokenBucket(200.0, 5000.0) for _ in ids]
-    full_seen = [False] * nodes
     event_seq = [0] * nodes
     decode = spb.AgentMessage.FromString
     tune()  # as serve_forever: start-up state frozen, full collections on a schedule
@@ -211,7 +214,7 @@ def run(
                     validate_event(msg.event)
                     registry.record_events(node, [msg.event])
                 cpu["events"] += pt() - t0
-            # One report, as TelemetryServicer._read_loop handles it.
+            # One report, as TelemetryServicer._read_messages handles it.
             t0 = pt()
             buckets[i].take()
             msg = decode(report_wire)
@@ -221,15 +224,7 @@ def run(
             report = msg.report
             validate_report(report)
             t2 = pt()
-            if not report.counters_delta:
-                full_seen[i] = True
-            elif not full_seen[i]:
-                node.full_report_needed = True
-            registry.record_report(node, report)
-            metrics.ingest_seconds.observe(time.perf_counter() - started)
-            stamp = msg.report.timestamp_ms
-            if stamp:
-                metrics.report_age_seconds.observe(max(0.0, time.time() - stamp / 1000))
+            decide(node, msg, started)
             t3 = pt()
             cpu["decode"] += t1 - t0
             cpu["validate"] += t2 - t1

@@ -28,6 +28,7 @@ from controller.heal.policy import SqliteHealHistory, load_policy
 from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import RemediationStore
+from controller.ingest.decider import ReportDecider
 from controller.ingest.registry import NodeRegistry, now_ms
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
 from controller.ingest.servicer import TelemetryServicer
@@ -40,6 +41,7 @@ from controller.outputs.query import QueryServicer
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthConfig, AuthInterceptor
+from starpulse.core.schema import setting
 from starpulse.core.tls import TLSSettings, load_server_credentials, peer_node_id
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -57,38 +59,68 @@ class HealSettings:
     """Self-healing: which scheduler acts, with which policy and guards."""
 
     scheduler: Scheduler
-    policy_path: Path | None = None  # None: the packaged default policy
+    policy_path: Path | None = setting(
+        None, "Remediation policy file (YAML: incident kind -> action); null: the packaged default policy"
+    )
     guards: GuardConfig = field(default_factory=GuardConfig)
     heal: HealConfig = field(default_factory=HealConfig)
 
 
 @dataclass
 class ControllerConfig:
-    """Controller settings; units in names."""
+    """Controller settings; units in names. The settings file places them in sections (starpulse.app.config)."""
 
-    listen: str = "127.0.0.1:50051"  # gRPC address for agents and the CLI
-    http: str = "127.0.0.1:8080"  # HTTP: /metrics, /healthz, /api, dashboard
-    db_path: Path = Path("starpulse.db")
-    heartbeat_timeout_s: float = 15.0  # silent this long -> unreachable (3 missed reports at 5 s)
-    sweep_interval_s: float = 1.0
-    max_message_bytes: int = 4 * 1024 * 1024  # larger agent messages get RESOURCE_EXHAUSTED
-    rate_per_node_per_s: float = 200.0  # sustained messages/s a node may send
-    rate_burst: float = 5000.0  # replay after an outage fits in the burst
-    report_interval_s: float = 0.0  # 0: agents keep their own interval
-    report_ack_interval_s: float = 10.0  # report-only acks at most this often per stream (event acks at once)
-    # Relays (relay/) whose certificates may carry agents' streams; plaintext: any relay.
-    relays: list[str] = field(default_factory=list)
-    allowed_nodes: list[str] | None = None  # None: any valid node id may register (or the fabric's)
+    listen: str = setting("127.0.0.1:50051", "gRPC address for agents, relays and the CLI", address=True)
+    http: str = setting("127.0.0.1:8080", "HTTP address: /metrics, /healthz, /api and the dashboard", address=True)
+    db_path: Path = setting(Path("starpulse.db"), "SQLite database: nodes, events, incidents, remediations")
+    heartbeat_timeout_s: float = setting(
+        15.0, "Seconds a node may stay silent before it is unreachable: three missed reports at 5 s", gt=0
+    )
+    sweep_interval_s: float = setting(
+        1.0, "Seconds between heartbeat sweeps and detection ticks: a silent node is noticed within this", gt=0
+    )
+    max_message_bytes: int = setting(
+        4 * 1024 * 1024,
+        "Bytes: a larger agent message is refused (RESOURCE_EXHAUSTED); 4 MiB holds a full report of a "
+        "large node many times over",
+        ge=1024,
+    )
+    rate_per_node_per_s: float = setting(
+        200.0, "Messages per second a node may send, sustained; far above one report and its events", gt=0
+    )
+    rate_burst: float = setting(
+        5000.0, "Messages a node may send at once: a replay of its buffered events after an outage fits", ge=1
+    )
+    report_interval_s: float = setting(
+        0.0, "Seconds between reports agents are told to keep; 0: each agent keeps its own", ge=0
+    )
+    report_ack_interval_s: float = setting(
+        10.0,
+        "Seconds: report-only acks go out at most this often per stream (event acks at once); a report "
+        "lost with a dropped stream is superseded by the next one",
+        ge=0,
+    )
+    relays: list[str] = setting(
+        [],
+        "Relay ids (their certificates' names) that may carry agents' streams under mutual TLS; plaintext: any relay",
+    )
+    allowed_nodes: list[str] | None = setting(
+        None, "Node ids that may register; null: any valid id, or the declared fabric's nodes"
+    )
     fabric: Fabric | None = None  # the declared fabric (or fabric_path); None: no topology root cause
-    fabric_path: Path | None = None
-    rules_path: Path | None = None  # None: the packaged default rules
-    jobs: dict[str, list[str]] = field(default_factory=dict)  # job -> nodes, until a job registry exists
+    fabric_path: Path | None = setting(
+        None, "Declared fabric file (JSON/YAML from `starpulse topology generate`); null: no topology root cause"
+    )
+    rules_path: Path | None = setting(None, "Detection rules file; null: the packaged default rules")
+    jobs: dict[str, list[str]] = setting(
+        {}, "Static job -> nodes placement, until a job registry reports it", example={"llama-70b": ["node-001"]}
+    )
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)  # alert receivers (none: alerts off)
     heal: HealSettings | None = None  # self-healing (None: detect and alert only)
-    controller_id: str = "controller-0"
-    grace_s: float = 5.0
-    extra_listen: list[str] = field(default_factory=list)
+    controller_id: str = setting("controller-0", "This controller's name in acks and logs", nonempty=True)
+    grace_s: float = setting(5.0, "Seconds open streams get to end on shutdown before they are cut", ge=0)
+    extra_listen: list[str] = setting([], "More gRPC addresses to listen on", address=True)
     # Mutual TLS on the gRPC port (None: plaintext). With it a node may report only as the
     # node id its client certificate names (starpulse.core.tls.peer_node_id).
     tls: TLSSettings | None = None
@@ -146,9 +178,14 @@ class Controller:
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
         self._heal_task: asyncio.Task[None] | None = None
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        # Who decides reports: detection's shards when there are workers (started with the
+        # controller, before its port opens), else detection itself on this event loop.
+        self.shards = self._build_shards() if config.detection.workers > 0 else None
+        decider: ReportDecider = self.shards if self.shards is not None else self.detection
         self.telemetry = TelemetryServicer(
             self.registry,
             self.metrics,
+            decider,
             rate_per_s=config.rate_per_node_per_s,
             burst=config.rate_burst,
             report_interval_s=config.report_interval_s,
@@ -166,7 +203,6 @@ class Controller:
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self.shards: DetectShards | None = None
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self.detection.failslow_stepwise = True  # _sweep_loop runs it in steps
         self._periodic: list[tuple[str, Callable[[], object]]] = [
@@ -213,7 +249,8 @@ class Controller:
             return len(self.fabric.nodes())
         return sum(1 for n in self.registry.nodes.values() if n.role == ipb.NODE_ROLE_COMPUTE)
 
-    async def _start_shards(self) -> None:
+    def _build_shards(self) -> DetectShards:
+        """Compute nodes' reports and events to worker processes; switches stay with detection here."""
         cfg = self.config
         shards = DetectShards(
             cfg.detection.workers,
@@ -222,13 +259,13 @@ class Controller:
                 failslow=cfg.detection.failslow,
                 tick_s=cfg.sweep_interval_s,
             ),
-            on_result=self.telemetry.on_shard_result,
-            on_changes=self.detection.on_shard_changes,
+            local=self.detection,
+            on_changes=self.detection.feed_shard_changes,
             on_lost=self._shard_lost,
         )
-        await shards.start()
-        self.shards = self.telemetry.shards = self.detection.shards = shards
+        self.detection.shards = shards  # compute nodes' events and forgetting go to their shard
         self.metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
+        return shards
 
     def _shard_lost(self, index: int) -> None:
         """A shard held some nodes' conditions: without it detection would be silently partial."""
@@ -238,8 +275,8 @@ class Controller:
 
     async def start(self) -> None:
         cfg = self.config
-        if cfg.detection.workers > 0:
-            await self._start_shards()  # before the port opens: no report may bypass them
+        if self.shards is not None:
+            await self.shards.start()  # before the port opens: no report may bypass them
         self.store.start_checkpointer()
         credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
         server = grpc.aio.server(

@@ -29,6 +29,7 @@ from relay.upstream import Upstream
 from starpulse import __version__
 from starpulse.core import sdnotify
 from starpulse.core.metrics_http import MetricsServer, serve_collector
+from starpulse.core.schema import meta, setting
 from starpulse.core.tls import TLSSettings, load_channel_credentials, load_server_credentials, peer_node_id
 from starpulse.v1 import service_pb2 as spb
 
@@ -41,16 +42,35 @@ _STATUS_BY_CODE = {code.value[0]: code for code in grpc.StatusCode}
 
 @dataclass
 class RelayConfig:
-    """Relay settings; units in names."""
+    """Relay settings; units in names. The settings file places them in sections (starpulse.app.config)."""
 
-    controllers: list[str]
-    relay_id: str
-    listen: str = "0.0.0.0:50051"
-    linger_s: float = 0.02  # how long a batch gathers before it goes up (adds to report latency)
-    max_message_bytes: int = 4 * 1024 * 1024 - 64 * 1024  # below the controller's own limit
+    controllers: list[str] = field(
+        metadata=meta(
+            "Controller addresses, tried in order; with HA every replica (a standby names the leader)",
+            address=True,
+            nonempty=True,
+            example=["controller.example.internal:50051"],
+        )
+    )
+    relay_id: str = field(
+        metadata=meta(
+            "This relay's name; with mutual TLS its certificate's name, listed in the controller's ingest.relays",
+            nonempty=True,
+            example="relay-pod3",
+        )
+    )
+    listen: str = setting("0.0.0.0:50051", "Address the agents of this pod connect to", address=True)
+    linger_s: float = setting(
+        0.02, "Seconds a batch gathers before it goes up: fewer, larger messages, added to report latency", ge=0
+    )
+    max_message_bytes: int = setting(
+        4 * 1024 * 1024 - 64 * 1024,
+        "Bytes of the largest batch sent up: below the controller's own 4 MiB limit",
+        ge=1024,
+    )
     tls: TLSSettings | None = None
-    extra_listen: list[str] = field(default_factory=list)
-    metrics_listen: str | None = None  # HOST:PORT for Prometheus /metrics; None: none
+    extra_listen: list[str] = setting([], "More addresses to listen on", address=True)
+    metrics_listen: str | None = setting(None, "Serve Prometheus /metrics at this address; null: off", address=True)
 
 
 @dataclass(eq=False)

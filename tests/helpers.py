@@ -1,8 +1,9 @@
-"""Shared test helpers: free ports, waiting on conditions, simulated agents on loopback."""
+"""Shared test helpers: recorded fixtures, free ports, waiting on conditions, simulated agents on loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 import time
@@ -11,12 +12,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from agent.factory import build_agent
 from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
 
 if TYPE_CHECKING:
     from relay.service import Relay
+
+
+SHARED_FIXTURES_ENV = "STARPULSE_SHARED_FIXTURES"
+
+
+def shared_fixtures_dir() -> Path:
+    """Where the recorded real outputs live: ``../shared/fixtures`` beside the repository root.
+
+    ``$STARPULSE_SHARED_FIXTURES`` overrides it (a missing folder there is how a run proves
+    that a clone without ``../shared`` still passes, the recorded cases skipped).
+    """
+    override = os.environ.get(SHARED_FIXTURES_ENV)
+    if override:
+        return Path(override)
+    return (Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures").resolve()
+
+
+def shared_fixture(relative: str) -> Path:
+    """A recorded real output, read in place (never copied into the project); skips the test without one.
+
+    Recorded files keep their origin and licence where they are provided, so a clone may not
+    have them: the calling test is skipped, naming the folder, and the same behaviour is also
+    tested on generated fixtures. With the folder present, a missing entry is a failure, not a
+    skip, so a mistyped name cannot turn a test off.
+    """
+    root = shared_fixtures_dir()
+    if not root.is_dir():
+        where = f"${SHARED_FIXTURES_ENV}" if os.environ.get(SHARED_FIXTURES_ENV) else "../shared/fixtures"
+        pytest.skip(f"recorded fixture {relative} needs {root} ({where}), which is absent here")
+    path = root / relative
+    if not path.exists():
+        pytest.fail(f"recorded fixture {relative} is not in {root}")
+    return path
 
 
 _handed_out: set[int] = set()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, shared_fixture
 
 STARPULSE = [sys.executable, "-m", "starpulse.app.cli"]
 
@@ -254,14 +254,20 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class TestSwitchAgent:
-    def test_switch_role_streams_sonic_ports_to_the_controller(self, tmp_path: Path) -> None:
-        """`agent --role switch` reads a real Redis loaded with SONiC's tables and the controller sees its ports."""
+    @pytest.mark.parametrize("tables", ["recorded", "generated"])
+    def test_switch_role_streams_sonic_ports_to_the_controller(self, tmp_path: Path, tables: str) -> None:
+        """`agent --role switch` reads a real Redis holding SONiC's tables and the controller sees its ports.
+
+        The tables are the recorded sonic-utilities ones (skipped where ../shared is absent) or a
+        FakeSwitch's; both have a queue in PFC-watchdog "stormed" state.
+        """
         import shutil
 
         import redis
 
-        from agent.sim.fake_switch import load_sonic_fixture
+        from agent.sim.fake_switch import FakeSwitch, load_sonic_fixture
 
+        recorded = shared_fixture("sonic") if tables == "recorded" else None
         server = shutil.which("redis-server")
         if server is None:
             pytest.skip("redis-server binary not found (apt-get install redis-server)")
@@ -283,8 +289,20 @@ class TestSwitchAgent:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
-            fixtures = Path(__file__).parent / "fixtures" / "sonic"
-            load_sonic_fixture(lambda db: redis.Redis(port=redis_port, db=db, decode_responses=True), fixtures)
+            clients: dict[int, redis.Redis] = {}
+
+            def client(db: int) -> redis.Redis:
+                """One client per SONiC db (FakeSwitch asks for one on every write)."""
+                if db not in clients:
+                    clients[db] = redis.Redis(port=redis_port, db=db, decode_responses=True)
+                return clients[db]
+
+            if recorded is not None:
+                load_sonic_fixture(client, recorded)
+            else:
+                switch = FakeSwitch(client, "leaf-b0-r0", ports=4)
+                switch.install()
+                switch.pfc_storm("Ethernet4")
             with (tmp_path / "c.log").open("w") as clog, (tmp_path / "a.log").open("w") as alog:
                 procs.append(
                     subprocess.Popen(
@@ -331,7 +349,7 @@ class TestSwitchAgent:
                 if out.returncode == 0:
                     events = [e for e in json.loads(out.stdout)["events"] if e["node"] == "leaf-b0-r0"]
                 time.sleep(0.3)
-            # The fixture has queues in PFC-watchdog "stormed" state: the switch agent reports them.
+            # Both sets of tables have queues in PFC-watchdog "stormed" state: the switch agent reports them.
             assert any(e["kind"] == "pfc_storm" for e in events), events
             nodes = json.loads(run("nodes", "--controller", f"127.0.0.1:{grpc_port}", "--json").stdout)["nodes"]
             assert nodes[0]["node_id"] == "leaf-b0-r0" and nodes[0]["role"] == "NODE_ROLE_SWITCH"

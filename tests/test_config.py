@@ -13,16 +13,10 @@ import pytest
 import yaml
 
 from starpulse.app import cli
-from starpulse.app.config import (
-    AGENT_SCHEMA,
-    CONTROLLER_SCHEMA,
-    ConfigError,
-    check_file,
-    iter_settings,
-    load_agent_config,
-    load_controller_config,
-    load_controller_settings,
-)
+from starpulse.app.config import KINDS, ConfigError, check_file, example, service
+from starpulse.app.config.agent import load_agent_config
+from starpulse.app.config.controller import load_controller_config, load_controller_settings
+from starpulse.app.config.relay import load_relay_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -300,7 +294,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     args = _controller_args(
         ["controller", "--config", str(path), "--listen", "127.0.0.1:50051", "--heartbeat-timeout-s", "30"]
     )
-    cfg = load_controller_settings(path, env, cli._controller_overrides(args)).controller
+    cfg = load_controller_settings(path, env, cli.overrides(args)).controller
     assert cfg.listen == "127.0.0.1:50051"  # flag > env > file
     assert cfg.heartbeat_timeout_s == 30.0  # flag > env > file
     assert cfg.http == "0.0.0.0:3333"  # env > file
@@ -311,7 +305,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
 def test_flag_values_are_checked_and_named(tmp_path: Path) -> None:
     path = write(tmp_path, {})
     args = _controller_args(["controller", "--config", str(path), "--listen", "nowhere", "--heartbeat-timeout-s", "-1"])
-    assert errors_of(load_controller_settings, path, {}, cli._controller_overrides(args)) == [
+    assert errors_of(load_controller_settings, path, {}, cli.overrides(args)) == [
         "--listen: server.listen: must be HOST:PORT, got 'nowhere'",
         "--heartbeat-timeout-s: ingest.heartbeat_timeout_s: must be a number > 0, got -1.0",
     ]
@@ -320,7 +314,7 @@ def test_flag_values_are_checked_and_named(tmp_path: Path) -> None:
 def test_scheduler_flag_enables_healing(tmp_path: Path) -> None:
     path = write(tmp_path, {"heal": {"scheduler": {"sim": {"nodes": ["node-001", "node-002"]}}}})
     args = _controller_args(["controller", "--config", str(path), "--scheduler", "sim", "--heal-mode", "manual"])
-    cfg = load_controller_settings(path, {}, cli._controller_overrides(args)).controller
+    cfg = load_controller_settings(path, {}, cli.overrides(args)).controller
     assert cfg.heal is not None and cfg.heal.scheduler.name == "sim" and cfg.heal.guards.mode == "manual"
     assert sorted(cfg.heal.scheduler.nodes) == ["node-001", "node-002"]
 
@@ -342,17 +336,27 @@ def test_agent_flags_override_file(tmp_path: Path) -> None:
     ]
     args = cli.build_parser().parse_args(argv)
     args.argv = argv
-    config, opt = load_agent_config(path, {"STARPULSE_AGENT__INTERVAL_S": "9"}, cli._agent_overrides(args))
+    config, opt = load_agent_config(path, {"STARPULSE_AGENT__INTERVAL_S": "9"}, cli.overrides(args))
     assert config.node_id == "node-009" and config.controllers == ["x:1", "y:2"]
     assert config.interval_s == 9.0 and opt.kmsg is None
     assert config.allowed_commands == {"reboot": ["/sbin/reboot"]}
 
 
-# -- the deploy examples --------------------------------------------------------------------
-@pytest.mark.parametrize(("name", "schema"), [("controller.yaml", CONTROLLER_SCHEMA), ("agent.yaml", AGENT_SCHEMA)])
-def test_deploy_example_sets_every_setting_to_its_default(name: str, schema: Any) -> None:
-    data = yaml.safe_load((DEPLOY / name).read_text())
-    settings = dict(iter_settings(schema))
+# -- the deploy examples: generated from the settings, and every setting in them at its default ----
+@pytest.mark.parametrize("kind", KINDS)
+def test_deploy_example_is_the_rendered_reference(kind: str) -> None:
+    """deploy/KIND.yaml is what `starpulse config example KIND` writes: regenerate it when a setting changes."""
+    assert (DEPLOY / f"{kind}.yaml").read_text() == example(kind), (
+        f"deploy/{kind}.yaml is stale: python -m starpulse.app.cli config example {kind} > deploy/{kind}.yaml"
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deploy_example_sets_every_setting_to_its_default(kind: str) -> None:
+    """Every key in the example is a known setting, every setting is there, each at its default and documented."""
+    data = yaml.safe_load((DEPLOY / f"{kind}.yaml").read_text())
+    schema = service(kind).SCHEMA
+    settings = {leaf.key: leaf for leaf in schema.leaves()}
 
     def walk(node: Any, prefix: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -361,23 +365,25 @@ def test_deploy_example_sets_every_setting_to_its_default(name: str, schema: Any
             if key in settings:
                 out[key] = v
             else:
-                assert isinstance(v, dict), f"{name}: {key} is not a setting"
+                assert isinstance(v, dict), f"{kind}.yaml: {key} is not a setting"
                 out.update(walk(v, key + "."))
         return out
 
     values = walk(data, "")
-    assert set(values) == set(settings), f"{name}: missing {set(settings) - set(values)}"
-    for key, setting in settings.items():
-        if setting.required:
+    assert set(values) == set(settings), f"{kind}.yaml: missing {set(settings) - set(values)}"
+    for key, leaf in settings.items():
+        if leaf.required:
             continue
         if key == "notify":
             assert values[key]["receivers"] == []
             continue
-        assert values[key] == setting.default, f"{name}: {key}: example {values[key]!r} != default {setting.default!r}"
-    text = (DEPLOY / name).read_text()
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#") and ":" in line and not line.rstrip().endswith(":"):
-            assert "#" in line, f"{name}: undocumented line {line!r}"
+        default = list(leaf.default) if isinstance(leaf.default, tuple) else leaf.default
+        default = str(default) if isinstance(default, Path) else default
+        assert values[key] == default, f"{kind}.yaml: {key}: example {values[key]!r} != default {default!r}"
+    text = " ".join(line.strip("# ") for line in (DEPLOY / f"{kind}.yaml").read_text().splitlines())
+    for leaf in settings.values():
+        assert leaf.spec.doc, f"{leaf.key} has no doc"
+        assert " ".join(leaf.spec.doc.split()) in text, f"{kind}.yaml does not document {leaf.key}"
 
 
 def test_deploy_examples_load() -> None:
@@ -385,6 +391,8 @@ def test_deploy_examples_load() -> None:
     assert cfg.heartbeat_timeout_s == 15.0 and cfg.db_path == DEPLOY / "starpulse.db"
     config, opt = load_agent_config(DEPLOY / "agent.yaml", {})
     assert config.node_id == "gpu-node-001" and opt.backend == "nvml"
+    relay = load_relay_settings(DEPLOY / "relay.yaml", {}).relay
+    assert relay.relay_id == "relay-pod3" and relay.linger_s == 0.02
 
 
 def test_controller_example_documents_every_notify_key() -> None:
@@ -396,54 +404,37 @@ def test_controller_example_documents_every_notify_key() -> None:
             assert f"{f.name}:" in text, f"controller.yaml does not document notify {cls.__name__}.{f.name}"
 
 
-def test_schema_defaults_match_the_code() -> None:
-    """The schema mirrors the service dataclasses: same names, same defaults."""
+# -- one source: the settings add no default of their own, and show the dataclasses' ---------
+def test_no_settings_give_the_service_dataclasses_defaults() -> None:
+    """Read with nothing set, the settings build exactly the service configs the dataclasses default to."""
     from agent.runtime import AgentConfig
-    from controller.detect.correlate import CorrelationConfig
-    from controller.detect.failslow import SIGNALS, FailSlowConfig
-    from controller.ha.config import HAConfig
-    from controller.heal.guards import GuardConfig
-    from controller.heal.healer import HealConfig
     from controller.service import ControllerConfig
+    from relay.service import RelayConfig
 
-    def check(cls: Any, section: dict[str, Any], skip: frozenset[str] | set[str] = frozenset()) -> None:
-        for f in dataclasses.fields(cls):
-            if f.name in skip:
-                continue
-            assert f.name in section, f"{cls.__name__}.{f.name} has no setting"
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-            if isinstance(default, tuple):
-                default = list(default)
-            assert section[f.name].default == default, f"{cls.__name__}.{f.name}"
+    assert load_controller_config(None, {}) == ControllerConfig()
+    node = {"agent.node_id": ("--node-id", "node-001"), "agent.controllers": ("--controller", ["c:1"])}
+    config, _ = load_agent_config(None, {}, node)
+    assert config == AgentConfig(node_id="node-001", controllers=["c:1"])
+    relay = {"relay.relay_id": ("--relay-id", "r1"), "relay.controllers": ("--controller", ["c:1"])}
+    assert load_relay_settings(None, {}, relay).relay == RelayConfig(relay_id="r1", controllers=["c:1"])
 
-    c: Any = CONTROLLER_SCHEMA
-    check(CorrelationConfig, c["detection"]["correlation"])
-    check(FailSlowConfig, c["detection"]["failslow"])
-    assert tuple(c["detection"]["failslow"]["signals"].default) == SIGNALS
-    check(GuardConfig, c["heal"]["guards"])
-    check(HealConfig, c["heal"])
-    flat = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(c)}
-    check(
-        ControllerConfig,
-        flat,
-        {
-            "db_path",
-            "fabric",
-            "fabric_path",
-            "rules_path",
-            "detection",
-            "notify",
-            "heal",
-            "tls",
-            "auth",
-            "allowed_nodes",
-            "ha",
-        },
-    )
-    check(HAConfig, c["ha"])
-    a = {k.rsplit(".", 1)[-1]: s for k, s in iter_settings(AGENT_SCHEMA)}
-    a["metrics_listen"], a["job_socket"] = a["listen"], a["socket"]
-    check(AgentConfig, a, {"node_id", "controllers", "role", "buffer_path", "boot_id_path", "tls"})
+
+@pytest.mark.parametrize(
+    ("command", "flag", "shown"),
+    [
+        ("controller", "--heartbeat-timeout-s", "(default: 15)"),  # ControllerConfig.heartbeat_timeout_s
+        ("controller", "--heal-mode", "(default: enforce)"),  # GuardConfig.mode
+        ("controller", "--ha-lease-ttl", "(default: 5)"),  # HAConfig.lease_ttl_s
+        ("agent", "--interval-s", "(default: 5)"),  # AgentConfig.interval_s
+        ("agent", "--state-dir", "(default: /var/lib/starpulse)"),  # AgentConfig.buffer_path's folder
+        ("relay", "--linger-ms", "(default: 20)"),  # RelayConfig.linger_s, in ms
+    ],
+)
+def test_help_shows_the_dataclass_default(command: str, flag: str, shown: str) -> None:
+    """`--help` takes each flag's default from the one dataclass field, in the flag's unit."""
+    sub = cli._subparsers(cli.build_parser(command)).choices[command]
+    (action,) = [a for a in sub._actions if flag in a.option_strings]
+    assert action.help is not None and action.help.replace("%%", "%").endswith(shown), action.help
 
 
 # -- building: healing, relative paths, the CLI --------------------------------------------------
@@ -459,12 +450,12 @@ def test_ha_section_and_flags(tmp_path: Path) -> None:
     path = write(tmp_path, {"ha": {"enabled": True, "etcd": ["10.0.0.1:2379"], "lease_ttl_s": 3}})
     ha = load_controller_config(path, {}).ha
     assert ha.etcd == ["10.0.0.1:2379"] and ha.lease_ttl_s == 3 and ha.advertise == ""
-    from starpulse.app.cli import _controller_overrides, build_parser
+    from starpulse.app.cli import build_parser, overrides
 
     argv = ["controller", "--config", str(path), "--etcd", "e1:2379,e2:2379", "--advertise", "c1:50051"]
     args = build_parser().parse_args(argv)
     args.argv = argv
-    ha = load_controller_config(write(tmp_path, {}), {}, _controller_overrides(args)).ha
+    ha = load_controller_config(write(tmp_path, {}), {}, overrides(args)).ha
     assert ha.etcd == ["e1:2379", "e2:2379"] and ha.advertise == "c1:50051"
 
 
@@ -621,7 +612,7 @@ def test_agent_lldp_socket_and_sim_shape(tmp_path: Path) -> None:
     argv = ["agent", "--config", str(path), "--sim-nics", "4", "--lldpcli-socket", "/run/l.sock"]
     args = cli.build_parser().parse_args(argv)
     args.argv = argv
-    _, opt = load_agent_config(path, {}, cli._agent_overrides(args))
+    _, opt = load_agent_config(path, {}, cli.overrides(args))
     assert opt.sim_nics == 4 and opt.lldpcli_socket == "/run/l.sock"
     bad = write(tmp_path, {**AGENT_MIN, "hardware": {"sim_nics": 29}}, "bad.yaml")
     expected = f"{bad}: hardware.sim_nics: must be an integer >= 0 and <= 28, got 29"

@@ -14,6 +14,7 @@ import pytest
 
 from controller.fabric import generate_fabric
 from controller.ingest.registry import ONLINE, UNREACHABLE, NodeRecord
+from controller.ingest.verdict import ReportResult
 from controller.service import Controller, ControllerConfig
 from starpulse.app.scenario.cluster import SimCluster, render_lldpcli_json
 from starpulse.app.scenario.spec import FaultSpec
@@ -32,7 +33,7 @@ class Seen:
 
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
-    def on_report(self, node: NodeRecord, report: tpb.Report) -> None:
+    def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
         return None
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:

@@ -273,8 +273,10 @@ class TestAdminTokens:
     def test_cli_controller_auth(self, tmp_path: Path) -> None:
         f = tmp_path / "t"
         f.write_text(self.TOKEN + "\n")
-        args = cli.build_parser().parse_args(
-            ["controller", "--admin-token-file", str(f), "--require-read-token", "--admin-cert-name", "admin"]
-        )
-        cfg = cli._auth_config(args)
+        argv = ["controller", "--admin-token-file", str(f), "--require-read-token", "--admin-cert-name", "admin"]
+        args = cli.build_parser().parse_args(argv)
+        args.argv = argv
+        from starpulse.app.config.controller import load_controller_config
+
+        cfg = load_controller_config(None, {}, cli.overrides(args)).auth
         assert cfg.admin_tokens == [self.TOKEN] and not cfg.open_reads and cfg.admin_cert_names == ["admin"]

@@ -59,6 +59,7 @@ from controller.detect.incidents import IncidentStore
 from controller.detect.model import ComponentType, Condition, ConditionChange, Incident
 from controller.fabric.model import LINK_SEPARATOR, Fabric
 from starpulse.core import vocab
+from starpulse.core.schema import setting
 from starpulse.core.vocab import SEVERITY_ORDER, Severity
 
 log = structlog.get_logger(__name__)
@@ -90,25 +91,39 @@ def _now_ms() -> int:
 class CorrelationConfig:
     """How long to wait, how many make a pattern, how long to hold. Times in seconds."""
 
-    settle_s: float = 2.0
-    """After the first new condition arrives, wait this long before grouping the batch, so
-    siblings from other nodes (one report interval away) land in the same grouping."""
-    min_nodes_for_switch: int = 2
-    """Distinct nodes whose NICs on one leaf must fail together to blame the leaf."""
-    min_leaves_for_spine: int = 2
-    """Distinct leaves whose uplinks to one spine must fail together to blame the spine."""
-    node_device_threshold: int = 3
-    """GPUs (or NICs) of one node failing at once that make it a node fault, not a device fault."""
-    partition_min_nodes: int = 3
-    """Lost heartbeats behind one switch that make a partition rather than dead nodes."""
-    partition_fleet_share: float = 0.2
-    """Lost heartbeats above this share of the fleet make a partition wherever they are."""
-    resolve_hold_s: float = 60.0
-    """Flap damping: an incident resolves only after all its conditions stayed resolved
-    this long; a recurrence within it keeps (or reopens) the same incident."""
-    restart_grace_s: float = 300.0
-    """After a restart, how long a resumed incident waits for its conditions to be raised
-    again before it resolves (the condition engine rebuilds its state from fresh reports)."""
+    settle_s: float = setting(
+        2.0,
+        "Seconds to wait after the first new condition before grouping the batch, so that siblings "
+        "from other nodes (one report interval away) land in the same grouping",
+        ge=0,
+    )
+    min_nodes_for_switch: int = setting(
+        2, "Distinct nodes whose NICs on one leaf must fail together to blame the leaf", ge=1
+    )
+    min_leaves_for_spine: int = setting(
+        2, "Distinct leaves whose uplinks to one spine must fail together to blame the spine", ge=1
+    )
+    node_device_threshold: int = setting(
+        3, "GPUs (or NICs) of one node failing at once that make it a node fault, not a device fault", ge=1
+    )
+    partition_min_nodes: int = setting(
+        3, "Lost heartbeats behind one switch that make a partition rather than dead nodes", ge=1
+    )
+    partition_fleet_share: float = setting(
+        0.2, "Share of the fleet (0..1): lost heartbeats above it make a partition wherever they are", gt=0, le=1
+    )
+    resolve_hold_s: float = setting(
+        60.0,
+        "Seconds of flap damping: an incident resolves only after all its conditions stayed resolved "
+        "this long; a recurrence within it keeps (or reopens) the same incident",
+        ge=0,
+    )
+    restart_grace_s: float = setting(
+        300.0,
+        "Seconds a resumed incident waits after a restart for its conditions to be raised again before "
+        "it resolves (the condition engine rebuilds its state from fresh reports)",
+        ge=0,
+    )
 
     def __post_init__(self) -> None:
         if self.settle_s < 0 or self.resolve_hold_s < 0 or self.restart_grace_s < 0:

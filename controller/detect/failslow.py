@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from controller.detect.model import Condition, ConditionChange
+from starpulse.core.schema import setting
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
@@ -66,31 +67,47 @@ def _now_ms() -> int:
 class FailSlowConfig:
     """Tuning of the peer comparison. Defaults suit reports every few seconds."""
 
-    window_s: float = 300.0
-    """Seconds of samples a node's value is the median of; long enough to ride out a
-    checkpoint or an eval pause, short enough to catch a node that degraded today."""
-    min_samples: int = 5
-    """Samples a node needs in the window before it is compared (or counted as a peer)."""
-    z_threshold: float = 3.5
-    """Robust z-score (0.6745 * gap / MAD) a node must reach; 3.5 is Iglewicz-Hoaglin's outlier cut."""
-    min_relative_deviation: float = 0.1
-    """Fraction of the group median the gap must also reach (0.1 = 10 % slower). Both
-    tests must pass, so a tight group (MAD near 0) does not flag a trivial gap."""
-    persist_evaluations: int = 3
-    """Consecutive evaluations a node must deviate before it is flagged, and must not
-    deviate before its condition resolves (hysteresis against one-off blips)."""
-    min_group_size: int = 4
-    """Nodes with enough samples a group needs before anyone in it is compared: with three
-    nodes a median says little about which one is odd."""
-    signals: tuple[str, ...] = SIGNALS
-    """Which of ``SIGNALS`` to compare."""
-    job_ttl_s: float | None = None
-    """Seconds a node stays in the job it last reported in ``job_steps``; None = ``window_s``."""
-    sample_every_s: float = 15.0
-    """A node's signals are taken from at most one report per this many seconds (0: every
-    report). A median over a 5 min window needs ~20 samples, not one per report: at 5 s
-    reports taking every one was ~15 % of the controller's per-report work. NIC throughput
-    is then the counters' rate over the whole span between samples."""
+    window_s: float = setting(
+        300.0,
+        "Seconds of samples a node's value is the median of: long enough to ride out a checkpoint or "
+        "an eval pause, short enough to catch a node that degraded today",
+        gt=0,
+    )
+    min_samples: int = setting(
+        5, "Samples a node needs in the window before it is compared (or counted as a peer)", ge=1
+    )
+    z_threshold: float = setting(
+        3.5, "Robust z-score (0.6745 * gap / MAD) a node must reach; 3.5 is Iglewicz-Hoaglin's outlier cut", gt=0
+    )
+    min_relative_deviation: float = setting(
+        0.1,
+        "Fraction of the group median the gap must also reach (0.1 = 10 % slower); both tests must "
+        "pass, so a tight group (MAD near 0) does not flag a trivial gap",
+        ge=0,
+    )
+    persist_evaluations: int = setting(
+        3,
+        "Consecutive evaluations a node must deviate before it is flagged, and must not deviate before "
+        "its condition resolves (hysteresis against one-off blips)",
+        ge=1,
+    )
+    min_group_size: int = setting(
+        4,
+        "Nodes with enough samples a group needs before anyone in it is compared: with three nodes a "
+        "median says little about which one is odd",
+        ge=2,
+    )
+    signals: tuple[str, ...] = setting(SIGNALS, "Signals to compare", choices=SIGNALS)
+    job_ttl_s: float | None = setting(
+        None, "Seconds a node stays in the job it last reported in job_steps; null: window_s", gt=0
+    )
+    sample_every_s: float = setting(
+        15.0,
+        "Seconds: a node's signals come from at most one report per this period (0: every report); a "
+        "median over a 5 min window needs ~20 samples, not one per report (taking every 5 s report was "
+        "~15 % of the controller's per-report work); NIC throughput is the counters' rate between samples",
+        ge=0,
+    )
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.signals if s not in SIGNALS]

@@ -1,7 +1,10 @@
 """Detection wired to ingest: conditions from every report, event and presence change,
 fail-slow peer comparison, correlation into incidents on the fabric.
 
-Runs on the controller's event loop, as a registry listener. Everything per report is
+Runs on the controller's event loop. ``Detection`` is ingest's in-process report decider
+(controller.ingest.decider: it decides a report during the hand-over and answers with its
+verdict) and a registry listener (events, presence, and every decided report's fail-slow
+signals and LLDP, whether it decided the report or a shard did). Everything per report is
 dictionary work; grouping and fail-slow run on the periodic tick, not per message.
 """
 
@@ -15,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
+from google.protobuf.message import DecodeError
 
 from controller.detect.conditions import ConditionEngine, nic_fabric_evidence
 from controller.detect.correlate import CorrelationConfig, Correlator
@@ -25,13 +29,16 @@ from controller.detect.rules import RuleSet
 from controller.fabric import Fabric
 from controller.fabric.topology import TopologyTracker
 from controller.ingest.registry import NodeRecord, now_ms
+from controller.ingest.validate import InvalidMessage, validate_report
+from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
+from starpulse.core.schema import setting
 from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 if TYPE_CHECKING:
     from controller.detect.shards import DetectShards
-    from controller.ingest.verdict import ReportResult
 
 log = structlog.get_logger(__name__)
 _COMPUTE = ipb.NODE_ROLE_COMPUTE
@@ -41,16 +48,26 @@ _COMPUTE = ipb.NODE_ROLE_COMPUTE
 class DetectionConfig:
     correlation: CorrelationConfig = field(default_factory=CorrelationConfig)
     failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
-    failslow_every_s: float = 5.0  # peer comparison cadence; each evaluation looks at a window
-    # Processes that evaluate compute nodes' reports and events (controller.detect.shards);
-    # 0: all detection in the controller's process (enough for ~4,000-6,000 nodes at 5 s).
-    workers: int = 0
+    failslow_every_s: float = setting(
+        5.0, "Seconds between fail-slow peer comparisons; each one looks at a whole window", gt=0
+    )
+    workers: int = setting(
+        0,
+        "Processes that evaluate compute nodes' reports and events (detection shards); 0: all detection "
+        "in the controller's process, enough for ~4,000-6,000 nodes reporting every 5 s",
+        ge=0,
+        le=64,
+    )
 
 
 class IncidentListener(Protocol):
     """Alerts, healing and the dashboard subscribe to incident changes here."""
 
     def on_incident(self, change: str, incident: Incident) -> None: ...
+
+
+def _unbound(verdict: ReportResult) -> None:
+    raise RuntimeError("Detection.decide before bind(): the TelemetryServicer binds its verdict sink")
 
 
 def incident_to_dict(incident: Incident) -> dict[str, object]:
@@ -89,6 +106,8 @@ class Detection:
         # With detection shards (controller.detect.shards) compute nodes' reports and events are
         # evaluated there; this engine keeps presence (heartbeats) and switches.
         self.shards: DetectShards | None = None
+        self._verdicts: Callable[[ReportResult], None] = _unbound
+        self._full_seen: dict[str, int] = {}  # node -> the stream token whose stream sent a full report
         # True: the controller runs fail-slow evaluations in steps between reports
         # (failslow_due, then FailSlowDetector.evaluation_steps and feed); tick leaves them out.
         self.failslow_stepwise = False
@@ -106,12 +125,73 @@ class Detection:
                 return None
         return None
 
-    # -- IngestListener -------------------------------------------------------------------
-    def on_report(self, node: NodeRecord, report: tpb.Report) -> None:
-        self._feed(self.engine.on_report(node, report))
-        if node.role == ipb.NODE_ROLE_COMPUTE:
-            self.failslow.observe(node.node_id, report)
+    # -- ReportDecider (controller.ingest.decider): decided during the hand-over ----------
+    def bind(self, on_verdict: Callable[[ReportResult], None]) -> None:
+        self._verdicts = on_verdict
+
+    def decide(self, node: NodeRecord, message: spb.AgentMessage, started: float) -> None:
+        """Run the rules on a valid report and hand its verdict to ingest at once."""
+        report = message.report
+        nid, token = node.node_id, node.stream_token
+        lldp = None
         if report.HasField("lldp"):
+            lldp = node.lldp = list(report.lldp.neighbors)  # before the rules: NIC names follow LLDP
+        if not report.counters_delta:
+            self._full_seen[nid] = token
+            full_needed = False
+        else:
+            full_needed = self._full_seen.get(nid) != token  # still used: absent counters read as unchanged
+        try:
+            self._feed(self.engine.on_report(node, report))
+            signals, job = self.failslow.extract(nid, report) if node.role == _COMPUTE else ({}, None)
+        except Exception:
+            # A bug in a rule must not lose the report: it is still recorded and acked (a
+            # shard does the same, controller.detect.shard_worker).
+            log.exception("report_decision_failed", node=nid)
+            signals, job = {}, None
+        self._verdicts(
+            ReportResult(
+                node_id=nid,
+                stream_token=token,
+                submitted=started,
+                seq=report.seq,
+                timestamp_ms=report.timestamp_ms,
+                full_report_needed=full_needed,
+                signals=signals,
+                job=job,
+                job_steps=report.job_steps,
+                lldp=lldp,
+                gpus=len(report.gpus),
+                nics=len(report.nics),
+                switch_ports=len(report.switch_ports),
+                report=report,
+            )
+        )
+
+    def decide_raw(self, node: NodeRecord, agent_message: bytes, started: float) -> bool:
+        """A relayed report's bytes: decoded and validated here, then decided; False when they are not one."""
+        try:
+            message = spb.AgentMessage.FromString(agent_message)
+            if message.WhichOneof("body") != "report":
+                return False
+            validate_report(message.report)
+        except (DecodeError, InvalidMessage):
+            return False  # the stream reads the bytes again and ends with the right status
+        self.decide(node, message, started)
+        return True
+
+    @property
+    def full(self) -> bool:
+        return False  # deciding during the hand-over leaves nothing waiting
+
+    async def room(self) -> None:
+        return None
+
+    # -- IngestListener -------------------------------------------------------------------
+    def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
+        """A decided report (here or in a shard): its fail-slow signals join the peer comparison here."""
+        self.failslow.append(node.node_id, verdict.signals, verdict.job)
+        if verdict.lldp is not None:
             self.topology.update(node)
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
@@ -120,13 +200,7 @@ class Detection:
             return
         self._feed(self.engine.on_events(node, events))
 
-    def on_shard_report(self, node: NodeRecord, result: ReportResult) -> None:
-        """A report a shard decided: its fail-slow signals join the peer comparison here."""
-        self.failslow.append(node.node_id, result.signals, result.job)
-        if result.lldp is not None:
-            self.topology.update(node)
-
-    def on_shard_changes(self, changes: list[ConditionChange]) -> None:
+    def feed_shard_changes(self, changes: list[ConditionChange]) -> None:
         """Condition changes from a shard's engine, completed with what only the fabric knows."""
         if self.fabric is not None:
             for change in changes:
@@ -212,7 +286,8 @@ class Detection:
 
     def forget(self, node_id: str) -> None:
         if self.shards is not None:
-            self.shards.forget(node_id)  # what the shard resolves comes back through on_shard_changes
+            self.shards.forget(node_id)  # what the shard resolves comes back through feed_shard_changes
+        self._full_seen.pop(node_id, None)
         self._feed(self.engine.forget(node_id))
         change = self.failslow.forget(node_id)
         if change is not None:

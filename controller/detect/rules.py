@@ -52,6 +52,7 @@ from controller.detect.evaluators.registry import REGISTRY
 from controller.detect.model import CATEGORIES, Defaults, Rule
 from starpulse.core import vocab
 from starpulse.core import xid as xidcat
+from starpulse.core.schema import ConfigError
 from starpulse.core.units import BadValue, Quantity
 from starpulse.core.vocab import SEVERITY_ORDER
 
@@ -71,12 +72,8 @@ _COMMON_KEYS = ("id", "description", "category", "severity", "action", "kind", "
 _REQUIRED_KEYS = ("id", "description", "category", "severity", "action", "kind")
 
 
-class RulesError(ValueError):
+class RulesError(ConfigError):
     """A rules file that cannot be used; ``errors`` holds one line per problem."""
-
-    def __init__(self, errors: list[str]) -> None:
-        self.errors = errors
-        super().__init__("\n".join(errors))
 
 
 # -- the parsed file ---------------------------------------------------------------------

@@ -142,13 +142,14 @@ class Shard:
             result.full_report_needed = True
         if report.HasField("lldp"):
             node.lldp = list(report.lldp.neighbors)
-            result.lldp = [nb.SerializeToString() for nb in node.lldp]
+            result.lldp = node.lldp  # messages pickle (as their bytes) like the rest of the verdict
         result.gpus = len(report.gpus)
         result.nics = len(report.nics)
+        result.switch_ports = len(report.switch_ports)
         changes += self.engine.on_report(node, report)
         result.signals, result.job = self.failslow.extract(node_id, report)
         if report.job_steps:
-            result.job_steps = tpb.Report(job_steps=report.job_steps).SerializeToString()
+            result.job_steps = list(report.job_steps)
         return result
 
     def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> None:

@@ -4,8 +4,10 @@ Each compute node belongs to one shard (crc32 of its id), so its reports and eve
 handled in arrival order by one ``ConditionEngine`` (controller.detect.shard_worker). The
 controller hands over the bytes that arrived, batched: everything submitted during one
 turn of the event loop goes out as one frame per shard. Answers come back on the shards'
-stdout and are applied on the event loop (``on_result`` per report, ``on_changes`` for the
-condition changes).
+stdout and are applied on the event loop: each report's verdict to ingest's sink (this is
+the sharded ``ReportDecider`` of controller.ingest.decider), the condition changes to
+``on_changes``. Switches' reports are not sharded: they go to the ``local`` decider (the
+controller's own Detection), whose engine also keeps presence.
 
 Flow control: at most ``max_in_flight`` reports may be with the shards; past that, the
 streams feeding them wait in ``room()`` (and gRPC's flow control holds the rest at the
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,8 +35,11 @@ from controller.detect.shard_worker import (
     ShardSettings,
 )
 from controller.detect.shardwire import encode_frame, frame_parts, read_frame
+from controller.ingest.decider import ReportDecider
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
@@ -44,6 +48,7 @@ READY_TIMEOUT_S = 60.0
 # Reports submitted within this long go to a shard as one frame: fewer, larger frames cost
 # both ends less per report (bench.scale), and 2 ms is nothing next to a 5 s report interval.
 FLUSH_LINGER_S = 0.002
+_COMPUTE = ipb.NODE_ROLE_COMPUTE
 
 
 class ShardLost(Exception):
@@ -60,12 +65,18 @@ class _Shard:
     in_flight: int = 0
 
 
+def _unbound(verdict: ReportResult) -> None:
+    raise RuntimeError("a shard's verdict before bind(): the TelemetryServicer binds its verdict sink")
+
+
 class DetectShards:
+    """The sharded report decider: compute nodes' reports decided in worker processes."""
+
     def __init__(
         self,
         workers: int,
         settings: ShardSettings,
-        on_result: Callable[[ReportResult], None],
+        local: ReportDecider,
         on_changes: Callable[[list[ConditionChange]], None],
         on_lost: Callable[[int], None],
         max_in_flight: int = 4096,
@@ -74,7 +85,8 @@ class DetectShards:
             raise ValueError("detection shards need at least one worker")
         self.workers = workers
         self.settings = settings
-        self._on_result = on_result
+        self._local = local  # decides what is not sharded (switches), in the controller's process
+        self._on_verdict: Callable[[ReportResult], None] = _unbound
         self._on_changes = on_changes
         self._on_lost = on_lost
         self.max_in_flight = max_in_flight
@@ -143,10 +155,38 @@ class DetectShards:
     def shard_of(self, node_id: str) -> int:
         return zlib.crc32(node_id.encode()) % self.workers
 
-    def submit_report(self, node: NodeRecord, agent_message: bytes, validated: bool) -> None:
-        """Hand one AgentMessage (a report) over; its ``ReportResult`` comes back through on_result."""
+    # -- ReportDecider (controller.ingest.decider) ----------------------------------------
+    def bind(self, on_verdict: Callable[[ReportResult], None]) -> None:
+        self._on_verdict = on_verdict
+        self._local.bind(on_verdict)
+
+    def decide(self, node: NodeRecord, message: spb.AgentMessage, started: float) -> None:
+        """A valid report from a direct stream: re-serialised for its shard (validated, not checked again)."""
+        if node.role != _COMPUTE:
+            self._local.decide(node, message, started)
+            return
+        self._submit(node, message.SerializeToString(), True, started)
+
+    def decide_raw(self, node: NodeRecord, agent_message: bytes, started: float) -> bool:
+        """A relayed report as the bytes that arrived: its shard decodes and validates it (every one is taken)."""
+        if node.role != _COMPUTE:
+            return self._local.decide_raw(node, agent_message, started)
+        self._submit(node, agent_message, False, started)
+        return True
+
+    @property
+    def full(self) -> bool:
+        return not self._room.is_set()
+
+    async def room(self) -> None:
+        """Wait while too many reports are with the shards."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    def _submit(self, node: NodeRecord, agent_message: bytes, validated: bool, started: float) -> None:
+        """One AgentMessage (a report) to its shard; its ``ReportResult`` comes back to the verdict sink."""
         shard = self._for(node)
-        shard.ops.append((OP_REPORT, node.node_id, node.stream_token, agent_message, validated, time.perf_counter()))
+        shard.ops.append((OP_REPORT, node.node_id, node.stream_token, agent_message, validated, started))
         shard.in_flight += 1
         self._in_flight += 1
         if self._in_flight >= self.max_in_flight:
@@ -163,11 +203,6 @@ class DetectShards:
         shard.tokens.pop(node_id, None)
         shard.ops.append((OP_FORGET, node_id))
         self._schedule_flush()
-
-    async def room(self) -> None:
-        """Wait while too many reports are with the shards."""
-        if not self._room.is_set():
-            await self._room.wait()
 
     def _for(self, node: NodeRecord) -> _Shard:
         shard = self._shards[self.shard_of(node.node_id)]
@@ -208,7 +243,7 @@ class DetectShards:
                     self._room.set()
                 for result in results:
                     try:
-                        self._on_result(result)
+                        self._on_verdict(result)
                     except Exception:
                         log.exception("shard_result_failed", node=result.node_id)
                 if changes:

@@ -36,6 +36,7 @@ import structlog
 import yaml
 
 from controller.fabric.model import EDGE_KINDS, VERTEX_KINDS, Fabric, FabricError
+from starpulse.core.schema import ConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +44,7 @@ FORMAT_VERSION = 1
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 
-class FabricFileError(FabricError):
+class FabricFileError(FabricError, ConfigError):
     """A fabric file that cannot be loaded; the message names the file and the problem."""
 
 

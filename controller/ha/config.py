@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from starpulse.core.schema import setting
 
 DEFAULT_PREFIX = "/starpulse"
 
@@ -11,21 +13,40 @@ DEFAULT_PREFIX = "/starpulse"
 class HAConfig:
     """Several controller replicas coordinated by etcd; None in ControllerConfig: one controller on SQLite."""
 
-    etcd: list[str] = field(default_factory=lambda: ["127.0.0.1:2379"])  # etcd client HOST:PORTs, tried in order
-    # Every key lives under prefix/cluster/, so several starpulse installations can share one etcd.
-    prefix: str = DEFAULT_PREFIX
-    cluster: str = "default"
-    # The leader's lease: a dead leader is replaced this long after its last keep-alive at the latest.
-    lease_ttl_s: int = 5
-    # The gRPC address standbys send agents and the CLI to when this replica leads ("" -> server.listen).
-    advertise: str = ""
-    # How often the leader pushes changed rows to etcd when nothing else (an ack, a scheduler action) did.
-    flush_interval_s: float = 0.05
-    # How long events stay in etcd (the new leader's history); node states, incidents, actions never expire.
-    event_retention_s: float = 7 * 86400.0
-    # A standby looks for a vacant leader key this often (failover = lease TTL + this, at most).
-    poll_interval_s: float = 0.2
-    etcd_timeout_s: float = 5.0  # per etcd request
+    etcd: list[str] = setting(["127.0.0.1:2379"], "etcd client addresses, tried in order", address=True, nonempty=True)
+    prefix: str = setting(
+        DEFAULT_PREFIX,
+        "etcd key prefix: every key lives under prefix/cluster/, so several installations can share one etcd",
+        nonempty=True,
+    )
+    cluster: str = setting("default", "This installation's name under the prefix", nonempty=True)
+    lease_ttl_s: int = setting(
+        5,
+        "Seconds of the leader's lease: a dead leader is replaced this long after its last keep-alive at the latest",
+        ge=2,
+        le=60,
+    )
+    advertise: str = setting(
+        "",
+        "gRPC address standbys send agents and the CLI to while this replica leads; empty: server.listen",
+        address=True,
+        empty=True,
+    )
+    flush_interval_s: float = setting(
+        0.05,
+        "Seconds: the leader pushes changed rows to etcd this often when nothing else (an ack, a scheduler action) did",
+        gt=0,
+    )
+    event_retention_s: float = setting(
+        7 * 86400.0,
+        "Seconds events stay in etcd (a new leader's history; 7 days); 0: forever. Node states, "
+        "incidents and actions never expire",
+        ge=0,
+    )
+    poll_interval_s: float = setting(
+        0.2, "Seconds: a standby looks for a vacant leader key this often (failover: lease TTL + this)", gt=0
+    )
+    etcd_timeout_s: float = setting(5.0, "Seconds per etcd request", gt=0)
 
     def __post_init__(self) -> None:
         if not self.etcd:

@@ -51,6 +51,7 @@ from controller.heal.states import (
 )
 from controller.store import transaction
 from starpulse.core import vocab
+from starpulse.core.schema import setting
 
 log = structlog.get_logger(__name__)
 
@@ -62,30 +63,39 @@ MODES: tuple[str, ...] = ("enforce", "dry_run", "manual")
 class GuardConfig:
     """Limits on automatic remediation. Times in seconds, shares as fractions of the fleet (0..1)."""
 
-    max_evictions_per_window: int = 2
-    """Distinct nodes that may be evicted (evict/reset_gpu/reboot/rma) per ``window_s``."""
-    window_s: float = 600.0
-    """Sliding window of the eviction budget, seconds."""
-    max_fleet_share: float = 0.05
-    """Share of the fleet's nodes that automation may hold out of service at once
-    (cordoned, draining, evicted, in repair by starpulse); at least one node is always allowed."""
-    breaker_trip_share: float = 0.5
-    """The breaker opens when nodes with evictable incidents opened within ``breaker_window_s``
-    reach this share of the fleet (and at least ``breaker_min_nodes``)."""
-    breaker_window_s: float = 300.0
-    """How far back incidents count towards tripping the breaker, seconds."""
-    breaker_trip_incidents: int = 0
-    """The breaker also opens at this many evictable incidents within the window (0: off)."""
-    breaker_min_nodes: int = 2
-    """Never trip on fewer faulty nodes than this (a 2-node lab is not a mass fault at 1)."""
-    mode: Mode = "enforce"
-    """enforce: act; dry_run: decide and log, never act; manual: act only on a person's approval."""
-    cooldown_s: float = 1800.0
-    """No new automatic action on a node within this many seconds of its last one."""
-    flap_window_s: float = 3600.0
-    """Window of flap protection, seconds."""
-    flap_max: int = 3
-    """A node that returned to healthy more than this many times within ``flap_window_s`` is held."""
+    max_evictions_per_window: int = setting(
+        2, "Distinct nodes that may be evicted (evict, reset_gpu, reboot, rma) per window_s", ge=0
+    )
+    window_s: float = setting(600.0, "Seconds: the sliding window of the eviction budget", gt=0)
+    max_fleet_share: float = setting(
+        0.05,
+        "Share of the fleet's nodes (0..1) automation may hold out of service at once (cordoned, "
+        "draining, evicted, in repair by starpulse); at least one node is always allowed",
+        gt=0,
+        le=1,
+    )
+    breaker_trip_share: float = setting(
+        0.5,
+        "Share of the fleet (0..1): the breaker opens when nodes with evictable incidents opened within "
+        "breaker_window_s reach it (and at least breaker_min_nodes)",
+        gt=0,
+        le=1,
+    )
+    breaker_window_s: float = setting(300.0, "Seconds back that incidents count towards tripping the breaker", gt=0)
+    breaker_trip_incidents: int = setting(
+        0, "The breaker also opens at this many evictable incidents within the window; 0: off", ge=0
+    )
+    breaker_min_nodes: int = setting(
+        2, "Never trip on fewer faulty nodes than this (a 2-node lab is not a mass fault at 1)", ge=1
+    )
+    mode: Mode = setting(
+        "enforce", "enforce: act; dry_run: decide and log, never act; manual: act only on a person's approval"
+    )
+    cooldown_s: float = setting(1800.0, "Seconds: no new automatic action on a node this long after its last", ge=0)
+    flap_window_s: float = setting(3600.0, "Seconds: the window of flap protection", gt=0)
+    flap_max: int = setting(
+        3, "A node that returned to healthy more than this many times within flap_window_s is held", ge=1
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -34,6 +34,7 @@ from controller.ingest.registry import NodeRegistry
 from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
 from starpulse.core import vocab
+from starpulse.core.schema import setting
 from starpulse.v1 import service_pb2 as spb
 
 log = structlog.get_logger(__name__)
@@ -43,9 +44,11 @@ S = NodeHealState
 
 @dataclass
 class HealConfig:
-    checkpoint_timeout_s: float = 30.0  # wait this long for a requested checkpoint before evicting anyway
-    action_retries: int = 5  # temporary scheduler failures are retried this many times
-    retry_delay_s: float = 2.0
+    checkpoint_timeout_s: float = setting(
+        30.0, "Seconds to wait for a requested checkpoint before evicting anyway", ge=0
+    )
+    action_retries: int = setting(5, "Retries of a temporarily failing scheduler action", ge=0)
+    retry_delay_s: float = setting(2.0, "Seconds between those retries", ge=0)
 
 
 @dataclass

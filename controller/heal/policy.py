@@ -47,6 +47,7 @@ from controller.detect.model import Incident
 from controller.heal.states import RemediationStore
 from controller.store import transaction
 from starpulse.core import vocab
+from starpulse.core.schema import ConfigError
 from starpulse.core.units import parse_quantity
 from starpulse.core.vocab import EVICTABLE_KINDS, SEVERITY_ORDER
 
@@ -74,12 +75,8 @@ _MATCH_KEYS = ("actions", "rules", "severities", "xids")
 _KIND_KEYS = ("action", "min_severity", "checkpoint_first", "by_action", "by_xid")
 
 
-class PolicyError(ValueError):
+class PolicyError(ConfigError):
     """A policy file that cannot be used; ``errors`` holds one line per problem."""
-
-    def __init__(self, errors: list[str]) -> None:
-        self.errors = errors
-        super().__init__("\n".join(errors))
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,12 @@ class NodeRecord:
 class IngestListener(Protocol):
     """Detection and outputs subscribe here; called on the controller's event loop."""
 
-    def on_report(self, node: NodeRecord, report: tpb.Report) -> None: ...
+    def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
+        """One decided report, whoever decided it (controller.ingest.decider).
+
+        ``verdict.report`` is the report itself where this process decided it, None
+        where a detection shard did; the rest (signals, job steps, LLDP) is always there.
+        """
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None: ...
 
@@ -196,44 +201,23 @@ class NodeRegistry:
             self.presence_version += 1
             self._notify_presence(node, old, ONLINE)
 
-    def record_report(self, node: NodeRecord, report: tpb.Report) -> None:
-        self._heard_report(node, report.seq, len(report.gpus), len(report.nics))
-        if report.HasField("lldp"):
-            node.lldp = list(report.lldp.neighbors)
-        node.latest_report = report
-        if report.switch_ports:
-            self._port_samples_inc(len(report.switch_ports))
+    def record_report(self, node: NodeRecord, verdict: ReportResult) -> None:
+        """A decided report, wherever it was decided: presence, ack position, counts, LLDP, listeners."""
+        self.touch(node)
+        node.acked_report_seq = max(node.acked_report_seq, verdict.seq)
+        self._reports_inc()
+        self._gpu_samples_inc(verdict.gpus)
+        self._nic_samples_inc(verdict.nics)
+        if verdict.switch_ports:
+            self._port_samples_inc(verdict.switch_ports)
+        if verdict.lldp is not None:
+            node.lldp = verdict.lldp
+        node.latest_report = verdict.report  # None with shards: the report stays in its shard
         for listener in self.listeners:
             try:
-                listener.on_report(node, report)
+                listener.on_report(node, verdict)
             except Exception:
                 log.exception("listener_failed", hook="on_report", node=node.node_id)
-
-    def _heard_report(self, node: NodeRecord, seq: int, gpus: int, nics: int) -> None:
-        """What every decided report does, wherever it was decided: presence, ack position, counts."""
-        self.touch(node)
-        node.acked_report_seq = max(node.acked_report_seq, seq)
-        self._reports_inc()
-        self._gpu_samples_inc(gpus)
-        self._nic_samples_inc(nics)
-
-    def record_shard_result(self, node: NodeRecord, result: ReportResult) -> None:
-        """A report a detection shard decided (controller.detect.shards): what record_report does here.
-
-        The report itself stays in the shard, so ``latest_report`` is not kept for the node;
-        listeners with an ``on_shard_report`` hook get the shard's result instead.
-        """
-        self._heard_report(node, result.seq, result.gpus, result.nics)
-        if result.lldp is not None:
-            node.lldp = [ipb.LldpNeighbor.FromString(raw) for raw in result.lldp]
-        for listener in self.listeners:
-            hook = getattr(listener, "on_shard_report", None)
-            if hook is None:
-                continue
-            try:
-                hook(node, result)
-            except Exception:
-                log.exception("listener_failed", hook="on_shard_report", node=node.node_id)
 
     def record_events(self, node: NodeRecord, events: list[tpb.Event]) -> list[tpb.Event]:
         """Store new events idempotently; returns the ones that were new."""

@@ -7,10 +7,12 @@ near them and forwards their messages in batches, so the controller pays that co
 per batch instead of once per report, and holds a handful of connections instead of
 10,000.
 
-Each relayed agent stream runs through the very same ``TelemetryServicer.Connect`` as a
+Each relayed agent stream runs through the very same ``TelemetryServicer.serve`` as a
 direct stream: a ``RelayedStream`` gives it the ``read/write/abort/peer`` surface of a
 ``grpc.aio.ServicerContext``. Hello checks, idempotent event storage, acks, commands and
-stream rejection therefore behave identically; only the bytes travel differently.
+stream rejection therefore behave identically; only the bytes travel differently. Reports
+stay undecoded here: the servicer's decider takes their bytes (``RawReport``), and one with
+nothing queued before it is handed over as the relay's batch is read (``OpenStream.decide_now``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import grpc
 import structlog
 
-from controller.ingest.servicer import RawReport, StreamRejected, TelemetryServicer
+from controller.ingest.servicer import OpenStream, RawReport, StreamRejected, TelemetryServicer
 from controller.metrics import ControllerMetrics
 from starpulse.core.tls import peer_node_id
 from starpulse.v1 import service_pb2 as spb
@@ -55,10 +57,9 @@ class RelayedStream:
         self._inbox: deque[Any] = deque()
         self._arrived: asyncio.Future[None] | None = None
         self.closed = False  # the controller ended it (a status went to the relay)
-        # Set by the servicer while a report may skip the stream's task: it takes the report's
-        # bytes as they are (decides them, or hands them to a detection shard) and says True,
-        # or False to have them read as usual.
-        self.fast_report: Callable[[bytes], bool] | None = None
+        # Set by the servicer while the stream is open (after its Hello): where a report may
+        # go as the relay's batch is read, skipping the stream's task (RelayLink.dispatch).
+        self.reports: OpenStream | None = None
 
     # -- fed by the relay link ----------------------------------------------------------
     def feed(self, item: Any) -> None:
@@ -71,7 +72,7 @@ class RelayedStream:
         return sum(len(item) for item in self._inbox if type(item) is bytes)
 
     def reject(self, code: grpc.StatusCode, reason: str, detail: str) -> None:
-        """End the stream from outside its handler (a detection shard found a report invalid)."""
+        """End the stream from outside its handler (a report's verdict came back invalid)."""
         dropped = self.unread_bytes()
         self._inbox.clear()  # what is queued behind the invalid report is not read any more
         if dropped:
@@ -79,7 +80,7 @@ class RelayedStream:
         self.feed(StreamRejected(code, reason, detail))
         self.feed(_EOF)
 
-    # -- the ServicerContext surface TelemetryServicer.Connect uses --------------------
+    # -- the ServicerContext surface TelemetryServicer.serve uses ----------------------
     async def read(self) -> Any:
         while not self._inbox:
             self._arrived = asyncio.get_running_loop().create_future()
@@ -94,8 +95,8 @@ class RelayedStream:
         if type(item) is StreamRejected:
             raise item
         self._link.consumed(len(item))
-        if self._link.raw_reports and item and item[0] == _REPORT_TAG:
-            return RawReport(item)  # a detection shard decodes it (controller.detect.shards)
+        if item and item[0] == _REPORT_TAG:
+            return RawReport(item)  # the decider decodes it (here, or in a detection shard)
         return spb.AgentMessage.FromString(item)  # DecodeError: the servicer rejects the stream
 
     async def write(self, message: spb.ControllerMessage) -> None:
@@ -129,7 +130,6 @@ class RelayLink:
     ) -> None:
         self.relay_id = relay_id
         self._telemetry = telemetry
-        self.raw_reports = telemetry.shards is not None  # reports go undecoded to a detection shard
         self._context = context
         self._max_message_bytes = max_message_bytes
         self._max_queued_bytes = max_queued_bytes
@@ -166,20 +166,25 @@ class RelayLink:
                 )
                 stream.feed(_EOF)
                 continue
-            fast = stream.fast_report
-            # A report with nothing queued before it is decided here (or goes to its detection
-            # shard): no wake-up of the stream's task per report, which costs more than a delta
-            # report's detection (the task still handles everything else, in order).
-            if fast is not None and not stream._inbox and message[:1] == _REPORT_BYTE and fast(message):
+            reports = stream.reports
+            # A report with nothing queued before it goes to the decider here: no wake-up of
+            # the stream's task per report, which costs more than a delta report's detection
+            # (the task still handles everything else, in order).
+            if (
+                reports is not None
+                and not stream._inbox
+                and message[:1] == _REPORT_BYTE
+                and reports.decide_now(message)
+            ):
                 continue
             self._queued_bytes += len(message)
             stream.feed(message)
         if self._queued_bytes >= self._max_queued_bytes:
             self._drained.clear()
             await self._drained.wait()
-        shards = self._telemetry.shards
-        if shards is not None:
-            await shards.room()  # too many reports with the shards: stop reading this relay a while
+        decider = self._telemetry.decider
+        if decider.full:
+            await decider.room()  # too many reports wait for verdicts: stop reading this relay a while
 
     def consumed(self, size: int) -> None:
         self._queued_bytes -= size
@@ -189,7 +194,7 @@ class RelayLink:
     def _open(self, item: spb.RelayedAgentMessage) -> RelayedStream:
         stream = RelayedStream(self, item.stream, item.peer, item.identity)
         self.streams[item.stream] = stream
-        task = asyncio.create_task(self._telemetry.Connect(None, stream))
+        task = asyncio.create_task(self._telemetry.serve(stream, relayed=stream))
         self._tasks[item.stream] = task
         task.add_done_callback(functools.partial(self._finished, stream))
         return stream

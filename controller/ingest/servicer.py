@@ -3,6 +3,10 @@
 Per stream: Hello first (validated, node known), then reports and events, each checked
 before it reaches the store. Anything wrong ends that stream with a status that says
 what was wrong; the controller itself never goes down for a bad message.
+
+Reports are decided by the ``ReportDecider`` the service hands in (controller.ingest.decider):
+detection in this process or in its shards, which this module never needs to know. Every
+verdict comes back to ``on_verdict`` and is recorded, acked or refused by that one path.
 """
 
 from __future__ import annotations
@@ -12,73 +16,33 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from controller.ingest.decider import ReportDecider
 from controller.ingest.ratelimit import TokenBucket
 from controller.ingest.registry import NodeRecord, NodeRegistry, UnknownNode
 from controller.ingest.validate import InvalidMessage, validate_event, validate_hello, validate_report
+from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
-from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-from starpulse.v1 import telemetry_pb2 as tpb
-
-if TYPE_CHECKING:
-    from controller.ingest.verdict import ReportResult
 
 log = structlog.get_logger(__name__)
 
-_COMPUTE = ipb.NODE_ROLE_COMPUTE
-SHARD_DRAIN_TIMEOUT_S = 10.0  # an ending stream waits this long for its reports' verdicts
-
-
-class ShardedDecider(Protocol):
-    """Detection in other processes: reports go over as bytes, each ``ReportResult`` comes back later."""
-
-    def submit_report(self, node: NodeRecord, agent_message: bytes, validated: bool) -> None: ...
-
-    async def room(self) -> None:
-        """Wait while too many reports are with the deciders."""
+DRAIN_TIMEOUT_S = 10.0  # an ending stream waits this long for its reports' verdicts
 
 
 class RawReport:
-    """A relayed AgentMessage holding a report, not decoded: it goes to a detection shard as it is."""
+    """A relayed AgentMessage holding a report, not decoded: the decider takes it as it is."""
 
     __slots__ = ("data",)
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-
-
-@dataclass
-class _ShardedStream:
-    """What a stream needs when its reports are decided in a detection shard, after its read loop moved on."""
-
-    token: int
-    ack_needed: asyncio.Event
-    reject: Callable[[grpc.StatusCode, str, str], None] | None  # wakes a relayed stream's read to end it
-    acked_at: float = -math.inf
-    pending: int = 0  # reports handed to a shard, not decided yet
-    drained: asyncio.Event | None = None  # set when pending reaches 0 (the stream is ending)
-    rejected: StreamRejected | None = None  # a shard found a report invalid: the stream ends with this
-
-    def hand_over(self, shards: ShardedDecider, node: NodeRecord, agent_message: bytes, validated: bool) -> None:
-        """One report to its shard, counted until its verdict comes back (on_shard_result)."""
-        self.pending += 1
-        shards.submit_report(node, agent_message, validated)
-
-
-@dataclass
-class _ReportState:
-    """Per stream, what deciding its reports carries from one to the next (the loop and the fast path share it)."""
-
-    ack_needed: asyncio.Event
-    full_seen: bool = False  # a delta report needs a full one before it on the same stream
-    acked_at: float = -math.inf  # when a report last woke the ack writer (monotonic)
 
 
 class StreamRejected(Exception):
@@ -91,11 +55,70 @@ class StreamRejected(Exception):
         self.detail = detail
 
 
+@dataclass(eq=False, slots=True)
+class OpenStream:
+    """One open agent stream's reports as ingest follows them, whoever decides them.
+
+    A verdict may come back during the hand-over (decided in this process) or later (from
+    a shard), so the stream counts what it handed over: an ending stream waits for those
+    verdicts, and one that comes back invalid ends the stream even after its read moved on.
+    """
+
+    node: NodeRecord
+    token: int
+    decider: ReportDecider
+    bucket: TokenBucket
+    ack_needed: asyncio.Event
+    writer: asyncio.Task[None]
+    reject: Callable[[grpc.StatusCode, str, str], None] | None  # wakes a relayed stream's read to end it
+    acked_at: float = -math.inf  # when a report last woke the ack writer (monotonic)
+    pending: int = 0  # reports handed over whose verdict is not back yet
+    drained: asyncio.Event | None = None  # set when pending reaches 0 (the stream is ending)
+    rejected: StreamRejected | None = None  # a verdict found a report invalid: the stream ends with this
+
+    def hand_over(self, message: spb.AgentMessage, started: float) -> None:
+        """A decoded report that passed validation, to the decider."""
+        self.pending += 1
+        self.decider.decide(self.node, message, started)
+
+    def hand_over_raw(self, agent_message: bytes, started: float) -> bool:
+        """A relayed report's bytes, to the decider; False: not taken (the stream reads them itself)."""
+        self.pending += 1
+        if self.decider.decide_raw(self.node, agent_message, started):
+            return True
+        self.pending -= 1
+        return False
+
+    def decide_now(self, agent_message: bytes) -> bool:
+        """A relayed report taken as the relay's batch is read, without waking this stream's task.
+
+        RelayLink.dispatch calls it for a report with nothing queued before it: the wake-up
+        would cost more than a delta report's detection. False leaves the report to the
+        stream's own read, which handles it in order and ends the stream where it must (an
+        earlier report's verdict refused the stream, the writer is gone, it is over the rate,
+        or it does not decode or validate).
+        """
+        if self.rejected is not None or self.writer.done() or not self.bucket.take():
+            return False
+        return self.hand_over_raw(agent_message, time.perf_counter())
+
+
+class RelayedContext(Protocol):
+    """A relayed agent stream (controller.ingest.relayed.RelayedStream), as ``serve`` drives it."""
+
+    # Set while the stream is open: its relay link hands reports to it as the batch is read.
+    reports: OpenStream | None
+
+    def reject(self, code: grpc.StatusCode, reason: str, detail: str) -> None:
+        """End the stream from outside its task (a verdict came back invalid)."""
+
+
 class TelemetryServicer(sgrpc.TelemetryServicer):
     def __init__(
         self,
         registry: NodeRegistry,
         metrics: ControllerMetrics,
+        decider: ReportDecider,
         rate_per_s: float = 200.0,
         burst: float = 5000.0,
         report_interval_s: float = 0.0,
@@ -105,6 +128,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
     ) -> None:
         self.registry = registry
         self.metrics = metrics
+        self.decider = decider  # who decides reports; its verdicts come back to on_verdict
+        decider.bind(self.on_verdict)
         self.rate_per_s = rate_per_s
         self.burst = burst
         self.report_interval_s = report_interval_s
@@ -113,10 +138,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
         self._active: dict[str, asyncio.Task[Any]] = {}
-        # Detection shards (controller.detect.shards), when the controller runs them: compute
-        # nodes' reports are decided there and acked when their result comes back.
-        self.shards: ShardedDecider | None = None
-        self._sharded: dict[str, _ShardedStream] = {}
+        self._streams: dict[str, OpenStream] = {}  # node -> its open stream (where verdicts are answered)
         # Awaited before every ack (HA: the events must be in etcd before the agent may forget them).
         self.before_ack: Callable[[], Awaitable[Any]] | None = None
 
@@ -135,6 +157,10 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             ) from None
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await self.serve(context)
+
+    async def serve(self, context: grpc.aio.ServicerContext, relayed: RelayedContext | None = None) -> None:
+        """One agent stream, direct (``context`` is gRPC's) or relayed (both are the RelayedStream)."""
         try:
             first = await self._read(context)
         except StreamRejected as bad:
@@ -191,14 +217,26 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         log.info("agent_stream_open", node=node.node_id, acked_event_seq=node.acked_event_seq)
         ack_needed = asyncio.Event()
         writer = asyncio.create_task(self._write_loop(context, node, ack_needed))
-        if self.shards is not None:
-            self._sharded[node.node_id] = _ShardedStream(token, ack_needed, getattr(context, "reject", None))
+        stream = OpenStream(
+            node,
+            token,
+            self.decider,
+            TokenBucket(self.rate_per_s, self.burst),
+            ack_needed,
+            writer,
+            relayed.reject if relayed is not None else None,
+        )
+        self._streams[node.node_id] = stream
+        if relayed is not None:
+            relayed.reports = stream
         rejected: StreamRejected | None = None
         try:
-            await self._read_loop(context, node, ack_needed, writer)
+            await self._read_messages(context, stream)
         except StreamRejected as exc:
             rejected = exc
         finally:
+            if relayed is not None:
+                relayed.reports = None
             # Stop writing before the status goes out: a write racing the abort is a core error.
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
@@ -206,81 +244,23 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             self.registry.disconnected(node, token)
             if self._active.get(node.node_id) is me:
                 del self._active[node.node_id]
-            sharded = self._sharded.get(node.node_id)
-            if sharded is not None and sharded.token == token:
-                del self._sharded[node.node_id]
+            if self._streams.get(node.node_id) is stream:
+                del self._streams[node.node_id]
             log.info("agent_stream_closed", node=node.node_id)
         if rejected is not None:
             await self._reject(context, rejected.code, rejected.reason, rejected.detail)
 
-    async def _read_loop(
-        self,
-        context: grpc.aio.ServicerContext,
-        node: NodeRecord,
-        ack_needed: asyncio.Event,
-        writer: asyncio.Task[None],
-    ) -> None:
-        bucket = TokenBucket(self.rate_per_s, self.burst)
-        shards = self.shards
-        sharded = self._sharded.get(node.node_id) if shards is not None and node.role == _COMPUTE else None
-        reports = _ReportState(ack_needed)
-        relayed = hasattr(context, "fast_report")
-        if relayed and sharded is not None and shards is not None:
-
-            def to_shard(raw: bytes) -> bool:
-                """A relayed report straight to its shard, as the loop below would hand it over."""
-                if sharded.rejected is not None or writer.done() or not bucket.take():
-                    return False  # let the loop read it: it ends the stream or rate-limits it
-                sharded.hand_over(shards, node, raw, validated=False)
-                return True
-
-            context.fast_report = to_shard
-        elif relayed and shards is None:
-
-            def decide_now(raw: bytes) -> bool:
-                """A relayed report decided as the relay's batch is read, without waking this stream's task.
-
-                Anything but a valid report in order (undecodable, invalid, over the rate, the
-                writer gone) is left to the loop below, which reads it again and ends the stream.
-                """
-                if writer.done() or not bucket.take():
-                    return False
-                started = time.perf_counter()
-                try:
-                    report = spb.AgentMessage.FromString(raw).report
-                    validate_report(report)
-                except (DecodeError, InvalidMessage):
-                    return False
-                self._decide_report(node, report, reports, started)
-                return True
-
-            context.fast_report = decide_now
-        try:
-            await self._read_messages(context, node, writer, bucket, sharded, reports)
-        finally:
-            if relayed:
-                context.fast_report = None
-
-    async def _read_messages(
-        self,
-        context: grpc.aio.ServicerContext,
-        node: NodeRecord,
-        writer: asyncio.Task[None],
-        bucket: TokenBucket,
-        sharded: _ShardedStream | None,
-        reports: _ReportState,
-    ) -> None:
-        shards = self.shards
-        ack_needed = reports.ack_needed
+    async def _read_messages(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
+        node, bucket, decider = stream.node, stream.bucket, self.decider
+        ack_needed = stream.ack_needed
         while True:
             msg = await self._read(context)
-            if sharded is not None and sharded.rejected is not None:
-                raise sharded.rejected
+            if stream.rejected is not None:
+                raise stream.rejected
             if msg is grpc.aio.EOF:
-                if sharded is not None:
-                    await self._drain(node, sharded)
+                await self._drain(stream)
                 return
-            if writer.done():
+            if stream.writer.done():
                 return
             if not bucket.take():
                 raise StreamRejected(
@@ -288,28 +268,25 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     "rate_limited",
                     f"node {node.node_id} exceeds {self.rate_per_s:g} messages/s",
                 )
+            started = time.perf_counter()
             if type(msg) is RawReport:
-                if sharded is not None and shards is not None:
-                    sharded.hand_over(shards, node, msg.data, validated=False)  # decoded and checked there
-                    await shards.room()
+                if stream.hand_over_raw(msg.data, started):
+                    if decider.full:
+                        await decider.room()
                     continue
-                try:
+                try:  # not taken: it does not decode (refused here) or validate (refused below)
                     msg = spb.AgentMessage.FromString(msg.data)
                 except DecodeError as exc:
                     raise StreamRejected(
                         grpc.StatusCode.INVALID_ARGUMENT, "malformed", f"message is not an AgentMessage: {exc}"
                     ) from None
-            started = time.perf_counter()
             which = msg.WhichOneof("body")
             try:
                 if which == "report":
-                    report = msg.report
-                    validate_report(report)
-                    if sharded is not None and shards is not None:
-                        sharded.hand_over(shards, node, msg.SerializeToString(), validated=True)
-                        await shards.room()
-                    else:
-                        self._decide_report(node, report, reports, started)
+                    validate_report(msg.report)
+                    stream.hand_over(msg, started)
+                    if decider.full:
+                        await decider.room()
                     continue
                 if which == "event":
                     validate_event(msg.event)
@@ -330,19 +307,34 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             self.metrics.ingest_seconds.observe(time.perf_counter() - started)
             ack_needed.set()
 
-    def _decide_report(self, node: NodeRecord, report: tpb.Report, state: _ReportState, started: float) -> None:
-        """Record a valid report (detection runs as its listener) and wake the ack writer when one is due."""
-        if not report.counters_delta:
-            state.full_seen = True
-        elif not state.full_seen:
-            node.full_report_needed = True  # still used: absent counters read as unchanged
-        self.registry.record_report(node, report)
-        self._decided(node, started, report.timestamp_ms, state)
+    def on_verdict(self, verdict: ReportResult) -> None:
+        """A report was decided (here or in a shard): record it and ack it, or end its stream if invalid."""
+        node = self.registry.nodes.get(verdict.node_id)
+        if node is None:
+            return
+        stream = self._streams.get(verdict.node_id)
+        if stream is not None and stream.token != verdict.stream_token:
+            stream = None  # from a stream that has ended since: record it, answer nobody
+        if stream is not None:
+            stream.pending -= 1
+            if stream.pending <= 0 and stream.drained is not None:
+                stream.drained.set()
+        if verdict.error:
+            if stream is None:
+                self.metrics.rejected.labels("invalid_message").inc()
+                log.warning("agent_message_rejected", reason="invalid_message", detail=verdict.error, node=node.node_id)
+            elif stream.rejected is None:
+                stream.rejected = StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", verdict.error)
+                if stream.reject is not None:
+                    stream.reject(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", verdict.error)
+            return
+        self.registry.record_report(node, verdict)
+        if stream is not None and verdict.full_report_needed:
+            node.full_report_needed = True  # the ack asks for a full report (and is not spaced)
+        self._decided(node, verdict.submitted, verdict.timestamp_ms, stream)
 
-    def _decided(
-        self, node: NodeRecord, started: float, stamp_ms: int, stream: _ReportState | _ShardedStream | None
-    ) -> None:
-        """A report's decision is in (here or in a shard): the decision histograms, then its ack when due."""
+    def _decided(self, node: NodeRecord, started: float, stamp_ms: int, stream: OpenStream | None) -> None:
+        """A report's decision is in: the decision histograms, then its ack when due."""
         self.metrics.ingest_seconds.observe(time.perf_counter() - started)
         if stamp_ms:
             self.metrics.report_age_seconds.observe(max(0.0, time.time() - stamp_ms / 1000))
@@ -357,42 +349,16 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             stream.acked_at = now
         stream.ack_needed.set()
 
-    def on_shard_result(self, result: ReportResult) -> None:
-        """A detection shard decided a report: record it, and ack it (or end an invalid stream)."""
-        node = self.registry.nodes.get(result.node_id)
-        if node is None:
-            return
-        stream = self._sharded.get(result.node_id)
-        if stream is not None and stream.token != result.stream_token:
-            stream = None  # from a stream that has ended since: record it, answer nobody
-        if stream is not None:
-            stream.pending -= 1
-            if stream.pending <= 0 and stream.drained is not None:
-                stream.drained.set()
-        if result.error:
-            if stream is None:
-                self.metrics.rejected.labels("invalid_message").inc()
-                log.warning("agent_message_rejected", reason="invalid_message", detail=result.error, node=node.node_id)
-            elif stream.rejected is None:
-                stream.rejected = StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", result.error)
-                if stream.reject is not None:
-                    stream.reject(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", result.error)
-            return
-        self.registry.record_shard_result(node, result)
-        if stream is not None and result.full_report_needed:
-            node.full_report_needed = True  # the ack asks for a full report (and is not spaced)
-        self._decided(node, result.submitted, result.timestamp_ms, stream)
-
-    async def _drain(self, node: NodeRecord, sharded: _ShardedStream) -> None:
+    async def _drain(self, stream: OpenStream) -> None:
         """An ending stream waits for its reports' verdicts: acks go out, an invalid one still ends it."""
-        if sharded.pending > 0:
-            sharded.drained = asyncio.Event()
+        if stream.pending > 0:
+            stream.drained = asyncio.Event()
             try:
-                await asyncio.wait_for(sharded.drained.wait(), SHARD_DRAIN_TIMEOUT_S)
+                await asyncio.wait_for(stream.drained.wait(), DRAIN_TIMEOUT_S)
             except TimeoutError:
-                log.warning("shard_verdicts_late", node=node.node_id, pending=sharded.pending)
-        if sharded.rejected is not None:
-            raise sharded.rejected
+                log.warning("report_verdicts_late", node=stream.node.node_id, pending=stream.pending)
+        if stream.rejected is not None:
+            raise stream.rejected
 
     async def _write_loop(self, context: grpc.aio.ServicerContext, node: NodeRecord, wake: asyncio.Event) -> None:
         """Send acks (coalesced: one per batch of messages read) and queued commands.

@@ -1,28 +1,37 @@
-"""What detection hands back to ingest for one report, whoever decided it.
+"""What a decider hands back to ingest for one report, whoever decided it.
 
 Ingest decides nothing; detection, in this process or in its shard processes, decides and
-answers with this, so ingest never imports detection.
+answers with this (controller.ingest.decider), so ingest never imports detection. A verdict
+from a shard crosses a pipe as a pickle: everything in it is a plain value or a message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
 
-@dataclass
+
+@dataclass(slots=True)
 class ReportResult:
-    """What the controller needs back from one report (it never decodes the report itself)."""
+    """What the controller needs back from one report: what ingest records, acks and tells its listeners."""
 
     node_id: str
     stream_token: int
-    submitted: float  # the controller's perf_counter when it handed the report over
+    submitted: float  # the controller's perf_counter when ingest began on the report
     seq: int = 0
     timestamp_ms: int = 0
     error: str = ""  # non-empty: the report was invalid, the stream must end with this
     full_report_needed: bool = False  # a delta report before any full one on this stream
-    signals: dict[str, float] = field(default_factory=dict)  # fail-slow signals
-    job: str | None = None
-    job_steps: bytes = b""  # a Report holding only job_steps (JobRegistry reads those)
-    lldp: list[bytes] | None = None  # the node's new LLDP neighbours, when the report carried them
+    signals: dict[str, float] = field(default_factory=dict)  # fail-slow signals ({}: not sampled)
+    job: str | None = None  # the job the node's ranks named (fail-slow peer group)
+    job_steps: Sequence[tpb.JobStepSample] = ()  # what the JobRegistry reads
+    lldp: list[ipb.LldpNeighbor] | None = None  # the node's new LLDP neighbours, when the report carried them
     gpus: int = 0
     nics: int = 0
+    switch_ports: int = 0
+    # The report itself where it was decided in this process (the node's latest_report);
+    # None from a shard, where the report stays.
+    report: tpb.Report | None = None

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
@@ -31,12 +31,17 @@ from controller.ingest.registry import NodeRecord
 from controller.store import transaction
 from starpulse.v1 import telemetry_pb2 as tpb
 
-if TYPE_CHECKING:
-    from controller.ingest.verdict import ReportResult
-
 log = structlog.get_logger(__name__)
-_NO_STEPS = tpb.Report()  # a report that names no job steps (read only)
 _NONE_LISTED: frozenset[tuple[str, int]] = frozenset()  # compares equal to an empty set
+
+
+class WithJobSteps(Protocol):
+    """What the registry reads of a report: a Report, or the verdict ingest records for one."""
+
+    @property
+    def job_steps(self) -> Sequence[tpb.JobStepSample]:
+        """The ranks' job steps the report carried."""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS heal_jobs (
@@ -366,12 +371,8 @@ class JobRegistry:
                 gone.append((rec, r))
         return gone
 
-    def on_shard_report(self, node: NodeRecord, result: ReportResult) -> None:
-        """A report decided in a detection shard: the shard sent its job steps along."""
-        self.on_report(node, tpb.Report.FromString(result.job_steps) if result.job_steps else _NO_STEPS)
-
-    def on_report(self, node: NodeRecord, report: tpb.Report) -> None:
-        """Take this node's job ranks from the report; ranks it no longer lists left the node."""
+    def on_report(self, node: NodeRecord, report: WithJobSteps) -> None:
+        """Take this node's job ranks from the report (or its verdict); ranks it no longer lists left the node."""
         steps = report.job_steps
         if not steps and self._listed.get(node.node_id) == _NONE_LISTED:
             return  # no ranks before, none now: the common report of a node outside any job

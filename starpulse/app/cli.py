@@ -1,4 +1,4 @@
-"""The `starpulse` command: services (controller, agent), one-shot checks, queries, the demo."""
+"""The `starpulse` command: services (controller, agent, relay), one-shot checks, queries, the demo."""
 
 from __future__ import annotations
 
@@ -25,66 +25,62 @@ def _install_stop(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
-# -- controller ---------------------------------------------------------------------------
-def cmd_controller(args: argparse.Namespace) -> int:
-    from controller.detect.pipeline import DetectionConfig
-    from controller.outputs.notify import NotifyConfig
-    from controller.service import ControllerConfig
+# -- services: one way from flags, environment and file to their config ----------------------
+_CONFIG_HELP = (
+    "settings file (YAML or TOML; see deploy/). Precedence: the file, then STARPULSE_<SECTION>__<KEY> "
+    "environment overrides, then flags given on this command line"
+)
+
+
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given on the command line (dest -> value), not those left at their defaults."""
+    parser = build_parser(args.command)
+    sub = _subparsers(parser).choices[args.command]
+    argv = getattr(args, "argv", None)
+    if argv is None:  # called without main(): a flag that differs from its default was given
+        dests = {a.dest for a in sub._actions if getattr(args, a.dest, a.default) != a.default}
+    else:
+        for action in sub._actions:
+            action.default = argparse.SUPPRESS
+        dests = set(vars(parser.parse_args(argv)))
+    return {d: getattr(args, d) for d in dests - {"command", "func", "help", "config"} if hasattr(args, d)}
+
+
+def overrides(args: argparse.Namespace, errors: list[str] | None = None) -> dict[str, Any]:
+    """The settings a service command's given flags set, as (flag, value); a bad one: ConfigError, or into errors."""
+    from starpulse.app.config import service
+    from starpulse.core.schema import flag_overrides
+
+    mod = service(args.command)
+    return flag_overrides(mod.SCHEMA, mod.FLAGS, _given(args), errors)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    """The service's settings: --config FILE < environment < flags; None after printing every problem."""
+    from starpulse.app.config import ConfigError, service
     from starpulse.core.logs import configure_logging
 
-    if args.config:
-        return _controller_from_config(args)
-    configure_logging(args.log_level)
-    notify = NotifyConfig()
-    if args.notify:
-        import yaml
-
-        from controller.outputs.notify import NotifyConfigError, parse_notify_config
-
-        path = Path(args.notify)
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-            section = raw.get("notify", raw) if isinstance(raw, dict) else raw
-            notify = parse_notify_config(section, str(path), base_dir=path.parent)
-        except (OSError, yaml.YAMLError, NotifyConfigError) as exc:
-            print(f"starpulse controller: {exc}", file=sys.stderr)
-            return 2
+    mod = service(args.command)
+    errors: list[str] = []
     try:
-        fabric, heal = _heal_settings(args)
-    except (OSError, ValueError) as exc:
-        print(f"starpulse controller: {exc}", file=sys.stderr)
-        return 2
-    try:
-        tls = _tls_settings(args)
-        auth = _auth_config(args)
-    except ValueError as exc:
-        print(f"starpulse controller: {exc}", file=sys.stderr)
-        return 2
-    if args.detect_workers < 0:
-        print("starpulse controller: --detect-workers must be 0 or more", file=sys.stderr)
-        return 2
-    try:
-        ha = _ha_settings(args)
-    except ValueError as exc:
-        print(f"starpulse controller: {exc}", file=sys.stderr)
-        return 2
-    config = ControllerConfig(
-        ha=ha,
-        tls=tls,
-        auth=auth,
-        notify=notify,
-        listen=args.listen,
-        http=args.http,
-        db_path=Path(args.db),
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-        fabric=fabric,
-        fabric_path=Path(args.fabric) if args.fabric and fabric is None else None,
-        rules_path=Path(args.rules) if args.rules else None,
-        heal=heal,
-        detection=DetectionConfig(workers=args.detect_workers),
-    )
+        built = mod.load(args.config, overrides=overrides(args, errors), flags={f.key: f.name for f in mod.FLAGS})
+    except ConfigError as exc:
+        errors.extend(exc.errors)
+    for line in errors:
+        print(f"starpulse {args.command}: {line}", file=sys.stderr)
+    if errors:
+        return None
+    log = built[1].log if isinstance(built, tuple) else built.log
+    configure_logging(log.level, fmt=log.format)
+    return built
 
-    return _serve_controller(config)
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    """Run one controller (or one HA replica): exit 2 on bad settings, 3 when a replica lost its leadership."""
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    return _serve_controller(settings.controller)
 
 
 def _serve_controller(config: Any) -> int:
@@ -118,104 +114,34 @@ def _serve_controller(config: Any) -> int:
     return 0
 
 
-def _ha_settings(args: argparse.Namespace) -> Any:
-    """HAConfig from --etcd (which turns HA on), --ha-lease-ttl, --ha-cluster, --advertise; None without --etcd."""
-    if not args.etcd:
-        return None
-    from controller.ha.config import HAConfig
-
-    return HAConfig(
-        etcd=[e for part in args.etcd for e in part.split(",") if e],
-        lease_ttl_s=args.ha_lease_ttl,
-        cluster=args.ha_cluster,
-        advertise=args.advertise or "",
-    )
-
-
-def _heal_settings(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(fabric, HealSettings) for `controller --scheduler sim` (a simulated scheduler over the fabric's nodes)."""
-    if args.scheduler == "none":
-        return None, None
-    from controller.fabric import load_fabric
-    from controller.heal.guards import GuardConfig
-    from controller.heal.scheduler.sim import SimScheduler
-    from controller.service import HealSettings
-
-    if not args.fabric:
-        raise ValueError("--scheduler sim needs --fabric (the simulated scheduler runs the fabric's nodes)")
-    fabric = load_fabric(args.fabric)
-    return fabric, HealSettings(scheduler=SimScheduler(fabric.nodes()), guards=GuardConfig(mode=args.heal_mode))
-
-
-# -- agent --------------------------------------------------------------------------------
-def _role(name: str) -> int:
-    from starpulse.v1 import inventory_pb2 as ipb
-
-    return {"compute": ipb.NODE_ROLE_COMPUTE, "switch": ipb.NODE_ROLE_SWITCH}[name]
-
-
 def cmd_agent(args: argparse.Namespace) -> int:
-    from agent.factory import BackendUnavailable, build_agent
-    from agent.runtime import AgentConfig
-    from starpulse.core.logs import configure_logging
-    from starpulse.core.names import InvalidName, validate_node_id
+    """Run the node agent on its backend (or on a SONiC switch with --role switch)."""
+    from agent.factory import BackendUnavailable, build_agent, build_switch_agent
+    from starpulse.core.tls import load_material
 
-    if args.config:
-        return _agent_from_config(args)
-    configure_logging(args.log_level)
-    if not args.node_id:
-        print("starpulse agent: --node-id is required (or agent.node_id in --config FILE)", file=sys.stderr)
+    settings = _settings(args)
+    if settings is None:
         return 2
-    try:
-        validate_node_id(args.node_id)
-    except InvalidName as exc:
-        print(f"starpulse agent: {exc}", file=sys.stderr)
-        return 2
-    try:
-        allowed = _allowed_commands(args.allow_command or [])
-    except ValueError as exc:
-        print(f"starpulse agent: {exc}", file=sys.stderr)
-        return 2
-    try:
-        tls = _tls_settings(args)
-        if tls is not None:
-            from starpulse.core.tls import load_material
-
-            load_material(tls)  # a bad file is one line now, not a traceback in the link
-    except ValueError as exc:
-        print(f"starpulse agent: {exc}", file=sys.stderr)
-        return 2
-    state_dir = Path(args.state_dir)
-    config = AgentConfig(
-        node_id=args.node_id,
-        controllers=[c for part in args.controller for c in part.split(",") if c],
-        role=_role(args.role),
-        interval_s=args.interval_s,
-        buffer_path=str(state_dir / "agent-buffer.db"),
-        metrics_listen=args.metrics,
-        job_socket=args.job_socket or None,
-        allowed_commands=allowed,
-        tls=tls,
-    )
-    if args.role == "switch":
-        from agent.factory import build_switch_agent
-
-        switch_agent = build_switch_agent(config, _redis_factory(args.redis) if args.redis else None)
-        asyncio.run(_run_agent(switch_agent))
+    config, opt = settings
+    if config.tls is not None:
+        load_material(config.tls)  # a bad file is one line now, not a traceback in the link
+    if opt.role == "switch":
+        asyncio.run(_run_agent(build_switch_agent(config, _redis_factory(opt.redis) if opt.redis else None)))
         return 0
     sim = _sim_node(
-        args.node_id, state_dir, args.backend, args.seed, args.sim_gpus, args.sim_nics, args.sim_real_netdevs
+        config.node_id, opt.state_dir, opt.backend, opt.seed, opt.sim_gpus, opt.sim_nics, opt.sim_real_netdevs
     )
     try:
         agent = build_agent(
             config,
-            args.backend,
-            sysfs_root=args.sysfs_root,
-            kmsg_path=args.kmsg or None,
+            opt.backend,
+            sysfs_root=opt.sysfs_root,
+            kmsg_path=opt.kmsg,
             sim=sim,
-            mounts=args.mount or ("/",),
-            lldpcli_socket=args.lldpcli_socket,
-            lldp_interval_s=args.lldp_interval_s,
+            mounts=opt.mounts,
+            ethtool=opt.ethtool,
+            lldpcli_socket=opt.lldpcli_socket,
+            lldp_interval_s=opt.lldp_interval_s,
         )
     except BackendUnavailable as exc:
         print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
@@ -236,29 +162,11 @@ def _sim_node(node_id: str, state_dir: Path, backend: str, seed: int, gpus: int,
     return sim
 
 
-def _allowed_commands(specs: list[str]) -> dict[str, list[str]]:
-    """'gpu_reset=/usr/bin/nvidia-smi,-r,-i,{gpu}' -> {'gpu_reset': ['/usr/bin/nvidia-smi', '-r', '-i', '{gpu}']}."""
-    from agent.commands import CONFIGURABLE, CommandHandler
-
-    allowed: dict[str, list[str]] = {}
-    for spec in specs:
-        kind, sep, argv = spec.partition("=")
-        if not sep or kind not in CONFIGURABLE or not argv:
-            raise ValueError(
-                f"--allow-command {spec!r}: expected KIND=ARGV0,ARG,... with KIND one of {', '.join(CONFIGURABLE)}"
-            )
-        allowed[kind] = argv.split(",")
-    CommandHandler(None, allowed)  # validates the templates now, not when the controller asks
-    return allowed
-
-
 def _redis_factory(address: str) -> Any:
-    """Clients for a SONiC switch's Redis at HOST:PORT (default: its unix socket or :6379)."""
+    """Clients for a SONiC switch's Redis at HOST:PORT (the settings checked the form)."""
     import redis
 
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise SystemExit(f"starpulse agent: --redis {address!r} is not HOST:PORT")
     return lambda db: redis.Redis(host=host, port=int(port), db=db, decode_responses=True, socket_timeout=5.0)
 
 
@@ -269,33 +177,18 @@ async def _run_agent(agent: Any) -> None:
     await agent.run(stop)
 
 
-# -- relay --------------------------------------------------------------------------------
 def cmd_relay(args: argparse.Namespace) -> int:
     """Terminate agents' streams here and carry them to the controller in batches (relay/)."""
-    from relay.service import Relay, RelayConfig
-    from starpulse.core.logs import configure_logging
+    from relay.service import Relay
+    from starpulse.core.tls import load_material
 
-    configure_logging(args.log_level)
-    controllers = [c for part in args.controller for c in part.split(",") if c]
-    if not controllers:
-        print("starpulse relay: give --controller HOST:PORT", file=sys.stderr)
+    settings = _settings(args)
+    if settings is None:
         return 2
     try:
-        tls = _tls_settings(args)
-        if tls is not None:
-            from starpulse.core.tls import load_material
-
-            load_material(tls)
-        relay = Relay(
-            RelayConfig(
-                controllers=controllers,
-                relay_id=args.relay_id,
-                listen=args.listen,
-                linger_s=args.linger_ms / 1000,
-                tls=tls,
-                metrics_listen=args.metrics,
-            )
-        )
+        if settings.relay.tls is not None:
+            load_material(settings.relay.tls)
+        relay = Relay(settings.relay)
     except (OSError, ValueError) as exc:
         print(f"starpulse relay: {exc}", file=sys.stderr)
         return 2
@@ -405,16 +298,6 @@ def _tls_settings(args: argparse.Namespace) -> Any:
     from starpulse.core.tls import TLSSettings
 
     return TLSSettings(ca_file=Path(args.tls_ca), cert_file=Path(args.tls_cert), key_file=Path(args.tls_key))
-
-
-def _auth_config(args: argparse.Namespace) -> Any:
-    """The controller's AuthConfig from --admin-token-file, --require-read-token, --admin-cert-name."""
-    from starpulse.core.auth import AuthConfig, load_tokens
-
-    tokens = load_tokens(args.admin_token_file) if args.admin_token_file else None
-    return AuthConfig(
-        admin_tokens=tokens, open_reads=not args.require_read_token, admin_cert_names=list(args.admin_cert_name or [])
-    )
 
 
 def _client_token(args: argparse.Namespace) -> str | None:
@@ -906,172 +789,7 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- config files -------------------------------------------------------------------------
-_CONFIG_HELP = (
-    "settings file (YAML or TOML; see deploy/). Precedence: the file, then STARPULSE_<SECTION>__<KEY> "
-    "environment overrides, then flags given on this command line"
-)
-# flag dest -> dotted setting, for flags that map one to one (the others are in *_overrides)
-_CONTROLLER_FLAGS = {
-    "listen": "server.listen",
-    "http": "server.http",
-    "db": "server.db_path",
-    "heartbeat_timeout_s": "ingest.heartbeat_timeout_s",
-    "fabric": "fabric.path",
-    "rules": "detection.rules_path",
-    "heal_mode": "heal.guards.mode",
-    "log_level": "log.level",
-    "tls_ca": "tls.ca_file",
-    "tls_cert": "tls.cert_file",
-    "tls_key": "tls.key_file",
-    "admin_token_file": "auth.admin_token_file",
-    "admin_cert_name": "auth.admin_cert_names",
-    "ha_lease_ttl": "ha.lease_ttl_s",
-    "ha_cluster": "ha.cluster",
-    "advertise": "ha.advertise",
-}
-_AGENT_FLAGS = {
-    "node_id": "agent.node_id",
-    "role": "agent.role",
-    "interval_s": "agent.interval_s",
-    "state_dir": "agent.state_dir",
-    "backend": "hardware.backend",
-    "sysfs_root": "hardware.sysfs_root",
-    "kmsg": "hardware.kmsg",
-    "mount": "hardware.mounts",
-    "seed": "hardware.seed",
-    "redis": "hardware.redis",
-    "lldpcli_socket": "hardware.lldpcli_socket",
-    "lldp_interval_s": "hardware.lldp_interval_s",
-    "sim_gpus": "hardware.sim_gpus",
-    "sim_nics": "hardware.sim_nics",
-    "sim_real_netdevs": "hardware.sim_real_netdevs",
-    "metrics": "metrics.listen",
-    "job_socket": "jobs.socket",
-    "log_level": "log.level",
-    "tls_ca": "tls.ca_file",
-    "tls_cert": "tls.cert_file",
-    "tls_key": "tls.key_file",
-}
-
-
-def _explicit_flags(args: argparse.Namespace) -> set[str]:
-    """Dests of the flags given on the command line (not left at their defaults)."""
-    argv = getattr(args, "argv", None)
-    if argv is None:
-        return set()
-    parser = build_parser()
-    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for action in subs.choices[args.command]._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv))) - {"command", "func"}
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _controller_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
-    """Settings the controller's explicit flags override, as (flag, value)."""
-    given = _explicit_flags(args)
-    out = {key: (_flag(d), getattr(args, d)) for d, key in _CONTROLLER_FLAGS.items() if d in given}
-    if "scheduler" in given:
-        out["heal.enabled"] = ("--scheduler", args.scheduler != "none")
-        if args.scheduler != "none":
-            out["heal.scheduler.type"] = ("--scheduler", args.scheduler)
-    if "etcd" in given and args.etcd:
-        out["ha.enabled"] = ("--etcd", True)
-        out["ha.etcd"] = ("--etcd", [e for part in args.etcd for e in part.split(",") if e])
-    if "require_read_token" in given:
-        out["auth.open_reads"] = ("--require-read-token", not args.require_read_token)
-    if "notify" in given and args.notify:
-        import yaml
-
-        from starpulse.app.config import ConfigError
-
-        try:
-            raw = yaml.safe_load(Path(args.notify).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError([f"--notify {args.notify}: {exc}"]) from exc
-        out["notify"] = ("--notify", raw.get("notify", raw) if isinstance(raw, dict) else raw)
-    return out
-
-
-def _agent_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
-    """Settings the agent's explicit flags override, as (flag, value)."""
-    given = _explicit_flags(args)
-    out = {key: (_flag(d), getattr(args, d)) for d, key in _AGENT_FLAGS.items() if d in given}
-    if "kmsg" in given and not args.kmsg:
-        out["hardware.kmsg"] = ("--kmsg", None)
-    if "controller" in given:
-        out["agent.controllers"] = ("--controller", [c for part in args.controller for c in part.split(",") if c])
-    if "allow_command" in given:
-        from starpulse.app.config import ConfigError
-
-        try:
-            out["jobs.allowed_commands"] = ("--allow-command", _allowed_commands(args.allow_command or []))
-        except ValueError as exc:
-            raise ConfigError([str(exc)]) from exc
-    return out
-
-
-def _config_errors(command: str, exc: Any) -> int:
-    for line in exc.errors:
-        print(f"starpulse {command}: {line}", file=sys.stderr)
-    return 2
-
-
-def _controller_from_config(args: argparse.Namespace) -> int:
-    """`controller --config FILE`: file < environment < explicit flags."""
-    from starpulse.app.config import ConfigError, load_controller_settings
-    from starpulse.core.logs import configure_logging
-
-    try:
-        settings = load_controller_settings(args.config, overrides=_controller_overrides(args))
-    except ConfigError as exc:
-        return _config_errors("controller", exc)
-    configure_logging(settings.log.level, fmt="console" if settings.log.format == "console" else "json")
-    return _serve_controller(settings.controller)
-
-
-def _agent_from_config(args: argparse.Namespace) -> int:
-    """`agent --config FILE`: file < environment < explicit flags."""
-    from agent.factory import BackendUnavailable, build_agent
-    from starpulse.app.config import ConfigError, load_agent_config
-    from starpulse.core.logs import configure_logging
-
-    try:
-        config, opt = load_agent_config(args.config, overrides=_agent_overrides(args))
-    except ConfigError as exc:
-        return _config_errors("agent", exc)
-    configure_logging(opt.log.level, fmt="console" if opt.log.format == "console" else "json")
-    if opt.role == "switch":
-        from agent.factory import build_switch_agent
-
-        asyncio.run(_run_agent(build_switch_agent(config, _redis_factory(opt.redis) if opt.redis else None)))
-        return 0
-    sim = _sim_node(
-        config.node_id, opt.state_dir, opt.backend, opt.seed, opt.sim_gpus, opt.sim_nics, opt.sim_real_netdevs
-    )
-    try:
-        agent = build_agent(
-            config,
-            opt.backend,
-            sysfs_root=opt.sysfs_root,
-            kmsg_path=opt.kmsg,
-            sim=sim,
-            mounts=opt.mounts,
-            ethtool=opt.ethtool,
-            lldpcli_socket=opt.lldpcli_socket,
-            lldp_interval_s=opt.lldp_interval_s,
-        )
-    except BackendUnavailable as exc:
-        print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_run_agent(agent))
-    return 0
-
-
+# -- settings files -------------------------------------------------------------------------
 def cmd_config_check(args: argparse.Namespace) -> int:
     """Print 'ok: <summary>' (exit 0), or every error one a line (exit 2)."""
     from starpulse.app.config import ConfigError, check_file
@@ -1086,142 +804,46 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def cmd_config_example(args: argparse.Namespace) -> int:
+    """Print a service's reference settings file (deploy/KIND.yaml): every setting at its default, documented."""
+    from starpulse.app.config import example
+
+    print(example(args.kind), end="")
+    return 0
+
+
+_SERVICES = (
+    ("controller", "run the controller service", cmd_controller),
+    ("agent", "run the node agent", cmd_agent),
+    ("relay", "carry many agents' streams to the controller, batched (large fleets)", cmd_relay),
+)
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Any:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def _add_service(sub: Any, name: str, help: str, func: Any, with_flags: bool) -> None:
+    """A service command; its flags come from the service's settings (help, default, the setting they set)."""
+    parser = sub.add_parser(name, help=help)
+    parser.set_defaults(func=func)
+    if not with_flags:  # another command runs: its settings' modules stay unimported
+        return
+    from starpulse.app.config import service
+
+    mod = service(name)
+    parser.add_argument("--config", default=None, metavar="FILE", help=_CONFIG_HELP)
+    for flag in mod.FLAGS:
+        parser.add_argument(flag.name, **flag.argparse_kwargs(mod.SCHEMA))
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, the service commands other than that one get no flags."""
     p = argparse.ArgumentParser(prog="starpulse", description=__doc__)
     p.add_argument("--version", action="version", version=f"starpulse {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-
-    c = sub.add_parser("controller", help="run the controller service")
-    c.add_argument("--config", default=None, metavar="FILE", help=_CONFIG_HELP)
-    c.add_argument("--listen", default="127.0.0.1:50051", help="gRPC HOST:PORT for agents and the CLI")
-    c.add_argument("--http", default="127.0.0.1:8080", help="HTTP HOST:PORT for /metrics, /healthz, /api")
-    c.add_argument("--db", default="starpulse.db", help="SQLite database path")
-    c.add_argument("--heartbeat-timeout-s", type=float, default=15.0)
-    c.add_argument("--fabric", default=None, help="declared fabric file (JSON/YAML from `topology generate`)")
-    c.add_argument("--rules", default=None, help="detection rules file (default: the packaged rules)")
-    c.add_argument(
-        "--detect-workers",
-        type=int,
-        default=0,
-        metavar="N",
-        help="evaluate compute nodes' reports in N shard processes (large fleets; 0: in the controller)",
-    )
-    c.add_argument("--notify", default=None, help="alert receivers file (YAML; see docs/alerts.md)")
-    c.add_argument(
-        "--scheduler",
-        choices=("none", "sim"),
-        default="none",
-        help="self-healing scheduler backend; sim: an in-memory scheduler over the --fabric nodes",
-    )
-    c.add_argument(
-        "--heal-mode",
-        choices=("enforce", "dry_run", "manual"),
-        default="enforce",
-        help="with --scheduler: act, only log, or act on a person's approval",
-    )
-    _add_tls_flags(c)
-    c.add_argument(
-        "--admin-token-file",
-        default=None,
-        metavar="PATH",
-        help="admin tokens, one per line: Admin RPCs then need one (default: admin open, dev mode)",
-    )
-    c.add_argument(
-        "--require-read-token",
-        action="store_true",
-        help="Query RPCs (nodes, events, incidents, topology) need an admin token too",
-    )
-    c.add_argument(
-        "--admin-cert-name",
-        action="append",
-        metavar="NAME",
-        help="with mutual TLS: a client certificate naming NAME counts as admin (repeatable)",
-    )
-    c.add_argument(
-        "--etcd",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="run as one of several replicas, leader elected through this etcd (repeat or comma-separate)",
-    )
-    c.add_argument(
-        "--ha-lease-ttl",
-        type=int,
-        default=5,
-        metavar="SECONDS",
-        help="with --etcd: the leader's lease; a dead leader is replaced within this (default 5)",
-    )
-    c.add_argument("--ha-cluster", default="default", help="with --etcd: this installation's name in etcd")
-    c.add_argument(
-        "--advertise",
-        default=None,
-        metavar="HOST:PORT",
-        help="with --etcd: the gRPC address standbys send agents to (default: --listen)",
-    )
-    c.add_argument("--log-level", default="info")
-    c.set_defaults(func=cmd_controller)
-
-    a = sub.add_parser("agent", help="run the node agent")
-    a.add_argument("--controller", action="append", default=[], help="controller HOST:PORT (repeat or comma-separate)")
-    a.add_argument("--config", default=None, metavar="FILE", help=_CONFIG_HELP)
-    a.add_argument("--node-id", default=None, help="this node's id (required, here or in --config FILE)")
-    a.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
-    a.add_argument("--role", choices=("compute", "switch"), default="compute")
-    a.add_argument("--interval-s", type=float, default=5.0)
-    a.add_argument("--state-dir", default="/var/lib/starpulse", help="event buffer (and sim hardware) folder")
-    a.add_argument("--sysfs-root", default="/sys")
-    a.add_argument("--kmsg", default="/dev/kmsg", help="kernel log to tail ('' to disable)")
-    a.add_argument("--mount", action="append", help="mount point whose disk usage to report (repeatable)")
-    a.add_argument("--seed", type=int, default=0, help="sim backend: seed of the simulated hardware")
-    a.add_argument("--redis", default=None, help="--role switch: SONiC Redis HOST:PORT (default: its socket)")
-    a.add_argument(
-        "--lldpcli-socket",
-        default=None,
-        metavar="PATH",
-        help="lldpd control socket to read neighbours from (lldpcli -u; default: lldpd's own)",
-    )
-    a.add_argument("--lldp-interval-s", type=float, default=30.0, help="read LLDP neighbours at most this often")
-    a.add_argument("--sim-gpus", type=int, default=8, help="sim backend: GPUs of the simulated node")
-    a.add_argument("--sim-nics", type=int, default=8, help="sim backend: rail NICs of the simulated node")
-    a.add_argument(
-        "--sim-real-netdevs",
-        action="store_true",
-        help="sim backend: rail netdevs (ens1f0np0...) that exist on this host are real; "
-        "each port's state follows its carrier (network-namespace tests)",
-    )
-    a.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus /metrics here")
-    a.add_argument(
-        "--job-socket",
-        default=None,
-        metavar="PATH",
-        help="unix socket for training jobs (starpulse.job), e.g. /run/starpulse/jobs.sock; off if unset",
-    )
-    a.add_argument(
-        "--allow-command",
-        action="append",
-        metavar="KIND=ARGV0,ARG,...",
-        help="let the controller run this here (repeatable), e.g. "
-        "gpu_reset=/usr/bin/nvidia-smi,-r,-i,{gpu}; kinds: gpu_reset, reboot, run_diagnostic. "
-        "No shell; {gpu} must be a GPU index",
-    )
-    _add_tls_flags(a)
-    a.add_argument("--log-level", default="info")
-    a.set_defaults(func=cmd_agent)
-
-    r = sub.add_parser("relay", help="carry many agents' streams to the controller, batched (large fleets)")
-    r.add_argument("--controller", action="append", default=[], help="controller HOST:PORT (repeat or comma-separate)")
-    r.add_argument("--relay-id", required=True, help="this relay's name (with mTLS: its certificate's name)")
-    r.add_argument("--listen", default="0.0.0.0:50051", help="address agents connect to")
-    r.add_argument(
-        "--linger-ms",
-        type=float,
-        default=20.0,
-        help="let a batch gather this long before it goes up (adds to report latency)",
-    )
-    r.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus /metrics here")
-    _add_tls_flags(r)
-    r.add_argument("--log-level", default="info")
-    r.set_defaults(func=cmd_relay)
+    for name, help, func in _SERVICES:
+        _add_service(sub, name, help, func, only in (None, name))
 
     s = sub.add_parser("scan", help="one-shot health check of this node")
     s.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
@@ -1354,38 +976,47 @@ def build_parser() -> argparse.ArgumentParser:
     cfsub = cf.add_subparsers(dest="config_command", required=True)
     cfc = cfsub.add_parser(
         "check",
-        help="check a controller or agent file (and STARPULSE_* overrides): "
+        help="check a controller, agent or relay file (and STARPULSE_* overrides): "
         "exit 0 and 'ok: <summary>', or exit 2 and every error, one a line",
     )
     cfc.add_argument("file")
     cfc.add_argument(
         "--kind",
-        choices=("controller", "agent"),
+        choices=("controller", "agent", "relay"),
         default=None,
-        help="default: by the sections in the file (agent/hardware: agent)",
+        help="default: by the sections in the file (agent/hardware: agent, relay: relay)",
     )
     cfc.set_defaults(func=cmd_config_check)
+    cfe = cfsub.add_parser(
+        "example", help="print a service's reference settings file: every setting at its default, documented"
+    )
+    cfe.add_argument("kind", choices=("controller", "agent", "relay"))
+    cfe.set_defaults(func=cmd_config_example)
 
     v = sub.add_parser("version", help="print the version")
     v.set_defaults(func=cmd_version)
     return p
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.argv = list(argv if argv is not None else sys.argv[1:])  # --config: which flags were given
+    given = list(argv if argv is not None else sys.argv[1:])
+    args = build_parser(_command_of(given) or "").parse_args(given)
+    args.argv = given  # which flags were given (they win over the file and the environment)
     from starpulse.core.logs import configure_logging
 
     # One-shot commands keep stdout for their output; services reconfigure for JSON on stdout.
     configure_logging("warning", fmt="console", stream=sys.stderr)
-    from starpulse.core.auth import AuthConfigError
-    from starpulse.core.tls import TLSConfigError
+    from starpulse.core.schema import ConfigError
 
     try:
         return int(args.func(args))
-    except (TLSConfigError, AuthConfigError) as exc:  # a bad TLS or token file: one line, not a traceback
-        command = " ".join(str(a) for a in (argv if argv is not None else sys.argv[1:])[:1])
-        print(f"starpulse {command}: {exc}".replace("  ", " "), file=sys.stderr)
+    except ConfigError as exc:  # a bad TLS, token, rules, policy or fabric file: one line each, not a traceback
+        for line in exc.errors:
+            print(f"starpulse {args.command}: {line}", file=sys.stderr)
         return 2
 
 

@@ -24,6 +24,7 @@ from controller.fabric import Fabric, generate_fabric
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
+from controller.ingest.verdict import ReportResult
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
@@ -52,7 +53,7 @@ class DemoPrinter:
     def stamp(self) -> str:
         return f"[{time.monotonic() - self.t0:7.1f}s]"
 
-    def on_report(self, node: NodeRecord, report: tpb.Report) -> None:
+    def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
         return None
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:

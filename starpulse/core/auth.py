@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import structlog
 
+from starpulse.core.schema import ConfigError, setting
 from starpulse.core.tls import peer_node_id
 
 log = structlog.get_logger(__name__)
@@ -38,7 +39,7 @@ ADMIN_PREFIX = "/starpulse.v1.Admin/"
 QUERY_PREFIX = "/starpulse.v1.Query/"
 
 
-class AuthConfigError(ValueError):
+class AuthConfigError(ConfigError):
     """A token file or auth setting that cannot be used."""
 
 
@@ -47,8 +48,8 @@ class AuthConfig:
     """Who may call Admin (and, with ``open_reads=False``, Query) RPCs."""
 
     admin_tokens: list[str] | None = None  # None: admin RPCs open (dev mode)
-    open_reads: bool = True
-    admin_cert_names: list[str] = field(default_factory=list)  # mTLS identities that count as admin
+    open_reads: bool = setting(True, "Read-only API calls (nodes, events, incidents, topology) need no credentials")
+    admin_cert_names: list[str] = setting([], "Mutual-TLS certificate names (CN/SAN) that count as admin")
 
     def __post_init__(self) -> None:
         if self.admin_tokens is not None:

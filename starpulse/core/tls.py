@@ -28,12 +28,13 @@ from typing import Any
 import grpc
 
 from starpulse.core.names import InvalidName, validate_node_id
+from starpulse.core.schema import ConfigError
 
 NODE_URI_PREFIX = "starpulse-node:"
 ADMIN_CERT_NAME = "admin"
 
 
-class TLSConfigError(ValueError):
+class TLSConfigError(ConfigError):
     """A TLS file that is missing, unreadable or inconsistent; the message names the file."""
 
 

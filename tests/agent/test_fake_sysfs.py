@@ -10,10 +10,9 @@ import pytest
 
 from agent.collectors.ethtool import EthtoolCollector, parse_ethtool_stats
 from agent.collectors.rdma import RdmaSysfsCollector
-from agent.sim.fake_sysfs import FakeSysfs, format_rate
+from agent.sim.fake_sysfs import COUNTERS, HW_COUNTERS, FakeSysfs, format_rate
 from starpulse.v1 import telemetry_pb2 as tpb
-
-H100_PORT = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs-h100" / "class" / "infiniband" / "mlx5_0"
+from tests.helpers import shared_fixture
 
 
 def sample(root: str, i: int) -> tpb.NicSample:
@@ -29,11 +28,21 @@ def ethtool(fs: FakeSysfs, netdev: str) -> dict[str, int]:
 class TestLayout:
     def test_counter_names_match_the_recorded_node(self, tmp_path):
         """Every port has the same counters/ and hw_counters/ files as the real H100 node."""
+        recorded_port = shared_fixture("sysfs/class-infiniband-h100/mlx5_0/ports/1")
         FakeSysfs(str(tmp_path), nics=2)
         for dev in ("mlx5_0", "mlx5_1", "mlx5_bond_0"):
             port = tmp_path / "class" / "infiniband" / dev / "ports" / "1"
             for sub in ("counters", "hw_counters"):
-                assert sorted(os.listdir(port / sub)) == sorted(os.listdir(H100_PORT / "ports" / "1" / sub))
+                assert sorted(os.listdir(port / sub)) == sorted(os.listdir(recorded_port / sub))
+
+    def test_every_port_has_the_named_counter_files(self, tmp_path):
+        """Each port holds exactly one file per COUNTERS and HW_COUNTERS name; the bond comes last."""
+        FakeSysfs(str(tmp_path), nics=2)
+        for dev in ("mlx5_0", "mlx5_1", "mlx5_bond_0"):
+            port = tmp_path / "class" / "infiniband" / dev / "ports" / "1"
+            assert sorted(os.listdir(port / "counters")) == sorted(COUNTERS)
+            assert sorted(os.listdir(port / "hw_counters")) == sorted(HW_COUNTERS)
+        assert (len(COUNTERS), len(HW_COUNTERS)) == (21, 26)
         assert sorted(p.name for p in (tmp_path / "class" / "infiniband").iterdir()) == [
             "mlx5_0",
             "mlx5_1",

@@ -14,8 +14,17 @@ from agent.collectors.kmsg import KernelRecord, KmsgCollector, classify, parse_l
 from agent.sim.fake_kmsg import FakeKmsg
 from starpulse.core.findings import Finding
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.helpers import shared_fixture
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"
+# Healthy lines of the kinds a GPU node's boot log holds (NVSwitch opens, CNI links, perf throttling).
+BOOT_MESSAGES = [
+    *(f"nvidia-nvswitch{i}: open (major=510)" for i in range(4)),
+    "IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): cali16b7bb8d9d5: link becomes ready",
+    "perf: interrupt took too long (2509 > 2500), lowering kernel.perf_event_max_sample_rate to 79500",
+    "Initializing XFRM netlink socket",
+    "wireguard: WireGuard 1.0.0 loaded. See www.wireguard.com for information.",
+]
 
 XID_119 = (
     "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of waiting for "
@@ -117,10 +126,10 @@ class TestParseLine:
         assert parse_line(FALLEN) == KernelRecord(None, None, None, FALLEN)
 
 
-class TestFixtures:
+class TestRecordedLogs:
     def test_nvswitch_log_parses_every_line(self):
-        """Every line of the NVSwitch fixture is a record with the right fields."""
-        lines = (FIXTURES / "kmsg.nvswitch.log").read_text().splitlines()
+        """Every line of the recorded NVSwitch log is a record with the right fields."""
+        lines = shared_fixture("kmsg/kmsg.nvswitch.log").read_text().splitlines()
         recs = list(parse_lines(lines))
         assert len(recs) == len(lines) == 47
         assert all(r.seq is not None and r.usec is not None and r.priority == 6 for r in recs)
@@ -130,21 +139,67 @@ class TestFixtures:
 
     def test_nvswitch_log_has_no_findings(self):
         """Device opens, link-ready and perf lines are not faults."""
-        assert scan_file(str(FIXTURES / "kmsg.nvswitch.log")) == []
+        assert scan_file(str(shared_fixture("kmsg/kmsg.nvswitch.log"))) == []
 
     def test_peermem_log(self):
         """Every peermem ERROR line is a "kernel" finding; the trailing "test" line is not."""
-        recs = list(parse_lines((FIXTURES / "kmsg.peermem.log").read_text().splitlines()))
+        path = shared_fixture("kmsg/kmsg.peermem.log")
+        recs = list(parse_lines(path.read_text().splitlines()))
         assert len(recs) == 8
         assert recs[0] == KernelRecord(3973, 227996636, 6, PEERMEM)
         assert recs[-1] == KernelRecord(3973, 227996662, 6, "test")
-        findings = scan_file(str(FIXTURES / "kmsg.peermem.log"))
+        findings = scan_file(str(path))
         assert len(findings) == 7
         assert {(f.kind, f.severity, f.action, f.source) for f in findings} == {
             ("kernel", "warning", "investigate", "kmsg")
         }
         assert findings[0].attributes["kmsg_seq"] == "3973"
         assert findings[0].attributes["kernel_usec"] == "227996636"
+
+
+def _seq_usec(record: str) -> tuple[int, int]:
+    """The seq and usec fields of a record as FakeKmsg wrote it."""
+    _, seq, usec = record.split(";", 1)[0].split(",")[:3]
+    return int(seq), int(usec)
+
+
+class TestGeneratedLogs:
+    def test_boot_log_parses_every_line(self, tmp_path):
+        """Every line of a FakeKmsg boot log is an info record with consecutive seq and rising usec."""
+        fk = FakeKmsg(str(tmp_path / "kmsg.boot.log"), start_seq=3964)
+        written = [fk.line(m) for m in BOOT_MESSAGES]
+        lines = Path(fk.path).read_text().splitlines()
+        recs = list(parse_lines(lines))
+        assert len(recs) == len(lines) == len(BOOT_MESSAGES)
+        assert all(r.seq is not None and r.usec is not None and r.priority == 6 for r in recs)
+        assert recs[0] == KernelRecord(*_seq_usec(written[0]), 6, "nvidia-nvswitch0: open (major=510)")
+        assert [r.message for r in recs] == BOOT_MESSAGES
+        assert [r.seq for r in recs] == list(range(3964, 3964 + len(BOOT_MESSAGES)))
+        usecs = [r.usec or 0 for r in recs]
+        assert usecs == sorted(set(usecs))
+
+    def test_boot_log_has_no_findings(self, tmp_path):
+        """Device opens, link-ready and perf lines are not faults."""
+        fk = FakeKmsg(str(tmp_path / "kmsg.boot.log"))
+        for m in BOOT_MESSAGES:
+            fk.line(m)
+        assert scan_file(fk.path) == []
+
+    def test_peermem_log(self, tmp_path):
+        """Every peermem ERROR line is a "kernel" finding carrying its seq and usec; a "test" line is not."""
+        fk = FakeKmsg(str(tmp_path / "kmsg.peermem.log"))
+        written = [fk.line(PEERMEM) for _ in range(7)]
+        fk.line("test")
+        recs = list(parse_lines(Path(fk.path).read_text().splitlines()))
+        assert len(recs) == 8 and recs[-1].message == "test"
+        findings = scan_file(fk.path)
+        assert len(findings) == 7
+        assert {(f.kind, f.severity, f.action, f.source) for f in findings} == {
+            ("kernel", "warning", "investigate", "kmsg")
+        }
+        seq, usec = _seq_usec(written[0])
+        assert findings[0].attributes["kmsg_seq"] == str(seq)
+        assert findings[0].attributes["kernel_usec"] == str(usec)
 
 
 class TestClassify:

@@ -1,27 +1,113 @@
-"""RDMA sysfs collector (on the recorded H100 node and on FakeSysfs) and NIC-GPU pairing."""
+"""RDMA sysfs collector (on the recorded H100 node, its generated twin and FakeSysfs) and NIC-GPU pairing."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from agent.collectors.pci import pair_nics_with_gpus, pci_device_path
-from agent.collectors.rdma import RdmaSysfsCollector, parse_rate_gbps, parse_state, read_counter_dir
-from agent.sim.fake_sysfs import FakeSysfs
+from agent.collectors.rdma import (
+    RdmaSysfsCollector,
+    parse_rate_gbps,
+    parse_state,
+    read_counter_dir,
+    revalidate_dirs,
+)
+from agent.sim.fake_sysfs import COUNTERS, HW_COUNTERS, FakeSysfs
 from starpulse.core.vocab import canonical_pci
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.helpers import shared_fixture
 
-H100 = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs-h100"
 H100_DEVICES = ["mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_bond_0"]
+GENERATED_DEVICES = [f"mlx5_{i}" for i in range(8)] + ["mlx5_bond_0"]
+
+
+@dataclass(frozen=True)
+class IbNode:
+    """A sysfs root with an 8x400G NDR InfiniBand + one 200G RoCE bond node, and its RDMA devices in order."""
+
+    root: Path
+    devices: list[str]
+
+    def writable_ib(self) -> Path:
+        """``class/infiniband`` as files a test may break: the recorded tree is copied first, never changed."""
+        ib = self.root / "class" / "infiniband"
+        if ib.is_symlink():
+            recorded = ib.resolve()
+            ib.unlink()
+            shutil.copytree(recorded, ib)
+        return ib
+
+    def release(self) -> None:
+        """Let go of this tree's counter files, which the RDMA collector keeps open for the whole process.
+
+        They stay cached while their directory exists, under one budget of kept files shared by
+        every collector: trees left behind would starve the later tests in this worker. Only the
+        link to the recording (or the copy of it) is removed, never the recording.
+        """
+        ib = self.root / "class" / "infiniband"
+        dirs = [str(d) for d in ib.glob("*/ports/*/*counters")]
+        if ib.is_symlink():
+            ib.unlink()
+        else:
+            shutil.rmtree(self.root)
+        revalidate_dirs(dirs)
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Iterator[IbNode]:
+    """The recorded H100 node, read in place: its class/infiniband is a link into ../shared/fixtures."""
+    target = shared_fixture("sysfs/class-infiniband-h100")
+    (tmp_path / "recorded" / "class").mkdir(parents=True)
+    (tmp_path / "recorded" / "class" / "infiniband").symlink_to(target, target_is_directory=True)
+    node = IbNode(tmp_path / "recorded", H100_DEVICES)
+    yield node
+    node.release()
+
+
+@pytest.fixture
+def generated(tmp_path: Path) -> Iterator[IbNode]:
+    """FakeSysfs shaped like the recorded node: 8 InfiniBand rails and the bond, without what the recording lacks.
+
+    The recording has no ``device`` links, RoCE GID tables or node GUIDs; they are removed so
+    that both trees hold the same kinds of files.
+    """
+    root = tmp_path / "generated"
+    FakeSysfs(str(root), nics=8, rail_link_layer="InfiniBand")
+    for dev in (root / "class" / "infiniband").iterdir():
+        (dev / "device").unlink()
+        (dev / "node_guid").unlink()
+        shutil.rmtree(dev / "ports" / "1" / "gid_attrs", ignore_errors=True)
+    node = IbNode(root, GENERATED_DEVICES)
+    yield node
+    node.release()
+
+
+@pytest.fixture(params=["recorded", "generated"])
+def h100(request: pytest.FixtureRequest) -> IbNode:
+    """The recorded H100 node (skipped where ../shared is absent) and its generated twin."""
+    node: IbNode = request.getfixturevalue(request.param)
+    return node
 
 
 def collect(c: RdmaSysfsCollector) -> tuple[tpb.Report, list]:
     r = tpb.Report()
     return r, c.collect(r)
+
+
+def scan(root: Path) -> tuple[tpb.Report, list]:
+    """One cycle of a fresh collector, whose kept port files are closed after."""
+    c = RdmaSysfsCollector(str(root))
+    try:
+        return collect(c)
+    finally:
+        c.close()
 
 
 class TestParsers:
@@ -58,30 +144,64 @@ class TestParsers:
         assert read_counter_dir(str(tmp_path / "missing")) == {}
 
 
-class TestRdmaOnRecordedH100:
-    def test_supported_and_ports(self):
-        """The recorded node has exactly nine ports: mlx5_0..9 minus 2 and 3, plus the bond."""
-        c = RdmaSysfsCollector(str(H100))
-        assert c.supported()
-        r, findings = collect(c)
-        assert [s.rdma_device for s in r.nics] == H100_DEVICES
+class TestRdmaOnH100Layout:
+    def test_supported_and_ports(self, h100):
+        """The node has exactly nine ports, all port 1: the eight rails plus the bond."""
+        assert RdmaSysfsCollector(str(h100.root)).supported()
+        r, findings = scan(h100.root)
+        assert [s.rdma_device for s in r.nics] == h100.devices
         assert all(s.port == 1 for s in r.nics)
         assert findings == []
 
-    def test_link_and_rate(self):
+    def test_link_and_rate(self, h100):
         """IB rails are 400G InfiniBand, the bond is 200G Ethernet, all ACTIVE/LinkUp."""
-        r, _ = collect(RdmaSysfsCollector(str(H100)))
+        r, _ = scan(h100.root)
         by = {s.rdma_device: s for s in r.nics}
-        for dev in H100_DEVICES[:-1]:
+        for dev in h100.devices[:-1]:
             assert (by[dev].rate_gbps, by[dev].link_layer) == (400.0, "InfiniBand")
         assert (by["mlx5_bond_0"].rate_gbps, by["mlx5_bond_0"].link_layer) == (200.0, "Ethernet")
         assert {(s.state_code, s.state, s.phys_state_code, s.phys_state) for s in r.nics} == {
             (4, "ACTIVE", 5, "LinkUp")
         }
 
-    def test_counters(self):
-        """Counter files are read as uint64, port counters and hw counters separately."""
-        r, _ = collect(RdmaSysfsCollector(str(H100)))
+    def test_counters_are_every_file_as_read(self, h100):
+        """Each counters/ and hw_counters/ file is one entry of its own map, with the file's integer."""
+        r, _ = scan(h100.root)
+        for s in r.nics:
+            port = h100.root / "class" / "infiniband" / s.rdma_device / "ports" / "1"
+            for sub, got in (("counters", s.counters), ("hw_counters", s.hw_counters)):
+                assert dict(got) == {f.name: int(f.read_text()) for f in (port / sub).iterdir()}
+        assert (set(r.nics[0].counters), set(r.nics[0].hw_counters)) == (set(COUNTERS), set(HW_COUNTERS))
+
+    def test_no_device_links(self, h100):
+        """Without device links there is no netdev, PCI address or NUMA node, and no netdev stats."""
+        r, _ = scan(h100.root)
+        assert all(s.netdev == "" and not s.netdev_stats and s.netdev_operstate == "" for s in r.nics)
+        inv = ipb.Inventory()
+        RdmaSysfsCollector(str(h100.root)).describe(inv)
+        assert len(inv.nics) == 9
+        n0 = inv.nics[0]
+        assert (n0.rdma_device, n0.port, n0.link_layer, n0.rate_gbps) == ("mlx5_0", 1, "InfiniBand", 400.0)
+        assert (n0.hca_type, n0.fw_version, n0.board_id) == ("MT4129", "28.41.1000", "MT_0000000838")
+        assert (n0.netdev, n0.pci_address, n0.numa_node, n0.mac, n0.node_guid) == ("", "", -1, "", "")
+        assert inv.nics[-1].hca_type == "MT41692"
+
+    def test_broken_files_and_ports_lose_nothing_else(self, h100):
+        """A garbage counter is skipped and a port without state is dropped; the rest still report."""
+        ib = h100.writable_ib()
+        (ib / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error").write_text("oops\n")
+        (ib / "mlx5_4" / "ports" / "1" / "state").unlink()
+        r, findings = scan(h100.root)
+        devs = [s.rdma_device for s in r.nics]
+        assert "mlx5_4" not in devs and len(devs) == 8
+        assert "symbol_error" not in r.nics[0].counters and len(r.nics[0].counters) == 20
+        assert findings == []
+
+
+class TestRdmaOnRecordedH100:
+    def test_counters(self, recorded):
+        """The recorded counters read as uint64, port counters and hw counters separately."""
+        r, _ = scan(recorded.root)
         s = r.nics[0]
         assert s.rdma_device == "mlx5_0"
         assert s.counters["port_rcv_data"] == 230539874932483
@@ -94,38 +214,24 @@ class TestRdmaOnRecordedH100:
         assert s.hw_counters["roce_adp_retrans"] == 3
         assert len(s.hw_counters) == 26
 
-    def test_no_device_links(self):
-        """Without device links there is no netdev, PCI address or NUMA node, and no netdev stats."""
-        r, _ = collect(RdmaSysfsCollector(str(H100)))
-        assert all(s.netdev == "" and not s.netdev_stats and s.netdev_operstate == "" for s in r.nics)
-        inv = ipb.Inventory()
-        RdmaSysfsCollector(str(H100)).describe(inv)
-        assert len(inv.nics) == 9
-        n0 = inv.nics[0]
-        assert (n0.rdma_device, n0.port, n0.link_layer, n0.rate_gbps) == ("mlx5_0", 1, "InfiniBand", 400.0)
-        assert (n0.hca_type, n0.fw_version, n0.board_id) == ("MT4129", "28.41.1000", "MT_0000000838")
-        assert (n0.netdev, n0.pci_address, n0.numa_node, n0.mac, n0.node_guid) == ("", "", -1, "", "")
-        assert inv.nics[-1].hca_type == "MT41692"
+    def test_the_recording_is_unchanged_by_a_broken_copy(self, recorded):
+        """Breaking the writable copy leaves the recorded files in ../shared as they were."""
+        target = (recorded.root / "class" / "infiniband").resolve()
+        (recorded.writable_ib() / "mlx5_0" / "ports" / "1" / "state").unlink()
+        assert (target / "mlx5_0" / "ports" / "1" / "state").read_text().strip() == "4: ACTIVE"
 
-    def test_broken_files_and_ports_lose_nothing_else(self, tmp_path):
-        """A garbage counter is skipped and a port without state is dropped; the rest still report."""
-        root = tmp_path / "sys"
-        shutil.copytree(H100, root)
-        ib = root / "class" / "infiniband"
-        (ib / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error").write_text("oops\n")
-        (ib / "mlx5_4" / "ports" / "1" / "state").unlink()
-        r, findings = collect(RdmaSysfsCollector(str(root)))
-        devs = [s.rdma_device for s in r.nics]
-        assert "mlx5_4" not in devs and len(devs) == 8
-        assert "symbol_error" not in r.nics[0].counters and len(r.nics[0].counters) == 20
-        assert findings == []
 
-    def test_missing_tree_is_unsupported(self, tmp_path):
-        """No class/infiniband: unsupported, and collect adds nothing."""
-        c = RdmaSysfsCollector(str(tmp_path))
-        assert not c.supported()
-        r, findings = collect(c)
-        assert list(r.nics) == [] and findings == []
+class TestRdmaOnGeneratedH100:
+    def test_counters_are_uint64(self, generated):
+        """Counters up to 2^64-1 are kept, one past it is dropped, without losing the port's other counters."""
+        port = generated.root / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+        (port / "counters" / "port_rcv_data").write_text(f"{2**64 - 1}\n")
+        (port / "hw_counters" / "rx_write_requests").write_text(f"{2**64}\n")
+        s = scan(generated.root)[0].nics[0]
+        assert s.counters["port_rcv_data"] == 2**64 - 1
+        assert "rx_write_requests" not in s.hw_counters
+        assert (len(s.counters), len(s.hw_counters)) == (21, 25)
+        assert s.counters["port_xmit_data"] > 2**32  # FakeSysfs starts data counters past 32 bits
 
 
 class TestRdmaOnFakeSysfs:

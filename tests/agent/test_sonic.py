@@ -1,12 +1,14 @@
 """SonicSwitchCollector against a real redis-server holding SONiC's databases.
 
-Two sources of switch state: the sonic-utilities mock tables (tests/fixtures/sonic, real
-field names and values) and FakeSwitch (synthetic, with fault injection). Expected values
-below are read from the fixture JSON by hand and written out literally.
+Two sources of switch state: the sonic-utilities mock tables (../shared/fixtures/sonic, real
+field names and values, read in place; those tests skip where it is absent) and FakeSwitch
+(synthetic, with fault injection), which covers the same collector behaviour in any clone.
+Expected values of the recorded tables are read from their JSON by hand and written out literally.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -21,6 +23,7 @@ from redis.retry import Retry
 from agent.collectors.base import Collector
 from agent.collectors.sonic import (
     APPL_DB,
+    CONFIG_DB,
     COUNTERS_DB,
     STATE_DB,
     SonicSwitchCollector,
@@ -31,9 +34,8 @@ from agent.collectors.sonic import (
 from agent.sim.fake_switch import FakeSwitch, load_sonic_fixture
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.helpers import free_port
+from tests.helpers import free_port, shared_fixture
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sonic"
 REDIS_SERVER = shutil.which("redis-server") or (
     "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
 )
@@ -109,8 +111,14 @@ def factory(redis_port: int) -> Iterator[Factory]:
 
 
 @pytest.fixture
-def fixture_collector(factory: Factory) -> Iterator[SonicSwitchCollector]:
-    load_sonic_fixture(factory, FIXTURES)
+def recorded() -> Path:
+    """The recorded SONiC databases (skips the test where ../shared is absent)."""
+    return shared_fixture("sonic")
+
+
+@pytest.fixture
+def fixture_collector(factory: Factory, recorded: Path) -> Iterator[SonicSwitchCollector]:
+    load_sonic_fixture(factory, recorded)
     c = SonicSwitchCollector(factory, "sonic-fixture")
     yield c
     c.close()
@@ -120,6 +128,21 @@ def _collect(c: SonicSwitchCollector) -> tuple[tpb.Report, dict[str, tpb.SwitchP
     report = tpb.Report()
     findings = c.collect(report)
     return report, {s.port: s for s in report.switch_ports}, findings
+
+
+def assert_bad_at_start_reported_once(c: SonicSwitchCollector) -> None:
+    """Ethernet0 down while admin up, queue 3 of Ethernet0 and 4 of Ethernet8 stormed: found on the first cycle only."""
+    _, _, findings = _collect(c)
+    got = sorted((f.kind, f.component, f.severity, f.attributes.get("queue", "")) for f in findings)
+    assert got == [
+        ("pfc_storm", "Ethernet0", "critical", "3"),
+        ("pfc_storm", "Ethernet8", "critical", "4"),
+        ("switch_port_down", "Ethernet0", "critical", ""),
+    ]
+    assert all(f.source == "sonic" and f.attributes["switch"] == c.switch_name for f in findings)
+    assert all(f.action == "check_link" for f in findings)
+    _, _, again = _collect(c)
+    assert again == []
 
 
 class TestParsers:
@@ -139,9 +162,9 @@ class TestParsers:
 
 
 class TestLoadSonicFixture:
-    def test_loads_hashes_into_the_sonic_db_ids(self, factory):
+    def test_loads_hashes_into_the_sonic_db_ids(self, factory, recorded):
         """Each dump lands in its SONiC db id with the JSON's field values."""
-        counts = load_sonic_fixture(factory, FIXTURES)
+        counts = load_sonic_fixture(factory, recorded)
         assert counts == {
             "appl_db.json": 78,
             "counters_db.json": 366,
@@ -152,13 +175,42 @@ class TestLoadSonicFixture:
         assert factory(STATE_DB).hget("TRANSCEIVER_DOM_SENSOR|Ethernet0", "temperature") == "30.9258"
         assert factory(APPL_DB).hget("PORT_TABLE:Ethernet0", "oper_status") == "down"
 
-    def test_unwraps_dump_format_and_joins_lists(self, factory):
+    def test_unwraps_dump_format_and_joins_lists(self, factory, recorded):
         """sonic-db-dump wrappers are unwrapped, lists are comma-joined, empty entries become NULL."""
-        load_sonic_fixture(factory, FIXTURES)
+        load_sonic_fixture(factory, recorded)
         config = factory(4)
         assert config.hget("ACL_TABLE|DATAACLV4V6", "policy_desc") == "DATAACLV4V6"
         assert config.hget("DHCP_RELAY|Vlan1000", "dhcpv6_servers") == "fc02:2000::1"
         assert factory(STATE_DB).hgetall("PORT_OPERR_TABLE|Ethernet72") == {"NULL": "NULL"}
+
+    def test_loads_a_generated_dump(self, factory, tmp_path):
+        """Plain and sonic-db-dump entries load alike; lists, flags and objects become text; non-hashes are skipped."""
+        dumps = {
+            "counters_db.json": {
+                "COUNTERS_PORT_NAME_MAP": {"Ethernet0": "oid:0x1"},
+                "COUNTERS:oid:0x1": {"SAI_PORT_STAT_IF_IN_ERRORS": 7},
+            },
+            "config_db.json": {
+                "PORT|Ethernet0": {
+                    "expireat": 1.0,
+                    "ttl": -0.001,
+                    "type": "hash",
+                    "value": {"lanes": [0, 1, 2, 3], "admin_status": "up"},
+                },
+                "FLEX_COUNTER_TABLE|PORT": {"enabled": True, "poll": {"ms": 1000}},
+                "VERSIONS": "not a hash",
+            },
+            "state_db.json": {"PORT_OPERR_TABLE|Ethernet0": {}},
+        }
+        for name, data in dumps.items():
+            (tmp_path / name).write_text(json.dumps(data))
+        assert load_sonic_fixture(factory, tmp_path) == {"counters_db.json": 2, "config_db.json": 2, "state_db.json": 1}
+        assert factory(COUNTERS_DB).hget("COUNTERS:oid:0x1", "SAI_PORT_STAT_IF_IN_ERRORS") == "7"
+        assert factory(CONFIG_DB).hgetall("PORT|Ethernet0") == {"lanes": "0,1,2,3", "admin_status": "up"}
+        assert factory(CONFIG_DB).hgetall("FLEX_COUNTER_TABLE|PORT") == {"enabled": "true", "poll": '{"ms": 1000}'}
+        assert not factory(CONFIG_DB).exists("VERSIONS")
+        assert factory(STATE_DB).hgetall("PORT_OPERR_TABLE|Ethernet0") == {"NULL": "NULL"}
+        assert factory(APPL_DB).dbsize() == 0  # no appl_db.json: that db is left alone
 
     def test_missing_directory_loads_nothing(self, factory, tmp_path):
         """An empty fixture directory is not an error."""
@@ -239,17 +291,7 @@ class TestSonicSwitchCollectorOnFixture:
 
     def test_first_cycle_reports_state_already_bad(self, fixture_collector):
         """Ethernet0 down while admin up and the two stormed queues are reported on the first cycle only."""
-        _, _, findings = _collect(fixture_collector)
-        got = sorted((f.kind, f.component, f.severity, f.attributes.get("queue", "")) for f in findings)
-        assert got == [
-            ("pfc_storm", "Ethernet0", "critical", "3"),
-            ("pfc_storm", "Ethernet8", "critical", "4"),
-            ("switch_port_down", "Ethernet0", "critical", ""),
-        ]
-        assert all(f.source == "sonic" and f.attributes["switch"] == "sonic-fixture" for f in findings)
-        assert all(f.action == "check_link" for f in findings)
-        _, _, again = _collect(fixture_collector)
-        assert again == []
+        assert_bad_at_start_reported_once(fixture_collector)
 
     def test_describe_lists_front_panel_ports(self, fixture_collector):
         """Inventory ports are APPL_DB PORT_TABLE plus CONFIG_DB PORT, without internal ports."""
@@ -383,3 +425,110 @@ class TestFakeSwitch:
             fake.port_down("Ethernet99")
         with pytest.raises(ValueError, match="no PFC watchdog"):
             fake.pfc_storm("Ethernet0", queue=0)
+
+
+class TestSonicSwitchCollectorOnFakeSwitch:
+    """The recorded-table cases on a generated switch, so they run where ../shared is absent."""
+
+    def test_one_sample_per_counters_port_in_natural_order(self, factory):
+        """Ports come from COUNTERS_PORT_NAME_MAP in natural order, whatever order Redis returns them in."""
+        sw = FakeSwitch(factory, "leaf-b0-r3", ports=12)
+        sw.install()
+        counters = factory(COUNTERS_DB)
+        name_map = counters.hgetall("COUNTERS_PORT_NAME_MAP")
+        counters.delete("COUNTERS_PORT_NAME_MAP")
+        counters.hset("COUNTERS_PORT_NAME_MAP", mapping=dict(reversed(list(name_map.items()))))
+        report, _, _ = _collect(SonicSwitchCollector(factory, sw.name))
+        assert [s.port for s in report.switch_ports] == [f"Ethernet{4 * i}" for i in range(12)]
+
+    def test_port_counters_and_pfc(self, factory, fake):
+        """SAI_PORT_STAT_* become int counters, other fields are left out; PFC per priority fills pfc_rx/pfc_tx."""
+        fake.pfc_storm("Ethernet0")
+        fake.advance(2.0)
+        oid = factory(COUNTERS_DB).hget("COUNTERS_PORT_NAME_MAP", "Ethernet0")
+        factory(COUNTERS_DB).hset(f"COUNTERS:{oid}", "EST_PORT_STAT_RX_BYTES", "5")
+        _, ports, _ = _collect(SonicSwitchCollector(factory, fake.name))
+        e0, e4 = ports["Ethernet0"], ports["Ethernet4"]
+        assert e0.counters["SAI_PORT_STAT_IF_IN_OCTETS"] == int(400_000 * 1e6 / 8 * 0.5 * 2)
+        assert e0.counters["SAI_PORT_STAT_IF_IN_ERRORS"] == 0
+        assert not any(k.startswith("EST_") for k in e0.counters)
+        assert list(e0.pfc_rx) == [0, 0, 0, 100_000, 0, 0, 0, 0]
+        assert list(e0.pfc_tx) == [0] * 8
+        assert list(e4.pfc_rx) == [0] * 8
+
+    def test_queue_sums_and_watchdog(self, factory, fake):
+        """Queue drops, ECN marks and watchdog deadlocks are summed; watchdog status listed per queue."""
+        fake.pfc_storm("Ethernet0")
+        fake.pfc_storm("Ethernet8", queue=4)
+        fake.pfc_storm("Ethernet8", on=False)
+        fake.pfc_storm("Ethernet8", queue=4)  # a second deadlock on the same queue
+        fake.advance(10.0)
+        _, ports, _ = _collect(SonicSwitchCollector(factory, fake.name))
+        e0, e4, e8 = ports["Ethernet0"], ports["Ethernet4"], ports["Ethernet8"]
+        assert list(e0.pfc_wd_status) == ["stormed", "operational"]
+        assert list(e4.pfc_wd_status) == ["operational", "operational"]
+        assert list(e8.pfc_wd_status) == ["operational", "stormed"]
+        assert (e0.pfc_wd_deadlocks, e4.pfc_wd_deadlocks, e8.pfc_wd_deadlocks) == (1, 0, 2)
+        # 10,000 drops/s on the stormed queue; 5 ECN marks/s on each of the two lossless queues
+        assert (e0.queue_drops, e0.ecn_marked) == (100_000, 100)
+        assert (e4.queue_drops, e4.ecn_marked) == (0, 100)
+
+    def test_port_status_falls_back_to_config_db(self, factory, fake):
+        """Without APPL_DB and STATE_DB entries a port takes its admin state and speed from CONFIG_DB PORT."""
+        factory(APPL_DB).delete("PORT_TABLE:Ethernet4")
+        factory(STATE_DB).delete("PORT_TABLE|Ethernet4")
+        factory(CONFIG_DB).hset("PORT|Ethernet4", "speed", "100000")
+        _, ports, _ = _collect(SonicSwitchCollector(factory, fake.name))
+        e0, e4 = ports["Ethernet0"], ports["Ethernet4"]
+        assert (e0.oper_status, e0.admin_status, e0.speed_mbps) == ("up", "up", 400_000)
+        assert (e4.oper_status, e4.admin_status, e4.speed_mbps) == ("", "up", 100_000)
+
+    def test_transceiver_dom_and_thresholds(self, factory, fake):
+        """DOM readings and alarm thresholds fill the optic fields; unreadable readings are skipped."""
+        state = factory(STATE_DB)
+        state.hset("TRANSCEIVER_DOM_SENSOR|Ethernet0", mapping={f"tx{lane}power": "N/A" for lane in range(1, 5)})
+        state.hset("TRANSCEIVER_DOM_SENSOR|Ethernet0", "rx2power", "-inf")
+        state.hdel("TRANSCEIVER_DOM_THRESHOLD|Ethernet0", "txpowerlowalarm")
+        state.delete("TRANSCEIVER_DOM_SENSOR|Ethernet4", "TRANSCEIVER_DOM_THRESHOLD|Ethernet4")
+        _, ports, _ = _collect(SonicSwitchCollector(factory, fake.name))
+        e0, e8 = ports["Ethernet0"], ports["Ethernet8"]
+        assert e0.optic_temperature_c == pytest.approx(41.5)
+        assert list(e0.optic_rx_power_dbm) == pytest.approx([FakeSwitch.DOM_RX_OK_DBM] * 3)
+        assert list(e0.optic_tx_power_dbm) == []  # all "N/A"
+        assert e0.optic_temp_high_alarm_c == pytest.approx(75.0)
+        assert e0.optic_temp_low_alarm_c == pytest.approx(-5.0)
+        assert e0.optic_rx_power_low_alarm_dbm == pytest.approx(FakeSwitch.RX_LOW_ALARM_DBM)
+        assert e0.optic_rx_power_high_alarm_dbm == pytest.approx(3.4)
+        assert not e0.HasField("optic_tx_power_low_alarm_dbm")
+        assert list(e8.optic_tx_power_dbm) == pytest.approx([FakeSwitch.DOM_TX_OK_DBM] * 4)
+        assert e8.optic_tx_power_low_alarm_dbm == pytest.approx(-8.0)
+        assert not ports["Ethernet4"].HasField("optic_temperature_c")
+
+    def test_first_cycle_reports_state_already_bad(self, factory, fake):
+        """A port down while admin up and two stormed queues, there before the collector starts, are reported once."""
+        fake.port_down("Ethernet0")
+        fake.pfc_storm("Ethernet0")
+        fake.pfc_storm("Ethernet8", queue=4)
+        assert_bad_at_start_reported_once(SonicSwitchCollector(factory, fake.name))
+
+    def test_describe_lists_front_panel_ports(self, factory, fake):
+        """Inventory ports are APPL_DB PORT_TABLE plus CONFIG_DB PORT, without internal ports."""
+        factory(APPL_DB).hset(
+            "PORT_TABLE:Ethernet-IB0", mapping={"alias": "Ethernet-IB0", "role": "Int", "lanes": "4", "speed": "25000"}
+        )
+        factory(CONFIG_DB).hset("PORT|Ethernet200", mapping={"alias": "etp51", "lanes": "200,201", "speed": "100000"})
+        inv = ipb.Inventory()
+        SonicSwitchCollector(factory, fake.name).describe(inv)
+        by_name = {p.name: p for p in inv.switch_ports}
+        assert list(by_name) == ["Ethernet0", "Ethernet4", "Ethernet8", "Ethernet12", "Ethernet200"]
+        assert (by_name["Ethernet0"].alias, by_name["Ethernet0"].lanes, by_name["Ethernet0"].speed_mbps) == (
+            "etp1",
+            4,
+            400_000,
+        )
+        assert (by_name["Ethernet200"].alias, by_name["Ethernet200"].lanes, by_name["Ethernet200"].speed_mbps) == (
+            "etp51",
+            2,
+            100_000,
+        )
+        assert len(inv.lldp_neighbors) == 0  # no LLDP_ENTRY_TABLE until a neighbour is set

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.ingest.registry import NodeRegistry
+from controller.ingest.registry import NodeRecord, NodeRegistry
+from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
 from controller.store import Store
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
-from starpulse.v1 import telemetry_pb2 as tpb
 
 
 class Clock:
@@ -18,6 +18,11 @@ class Clock:
 
     def __call__(self) -> int:
         return self.ms
+
+
+def _report(node: NodeRecord, seq: int, timestamp_ms: int) -> ReportResult:
+    """A decided report, as ingest records it (controller.ingest.decider)."""
+    return ReportResult(node.node_id, node.stream_token, 0.0, seq=seq, timestamp_ms=timestamp_ms)
 
 
 def _stored(store: Store) -> dict[str, tuple[str, int]]:
@@ -32,12 +37,12 @@ def test_last_seen_is_written_every_flush_interval_and_state_changes_at_once(tmp
     registered_seen = _stored(store)["node-000"][1]
 
     clock.ms += 5_000
-    reg.record_report(node, tpb.Report(seq=1, timestamp_ms=clock.ms))
+    reg.record_report(node, _report(node, seq=1, timestamp_ms=clock.ms))
     reg.flush_presence()
     assert _stored(store)["node-000"] == ("online", registered_seen)  # a report alone: not yet
 
     clock.ms += 11_000  # 16 s after the registry's last write
-    reg.record_report(node, tpb.Report(seq=2, timestamp_ms=clock.ms))
+    reg.record_report(node, _report(node, seq=2, timestamp_ms=clock.ms))
     reg.flush_presence()
     assert _stored(store)["node-000"] == ("online", clock.ms)
 
@@ -47,12 +52,12 @@ def test_last_seen_is_written_every_flush_interval_and_state_changes_at_once(tmp
     assert _stored(store)["node-000"][0] == "unreachable"
 
     clock.ms += 1_000  # back: online written at once, not 15 s later
-    reg.record_report(node, tpb.Report(seq=3, timestamp_ms=clock.ms))
+    reg.record_report(node, _report(node, seq=3, timestamp_ms=clock.ms))
     reg.flush_presence()
     assert _stored(store)["node-000"] == ("online", clock.ms)
 
     clock.ms += 2_000
-    reg.record_report(node, tpb.Report(seq=4, timestamp_ms=clock.ms))
+    reg.record_report(node, _report(node, seq=4, timestamp_ms=clock.ms))
     reg.flush_presence(force=True)  # shutdown writes what it has
     assert _stored(store)["node-000"] == ("online", clock.ms)
     store.close()
@@ -71,7 +76,7 @@ def test_a_round_of_last_seen_times_is_written_a_chunk_per_sweep(tmp_path: Path)
     ]
     clock.ms += 16_000
     for node in nodes:
-        reg.record_report(node, tpb.Report(seq=1, timestamp_ms=clock.ms))
+        reg.record_report(node, _report(node, seq=1, timestamp_ms=clock.ms))
 
     def written() -> int:
         return sum(1 for state, seen in _stored(store).values() if seen == clock.ms)
@@ -83,7 +88,7 @@ def test_a_round_of_last_seen_times_is_written_a_chunk_per_sweep(tmp_path: Path)
     reg.flush_presence()
     assert written() == 600
     clock.ms += 1_000
-    reg.record_report(nodes[0], tpb.Report(seq=2, timestamp_ms=clock.ms))
+    reg.record_report(nodes[0], _report(nodes[0], seq=2, timestamp_ms=clock.ms))
     reg.flush_presence()  # the round is done: the next one is 15 s away
     assert _stored(store)["node-000"][1] == clock.ms - 1_000
     store.close()

@@ -9,18 +9,25 @@ import grpc
 
 from controller.ingest.relayed import RelayedStream, RelayLink
 from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+
+class NeverFull:
+    """A report decider with nothing waiting for verdicts: the link never holds the relay for it."""
+
+    full = False
 
 
 class GatedServicer:
     """Reads its stream only while the gate is open; records what it read."""
 
-    shards = None  # as a TelemetryServicer without detection shards: the link decodes every message
+    decider = NeverFull()
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.read: list[Any] = []
 
-    async def Connect(self, request_iterator: Any, context: RelayedStream) -> None:
+    async def serve(self, context: RelayedStream, relayed: RelayedStream | None = None) -> None:
         while True:
             await self.gate.wait()
             msg = await context.read()
@@ -96,4 +103,39 @@ async def test_an_oversize_relayed_message_ends_only_its_stream() -> None:
     assert [(m.stream, m.status_code) for m in closed] == [(1, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])]
     assert len(servicer.read) == 2  # stream 2 unaffected
     writer.cancel()
+    await link.close()
+
+
+class TakesReports:
+    """Stands in for the servicer's OpenStream: takes every report handed to it as the batch is read."""
+
+    def __init__(self) -> None:
+        self.taken: list[bytes] = []
+
+    def decide_now(self, agent_message: bytes) -> bool:
+        self.taken.append(agent_message)
+        return True
+
+
+async def test_a_report_with_nothing_queued_before_it_is_handed_over_as_the_batch_is_read() -> None:
+    """The stream's task is not woken for it; a report queued behind another message waits its turn."""
+    servicer = GatedServicer()  # gate closed: the stream's task reads nothing
+    link = RelayLink("r", servicer, Sink(), max_message_bytes=1 << 20, max_queued_bytes=1 << 20)  # type: ignore[arg-type]
+    first = spb.AgentMessage(command_result=spb.CommandResult(id="first")).SerializeToString()
+    await link.dispatch(spb.RelayedAgentBatch(messages=[spb.RelayedAgentMessage(stream=1, message=first)]))
+    stream = link.streams[1]
+    stream._inbox.clear()  # as if the stream's task had read it
+    link.consumed(len(first))
+    reports = TakesReports()
+    stream.reports = reports  # type: ignore[assignment]
+    report = spb.AgentMessage(report=tpb.Report(seq=1)).SerializeToString()
+    command = spb.AgentMessage(command_result=spb.CommandResult(id="c")).SerializeToString()
+    batch = [spb.RelayedAgentMessage(stream=1, message=m) for m in (report, command, report)]
+
+    await link.dispatch(spb.RelayedAgentBatch(messages=batch))
+
+    assert reports.taken == [report]  # the first: nothing before it
+    assert list(stream._inbox) == [command, report]  # the second waits behind the command, in order
+    stream.reports = None
+    servicer.gate.set()  # the stream's task reads to its end
     await link.close()

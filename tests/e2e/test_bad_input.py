@@ -1,7 +1,10 @@
-"""Bad input gets a clear gRPC status and a log line, and never takes the controller down."""
+"""Bad input gets a clear gRPC status and a log line and never takes the controller down; bad settings: a line each."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -122,3 +125,55 @@ class TestRejections:
         assert controller.metrics.rejected.labels("rate_limited")._value.get() == 1
         assert controller.registry.nodes["node-000"].acked_report_seq <= 21  # burst 20, then refused
         await _still_serving(controller)
+
+
+def _starpulse(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "starpulse.app.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("STARPULSE_")}, **(env or {})},
+    )
+
+
+class TestBadSettings:
+    """Bad settings from a file, the environment or flags: one line per problem, exit 2, never a traceback."""
+
+    def test_controller_names_the_file_the_variable_and_the_flag(self, tmp_path: Path) -> None:
+        path = tmp_path / "controller.yaml"
+        path.write_text("ingest:\n  heartbeat_timeout_s: soon\ndetection:\n  correlation:\n    settle_s: x\n")
+        out = _starpulse(
+            "controller", "--config", str(path), "--listen", "nowhere", env={"STARPULSE_HEAL__GUARDS__MODE": "yolo"}
+        )
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.splitlines() == [
+            "starpulse controller: --listen: server.listen: must be HOST:PORT, got 'nowhere'",
+            f"starpulse controller: {path}: ingest.heartbeat_timeout_s: must be a number > 0, got 'soon'",
+            f"starpulse controller: {path}: detection.correlation.settle_s: must be a number >= 0, got 'x'",
+            "starpulse controller: STARPULSE_HEAL__GUARDS__MODE: heal.guards.mode: "
+            "must be one of enforce, dry_run, manual, got 'yolo'",
+        ]
+
+    def test_agent_flags_alone_get_the_same_checks(self) -> None:
+        out = _starpulse("agent", "--controller", "c:1", "--allow-command", "format=/sbin/mkfs", "--sim-nics", "99")
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.splitlines() == [
+            "starpulse agent: --allow-command 'format=/sbin/mkfs': expected KIND=ARGV0,ARG,... with KIND one of "
+            "gpu_reset, reboot, run_diagnostic",
+            "starpulse agent: --node-id is required (or agent.node_id in --config FILE)",
+            "starpulse agent: --sim-nics: hardware.sim_nics: must be an integer >= 0 and <= 28, got 99",
+        ]
+
+    def test_relay_file_and_config_check(self, tmp_path: Path) -> None:
+        path = tmp_path / "relay.yaml"
+        path.write_text("relay:\n  relay_id: r1\n  controlers: [c:1]\n")
+        out = _starpulse("relay", "--config", str(path))
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.splitlines() == [
+            f"starpulse relay: {path}: relay.controlers: unknown key, did you mean 'controllers'?",
+            f"starpulse relay: {path}: relay.controllers: is required",
+        ]
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 2 and len(out.stdout.splitlines()) == 2 and out.stderr == ""

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from controller.detect.model import Incident
+from starpulse.core.schema import ConfigError, meta, setting
 from starpulse.core.vocab import SEVERITY_ORDER, Severity
 
 ReceiverType = Literal["alertmanager_webhook", "alertmanager_api", "webhook"]
 RECEIVER_TYPES: tuple[str, ...] = get_args(ReceiverType)
 
 
-class NotifyConfigError(ValueError):
+class NotifyConfigError(ConfigError):
     """A notify config that cannot be used; the message names the source and the key."""
 
 
@@ -38,27 +39,40 @@ class NotifyConfigError(ValueError):
 class BackoffConfig:
     """Exponential backoff between delivery attempts: initial * multiplier**(n-1), capped, +-jitter."""
 
-    initial_s: float = 1.0
-    max_s: float = 300.0
-    multiplier: float = 2.0
-    jitter: float = 0.2  # fraction: 0.2 -> each delay is scaled by a random factor in [0.8, 1.2]
+    initial_s: float = setting(1.0, "Seconds before the first retry")
+    max_s: float = setting(300.0, "Seconds: the longest delay between attempts")
+    multiplier: float = setting(2.0, "Each delay is the previous one times this")
+    jitter: float = setting(0.2, "Fraction: 0.2 scales each delay by a random factor in [0.8, 1.2]")
 
 
 @dataclass
 class ReceiverConfig:
-    name: str
-    type: ReceiverType
-    url: str  # webhook URL; for alertmanager_api the Alertmanager base URL (…/api/v2/alerts is appended)
-    secret: str | None = None  # HMAC key; required for "webhook", optional (signs too) for the others
-    secret_file: Path | None = None  # read once at parse time, trailing newline stripped
-    min_severity: Severity = "warning"
-    kinds: list[str] = field(default_factory=list)  # empty: every incident kind
-    send_resolved: bool = True  # alertmanager_api always sends resolutions (Alertmanager needs them)
-    timeout_s: float = 10.0
-    resend_interval_s: float = 60.0  # alertmanager_api only: re-push active alerts this often
-    max_attempts: int = 0  # 0: retry until delivered (an outage must not lose alerts)
-    backoff: BackoffConfig = field(default_factory=BackoffConfig)
-    headers: dict[str, str] = field(default_factory=dict)  # extra request headers (e.g. Authorization)
+    name: str = field(metadata=meta("Required, unique: the receiver's name in metrics and logs", example="ticketing"))
+    type: ReceiverType = field(
+        metadata=meta("Required: alertmanager_webhook, alertmanager_api or webhook", example="webhook")
+    )
+    url: str = field(
+        metadata=meta(
+            "Required: the webhook URL; for alertmanager_api the Alertmanager base URL (/api/v2/alerts is appended)",
+            example="https://tickets.example.internal/hooks/starpulse",
+        )
+    )
+    secret: str | None = setting(
+        None, "HMAC key; a webhook needs it (or secret_file), the others are signed too when given"
+    )
+    secret_file: Path | None = setting(
+        None, "File holding the HMAC key, read once, trailing newline stripped", example="/etc/starpulse/ticketing.key"
+    )
+    min_severity: Severity = setting("warning", "Lowest incident severity sent: info, warning or critical")
+    kinds: list[str] = setting([], "Incident kinds to send; empty: every kind")
+    send_resolved: bool = setting(True, "Also send resolutions (alertmanager_api always does: Alertmanager needs them)")
+    timeout_s: float = setting(10.0, "Seconds per delivery request")
+    resend_interval_s: float = setting(60.0, "Seconds: alertmanager_api re-pushes active alerts this often")
+    max_attempts: int = setting(
+        0, "Delivery attempts before giving up; 0: until delivered (an outage must not lose alerts)"
+    )
+    backoff: BackoffConfig = field(default_factory=BackoffConfig, metadata=meta("Delay between attempts"))
+    headers: dict[str, str] = setting({}, "Extra request headers, e.g. {Authorization: Bearer ...}")
 
     def routes(self, incident: Incident) -> bool:
         """Whether this receiver wants the incident (severity threshold and kind filter)."""
@@ -80,12 +94,16 @@ class ReceiverConfig:
 
 @dataclass
 class NotifyConfig:
-    receivers: list[ReceiverConfig] = field(default_factory=list)
-    external_url: str = ""  # the controller's URL, for externalURL / generatorURL in payloads
-    poll_interval_s: float = 1.0  # longest the delivery loop sleeps without being woken
-    batch_size: int = 50  # outbox items taken per pass
-    concurrency: int = 8  # deliveries in flight at once
-    retention_s: float = 7 * 86400.0  # delivered rows of closed incidents are kept this long (dedup)
+    receivers: list[ReceiverConfig] = field(
+        default_factory=list, metadata=meta("Where alerts go; none: alerts off (docs/alerts.md)")
+    )
+    external_url: str = setting("", "This controller's URL, for externalURL and generatorURL in payloads")
+    poll_interval_s: float = setting(1.0, "Seconds: the longest the delivery loop sleeps without being woken")
+    batch_size: int = setting(50, "Outbox items taken per pass")
+    concurrency: int = setting(8, "Deliveries in flight at once")
+    retention_s: float = setting(
+        7 * 86400.0, "Seconds delivered rows of closed incidents are kept, for deduplication (7 days)"
+    )
 
     def routed(self, incident: Incident) -> list[ReceiverConfig]:
         return [r for r in self.receivers if r.routes(incident)]
