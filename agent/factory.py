@@ -16,7 +16,7 @@ from agent.collectors.ethtool import EthtoolCollector
 from agent.collectors.gpu import NvmlGpuCollector, nvml_unavailable_reason
 from agent.collectors.host import HostCollector
 from agent.collectors.kmsg import KmsgCollector
-from agent.collectors.lldp import LldpCollector, lldpcli_command
+from agent.collectors.lldp import LldpCollector, Runner, lldpcli_command
 from agent.collectors.pci import pair_nics_with_gpus
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.collectors.sonic import SonicSwitchCollector, default_redis_factory
@@ -83,8 +83,13 @@ def build_collectors(
     kmsg_from_start: bool = False,
     lldpcli_socket: str | None = None,
     lldp_interval_s: float = 30.0,
+    lldp_runner: Runner | None = None,
 ) -> CollectorPlan:
-    """The collectors for one node, in the order they run (ethtool after nic: it reads its netdevs)."""
+    """The collectors for one node, in the order they run (ethtool after nic: it reads its netdevs).
+
+    ``lldp_runner`` answers the LLDP collector's lldpcli command in place of running it
+    (the scenario cluster renders each node's neighbours from its fabric).
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
     ethtool_dir: str | None = None
@@ -97,9 +102,9 @@ def build_collectors(
         sysfs_root = sim.sysfs_root
         kmsg_path = sim.kmsg_path if kmsg_path else None  # None: no kernel-log tail (one-shot scan)
         ethtool_dir = sim.sysfs.ethtool_dir
-        # A simulated node has no lldpd (the scenario runner feeds LLDP itself) unless it is
-        # given one's socket: the netns harness runs a real lldpd beside each simulated node.
-        lldp = lldp and lldpcli_socket is not None
+        # A simulated node has no lldpd unless it is given one's socket (the netns harness runs
+        # a real lldpd beside each simulated node) or a runner (the scenario cluster's fabric).
+        lldp = lldp and (lldpcli_socket is not None or lldp_runner is not None)
     gpu = NvmlGpuCollector(nvml, sink)
     collectors: list[Collector] = [gpu, RdmaSysfsCollector(sysfs_root)]
     starters: list[Callable[[], object]] = [gpu.start_events]
@@ -112,7 +117,9 @@ def build_collectors(
         collectors.append(kmsg)
         starters.append(kmsg.start)
     if lldp:
-        collectors.append(LldpCollector(lldpcli_command(lldpcli_socket), min_interval_s=lldp_interval_s))
+        collectors.append(
+            LldpCollector(lldpcli_command(lldpcli_socket), runner=lldp_runner, min_interval_s=lldp_interval_s)
+        )
     return CollectorPlan(
         collectors=collectors,
         starters=starters,
@@ -142,11 +149,16 @@ def build_agent(config: AgentConfig, backend: str, **factory_kwargs: Any) -> Age
     return agent
 
 
-def build_switch_agent(config: AgentConfig, redis_factory: Callable[[int], Any] | None = None) -> Agent:
+def build_switch_agent(
+    config: AgentConfig,
+    redis_factory: Callable[[int], Any] | None = None,
+    before_collect: Callable[[float], None] | None = None,
+) -> Agent:
     """An agent on a SONiC switch: one collector reading the switch's own Redis databases.
 
     The node id is the switch's name in the fabric (e.g. "leaf-b0-r3"); the controller
     treats a silent switch agent as a switch condition, never as a dead compute node.
+    ``before_collect`` runs before each cycle (a simulated switch moves its counters).
     """
     collector = SonicSwitchCollector(redis_factory or default_redis_factory, config.node_id)
-    return Agent(config, [collector])
+    return Agent(config, [collector], before_collect=before_collect)

@@ -665,6 +665,13 @@ class FakeSysfs:
             nic.rate_gbps = float(rate_gbps)
             self._write_link(nic)
 
+    def restore_rate(self, i: int) -> None:
+        """NIC i runs at its nominal rate again (a degraded link retrained)."""
+        with self._lock:
+            nic = self._nic(i)
+            nic.rate_gbps = nic.nominal_gbps
+            self._write_link(nic)
+
     def pfc_storm(self, i: int, on: bool = True) -> None:
         """NIC i sends and receives PFC pause frames on priority 3 as fast as it can (on advance)."""
         with self._lock:

@@ -1,8 +1,8 @@
 """One simulated GPU server: fake NVML, fake sysfs and a fake kernel log, with fault injection.
 
 The real collectors read these through the same surfaces they read on hardware; the
-demo, the scenario runner and the tests inject faults here by the scenario format's
-fault kinds, addressed to a component of this node ("gpu-2", "nic-5").
+demo, the scenario runner and the tests inject faults here by the fault table's kinds
+(``agent.sim.faults``), addressed to a part of this node ("gpu-2", "nic-5").
 """
 
 from __future__ import annotations
@@ -15,33 +15,11 @@ import structlog
 from agent.sim.fake_kmsg import FakeKmsg
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.fake_sysfs import FakeSysfs
+from agent.sim.fault_kinds import UnknownFault, part_index
+from agent.sim.faults import FAULTS
 from agent.sim.real_netdev import RealNetdevs
 
 log = structlog.get_logger(__name__)
-
-GPU_FAULTS = {
-    "gpu_xid",
-    "gpu_ecc_dbe",
-    "gpu_lost",
-    "gpu_row_remap_failure",
-    "gpu_nvlink_down",
-    "gpu_thermal_slowdown",
-    "gpu_slow",
-}
-NIC_FAULTS = {"nic_down", "nic_flap", "nic_errors", "nic_degraded", "pfc_storm"}
-NODE_FAULTS = GPU_FAULTS | NIC_FAULTS
-
-
-class UnknownFault(ValueError):
-    pass
-
-
-def _index(target: str, prefix: str) -> int:
-    """'gpu-2' -> 2; also accepts 'node-003/gpu-2'."""
-    leaf = target.rsplit("/", 1)[-1]
-    if not leaf.startswith(prefix + "-") or not leaf[len(prefix) + 1 :].isdigit():
-        raise UnknownFault(f"target {target!r} is not a {prefix} (expected '{prefix}-N')")
-    return int(leaf[len(prefix) + 1 :])
 
 
 def kmsg_pci(nvml_bus_id: str) -> str:
@@ -74,6 +52,7 @@ class SimNode:
         self.nics = nics
         self.base_throughput_gbps = throughput_gbps
         self._throughput = [throughput_gbps] * nics
+        self._degraded: dict[int, list[float]] = {}  # NIC -> rates of the degradations held, oldest first
         self._lock = threading.Lock()
         self.real_netdevs: RealNetdevs | None = None
 
@@ -106,74 +85,66 @@ class SimNode:
             throughput = list(self._throughput)
         self.sysfs.advance(max(dt_s, 0.0), throughput_gbps=throughput)
 
-    def _gpu_pci(self, index: int) -> str:
+    def gpu_kmsg_pci(self, index: int) -> str:
+        """GPU ``index``'s PCI address as the driver writes it in Xid lines."""
         return kmsg_pci(self.nvml.gpu(index).pci_bus_id)
 
+    # -- faults: the kinds are in agent.sim.faults; these are the node's own surfaces for them ----
+
     def inject(self, kind: str, target: str, **params: object) -> None:
-        """Start a fault on this node. kind is a scenario fault kind; target a component."""
-        log.info("sim_fault_inject", node=self.node_id, kind=kind, target=target, **params)
-        if kind in GPU_FAULTS:
-            self._inject_gpu(kind, _index(target, "gpu"), params)
-        elif kind in NIC_FAULTS:
-            self._inject_nic(kind, _index(target, "nic"), params)
+        """Start a fault on this node: a fault table kind that acts on one node, on a part ("gpu-2")."""
+        self._act(kind, target, params, starting=True)
+
+    def clear(self, kind: str, target: str, **params: object) -> None:
+        """End a fault (a scenario's until_s); ``params`` as it was injected with."""
+        self._act(kind, target, params, starting=False)
+
+    def _act(self, kind: str, target: str, params: dict[str, object], starting: bool) -> None:
+        fault, action = FAULTS.on_node(kind)
+        index = part_index(target, action.part)
+        if not 0 <= index < (self.gpus if action.part == "gpu" else self.nics):
+            raise UnknownFault(f"{self.node_id} has no {action.part}-{index}")
+        values = fault.check_params(params, action.part)
+        log.info("sim_fault_inject" if starting else "sim_fault_clear", node=self.node_id, kind=kind, target=target)
+        (action.inject if starting else action.clear)(self, index, values)
+
+    def port_down(self, i: int) -> None:
+        """NIC i's link is down: its port says so and it carries no traffic."""
+        self.sysfs.set_port_down(i)
+        with self._lock:
+            self._throughput[i] = 0.0
+
+    def port_up(self, i: int) -> None:
+        """NIC i's link is up again at full traffic (a storm or a lower rate still held stays)."""
+        self.sysfs.set_port_up(i)
+        with self._lock:
+            self._throughput[i] = self.base_throughput_gbps
+
+    def degrade(self, i: int, rate_gbps: float) -> None:
+        """NIC i runs at ``rate_gbps``; overlapping degradations stack, the latest one showing."""
+        with self._lock:
+            rates = self._degraded.setdefault(i, [])
+            rates.append(float(rate_gbps))
+        self.sysfs.degrade(i, rate_gbps)
+
+    def undegrade(self, i: int, rate_gbps: float) -> None:
+        """End one degradation of NIC i: the latest one still held shows, or the nominal rate."""
+        with self._lock:
+            rates = self._degraded.get(i, [])
+            if float(rate_gbps) in rates:
+                rates.remove(float(rate_gbps))
+            rate = rates[-1] if rates else None
+        if rate is None:
+            self.sysfs.restore_rate(i)
         else:
-            raise UnknownFault(f"fault kind {kind!r} is not a node fault ({sorted(NODE_FAULTS)})")
+            self.sysfs.degrade(i, rate)
 
-    def _inject_gpu(self, kind: str, i: int, params: dict[str, object]) -> None:
-        if not 0 <= i < self.gpus:
-            raise UnknownFault(f"{self.node_id} has no gpu-{i}")
-        if kind == "gpu_xid":
-            xid = int(str(params.get("xid", 79)))
-            self.nvml.inject_xid(i, xid)
-            self.kmsg.xid(self._gpu_pci(i), xid, "injected by the simulator")
-        elif kind == "gpu_ecc_dbe":
-            self.nvml.inject_ecc_dbe(i)
-            self.kmsg.xid(self._gpu_pci(i), 48, "An uncorrectable double bit error (DBE) has been detected")
-        elif kind == "gpu_lost":
-            self.nvml.inject_gpu_lost(i)
-            self.kmsg.fallen_off_bus(self.nvml.gpu(i).pci_bus_id.lower()[4:], with_xid=True)
-        elif kind == "gpu_row_remap_failure":
-            self.nvml.inject_row_remap_failure(i)
-            self.kmsg.xid(self._gpu_pci(i), 64, "Row remapping failure")
-        elif kind == "gpu_nvlink_down":
-            self.nvml.inject_nvlink_down(i, int(str(params.get("link", 0))))
-        elif kind == "gpu_thermal_slowdown":
-            self.nvml.inject_thermal_slowdown(i)
-        elif kind == "gpu_slow":
-            factor = float(str(params.get("factor", 0.7)))
-            self.nvml.set_slow(i, factor)
-            with self._lock:
-                self._throughput = [t * factor for t in self._throughput]
+    def scale_throughput(self, factor: float) -> None:
+        """Every NIC's traffic scaled by ``factor`` (a straggling GPU holds the node's collectives back)."""
+        with self._lock:
+            self._throughput = [t * factor for t in self._throughput]
 
-    def _inject_nic(self, kind: str, i: int, params: dict[str, object]) -> None:
-        if not 0 <= i < self.nics:
-            raise UnknownFault(f"{self.node_id} has no nic-{i}")
-        if kind == "nic_down":
-            self.sysfs.set_port_down(i)
-            with self._lock:
-                self._throughput[i] = 0.0
-        elif kind == "nic_flap":
-            self.sysfs.flap(i, int(str(params.get("count", 3))))
-        elif kind == "nic_errors":
-            self.sysfs.error_burst(i, int(str(params.get("n", 1000))))
-        elif kind == "nic_degraded":
-            self.sysfs.degrade(i, float(str(params.get("rate_gbps", 200.0))))
-        elif kind == "pfc_storm":
-            self.sysfs.pfc_storm(i, True)
-
-    def clear(self, kind: str, target: str) -> None:
-        """End a fault (a scenario's until_s)."""
-        log.info("sim_fault_clear", node=self.node_id, kind=kind, target=target)
-        if kind in GPU_FAULTS:
-            i = _index(target, "gpu")
-            self.nvml.clear(i)
-            if kind == "gpu_slow":
-                with self._lock:
-                    self._throughput = [self.base_throughput_gbps] * self.nics
-        elif kind in NIC_FAULTS:
-            i = _index(target, "nic")
-            self.sysfs.clear(i)
-            with self._lock:
-                self._throughput[i] = self.base_throughput_gbps
-        else:
-            raise UnknownFault(f"fault kind {kind!r} is not a node fault")
+    def restore_throughput(self) -> None:
+        """Every NIC back at the node's base traffic."""
+        with self._lock:
+            self._throughput = [self.base_throughput_gbps] * self.nics

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent.factory import build_agent
 from agent.runtime import AgentConfig
+from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from controller.fabric import Fabric, generate_fabric
 from controller.heal.healer import HealConfig
@@ -30,17 +31,10 @@ from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
 
-FAULT_MENU: tuple[tuple[str, str, dict[str, object]], ...] = (
-    ("gpu_xid", "gpu", {"xid": 79}),
-    ("gpu_xid", "gpu", {"xid": 95}),
-    ("gpu_xid", "gpu", {"xid": 13}),
-    ("gpu_ecc_dbe", "gpu", {}),
-    ("gpu_row_remap_failure", "gpu", {}),
-    ("gpu_nvlink_down", "gpu", {"link": 3}),
-    ("gpu_thermal_slowdown", "gpu", {}),
-    ("nic_down", "nic", {}),
-    ("nic_flap", "nic", {"count": 3}),
-)
+
+def fault_menu() -> list[tuple[str, str, dict[str, object]]]:
+    """What the demo draws from: (kind, part, parameters) for each demo entry of the fault table, in its order."""
+    return [(kind.name, kind.node.part, dict(params)) for kind in FAULTS if kind.node for params in kind.demo]
 
 
 class DemoPrinter:
@@ -160,7 +154,8 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
         tasks.append(asyncio.create_task(agent.run(stop)))
 
     rng = random.Random(7)
-    active: list[tuple[float, SimNode, str, str]] = []
+    menu = fault_menu()
+    active: list[tuple[float, SimNode, str, str, dict[str, object]]] = []
     next_fault = time.monotonic() + 6.0
     shown_decisions = shown_evictions = 0
     try:
@@ -169,7 +164,7 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
             if duration_s and now - t0 >= duration_s:
                 break
             if now >= next_fault:
-                kind, part, params = rng.choice(FAULT_MENU)
+                kind, part, params = rng.choice(menu)
                 sim = rng.choice(sims)
                 target_component = f"{part}-{rng.randrange(8)}"
                 detail = " ".join(f"{k}={v}" for k, v in params.items())
@@ -178,7 +173,7 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
                     flush=True,
                 )
                 sim.inject(kind, target_component, **params)
-                active.append((now + 20.0, sim, kind, target_component))
+                active.append((now + 20.0, sim, kind, target_component, params))
                 next_fault = now + rng.uniform(5.0, 9.0)
             healer = controller.healer
             if healer is not None:
@@ -199,9 +194,9 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
                 shown_evictions = len(healer.evictions)
             for item in [a for a in active if a[0] <= now]:
                 active.remove(item)
-                _, sim, kind, target_component = item
+                _, sim, kind, target_component, params = item
                 print(f"{printer.stamp()} clear {kind} on {sim.node_id}/{target_component}", flush=True)
-                sim.clear(kind, target_component)
+                sim.clear(kind, target_component, **params)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
     finally:

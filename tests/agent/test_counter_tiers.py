@@ -241,6 +241,14 @@ def _open_fds() -> int:
 class TestKeptPortFiles:
     """A port's state, phys_state and rate files stay open between cycles (pread at offset 0)."""
 
+    @pytest.fixture(autouse=True)
+    def _empty_budget(self) -> None:
+        """Start from an empty kept-file budget: it is process-wide, and the counter directories of
+        collectors earlier tests ran (a simulated cluster's dozens of nodes) hold it to its limit,
+        after which nothing more is kept and these fd counts fail in whichever worker runs them."""
+        for path in list(rdma._dir_cache):
+            rdma._forget_dir(path)
+
     def test_state_changes_are_seen_and_close_releases_the_files(self, tmp_path: Path) -> None:
         fs = FakeSysfs(str(tmp_path), nics=2)
         before = _open_fds()

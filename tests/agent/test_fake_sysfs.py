@@ -190,6 +190,21 @@ class TestFaults:
         s = sample(fs.root, 0)
         assert s.rate_gbps == 400.0 and s.counters["symbol_error"] == 10
 
+    def test_restore_rate_leaves_the_rest(self, tmp_path):
+        """restore_rate ends a degradation only: a port that is down stays down, a storm keeps storming."""
+        fs = FakeSysfs(str(tmp_path), nics=1)
+        fs.degrade(0, 200)
+        fs.set_port_down(0)
+        fs.pfc_storm(0)
+        fs.restore_rate(0)
+        s = sample(fs.root, 0)
+        assert s.rate_gbps == 400.0 and s.state == "DOWN"
+        fs.set_port_up(0)
+        netdev = fs.netdevs()[0]
+        before = ethtool(fs, netdev)["rx_prio3_pause"]
+        fs.advance(1.0)
+        assert ethtool(fs, netdev)["rx_prio3_pause"] - before >= 50_000
+
     def test_pfc_storm_through_the_ethtool_collector(self, tmp_path):
         """pfc_storm makes rx/tx_prio3_pause grow fast as the ethtool collector sees them; off stops it."""
         fs = FakeSysfs(str(tmp_path), nics=2)

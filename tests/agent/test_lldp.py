@@ -156,3 +156,15 @@ class TestControlSocket:
         plan = build_collectors("sim", None, sim=sim, kmsg_path=None, lldpcli_socket="/tmp/l.sock", lldp_interval_s=0.5)
         (lldp,) = [c for c in plan.collectors if isinstance(c, LldpCollector)]
         assert lldp.command[:3] == ("lldpcli", "-u", "/tmp/l.sock") and lldp.min_interval_s == 0.5
+
+    def test_sim_node_reads_lldp_from_a_given_runner(self, tmp_path: Path) -> None:
+        """The scenario cluster answers lldpcli from its fabric: the factory's collector runs last, on that runner."""
+        from agent.factory import build_collectors
+        from agent.sim.node import SimNode
+
+        runner = Runner(ONE)
+        sim = SimNode("node-000", tmp_path / "sim", gpus=1, nics=1)
+        plan = build_collectors("sim", None, sim=sim, kmsg_path=None, lldp_runner=runner, lldp_interval_s=0.5)
+        lldp = plan.collectors[-1]
+        assert isinstance(lldp, LldpCollector) and lldp.supported() and lldp.min_interval_s == 0.5
+        assert lldp.neighbors() == parse_lldpcli_json(ONE) and runner.calls == 1

@@ -101,7 +101,7 @@ def _emit(agents: list[SimAgent], n: int, base: int) -> int:
     """n informational Xid lines per agent on GPU 7, cycling Xids so storm suppression (5 per key) keeps them."""
     for i in range(base, base + n):
         for a in agents:
-            a.sim.kmsg.xid(a.sim._gpu_pci(7), INFO_XIDS[i % len(INFO_XIDS)], "ha test")
+            a.sim.kmsg.xid(a.sim.gpu_kmsg_pci(7), INFO_XIDS[i % len(INFO_XIDS)], "ha test")
     return base + n
 
 

@@ -1,7 +1,6 @@
 """Scenarios: a fabric, jobs and timed faults (spec), and a simulated cluster that plays them (cluster)."""
 
 from starpulse.app.scenario.spec import (
-    FAULT_KINDS,
     Expectations,
     ExpectedIncident,
     FabricSpec,
@@ -14,7 +13,6 @@ from starpulse.app.scenario.spec import (
 )
 
 __all__ = [
-    "FAULT_KINDS",
     "Expectations",
     "ExpectedIncident",
     "FabricSpec",

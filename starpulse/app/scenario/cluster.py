@@ -20,7 +20,7 @@ import contextlib
 import json
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,22 +29,17 @@ import fakeredis
 import redis
 import structlog
 
-from agent.collectors.base import Collector
-from agent.collectors.lldp import LldpCollector
-from agent.collectors.sonic import SonicSwitchCollector
-from agent.factory import build_collectors
+from agent.factory import build_agent, build_switch_agent
 from agent.runtime import Agent, AgentConfig
 from agent.sim.fake_switch import FakeSwitch
+from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from controller.fabric import Fabric
-from controller.fabric.model import LINK_SEPARATOR
-from starpulse.app.scenario.spec import GPU_KINDS, PORT_SEPARATOR, FaultSpec, Scenario, switch_port, switch_port_count
-from starpulse.core.findings import Finding
+from starpulse.app.scenario.spec import FaultSpec, Scenario, switch_port, switch_port_count, target_kind
 from starpulse.v1 import inventory_pb2 as ipb
 
 log = structlog.get_logger(__name__)
 
-NIC_RATE_GBPS = 400.0
 # Queues per switch port: the two lossless ones (3, 4) and the best-effort ones below them. Every
 # queue is a Redis hash written and read each cycle, so eight would cost 40% more CPU for nothing.
 SWITCH_QUEUES = 5
@@ -198,7 +193,6 @@ class SimCluster:
         self._redis: dict[str, _FakeRedisFactory] = {}
         self._members: dict[str, _Member] = {}
         self._holds = _Holds()
-        self._degraded: dict[str, list[float]] = {}  # NIC -> rates of the nic_degraded faults on it, oldest first
         self._pending: set[asyncio.Task[None]] = set()
         self._started = False
         self._stopped = False
@@ -243,26 +237,14 @@ class SimCluster:
         )
 
     def _build_node_agent(self, node: str) -> Agent:
-        """The factory's sim collectors plus an LLDP collector over the fabric (the factory has none for sim)."""
-        sim = self.sims[node]
-        holder: list[Agent] = []
-
-        def sink(finding: Finding) -> None:
-            holder[0].sink(finding)
-
-        plan = build_collectors("sim", sink, sim=sim)
-        lldp = LldpCollector(runner=lambda _argv: self._lldp_json(node), min_interval_s=self.lldp_interval_s)
-        collectors: list[Collector] = [*plan.collectors, lldp]
-        agent = Agent(
+        """The factory's sim agent, its LLDP fed from the fabric (what lldpd on the node would print)."""
+        return build_agent(
             self._config(node, ipb.NODE_ROLE_COMPUTE),
-            collectors,
-            before_collect=plan.before_collect,
-            starters=plan.starters,
-            kmsg=plan.kmsg,
-            inventory_hooks=plan.inventory_hooks,
+            "sim",
+            sim=self.sims[node],
+            lldp_runner=lambda _argv: self._lldp_json(node),
+            lldp_interval_s=self.lldp_interval_s,
         )
-        holder.append(agent)
-        return agent
 
     def _build_switch(self, switch: str) -> None:
         factory = _FakeRedisFactory()
@@ -275,11 +257,8 @@ class SimCluster:
             self._set_switch_lldp(switch, port, up=True)
 
     def _build_switch_agent(self, switch: str) -> Agent:
-        collector = SonicSwitchCollector(self._redis[switch], switch)
-        return Agent(
-            self._config(switch, ipb.NODE_ROLE_SWITCH),
-            [collector],
-            before_collect=self._locked[switch].advance,
+        return build_switch_agent(
+            self._config(switch, ipb.NODE_ROLE_SWITCH), self._redis[switch], before_collect=self._locked[switch].advance
         )
 
     def _add_member(self, name: str, build: Callable[[], Agent]) -> None:
@@ -394,12 +373,26 @@ class SimCluster:
         peer = self._peer_end.get((switch, port))
         return [(switch, port)] if peer is None else [(switch, port), peer]
 
+    def _cable_ends(self, target: str) -> list[End]:
+        """The ends a fault on ``target`` takes down: a NIC and its switch port, a port and its far end,
+        both ends of a cable, or the far end of every cable of a (dead) switch."""
+        shape = target_kind(self.fabric, target)
+        if shape == "nic":
+            end = self._nic_end.get(target)
+            return [target] if end is None else [target, end]
+        if shape == "switch":
+            return [peer for p in self.switches[target].ports if (peer := self._peer_end.get((target, p))) is not None]
+        if shape == "port":
+            return self._ends_of_port(*switch_port(self.fabric, target))
+        if shape == "link":
+            return self._ends_of_link(target)
+        raise ValueError(f"{target!r} ({shape}) has no cables of its own")
+
     def _hold_end(self, end: End, by: FaultKey) -> None:
         if not self._holds.acquire(end, by):
             return
         if isinstance(end, str):
-            host = self.fabric.host_of(end)
-            self.sims[host].inject("nic_down", f"nic-{self._nic_index[end]}")
+            self.sims[self.fabric.host_of(end)].port_down(self._nic_index[end])
         else:
             switch, port = end
             with self._locked[switch].lock:
@@ -410,14 +403,7 @@ class SimCluster:
         if not self._holds.release(end, by):
             return
         if isinstance(end, str):
-            host = self.fabric.host_of(end)
-            i = self._nic_index[end]
-            self.sims[host].clear("nic_down", f"nic-{i}")  # also resets storm/rate: re-assert those held
-            if self._holds.held(("storm", end)):
-                self.sims[host].sysfs.pfc_storm(i, True)
-            degraded = self._degraded.get(end)
-            if degraded:
-                self.sims[host].sysfs.degrade(i, degraded[-1])
+            self.sims[self.fabric.host_of(end)].port_up(self._nic_index[end])  # a storm or lower rate held stays
         else:
             switch, port = end
             with self._locked[switch].lock:
@@ -452,6 +438,7 @@ class SimCluster:
         if self._stopped or self._holds.held(("down", name)):
             return
         member.agent = await asyncio.to_thread(member.build)
+        member.stop = asyncio.Event()  # the fresh agent has not been told to stop
         self._tune(member.agent)
         self.agents[name] = member.agent
         if self._holds.held(("blocked", name)):
@@ -460,116 +447,73 @@ class SimCluster:
             self._run_member(member)
         log.info("simcluster_agent_restarted", agent=name)
 
-    # -- faults ----------------------------------------------------------------------------------
-
-    def _node_component(self, target: str) -> tuple[SimNode, str]:
-        node, _, part = target.partition("/")
-        return self.sims[node], part
-
-    def _port_target(self, fault: FaultSpec) -> tuple[str, str]:
-        """A switch port from ``leaf:port-N``, or a NIC's leaf port."""
-        if PORT_SEPARATOR in fault.target:
-            return switch_port(self.fabric, fault.target)
-        end = self._nic_end.get(fault.target)
-        if end is None:
-            raise ValueError(f"{fault.target} is not cabled to a switch")
-        return end
-
-    def _ends_of_fault(self, fault: FaultSpec) -> list[End]:
-        """The cable ends a fault holds down: a dead switch's peers, a cable's both ends, a NIC and its port."""
-        kind, target = fault.kind, fault.target
-        if kind == "nic_down":
-            end = self._nic_end.get(target)
-            return [target] if end is None else [target, end]
-        if kind == "switch_down":
-            ports = self.switches[target].ports
-            return [peer for p in ports if (peer := self._peer_end.get((target, p))) is not None]
-        if kind == "switch_port_down":
-            if LINK_SEPARATOR in target:
-                return self._ends_of_link(target)
-            return self._ends_of_port(*switch_port(self.fabric, target))
-        return []
+    # -- faults: what each kind does is the simulator's fault table; this is the fabric it acts on ---
 
     def inject(self, fault: FaultSpec) -> None:
         """Start a scenario fault now (call from the loop the agents run in)."""
-        key = fault_key(fault)
-        kind, target = fault.kind, fault.target
-        log.info("simcluster_inject", kind=kind, target=target or fault.targets, **fault.params)
-        for end in self._ends_of_fault(fault):
-            self._hold_end(end, key)
-        if kind in GPU_KINDS or kind in ("nic_flap", "nic_errors"):
-            sim, part = self._node_component(target)
-            sim.inject(kind, part, **fault.params)
-        elif kind == "nic_degraded":
-            sim, part = self._node_component(target)
-            self._degraded.setdefault(target, []).append(float(fault.params.get("rate_gbps", 200.0)))
-            sim.sysfs.degrade(self._nic_index[target], self._degraded[target][-1])
-        elif kind == "switch_down":
-            self._block(target, key)
-        elif kind == "pfc_storm":
-            if PORT_SEPARATOR in target:
-                switch, port = switch_port(self.fabric, target)
-                if self._holds.acquire(("storm", (switch, port)), key):
-                    with self._locked[switch].lock:
-                        self.switches[switch].pfc_storm(port, True, queue=fault.params.get("queue"))
-            elif self._holds.acquire(("storm", target), key):
-                sim, part = self._node_component(target)
-                sim.inject("pfc_storm", part)
-        elif kind == "optics_degraded":
-            switch, port = self._port_target(fault)
-            if self._holds.acquire(("optics", (switch, port)), key):
-                with self._locked[switch].lock:
-                    self.switches[switch].optics_degraded(port, True)
-        elif kind == "node_down":
-            self._halt(target, key)
-        elif kind == "partition":
-            for name in fault.targets:
-                self._block(name, key)
+        log.info("simcluster_inject", kind=fault.kind, target=fault.target or fault.targets, **fault.params)
+        FAULTS[fault.kind].inject(_FaultScope(self, fault_key(fault)), fault)
 
-    # Complexity over 15 on purpose: one branch per fault kind; replaced by the simulator's fault table (issue 16).
-    def clear(self, fault: FaultSpec) -> None:  # noqa: C901
+    def clear(self, fault: FaultSpec) -> None:
         """End a fault started by ``inject`` (a scenario's until_s); other faults keep their hold."""
-        key = fault_key(fault)
-        kind, target = fault.kind, fault.target
-        log.info("simcluster_clear", kind=kind, target=target or fault.targets)
-        for end in self._ends_of_fault(fault):
-            self._release_end(end, key)
-        if kind in GPU_KINDS:
-            sim, part = self._node_component(target)
-            sim.clear(kind, part)
-        elif kind in ("nic_flap", "nic_errors"):
-            pass  # one-shot: the flaps and errors happened; nothing is left to undo
-        elif kind == "nic_degraded":
-            rates = self._degraded.get(target, [])
-            rate = float(fault.params.get("rate_gbps", 200.0))
-            if rate in rates:
-                rates.remove(rate)
-            sim, _ = self._node_component(target)
-            sim.sysfs.degrade(self._nic_index[target], rates[-1] if rates else NIC_RATE_GBPS)
-        elif kind == "switch_down":
-            self._unblock(target, key)
-        elif kind == "pfc_storm":
-            if PORT_SEPARATOR in target:
-                switch, port = switch_port(self.fabric, target)
-                if self._holds.release(("storm", (switch, port)), key):
-                    with self._locked[switch].lock:
-                        self.switches[switch].pfc_storm(port, False)
-            elif self._holds.release(("storm", target), key):
-                sim, _ = self._node_component(target)
-                sim.sysfs.pfc_storm(self._nic_index[target], False)
-        elif kind == "optics_degraded":
-            switch, port = self._port_target(fault)
-            if self._holds.release(("optics", (switch, port)), key):
-                with self._locked[switch].lock:
-                    self.switches[switch].optics_degraded(port, False)
-        elif kind == "node_down":
-            self._revive(target, key)
-        elif kind == "partition":
-            for name in fault.targets:
-                self._unblock(name, key)
+        log.info("simcluster_clear", kind=fault.kind, target=fault.target or fault.targets)
+        FAULTS[fault.kind].clear(_FaultScope(self, fault_key(fault)), fault)
 
     # -- measurement ---------------------------------------------------------------------------
 
     def cycles(self) -> int:
         """Collection cycles run by every current agent (to check the cluster keeps up)."""
         return sum(a.cycles for a in self.agents.values())
+
+
+class _FaultScope:
+    """The cluster as one fault sees it (agent.sim.faults.ClusterSurface): every hold is in its name."""
+
+    def __init__(self, cluster: SimCluster, key: FaultKey) -> None:
+        self._c = cluster
+        self._key = key
+
+    def shape(self, target: str) -> str:
+        return target_kind(self._c.fabric, target)
+
+    def node(self, target: str) -> SimNode:
+        return self._c.sims[target.partition("/")[0]]
+
+    def cut_cables(self, target: str) -> None:
+        for end in self._c._cable_ends(target):
+            self._c._hold_end(end, self._key)
+
+    def mend_cables(self, target: str) -> None:
+        for end in self._c._cable_ends(target):
+            self._c._release_end(end, self._key)
+
+    def hold(self, what: Hashable) -> bool:
+        return self._c._holds.acquire(what, self._key)
+
+    def release(self, what: Hashable) -> bool:
+        return self._c._holds.release(what, self._key)
+
+    def silence(self, name: str) -> None:
+        self._c._block(name, self._key)
+
+    def unsilence(self, name: str) -> None:
+        self._c._unblock(name, self._key)
+
+    def halt(self, name: str) -> None:
+        self._c._halt(name, self._key)
+
+    def revive(self, name: str) -> None:
+        self._c._revive(name, self._key)
+
+    def switch_port(self, target: str) -> tuple[str, str]:
+        if self.shape(target) == "port":
+            return switch_port(self._c.fabric, target)
+        end = self._c._nic_end.get(target)
+        if end is None:
+            raise ValueError(f"{target} is not cabled to a switch")
+        return end
+
+    @contextlib.contextmanager
+    def switch(self, name: str) -> Iterator[FakeSwitch]:
+        with self._c._locked[name].lock:
+            yield self._c.switches[name]

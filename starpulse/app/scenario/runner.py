@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from agent.sim.faults import FAULTS
 from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.model import Incident
@@ -29,27 +30,6 @@ from starpulse.app.scenario.spec import FaultSpec, Scenario
 from starpulse.app.scenario.training import SimTraining
 
 log = structlog.get_logger(__name__)
-
-# Which incident kinds can answer which fault kinds (for detection latency and correctness).
-FAULT_INCIDENT_KINDS: dict[str, tuple[str, ...]] = {
-    "gpu_xid": ("gpu_fault", "node_fault"),
-    "gpu_ecc_dbe": ("gpu_fault", "node_fault"),
-    "gpu_lost": ("gpu_fault", "node_fault"),
-    "gpu_row_remap_failure": ("gpu_fault", "node_fault"),
-    "gpu_nvlink_down": ("gpu_fault", "node_fault"),
-    "gpu_thermal_slowdown": ("gpu_fault", "node_fault"),
-    "gpu_slow": ("straggler",),
-    "nic_down": ("nic_fault", "link_fault"),
-    "nic_flap": ("nic_fault", "link_fault"),
-    "nic_errors": ("nic_fault", "link_fault"),
-    "nic_degraded": ("nic_fault", "link_fault"),
-    "switch_down": ("switch_fault",),
-    "switch_port_down": ("link_fault", "switch_fault", "nic_fault"),
-    "pfc_storm": ("nic_fault", "link_fault", "switch_fault"),
-    "optics_degraded": ("link_fault", "switch_fault"),
-    "node_down": ("node_down",),
-    "partition": ("partition",),
-}
 
 
 @dataclass
@@ -90,10 +70,12 @@ def fault_component(fault: FaultSpec) -> str:
 
 
 def _matches(fault: FaultSpec, rec: IncidentRecord) -> bool:
+    """Whether an incident answers a fault: a kind the fault table says answers it, about its target."""
     inc = rec.incident
-    if inc.kind not in FAULT_INCIDENT_KINDS.get(fault.kind, ()):
+    kind = FAULTS[fault.kind]
+    if inc.kind not in kind.incidents:
         return False
-    if fault.kind == "partition":
+    if fault.targets:  # several targets (a partition): an incident that touches any of them
         return bool(set(fault.targets) & set(inc.affected_nodes))
     target = fault.target
     node = target.split("/", 1)[0]
@@ -103,7 +85,7 @@ def _matches(fault: FaultSpec, rec: IncidentRecord) -> bool:
         return target.split(":", 1)[0] in inc.root_cause
     if inc.kind in ("node_fault", "node_down", "straggler") and inc.root_cause == node:
         return True
-    return fault.kind == "gpu_slow" and node in inc.affected_nodes
+    return kind.answered_by_effect and node in inc.affected_nodes
 
 
 def build_verdict(scenario: Scenario, recorder: Recorder, injected: dict[int, float]) -> dict[str, Any]:

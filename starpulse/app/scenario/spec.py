@@ -22,6 +22,10 @@ nodes by slot and port nodes_per_block+k goes to spine k; on a spine port j goes
 j, block-major), or a cable (``node-004/nic-5<->leaf-b0-r5``, ``leaf-b0-r3<->spine-1``,
 either order).
 
+Fault kinds, whom each targets and their parameters (``xid``, ``factor``, ``count``...)
+are the simulator's fault table (``agent.sim.faults.FAULTS``); this module checks a
+file against it and against the fabric.
+
 Jobs: a job of ``nodes: K`` runs on the first K non-spare nodes in name order. Every job
 starts from node 0, so two jobs overlap; ``jobs_of(node)`` lists them all.
 """
@@ -36,47 +40,15 @@ from typing import Any
 
 import yaml
 
+from agent.sim.fault_kinds import FaultError, FaultKind
+from agent.sim.faults import FAULTS
 from controller.fabric import Fabric, generate_fabric
 from controller.fabric.model import LINK_SEPARATOR
 from starpulse.core import vocab
 
-GPU_KINDS: frozenset[str] = frozenset(
-    {
-        "gpu_xid",
-        "gpu_ecc_dbe",
-        "gpu_lost",
-        "gpu_row_remap_failure",
-        "gpu_nvlink_down",
-        "gpu_thermal_slowdown",
-        "gpu_slow",
-    }
-)
-NIC_KINDS: frozenset[str] = frozenset({"nic_down", "nic_flap", "nic_errors", "nic_degraded"})
-FAULT_KINDS: frozenset[str] = (
-    GPU_KINDS
-    | NIC_KINDS
-    | {
-        "switch_down",
-        "switch_port_down",
-        "pfc_storm",
-        "optics_degraded",
-        "node_down",
-        "partition",
-    }
-)
 INCIDENT_KINDS: frozenset[str] = frozenset(vocab.INCIDENT_KINDS)
 PORT_SEPARATOR = ":port-"
 
-# Which target shapes each kind accepts (see TargetKind below).
-_TARGETS: dict[str, frozenset[str]] = {
-    **{k: frozenset({"gpu"}) for k in GPU_KINDS},
-    **{k: frozenset({"nic"}) for k in NIC_KINDS},
-    "switch_down": frozenset({"switch"}),
-    "switch_port_down": frozenset({"port", "link"}),
-    "pfc_storm": frozenset({"nic", "port"}),
-    "optics_degraded": frozenset({"nic", "port"}),
-    "node_down": frozenset({"node"}),
-}
 _FAULT_KEYS = frozenset({"at_s", "kind", "target", "targets", "until_s"})
 _TOP_KEYS = frozenset({"name", "fabric", "spares", "jobs", "interval_s", "duration_s", "faults", "expect"})
 _FABRIC_KEYS = ("nodes", "gpus_per_node", "rails", "nodes_per_block", "spines")
@@ -350,14 +322,14 @@ def target_kind(fabric: Fabric, target: str) -> str:
 # -- faults ----------------------------------------------------------------------------------
 
 
-# Complexity over 15 on purpose: one branch per fault kind's parameters; replaced by the simulator's fault table (issue
-# 16).
-def _parse_fault(c: _Checker, raw: Any, i: int, duration_s: float, fabric: Fabric) -> FaultSpec:  # noqa: C901
+def _parse_fault(c: _Checker, raw: Any, i: int, duration_s: float, fabric: Fabric) -> FaultSpec:
+    """One fault, checked against its kind in the simulator's fault table and against the fabric."""
     where = f"faults[{i}]"
     m = c.mapping(raw, where)
-    kind = m.get("kind")
-    if not isinstance(kind, str) or kind not in FAULT_KINDS:
-        raise c.fail(f"{where}.kind", f"unknown fault kind {kind!r} (known: {', '.join(sorted(FAULT_KINDS))})")
+    kind = FAULTS.get(m.get("kind"))
+    if kind is None:
+        known = ", ".join(sorted(FAULTS.names()))
+        raise c.fail(f"{where}.kind", f"unknown fault kind {m.get('kind')!r} (known: {known})")
     at_s = c.number(m, "at_s", where, None, positive=False)
     if at_s >= duration_s:
         raise c.fail(f"{where}.at_s", f"{at_s:g} is not inside the scenario [0, {duration_s:g})")
@@ -366,71 +338,59 @@ def _parse_fault(c: _Checker, raw: Any, i: int, duration_s: float, fabric: Fabri
         until_s = c.number(m, "until_s", where, None, positive=False)
         if until_s <= at_s:
             raise c.fail(f"{where}.until_s", f"{until_s:g} must be after at_s {at_s:g}")
-    fault = FaultSpec(at_s=at_s, kind=kind, until_s=until_s)
-    if kind == "partition":
-        targets = m.get("targets")
-        if "target" in m:
-            raise c.fail(f"{where}.target", "a partition takes `targets` (a list of nodes), not `target`")
-        if not isinstance(targets, list) or not targets:
-            raise c.fail(f"{where}.targets", "a partition needs `targets`: a non-empty list of nodes")
-        for j, t in enumerate(targets):
-            if not isinstance(t, str) or t not in fabric or fabric.kind(t) not in ("node", "leaf", "spine"):
-                raise c.fail(f"{where}.targets[{j}]", f"{t!r} is not a node or switch in the fabric")
-        if len(set(targets)) != len(targets):
-            raise c.fail(f"{where}.targets", "lists a node twice")
-        fault.targets = list(targets)
+    fault = FaultSpec(at_s=at_s, kind=kind.name, until_s=until_s)
+    shape: str | None = None
+    if kind.many:
+        fault.targets = _parse_targets(c, m, where, kind, fabric)
     else:
-        if "targets" in m:
-            raise c.fail(f"{where}.targets", f"only a partition takes `targets`; {kind} takes one `target`")
-        if "target" not in m:
-            raise c.fail(f"{where}.target", f"missing target for {kind}")
-        target = m["target"]
-        if not isinstance(target, str) or not target:
-            raise c.fail(f"{where}.target", f"must be a non-empty string, got {target!r}")
-        try:
-            shape = target_kind(fabric, target)
-        except ValueError as exc:
-            raise c.fail(f"{where}.target", str(exc)) from exc
-        allowed = _TARGETS[kind]
-        if shape not in allowed:
-            shapes = " or ".join(sorted(allowed))
-            raise c.fail(f"{where}.target", f"{kind} takes a {shapes}, not a {shape} ({target!r})")
-        fault.target = target
-    fault.params = _parse_params(c, kind, {k: v for k, v in m.items() if k not in _FAULT_KEYS}, where, fault)
+        fault.target, shape = _parse_target(c, m, where, kind, fabric)
+    try:
+        fault.params = kind.check_params({k: v for k, v in m.items() if k not in _FAULT_KEYS}, shape)
+    except FaultError as exc:
+        raise c.fail(f"{where}.{exc.key}", exc.message) from exc
     return fault
 
 
-def _parse_params(c: _Checker, kind: str, params: dict[str, Any], where: str, fault: FaultSpec) -> dict[str, Any]:
-    """Check the kind's own keys; fill defaults so the cluster never guesses."""
-    out: dict[str, Any] = {}
-    allowed: set[str] = set()
-    if kind == "gpu_xid":
-        allowed = {"xid"}
-        out["xid"] = c.integer(params, "xid", where, None, 1)
-    elif kind == "gpu_slow":
-        allowed = {"factor"}
-        factor = params.get("factor", 0.7)
-        if not _is_num(factor) or not 0 < float(factor) <= 1:
-            raise c.fail(f"{where}.factor", f"must be a number in (0, 1], got {factor!r}")
-        out["factor"] = float(factor)
-    elif kind == "gpu_nvlink_down":
-        allowed = {"link"}
-        out["link"] = c.integer(params, "link", where, 0, 0)
-    elif kind == "nic_flap":
-        allowed = {"count"}
-        out["count"] = c.integer(params, "count", where, 3, 1)
-    elif kind == "nic_errors":
-        allowed = {"n"}
-        out["n"] = c.integer(params, "n", where, 1000, 1)
-    elif kind == "nic_degraded":
-        allowed = {"rate_gbps"}
-        out["rate_gbps"] = c.number(params, "rate_gbps", where, 200.0, positive=True)
-    elif kind == "pfc_storm" and PORT_SEPARATOR in fault.target:
-        allowed = {"queue"}
-        if "queue" in params:
-            out["queue"] = c.integer(params, "queue", where, None, 0)
-    c.keys(params, allowed, where)
-    return out
+def _shapes(kind: FaultKind) -> str:
+    return " or ".join(sorted(kind.targets))
+
+
+def _parse_target(c: _Checker, m: Mapping[str, Any], where: str, kind: FaultKind, fabric: Fabric) -> tuple[str, str]:
+    """The one ``target`` of a kind that takes one, and its shape on the fabric."""
+    if "targets" in m:
+        many = " or ".join(f"a {k.name}" for k in FAULTS if k.many)
+        raise c.fail(f"{where}.targets", f"only {many} takes `targets`; {kind.name} takes one `target`")
+    if "target" not in m:
+        raise c.fail(f"{where}.target", f"missing target for {kind.name}")
+    target = m["target"]
+    if not isinstance(target, str) or not target:
+        raise c.fail(f"{where}.target", f"must be a non-empty string, got {target!r}")
+    try:
+        shape = target_kind(fabric, target)
+    except ValueError as exc:
+        raise c.fail(f"{where}.target", str(exc)) from exc
+    if shape not in kind.targets:
+        raise c.fail(f"{where}.target", f"{kind.name} takes a {_shapes(kind)}, not a {shape} ({target!r})")
+    return target, shape
+
+
+def _parse_targets(c: _Checker, m: Mapping[str, Any], where: str, kind: FaultKind, fabric: Fabric) -> list[str]:
+    """The ``targets`` list of a kind that takes several (a partition)."""
+    if "target" in m:
+        raise c.fail(f"{where}.target", f"a {kind.name} takes `targets` (a list, each a {_shapes(kind)}), not `target`")
+    targets = m.get("targets")
+    if not isinstance(targets, list) or not targets:
+        raise c.fail(f"{where}.targets", f"a {kind.name} needs `targets`: a non-empty list, each a {_shapes(kind)}")
+    for j, t in enumerate(targets):
+        try:
+            ok = isinstance(t, str) and target_kind(fabric, t) in kind.targets
+        except ValueError:
+            ok = False
+        if not ok:
+            raise c.fail(f"{where}.targets[{j}]", f"{t!r} is not a {_shapes(kind)} in the fabric")
+    if len(set(targets)) != len(targets):
+        raise c.fail(f"{where}.targets", "lists a target twice")
+    return list(targets)
 
 
 # -- expectations ------------------------------------------------------------------------------

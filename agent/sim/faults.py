@@ -1,0 +1,347 @@
+"""The simulator's one fault table: every fault a simulated cluster can suffer, written once.
+
+The scenario format checks faults against ``FAULTS``, ``SimNode`` and the scenario
+cluster inject and clear through it, and the demo draws its faults from it. A new fault
+kind is one entry here (plus the fake's surface, if it needs a new one); a GPU fault
+that sets fake NVML values is ``_gpu_kind(name, doc, inject, params=...)``: its clear
+puts the GPU back as it was built. What an entry holds is ``agent.sim.fault_kinds``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from agent.sim.fake_nvml import H100_NVLINKS
+from agent.sim.fault_kinds import (
+    ClusterAction,
+    ClusterSurface,
+    Fault,
+    FaultKind,
+    FaultTable,
+    NodeAction,
+    OnCluster,
+    OnNode,
+    Param,
+    Params,
+    part_index,
+)
+
+if TYPE_CHECKING:
+    from agent.sim.node import SimNode
+
+
+# -- node actions: one part of one SimNode --------------------------------------------------
+
+
+def _gpu_healthy(sim: SimNode, i: int, p: Params) -> None:
+    """Every GPU fault's clear: the GPU is back as it was built (NVML's view of it; the log stays)."""
+    sim.nvml.clear(i)
+
+
+def _gpu_xid(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.inject_xid(i, p["xid"])
+    sim.kmsg.xid(sim.gpu_kmsg_pci(i), p["xid"], "injected by the simulator")
+
+
+def _gpu_ecc_dbe(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.inject_ecc_dbe(i)
+    sim.kmsg.xid(sim.gpu_kmsg_pci(i), 48, "An uncorrectable double bit error (DBE) has been detected")
+
+
+def _gpu_lost(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.inject_gpu_lost(i)
+    sim.kmsg.fallen_off_bus(sim.nvml.gpu(i).pci_bus_id.lower()[4:], with_xid=True)
+
+
+def _gpu_row_remap_failure(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.inject_row_remap_failure(i)
+    sim.kmsg.xid(sim.gpu_kmsg_pci(i), 64, "Row remapping failure")
+
+
+def _gpu_nvlink_down(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.inject_nvlink_down(i, p["link"])
+
+
+def _gpu_thermal_slowdown(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.inject_thermal_slowdown(i)
+
+
+def _gpu_slow(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.set_slow(i, p["factor"])
+    sim.scale_throughput(p["factor"])  # the whole node's collective traffic waits for its slowest GPU
+
+
+def _gpu_slow_clear(sim: SimNode, i: int, p: Params) -> None:
+    sim.nvml.clear(i)
+    sim.restore_throughput()
+
+
+def _nic_down(sim: SimNode, i: int, p: Params) -> None:
+    sim.port_down(i)
+
+
+def _nic_up(sim: SimNode, i: int, p: Params) -> None:
+    sim.port_up(i)
+
+
+def _one_shot(sim: SimNode, i: int, p: Params) -> None:
+    """The clear of a fault that happened and is over (flaps, an error burst): nothing is left to undo."""
+
+
+def _nic_flap(sim: SimNode, i: int, p: Params) -> None:
+    sim.sysfs.flap(i, p["count"])
+
+
+def _nic_errors(sim: SimNode, i: int, p: Params) -> None:
+    sim.sysfs.error_burst(i, p["n"])
+
+
+def _nic_degraded(sim: SimNode, i: int, p: Params) -> None:
+    sim.degrade(i, p["rate_gbps"])
+
+
+def _nic_degraded_clear(sim: SimNode, i: int, p: Params) -> None:
+    sim.undegrade(i, p["rate_gbps"])
+
+
+def _nic_storm(sim: SimNode, i: int, p: Params) -> None:
+    sim.sysfs.pfc_storm(i, True)
+
+
+def _nic_storm_clear(sim: SimNode, i: int, p: Params) -> None:
+    sim.sysfs.pfc_storm(i, False)
+
+
+# -- cluster actions: the fabric ------------------------------------------------------------
+
+
+def _cut(c: ClusterSurface, f: Fault) -> None:
+    c.cut_cables(f.target)
+
+
+def _mend(c: ClusterSurface, f: Fault) -> None:
+    c.mend_cables(f.target)
+
+
+def _switch_down(c: ClusterSurface, f: Fault) -> None:
+    """A dead switch goes silent and its peers see their ends go down; its own tables say nothing."""
+    c.cut_cables(f.target)
+    c.silence(f.target)
+
+
+def _switch_up(c: ClusterSurface, f: Fault) -> None:
+    c.mend_cables(f.target)
+    c.unsilence(f.target)
+
+
+def _pfc_storm(c: ClusterSurface, f: Fault) -> None:
+    if c.shape(f.target) == "port":
+        switch, port = c.switch_port(f.target)
+        if c.hold(("storm", switch, port)):
+            with c.switch(switch) as fake:
+                fake.pfc_storm(port, True, queue=f.params.get("queue"))
+    elif c.hold(("storm", f.target)):
+        _nic_storm(c.node(f.target), part_index(f.target, "nic"), f.params)
+
+
+def _pfc_storm_clear(c: ClusterSurface, f: Fault) -> None:
+    if c.shape(f.target) == "port":
+        switch, port = c.switch_port(f.target)
+        if c.release(("storm", switch, port)):
+            with c.switch(switch) as fake:
+                fake.pfc_storm(port, False)
+    elif c.release(("storm", f.target)):
+        _nic_storm_clear(c.node(f.target), part_index(f.target, "nic"), f.params)
+
+
+def _optics(on: bool) -> ClusterAction:
+    def act(c: ClusterSurface, f: Fault) -> None:
+        switch, port = c.switch_port(f.target)
+        if c.hold(("optics", switch, port)) if on else c.release(("optics", switch, port)):
+            with c.switch(switch) as fake:
+                fake.optics_degraded(port, on)
+
+    return act
+
+
+def _node_down(c: ClusterSurface, f: Fault) -> None:
+    c.halt(f.target)
+
+
+def _node_up(c: ClusterSurface, f: Fault) -> None:
+    c.revive(f.target)
+
+
+def _partition(c: ClusterSurface, f: Fault) -> None:
+    for name in f.targets:
+        c.silence(name)
+
+
+def _partition_clear(c: ClusterSurface, f: Fault) -> None:
+    for name in f.targets:
+        c.unsilence(name)
+
+
+# -- the table --------------------------------------------------------------------------------
+
+_GPU = frozenset({"gpu"})
+_NIC = frozenset({"nic"})
+_GPU_INCIDENTS = ("gpu_fault", "node_fault")
+_NIC_INCIDENTS = ("nic_fault", "link_fault")
+
+
+def _gpu_kind(name: str, doc: str, inject: NodeAction, *, demo: tuple[Params, ...] = (), **kw: Any) -> FaultKind:
+    return FaultKind(name, doc, _GPU, _GPU_INCIDENTS, node=OnNode("gpu", inject, _gpu_healthy), demo=demo, **kw)
+
+
+FAULTS: Final[FaultTable] = FaultTable(
+    [
+        _gpu_kind(
+            "gpu_xid",
+            "An Xid critical-error event from NVML and its NVRM line in the kernel log.",
+            _gpu_xid,
+            params=(
+                Param("xid", "the Xid number (79: fallen off the bus, 48: DBE, 13: graphics engine...)", minimum=1),
+            ),
+            demo=({"xid": 79}, {"xid": 95}, {"xid": 13}),
+        ),
+        _gpu_kind(
+            "gpu_ecc_dbe",
+            "An uncorrectable ECC error: counters, a DBE event, a row remap pending, Xid 48 in the log.",
+            _gpu_ecc_dbe,
+            demo=({},),
+        ),
+        _gpu_kind(
+            "gpu_lost",
+            "The GPU fell off the bus: Xid 79, then every NVML call for it fails.",
+            _gpu_lost,
+        ),
+        _gpu_kind(
+            "gpu_row_remap_failure",
+            "Row remapping failed (no spare rows left): the GPU needs replacing; Xid 64 in the log.",
+            _gpu_row_remap_failure,
+            demo=({},),
+        ),
+        _gpu_kind(
+            "gpu_nvlink_down",
+            "One NVLink of the GPU goes down after a recovery attempt.",
+            _gpu_nvlink_down,
+            params=(Param("link", "which NVLink", default=0, maximum=H100_NVLINKS - 1),),
+            demo=({"link": 3},),
+        ),
+        _gpu_kind(
+            "gpu_thermal_slowdown",
+            "Hardware thermal slowdown: the clock-event reasons say so and the SM clock drops.",
+            _gpu_thermal_slowdown,
+            demo=({},),
+        ),
+        FaultKind(
+            "gpu_slow",
+            "A fail-slow straggler: the GPU's clock, power and utilisation, and the node's traffic, scaled down.",
+            _GPU,
+            ("straggler",),
+            params=(
+                Param(
+                    "factor",
+                    "what is left of its speed",
+                    integer=False,
+                    default=0.7,
+                    exclusive_minimum=True,
+                    maximum=1,
+                ),
+            ),
+            node=OnNode("gpu", _gpu_slow, _gpu_slow_clear),
+            answered_by_effect=True,
+        ),
+        FaultKind(
+            "nic_down",
+            "The NIC's port goes down, and with it the switch port at the cable's other end.",
+            _NIC,
+            _NIC_INCIDENTS,
+            node=OnNode("nic", _nic_down, _nic_up),
+            cluster=OnCluster(_cut, _mend),
+            demo=({},),
+        ),
+        FaultKind(
+            "nic_flap",
+            "The port went down and retrained ``count`` times (one-shot: it ends up).",
+            _NIC,
+            _NIC_INCIDENTS,
+            params=(Param("count", "how many flaps", default=3, minimum=1),),
+            node=OnNode("nic", _nic_flap, _one_shot),
+            demo=({"count": 3},),
+        ),
+        FaultKind(
+            "nic_errors",
+            "A burst of physical-layer errors and the transport loss they cause (one-shot).",
+            _NIC,
+            _NIC_INCIDENTS,
+            params=(
+                Param("n", "symbol errors in the burst (the other counters follow from it)", default=1000, minimum=1),
+            ),
+            node=OnNode("nic", _nic_errors, _one_shot),
+        ),
+        FaultKind(
+            "nic_degraded",
+            "The port negotiated a lower rate (a lane down, a bad cable).",
+            _NIC,
+            _NIC_INCIDENTS,
+            params=(
+                Param("rate_gbps", "the rate it runs at, Gb/s", integer=False, default=200.0, exclusive_minimum=True),
+            ),
+            node=OnNode("nic", _nic_degraded, _nic_degraded_clear),
+        ),
+        FaultKind(
+            "switch_down",
+            "A dead switch: its agent goes silent and every cable's far end goes down.",
+            frozenset({"switch"}),
+            ("switch_fault",),
+            cluster=OnCluster(_switch_down, _switch_up),
+        ),
+        FaultKind(
+            "switch_port_down",
+            "A switch port's link drops (a cable pulled, an optic dead): down at both ends.",
+            frozenset({"port", "link"}),
+            ("link_fault", "switch_fault", "nic_fault"),
+            cluster=OnCluster(_cut, _mend),
+        ),
+        FaultKind(
+            "pfc_storm",
+            "Pause frames as fast as a NIC can send them, or a switch port's PFC watchdog seeing a storm.",
+            frozenset({"nic", "port"}),
+            ("nic_fault", "link_fault", "switch_fault"),
+            params=(
+                Param(
+                    "queue",
+                    "the lossless queue in storm (default: the first)",
+                    default=None,
+                    shapes=frozenset({"port"}),
+                ),
+            ),
+            node=OnNode("nic", _nic_storm, _nic_storm_clear),
+            cluster=OnCluster(_pfc_storm, _pfc_storm_clear),
+        ),
+        FaultKind(
+            "optics_degraded",
+            "The switch port's receive power falls below the low alarm (on a NIC: its switch port).",
+            frozenset({"nic", "port"}),
+            ("link_fault", "switch_fault"),
+            cluster=OnCluster(_optics(True), _optics(False)),
+        ),
+        FaultKind(
+            "node_down",
+            "The machine dies: its agent stops; on clear a fresh agent starts on the same buffer.",
+            frozenset({"node"}),
+            ("node_down",),
+            cluster=OnCluster(_node_down, _node_up),
+        ),
+        FaultKind(
+            "partition",
+            "The targets (nodes or switches) lose the controller while they keep running.",
+            frozenset({"node", "switch"}),
+            ("partition",),
+            cluster=OnCluster(_partition, _partition_clear),
+            many=True,
+        ),
+    ]
+)
