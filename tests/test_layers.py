@@ -58,6 +58,7 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         ("controller.ingest.registry", "import controller.detect.shard_worker", "Controller floors"),
         ("controller.detect.rules", "import controller.heal.policy", "Controller floors"),  # detect -> heal
         ("controller.outputs.admin", "import controller.service", "Controller floors"),  # the old circle
+        ("controller.detect.evaluators.gpu", "import controller.detect.conditions", "Evaluators below the engine"),
         ("agent.collectors.gpu", "import agent.runtime", "Agent floors"),
         ("starpulse.job", "import starpulse.core.tls", "Job library"),
     ],

@@ -9,6 +9,7 @@ often; an incident says what the culprit is. Components are named as in the fabr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,6 +64,43 @@ ConditionChangeKind = Literal["opened", "updated", "resolved"]
 class ConditionChange:
     kind: ConditionChangeKind
     condition: Condition
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """A rules file's ``defaults:`` section (controller.detect.rules)."""
+
+    hold_s: float = 600.0
+    flap_window_s: float = 600.0
+    resolve_after: int = 2
+    update_interval_s: float = 1.0
+    saturated_fires: bool = True
+    counter_interval_s: float = 0.0  # read a node's cumulative counters at most this often (0: every report)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validated rule. ``params`` holds the kind's parsed parameters (Quantity for thresholds)."""
+
+    id: str
+    description: str
+    category: str
+    severity: str
+    action: str
+    kind: str
+    params: Mapping[str, Any]
+    hold_ms: int
+    resolve_after: int
+    index: int = 0
+    # Precomputed for the hot path, by the kind's evaluator when the file loads.
+    threshold: float = 0.0  # canonical value of params["threshold"] when present
+    threshold_is_rate: bool = False
+    window_s: float = 0.0  # 0 = per-interval rate
+    counter_keys: tuple[str, ...] = ()
+    spec: Any = None  # what the kind compiled from its parameters (the field kinds' comparison)
+
+    def p(self, key: str) -> Any:
+        return self.params.get(key)
 
 
 IncidentKind = str  # e.g. "gpu_fault", "nic_fault", "link_fault", "switch_fault", "partition", ...

@@ -259,6 +259,13 @@ REPORT_CASES = [
         evidence={"counter": "counters/symbol_error", "rate": 10.0, "threshold": 0.1, "unit": "/s"},
     ),
     ReportCase(
+        "nic.link_error_recovery",
+        _set(_nic, "phys_state_code", 6),
+        f"{NODE}/nic-5",
+        "nic",
+        evidence={"field": "phys_state_code", "value": 6, "rdma_device": "mlx5_5"},
+    ),
+    ReportCase(
         "nic.transport_errors",
         _nic_counter("hw_counters", "out_of_sequence", 6000),
         f"{NODE}/nic-5",

@@ -253,7 +253,7 @@ class TestNvLinksOnDeltas:
         r.gpus[5].nvlinks[3].up = False
         assert _changes(engine.on_report(node, r)) == [("opened", "gpu.nvlink_down", GPU5)]
         assert engine.get("gpu.nvlink_down", GPU5).evidence["links_down"] == [3]  # type: ignore[union-attr]
-        assert "node-003/gpu-0" not in engine._link_base  # nothing to lay later deltas over
+        assert "node-003/gpu-0" not in engine.view.link_base  # nothing to lay later deltas over
 
     def test_errors_rising_only_in_deltas_open_the_error_rule(self) -> None:
         """After one full report every report is a delta; the counter moves only there."""

@@ -1,0 +1,53 @@
+"""The event kind: an event (or a count of events within a window) opens a condition.
+
+Which events match a rule (its event kinds, and for Xids the Xid numbers or the catalog
+bucket) is the rule set's dispatch table (controller.detect.rules.RuleSet.event_rules);
+the engine holds an event condition for ``hold`` after its last event, or, for counted
+events (``min_count`` in a ``window``), until the window empties.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.detect.evaluators.base import Derived, EventEvaluator
+from controller.detect.evaluators.params import WINDOW, Param, event_kind, integer, list_of, one_of
+from controller.detect.model import Defaults, Rule
+from starpulse.core import vocab
+from starpulse.core.vocab import SEVERITY_ORDER
+from starpulse.v1 import telemetry_pb2 as tpb
+
+_XID_KINDS = frozenset({tpb.EVENT_KIND_XID, tpb.EVENT_KIND_SXID})
+
+
+class EventRule(EventEvaluator):
+    """An event (or a count of events within a window). Resolves hold after the last one."""
+
+    kind = "event"
+    params = {
+        "events": Param(list_of(event_kind), required=True),
+        "xids": Param(list_of(integer(1))),
+        "xid_action": Param(one_of(vocab.ACTIONS)),  # Xids whose catalog bucket maps to this action
+        "min_count": Param(integer(1), default=1),
+        "window": WINDOW,
+        "min_event_severity": Param(one_of(tuple(SEVERITY_ORDER))),
+        "resolve_on": Param(list_of(event_kind)),
+    }
+
+    @classmethod
+    def prepare(cls, params: dict[str, Any], defaults: Defaults, where: str, errors: list[str]) -> Derived:
+        if params.get("xids") and params.get("xid_action") is not None:
+            errors.append(f"{where}: 'xids' and 'xid_action' are exclusive: pick one")
+        if (params.get("xids") or params.get("xid_action") is not None) and not set(params["events"]) & _XID_KINDS:
+            errors.append(f"{where}: 'xids'/'xid_action' need 'events' to include xid or sxid")
+        window = params.get("window")
+        if window is not None and params.get("min_count", 1) == 1:
+            errors.append(f"{where}: 'window' needs 'min_count' above 1 (events counted in the window)")
+        window_s = window.value if window is not None else 0.0
+        if params.get("min_count", 1) > 1 and window is None:
+            window_s = defaults.flap_window_s
+        return Derived(window_s=window_s)
+
+    def accepts(self, rule: Rule, severity: int) -> bool:
+        floor = rule.params.get("min_event_severity")
+        return floor is None or severity >= SEVERITY_ORDER[floor]
