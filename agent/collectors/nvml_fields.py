@@ -38,12 +38,8 @@ FI_NVLINK_GET_STATE = getattr(pynvml, "NVML_FI_DEV_NVLINK_GET_STATE", 165)
 NVLINK_STATE_INACTIVE = getattr(pynvml, "NVML_NVLINK_STATE_INACTIVE", 0)
 NVLINK_STATE_ACTIVE = getattr(pynvml, "NVML_NVLINK_STATE_ACTIVE", 1)
 
-# Per-element return codes and what the collector does with each.
+# An element's nvmlReturn; what any other code means is nvml_errors.sort_code's to say.
 SUCCESS = pynvml.NVML_SUCCESS
-GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
-RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
-ABSENT = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
-ABSENT_LINK = ABSENT | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
 
 _VALUE_MEMBER = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
