@@ -234,7 +234,6 @@ class NvmlGpuCollector:
         self._idents: dict[int, _Ident] = {}  # by NVML index
         self._inventory: dict[str, _Ident] = {}  # by key, as described
         self._inventory_links: dict[str, set[int]] = {}
-        self._links_of: dict[str, tuple[int, ...]] = {}  # by key: _inventory_links sorted, or all
         self._state: dict[str, _GpuState] = {}
         self._pending: list[Finding] = []  # event findings when there is no sink
         self._warned: set[tuple[int, str, int]] = set()
@@ -317,7 +316,6 @@ class NvmlGpuCollector:
                 self._idents[index] = ident
                 self._inventory[ident.key] = ident
                 self._inventory_links[ident.key] = links
-                self._links_of.clear()
 
     def collect(self, report: tpb.Report) -> list[Finding]:
         """One GpuSample per enumerated GPU; findings for what changed since the last cycle."""
@@ -327,16 +325,14 @@ class NvmlGpuCollector:
         count = nvml.nvmlDeviceGetCount()
         seen: set[str] = set()
         self._merged_into.clear()  # none left over from a GPU whose sample failed last cycle
-        gpus = report.gpus
         for index in range(count):
-            # Filled where it lies in the report: appending a finished sample copies it (~12 us).
-            sample = gpus.add(index=index)
+            sample = tpb.GpuSample(index=index)
             try:
                 ident = self._sample(index, sample)
             except Exception as err:  # one GPU's surprise must not cost the others
-                del gpus[-1]
                 log.exception("nvml_gpu_sample_failed", gpu=index, error=str(err))
                 continue
+            report.gpus.append(sample)
             seen.add(ident.key)
             findings.extend(self._transitions(sample, ident))
         findings.extend(self._missing(count, seen))
@@ -658,14 +654,10 @@ class NvmlGpuCollector:
     # ---- batched: one nvmlDeviceGetFieldValues call per GPU ---------------------------------
 
     def _links(self, ident: _Ident) -> tuple[int, ...]:
-        """NVLinks to read: the inventory's, else every index NVML allows (kept until describe)."""
-        links = self._links_of.get(ident.key)
-        if links is None:
-            with self._lock:
-                known = self._inventory_links.get(ident.key)
-                links = tuple(sorted(known)) if known else tuple(range(self._nvml.NVML_NVLINK_MAX_LINKS))
-                self._links_of[ident.key] = links
-        return links
+        """NVLinks to read: the inventory's, else every index NVML allows."""
+        with self._lock:
+            known = self._inventory_links.get(ident.key)
+        return tuple(sorted(known)) if known else tuple(range(self._nvml.NVML_NVLINK_MAX_LINKS))
 
     def _plan(self, key: str, links: tuple[int, ...]) -> _FieldPlan:
         plan = self._field_plans.get(key)
