@@ -1,7 +1,7 @@
 """Sleep until a log has something new, instead of waking every poll interval to look.
 
-On the machines measured here a thread wakeup costs ~100 us of CPU, so a tail that wakes
-5 times a second to find nothing costs ~0.1 % of a core: a tenth of the agent's budget.
+A tail that wakes 5 times a second to find nothing costs a tenth of the agent's CPU
+budget in wakeups alone (bench/README.md, agent overhead pass 2).
 ``/dev/kmsg`` supports poll(2); a regular file (the simulator's kernel log) is watched
 with inotify. Either way a stop request wakes the sleeper through a pipe, and a safety
 timeout still wakes it now and then, so nothing depends on an event being delivered.

@@ -4,10 +4,9 @@
 in tests and the simulator. Both raise pynvml's own exception classes.
 
 Rules this module keeps:
-- A metric the device or driver does not support (NotSupported, FunctionNotFound, and
-  InvalidArgument for NVLink indices) stays UNSET in the sample: absent, never 0.
-- ``GpuIsLost`` marks the sample ``lost``, ``ResetRequired`` marks ``reset_required``;
-  one GPU failing never stops the others.
+- A failed read means what ``nvml_errors`` says: a metric the device or driver does not
+  support stays UNSET in the sample (absent, never 0), a lost GPU marks the sample
+  ``lost``, one that needs a reset ``reset_required``; one GPU failing never stops the others.
 - Findings are returned only on transitions (on the first cycle any already-bad state
   counts as one), so a steady fault is reported once, and again only after it clears.
 - Findings the event thread already delivered (DBE, recovery action, lost) are not
@@ -29,6 +28,7 @@ import structlog
 
 from agent.collectors import nvml_fields as nf
 from agent.collectors.base import CollectorUnsupported, FindingSink
+from agent.collectors.nvml_errors import Outcome, sort_code, sort_error
 from starpulse.core import vocab
 from starpulse.core import xid as xidcat
 from starpulse.core.findings import Finding
@@ -103,9 +103,6 @@ def _cuda_version_str(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-_field_value = nf.field_value
-
-
 def _handle_key(handle: Any) -> Any:
     """A hashable key for a device handle: ctypes pointers compare by address, fakes by value."""
     if isinstance(handle, ctypes._Pointer):
@@ -159,18 +156,15 @@ class _GpuState:
 
 
 class _Reader:
-    """Calls NVML for one device and turns the per-metric error rules into None / flags."""
+    """Calls NVML for one device; a failed read is absent and sets the flags nvml_errors gives it."""
 
     def __init__(self, nvml: Any, handle: Any, index: int, warn: Callable[[int, str, BaseException], None]) -> None:
         self._nvml = nvml
         self._handle = handle
-        self._index = index
+        self.index = index
         self._warn = warn
         self.lost = False
         self.reset_required = False
-        # Built once per device and cycle, not per call (~40 calls per GPU per cycle).
-        self._absent: tuple[type[BaseException], ...] = (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound)
-        self._absent_link = (*self._absent, nvml.NVMLError_InvalidArgument)
 
     def call(self, fn_name: str, *args: Any, link: bool = False) -> Any:
         """Result of ``nvml.<fn_name>(handle, *args)``, or None when the value is absent."""
@@ -179,47 +173,38 @@ class _Reader:
         fn = getattr(self._nvml, fn_name, None)
         if fn is None:  # older bindings
             return None
-        nvml = self._nvml
-        absent = self._absent_link if link else self._absent
         try:
             return fn(self._handle, *args)
-        except nvml.NVMLError_GpuIsLost:
-            self.lost = True
-        except nvml.NVMLError_ResetRequired:
-            self.reset_required = True
-        except absent:
-            pass
-        except nvml.NVMLError as err:
-            self._warn(self._index, fn_name, err)
+        except self._nvml.NVMLError as err:
+            self.failed(sort_error(err, link=link), fn_name, err)
         return None
 
+    def failed(self, outcome: Outcome, what: str, err: BaseException) -> None:
+        """Record one failed read: lost and reset-required flag the sample, other errors are logged."""
+        if outcome is Outcome.LOST:
+            self.lost = True
+        elif outcome is Outcome.RESET_REQUIRED:
+            self.reset_required = True
+        elif outcome is Outcome.OTHER:
+            self._warn(self.index, what, err)
+
     def link_counters(self, link: int) -> dict[str, Any]:
-        """One link's _NVLINK_COUNTERS as ``call("nvmlDeviceGetNvLinkErrorCounter", link, c, link=True)``
-        would give them (absent ones left out), in one tight loop: a full read makes 90 such
-        calls per GPU, and call()'s own overhead per value was most of their cost here.
+        """One link's _NVLINK_COUNTERS that NVML gives (NvLinkSample keyword arguments), as call() reads each.
+
+        One loop over the function instead of a call() per counter: a full read asks for
+        90 counters per GPU, and call()'s lookup per value was a measurable share of them.
         """
-        out: dict[str, Any] = {}  # NvLinkSample keyword arguments
+        out: dict[str, Any] = {}
         fn = getattr(self._nvml, "nvmlDeviceGetNvLinkErrorCounter", None)
         if fn is None:  # older bindings
             return out
-        nvml = self._nvml
-        handle = self._handle
-        absent = self._absent_link
         for attr, counter in _NVLINK_COUNTERS:
             if self.lost:
                 break
             try:
-                value = fn(handle, link, counter)
-            except nvml.NVMLError_GpuIsLost:
-                self.lost = True
-                continue
-            except nvml.NVMLError_ResetRequired:
-                self.reset_required = True
-                continue
-            except absent:
-                continue
-            except nvml.NVMLError as err:
-                self._warn(self._index, "nvmlDeviceGetNvLinkErrorCounter", err)
+                value = fn(self._handle, link, counter)
+            except self._nvml.NVMLError as err:
+                self.failed(sort_error(err, link=True), "nvmlDeviceGetNvLinkErrorCounter", err)
                 continue
             if value is not None:
                 out[attr] = int(value)
@@ -249,7 +234,6 @@ class NvmlGpuCollector:
         self._idents: dict[int, _Ident] = {}  # by NVML index
         self._inventory: dict[str, _Ident] = {}  # by key, as described
         self._inventory_links: dict[str, set[int]] = {}
-        self._links_of: dict[str, tuple[int, ...]] = {}  # by key: _inventory_links sorted, or all
         self._state: dict[str, _GpuState] = {}
         self._pending: list[Finding] = []  # event findings when there is no sink
         self._warned: set[tuple[int, str, int]] = set()
@@ -332,7 +316,6 @@ class NvmlGpuCollector:
                 self._idents[index] = ident
                 self._inventory[ident.key] = ident
                 self._inventory_links[ident.key] = links
-                self._links_of.clear()
 
     def collect(self, report: tpb.Report) -> list[Finding]:
         """One GpuSample per enumerated GPU; findings for what changed since the last cycle."""
@@ -342,16 +325,14 @@ class NvmlGpuCollector:
         count = nvml.nvmlDeviceGetCount()
         seen: set[str] = set()
         self._merged_into.clear()  # none left over from a GPU whose sample failed last cycle
-        gpus = report.gpus
         for index in range(count):
-            # Filled where it lies in the report: appending a finished sample copies it (~12 us).
-            sample = gpus.add(index=index)
+            sample = tpb.GpuSample(index=index)
             try:
                 ident = self._sample(index, sample)
             except Exception as err:  # one GPU's surprise must not cost the others
-                del gpus[-1]
                 log.exception("nvml_gpu_sample_failed", gpu=index, error=str(err))
                 continue
+            report.gpus.append(sample)
             seen.add(ident.key)
             findings.extend(self._transitions(sample, ident))
         findings.extend(self._missing(count, seen))
@@ -439,13 +420,11 @@ class NvmlGpuCollector:
                 except nvml.NVMLError_Timeout:
                     backoff = _BACKOFF_INITIAL_S
                     continue
-                except nvml.NVMLError_GpuIsLost:
-                    self._on_event_gpu_lost()
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
-                    continue
                 except Exception as err:
-                    log.warning("nvml_event_wait_failed", error=str(err), backoff_s=backoff)
+                    if sort_error(err) is Outcome.LOST:
+                        self._on_event_gpu_lost()
+                    else:
+                        log.warning("nvml_event_wait_failed", error=str(err), backoff_s=backoff)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX_S)
                     continue
@@ -498,11 +477,10 @@ class NvmlGpuCollector:
         for index in sorted(set(self._event_handles.values())):
             try:
                 nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
-            except nvml.NVMLError_GpuIsLost:
-                with self._lock:
-                    lost.append(self._idents.get(index) or _Ident(index))
-            except nvml.NVMLError:
-                continue
+            except nvml.NVMLError as err:
+                if sort_error(err) is Outcome.LOST:
+                    with self._lock:
+                        lost.append(self._idents.get(index) or _Ident(index))
         if not lost:
             with self._lock:
                 if self._event_lost_unknown_announced:
@@ -547,7 +525,7 @@ class NvmlGpuCollector:
             return None
         for fv in values:
             if fv.nvmlReturn == self._nvml.NVML_SUCCESS:
-                value = _field_value(fv)
+                value = nf.field_value(fv)
                 return None if value is None else int(value)
         return None
 
@@ -571,13 +549,8 @@ class NvmlGpuCollector:
         with self._lock:
             ident = self._idents.get(index) or _Ident(index)
         sample.uuid = ident.uuid
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        except nvml.NVMLError_GpuIsLost:
-            sample.lost = True
-            return ident
-        except nvml.NVMLError_ResetRequired:
-            sample.reset_required = True
+        handle = self._handle(index, sample)
+        if handle is None:
             return ident
 
         r = _Reader(nvml, handle, index, self._warn_once)
@@ -629,6 +602,20 @@ class NvmlGpuCollector:
         sample.reset_required = r.reset_required
         return ident
 
+    def _handle(self, index: int, sample: tpb.GpuSample) -> Any:
+        """The device's handle; None when the GPU is lost or needs a reset (``sample`` says which)."""
+        try:
+            return self._nvml.nvmlDeviceGetHandleByIndex(index)
+        except self._nvml.NVMLError as err:
+            outcome = sort_error(err)
+            if outcome is Outcome.LOST:
+                sample.lost = True
+            elif outcome is Outcome.RESET_REQUIRED:
+                sample.reset_required = True
+            else:
+                raise
+        return None
+
     def _read_ecc(self, r: _Reader, sample: tpb.GpuSample) -> None:
         """ECC counters, row remapping, page retirement, PCIe replays: one NVML call per value."""
         for group in nf.GROUPS:
@@ -667,14 +654,10 @@ class NvmlGpuCollector:
     # ---- batched: one nvmlDeviceGetFieldValues call per GPU ---------------------------------
 
     def _links(self, ident: _Ident) -> tuple[int, ...]:
-        """NVLinks to read: the inventory's, else every index NVML allows (kept until describe)."""
-        links = self._links_of.get(ident.key)
-        if links is None:
-            with self._lock:
-                known = self._inventory_links.get(ident.key)
-                links = tuple(sorted(known)) if known else tuple(range(self._nvml.NVML_NVLINK_MAX_LINKS))
-                self._links_of[ident.key] = links
-        return links
+        """NVLinks to read: the inventory's, else every index NVML allows."""
+        with self._lock:
+            known = self._inventory_links.get(ident.key)
+        return tuple(sorted(known)) if known else tuple(range(self._nvml.NVML_NVLINK_MAX_LINKS))
 
     def _plan(self, key: str, links: tuple[int, ...]) -> _FieldPlan:
         plan = self._field_plans.get(key)
@@ -717,17 +700,15 @@ class NvmlGpuCollector:
         plan = self._plan(key, self._links(ident))
         try:
             values = nvml.nvmlDeviceGetFieldValues(handle, plan.request)
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound) as err:
-            self._batch = False
-            log.info("nvml_field_values_unavailable", error=str(err), fallback="one call per value")
-            return False
-        except nvml.NVMLError_GpuIsLost:
-            r.lost = True
-        except nvml.NVMLError_ResetRequired:
-            r.reset_required = True
         except nvml.NVMLError as err:
-            self._warn_once(ident.index, "nvmlDeviceGetFieldValues", err)
-            return False
+            outcome = sort_error(err)
+            if outcome is Outcome.ABSENT:
+                self._batch = False
+                log.info("nvml_field_values_unavailable", error=str(err), fallback="one call per value")
+                return False
+            r.failed(outcome, "nvmlDeviceGetFieldValues", err)
+            if outcome is Outcome.OTHER:
+                return False
         else:
             decoded = nf.decode(values)
             recheck = self._apply_fields(r, sample, key, plan, decoded)
@@ -744,14 +725,8 @@ class NvmlGpuCollector:
         self._read_nvlinks(r, sample, ident, states)
         return True
 
-    def _element_error(self, r: _Reader, ret: int, fid: int) -> None:
-        """Flags for a failed element that is not a plain 'absent'."""
-        if ret == nf.GPU_IS_LOST:
-            r.lost = True
-        elif ret == nf.RESET_REQUIRED:
-            r.reset_required = True
-        else:
-            self._warn_once(r._index, f"nvmlDeviceGetFieldValues[{fid}]", self._nvml.NVMLError(ret))
+    def _element_failed(self, r: _Reader, outcome: Outcome, ret: int, fid: int) -> None:
+        r.failed(outcome, f"nvmlDeviceGetFieldValues[{fid}]", self._nvml.NVMLError(ret))
 
     def _apply_fields(
         self, r: _Reader, sample: tpb.GpuSample, key: str, plan: _FieldPlan, decoded: list[tuple[int, Any]]
@@ -763,11 +738,11 @@ class NvmlGpuCollector:
             for offset, (fid, _, _) in enumerate(fields):
                 ret, value = decoded[start + offset]
                 if ret != nf.SUCCESS:
-                    if ret in nf.ABSENT:
-                        if group.single and (key, group.name, -1) not in self._verified:
-                            recheck.append(group)
-                    else:
-                        self._element_error(r, ret, fid)
+                    outcome = sort_code(ret)
+                    if outcome is not Outcome.ABSENT:
+                        self._element_failed(r, outcome, ret, fid)
+                    elif group.single and (key, group.name, -1) not in self._verified:
+                        recheck.append(group)
                     break
                 if value is None:
                     break
@@ -792,14 +767,13 @@ class NvmlGpuCollector:
                     state = nvml.NVML_FEATURE_DISABLED
                 else:  # sleeping, traffic disabled, or newer: the single call decides
                     state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
-            elif ret in nf.ABSENT_LINK:
-                if (key, "nvlink_state", link) not in self._verified:
-                    self._verified.add((key, "nvlink_state", link))
-                    state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
-                    if state is not None and key in self._field_plans:
-                        self._use_single(key, "nvlink_state", r._index)
-            else:
-                self._element_error(r, ret, nf.FI_NVLINK_GET_STATE)
+            elif (outcome := sort_code(ret, link=True)) is not Outcome.ABSENT:
+                self._element_failed(r, outcome, ret, nf.FI_NVLINK_GET_STATE)
+            elif (key, "nvlink_state", link) not in self._verified:
+                self._verified.add((key, "nvlink_state", link))
+                state = r.call("nvmlDeviceGetNvLinkState", link, link=True)
+                if state is not None and key in self._field_plans:
+                    self._use_single(key, "nvlink_state", r.index)
             states[link] = state
         return states
 
@@ -808,7 +782,7 @@ class NvmlGpuCollector:
         self._verified.add((key, group.name, -1))
         self._read_single(r, sample, group)
         if any(sample.HasField(attr) for _, attr, _ in group.fields):
-            self._use_single(key, group.name, r._index)
+            self._use_single(key, group.name, r.index)
 
     def _use_single(self, key: str, group: str, index: int) -> None:
         self._single_groups.setdefault(key, set()).add(group)
@@ -833,8 +807,7 @@ class NvmlGpuCollector:
                 sample.MergeFrom(merged)  # nvlinks is empty here: this appends them all
                 self._merged_into[ident.key] = merged
                 return
-        # Between full reads each link's counters come from a kept NvLinkSample (one C-level
-        # CopyFrom instead of five setattr calls per link).
+        # Between full reads each link's counters come from the last full read's NvLinkSample.
         counters: dict[int, tpb.NvLinkSample] = {} if fresh or cached is None else cached[1]
         up = nvml.NVML_FEATURE_ENABLED
         for link in links:
@@ -862,9 +835,8 @@ class NvmlGpuCollector:
         """Between full reads, the nvlinks the loop in _read_nvlinks would add, kept in one message.
 
         Built from the kept counters and these states, and kept until the states or the
-        full read change: a cycle then merges all links in one C-level call instead of an
-        add, a CopyFrom and a setattr per link (~22 vs ~4 us for 18 links). None when a
-        link with a state has no kept counters yet (the loop reads them).
+        full read change: a cycle then merges all links in one call instead of a copy per
+        link. None when a link with a state has no kept counters yet (the loop reads them).
         """
         read_at, counters = cached
         now_states = tuple(states.get(link) for link in links)
@@ -893,7 +865,7 @@ class NvmlGpuCollector:
         for fv in values:
             if fv.nvmlReturn != self._nvml.NVML_SUCCESS:
                 continue
-            value = _field_value(fv)
+            value = nf.field_value(fv)
             if value is None:
                 continue
             if fv.fieldId == FI_RECOVERY_ACTION:

@@ -56,7 +56,7 @@ class HostCollector:
         self._missing: set[str] = set()
         self._boot_time: float | None = None
         # With the real psutil on Linux, CPU % and memory come from kept-open /proc files
-        # (agent.collectors.procfs: psutil's arithmetic, a quarter of its CPU per cycle).
+        # (agent.collectors.procfs: psutil's arithmetic without its per-call parsing).
         self._proc = ProcStats.open() if psutil_module is psutil else None
         try:  # the first non-blocking call only primes the counters; it returns 0.0
             if self._proc is not None:
@@ -90,7 +90,7 @@ class HostCollector:
             except (OSError, ValueError, IndexError, KeyError) as e:
                 log.warning("host_procfs_failed", error=str(e), fallback="psutil")
                 self._proc.close()
-                self._proc = None  # psutil from now on (its first CPU % is ~0.0: not primed)
+                self._proc = None  # psutil from now on (its first CPU % is 0.0: not primed)
         if self._proc is None:
             s.cpu_percent = float(self._ps.cpu_percent(interval=None))
         if memory is None:

@@ -38,12 +38,8 @@ FI_NVLINK_GET_STATE = getattr(pynvml, "NVML_FI_DEV_NVLINK_GET_STATE", 165)
 NVLINK_STATE_INACTIVE = getattr(pynvml, "NVML_NVLINK_STATE_INACTIVE", 0)
 NVLINK_STATE_ACTIVE = getattr(pynvml, "NVML_NVLINK_STATE_ACTIVE", 1)
 
-# Per-element return codes and what the collector does with each.
+# An element's nvmlReturn; what any other code means is nvml_errors.sort_code's to say.
 SUCCESS = pynvml.NVML_SUCCESS
-GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
-RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
-ABSENT = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
-ABSENT_LINK = ABSENT | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
 
 _VALUE_MEMBER = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
@@ -65,9 +61,9 @@ def field_value(fv: Any) -> float | int | None:
     return value
 
 
-# Decoding the returned array in one struct pass instead of ~5 ctypes attribute reads per
-# element (pynvml's structures decode every attribute read in Python): 30 elements per GPU
-# per cycle. Used only when the array has exactly the layout this was written for.
+# The returned array is decoded with struct, one row at a time, where it has exactly the
+# layout this was written for: pynvml's structures decode every attribute read in Python,
+# several times the cost of the whole struct pass (30 elements per GPU per cycle).
 _FV = pynvml.c_nvmlFieldValue_t
 ROW = struct.Struct("=IIqqII8s")  # fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value
 _LAYOUT = tuple((name, getattr(_FV, name).offset) for name, _ in _FV._fields_)
@@ -94,52 +90,14 @@ VALUE_STRUCT = {
 }
 
 
-# The same decoding in two struct calls for the whole array: one picks every row's
-# (valueType, nvmlReturn), and one, made for that sequence of value types and kept, picks
-# every row's value as its type ("=" codes of the native sizes above; 8 bytes a value).
-_HEADS = "24xII8x"  # skip fieldId, scopeId, timestamp, latencyUsec; valueType, nvmlReturn; skip value
-_VALUE_CODE = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "d",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "I4x",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "Q" if struct.calcsize("@L") == 8 else "I4x",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "Q",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "q",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "i4x",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "H6x",
-}
-# Each "=" code reads the same bytes as the native C type of VALUE_STRUCT (else: ctypes path).
-CODES_OK = all(struct.calcsize("=" + _VALUE_CODE[v][0]) == VALUE_STRUCT[v].size for v in VALUE_STRUCT)
-_heads: dict[int, struct.Struct] = {}
-_values: dict[tuple[int, ...], tuple[struct.Struct, tuple[bool, ...]]] = {}
-
-
-def _value_struct(vtypes: tuple[int, ...]) -> tuple[struct.Struct, tuple[bool, ...]]:
-    """The struct reading each row's value as its type (an unknown type as 8 bytes), and which are known."""
-    kept = _values.get(vtypes)
-    if kept is None:
-        if len(_values) >= 64:  # failed elements carry any valueType: do not grow without bound
-            _values.clear()
-        codes = [_VALUE_CODE.get(v) for v in vtypes]
-        fmt = "=" + "".join("32x" + (code or "Q") for code in codes)
-        kept = _values[vtypes] = (struct.Struct(fmt), tuple(code is not None for code in codes))
-    return kept
-
-
 def decode(values: Any) -> list[tuple[int, float | int | None]]:
     """(nvmlReturn, value) per element of an nvmlDeviceGetFieldValues result; value None unless SUCCESS."""
-    if ROW_LAYOUT_OK and CODES_OK and isinstance(values, ctypes.Array) and values._type_ is _FV:
-        raw = bytes(values)
-        n = len(values)
-        heads = _heads.get(n)
-        if heads is None:
-            heads = _heads[n] = struct.Struct("=" + _HEADS * n)
-        head = heads.unpack(raw)
-        value_struct, known = _value_struct(head[0::2])
-        ok = SUCCESS
-        return [
-            (ret, value if ret == ok and k else None)
-            for ret, value, k in zip(head[1::2], value_struct.unpack(raw), known, strict=True)
-        ]
+    if ROW_LAYOUT_OK and isinstance(values, ctypes.Array) and values._type_ is _FV:
+        out: list[tuple[int, float | int | None]] = []
+        for _fid, _scope, _ts, _lat, vtype, ret, raw in ROW.iter_unpack(bytes(values)):
+            unpack = VALUE_STRUCT.get(vtype)
+            out.append((ret, unpack.unpack_from(raw)[0] if ret == SUCCESS and unpack is not None else None))
+        return out
     return [(fv.nvmlReturn, field_value(fv) if fv.nvmlReturn == SUCCESS else None) for fv in values]
 
 

@@ -2,9 +2,9 @@
 
 The host collector asks for these every cycle. ``psutil.cpu_percent()`` and
 ``psutil.virtual_memory()`` open and parse their /proc files in Python and build named
-tuples of every field (~60 + ~85 us here); this keeps both files open, re-reads them with
-one ``pread`` at offset 0 (procfs regenerates the text, as sysfs does) and parses only what
-the report carries (~20 + ~15 us). The arithmetic is psutil's own, in the same order, so
+tuples of every field; this keeps both files open, re-reads them with one ``pread`` at
+offset 0 (procfs regenerates the text, as sysfs does) and parses only what the report
+carries. The arithmetic is psutil's own, in the same order, so
 the values are the same (tests/agent/test_procfs.py checks that against psutil on the same
 files). Linux only; ``ProcStats.open`` returns None elsewhere and the caller keeps psutil.
 """

@@ -36,7 +36,7 @@ _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 
 
-@functools.lru_cache(maxsize=64)  # ~20 reads per cycle of the same few texts
+@functools.lru_cache(maxsize=64)  # every port's state and rate texts, every cycle: a few distinct ones
 def parse_rate_gbps(text: str) -> float:
     """ "400 Gb/sec (4X NDR)" -> 400.0; 0.0 when unparsable."""
     m = _RATE_RE.match(text)
@@ -55,8 +55,8 @@ def parse_state(text: str) -> tuple[int, str]:
 def _read_text(path: str) -> str | None:
     """A small sysfs attribute file, stripped; None when unreadable.
 
-    Raw os.open/os.read (no buffered text file object): this runs ~6 times per port per
-    cycle, and a TextIOWrapper costs several times the read itself.
+    Raw os.open/os.read: a buffered text file object costs more than the read itself, and
+    this runs for every port every cycle (its netdev's operstate).
     """
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -77,8 +77,8 @@ def _read_text(path: str) -> str | None:
 # Counter directories never gain or lose files while the driver is loaded: list each once,
 # and keep the directory open so each counter is an openat() of a bare name. Each counter
 # file also stays open once read: a sysfs attribute read at offset 0 (pread) is generated
-# afresh by the kernel (seq_file restarts at position 0), and one pread costs a third of
-# open + read + close (~2.4 vs ~9 us here; ~700 files per full read on an 8-rail node).
+# afresh by the kernel (seq_file restarts at position 0), so one syscall replaces open +
+# read + close for each of the ~700 files of a full read on an 8-rail node.
 # A removed device's open attributes fail with ENODEV, which drops the directory; every
 # re-list (revalidate_dirs) also drops directories whose path now names another inode.
 @dataclass
@@ -186,19 +186,13 @@ def _parse_counter(data: bytes) -> int | None:
 def read_counter_dir(path: str) -> dict[str, int]:
     """Every integer file of a counters directory; unreadable or non-integer files are skipped.
 
-    This runs for ~700 files per full read on an 8-rail node, so it reads kept-open files
-    with pread (see above): several times cheaper than open(path).read(). A vanished file
-    (device re-created) drops the cache entry.
+    Files are kept open and re-read with pread (see above). A vanished file (device
+    re-created) drops the cache entry.
     """
     out: dict[str, int] = {}
     cached = _counter_dir(path)
     if cached is None:
         return out
-    if len(cached.files) == len(cached.names):
-        try:
-            return _read_all_kept(path, cached)
-        except OSError:
-            pass  # a file failed: the loop below sorts out what that means
     stale = False
     for name in cached.names:
         try:
@@ -214,27 +208,6 @@ def read_counter_dir(path: str) -> dict[str, int]:
         out[name] = value
     if stale:
         _forget_dir(path)
-    return out
-
-
-def _read_all_kept(path: str, cached: _CounterDir) -> dict[str, int]:
-    """read_counter_dir when every file is kept open (the common case): one tight pread loop.
-
-    Raises OSError when a read fails; the caller then takes the general path.
-    """
-    out: dict[str, int] = {}
-    files = cached.files
-    pread = os.pread
-    for name in cached.names:
-        data = pread(files[name], 64, 0)
-        try:
-            value = int(data)
-        except ValueError:
-            value = -1
-        if 0 <= value <= _U64_MAX:
-            out[name] = value
-        else:
-            log.debug("rdma_counter_unreadable", path=f"{path}/{name}")
     return out
 
 
@@ -265,10 +238,10 @@ class _PortFiles:
     """A port's state, phys_state and rate files kept open while its directory is the same one.
 
     Read every cycle, so each is re-read with pread at offset 0 like the counter files
-    (sysfs regenerates the text): one syscall instead of open + read + close (~2 vs ~15 us
-    on this machine's sysfs). One stat of the port directory per cycle stands in for the
-    path lookups the opens did: a directory that is gone or another inode (device removed,
-    renamed or re-created) drops the files, so the port goes missing at once as before.
+    (sysfs regenerates the text): one syscall instead of open + read + close. One stat of
+    the port directory per cycle stands in for the path lookups the opens did: a directory
+    that is gone or another inode (device removed, renamed or re-created) drops the files,
+    so the port goes missing at once as before.
     A file that fails (ENODEV: the device went away under it) is reopened by its path, and
     every re-list (slow_every_s) reopens them all, which bounds how long a file replaced
     within the same directory is missed where nothing says ENODEV (regular files).
@@ -467,7 +440,7 @@ class RdmaSysfsCollector:
         out: list[_PortPaths] = []
         for dev in self.devices():
             for port in self.ports(dev):
-                p = f"{self.ib_root}/{dev}/ports/{port}"  # f-strings: ~100 paths per cycle
+                p = f"{self.ib_root}/{dev}/ports/{port}"
                 netdev = self.netdev(dev, port)
                 nd = f"{self.net_root}/{netdev}" if netdev else ""
                 link_layer = _read_text(f"{p}/link_layer") or ""

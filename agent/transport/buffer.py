@@ -42,7 +42,6 @@ class EventBuffer:
         self.epoch = self._meta("epoch") or self._init_meta()
         self._next_seq = int(self._meta("next_seq") or "1")
         self.dropped_total = int(self._meta("dropped_total") or "0")
-        self._deleted_upto = 0  # every seq <= this is gone: a repeated ack needs no DELETE
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -126,10 +125,7 @@ class EventBuffer:
     def ack(self, seq: int) -> int:
         """Forget every event with seq ≤ the controller's ack; returns how many."""
         with self._lock:
-            if seq <= self._deleted_upto:
-                return 0  # the controller re-acks the same seq with every report ack
             cur = self._db.execute("DELETE FROM events WHERE seq <= ?", (seq,))
-            self._deleted_upto = min(seq, self._next_seq - 1)  # never past what was appended
             return cur.rowcount
 
     def oldest_seq(self) -> int:

@@ -233,7 +233,7 @@ class ControllerLink:
             # Events first (they are history); never more than max_in_flight unacked.
             sent_upto = max(sent_upto, self.acked_event_seq)
             room = self.max_in_flight - (sent_upto - self.acked_event_seq)
-            if room > 0 and sent_upto < self.buffer.next_seq - 1:  # skip the SQLite read when nothing is new
+            if room > 0:
                 for event in self.buffer.pending(sent_upto, limit=min(room, 500)):
                     await call.write(spb.AgentMessage(event=event))
                     sent_upto = event.seq
