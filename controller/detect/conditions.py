@@ -30,7 +30,7 @@ built just for components in a bad state.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from operator import and_
 from typing import Any
