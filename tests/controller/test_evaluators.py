@@ -14,8 +14,9 @@ from controller.detect.evaluators.gpu import GpuFlag
 from controller.detect.evaluators.registry import REGISTRY
 from controller.detect.model import Rule
 from controller.detect.rules import KINDS, RuleSet, parse_rules
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import NODE, Clock, compute_node, good_report, opened, resolved
+from tests.controller.test_conditions import NODE, compute_node, good_report, opened, resolved
 
 GPU5 = f"{NODE}/gpu-5"
 
@@ -73,9 +74,9 @@ def _ruleset(registry: Registry, *kinds: str) -> RuleSet:
     return parse_rules("version: 1\nrules:\n" + textwrap.indent(body, "  "), "test", registry)
 
 
-def _engine(rules: RuleSet) -> tuple[ConditionEngine, Clock]:
-    clock = Clock()
-    return ConditionEngine(rules, clock_ms=clock), clock
+def _engine(rules: RuleSet) -> tuple[ConditionEngine, FakeClock]:
+    clock = FakeClock(1_000_000)
+    return ConditionEngine(rules, clock=clock), clock
 
 
 class TestRegistry:
@@ -116,13 +117,13 @@ class TestFastPath:
         registry = Registry([*REGISTRY, RetiredDbe])
         engine, clock = _engine(_ruleset(registry, "gpu_retired_dbe"))
         node = compute_node()
-        assert engine.on_report(node, good_report(clock.now)) == []
+        assert engine.on_report(node, good_report(clock.time_ms())) == []
         clock.advance(5)
-        bad = good_report(clock.now)
+        bad = good_report(clock.time_ms())
         bad.gpus[5].retired_pages_dbe = 2
         assert opened(engine.on_report(node, bad)) == [("test.gpu_retired_dbe", GPU5)]
         clock.advance(5)
-        back = good_report(clock.now)
+        back = good_report(clock.time_ms())
         back.gpus[5].retired_pages_dbe = 0
         for _ in range(2):
             changes = engine.on_report(node, back)
@@ -135,10 +136,10 @@ class TestFastPath:
         engine, clock = _engine(_ruleset(registry, "gpu_retired_dbe"))
         RetiredDbe.asked.clear()
         for _ in range(3):
-            engine.on_report(compute_node(), good_report(clock.now))
+            engine.on_report(compute_node(), good_report(clock.time_ms()))
             clock.advance(5)
         assert RetiredDbe.asked == []
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[2].retired_pages_dbe = 1
         engine.on_report(compute_node(), r)
         assert RetiredDbe.asked == [f"{NODE}/gpu-2"]
@@ -147,7 +148,7 @@ class TestFastPath:
         """No wake declared: the evaluator sees every GPU of every report, healthy or not."""
         registry = Registry([*REGISTRY, HotMemory])
         engine, clock = _engine(_ruleset(registry, "gpu_hot_memory"))
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[5].memory_temperature_c = 97
         assert opened(engine.on_report(compute_node(), r)) == [("test.gpu_hot_memory", GPU5)]
 
@@ -188,12 +189,12 @@ class TestFastPath:
         registry = Registry([*REGISTRY, RetiredDbe])
         engine, clock = _engine(_ruleset(registry, "gpu_retired_dbe"))
         node = compute_node()
-        r = good_report(clock.now)
+        r = good_report(clock.time_ms())
         r.gpus[5].retired_pages_dbe = 1
         engine.on_report(node, r)
         RetiredDbe.asked.clear()
         clock.advance(5)
-        quiet = good_report(clock.now)
+        quiet = good_report(clock.time_ms())
         quiet.gpus[5].retired_pages_dbe = 0
         engine.on_report(node, quiet)
         assert RetiredDbe.asked == [GPU5]  # only the GPU with something open, not its seven neighbours

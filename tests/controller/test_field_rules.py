@@ -11,9 +11,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from controller.detect.conditions import ConditionEngine
 from controller.detect.evaluators.fields import FieldSpec, comparable_fields, compile_spec, field_params
 from controller.detect.rules import RulesError, RuleSet, load_rules, parse_rules
+from starpulse.core.clock import FakeClock
 from starpulse.core.units import BadValue
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import NODE, Clock, compute_node, good_report
+from tests.controller.test_conditions import NODE, compute_node, good_report
 
 GPU5 = f"{NODE}/gpu-5"
 NIC5 = f"{NODE}/nic-5"
@@ -25,15 +26,15 @@ def rules(body: str) -> RuleSet:
     return parse_rules(doc, "test")
 
 
-def engine_for(body: str) -> tuple[ConditionEngine, Clock]:
-    clock = Clock()
-    return ConditionEngine(rules(body), clock_ms=clock), clock
+def engine_for(body: str) -> tuple[ConditionEngine, FakeClock]:
+    clock = FakeClock(1_000_000)
+    return ConditionEngine(rules(body), clock=clock), clock
 
 
-def feed(engine: ConditionEngine, clock: Clock, edit=None) -> list[tuple[str, str]]:
+def feed(engine: ConditionEngine, clock: FakeClock, edit=None) -> list[tuple[str, str]]:
     """One report (``edit`` applied to a healthy one) 5 s after the last; the keys opened or resolved."""
     clock.advance(5)
-    r = good_report(clock.now)
+    r = good_report(clock.time_ms())
     if edit is not None:
         edit(r)
     changes = engine.on_report(compute_node(), r)

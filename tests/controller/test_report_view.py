@@ -130,7 +130,7 @@ class TestVerdicts:
                 (delta_engine, delta_clock, delta_seen, msg),
             ):
                 clock.advance(5)
-                m.timestamp_ms = clock.now
+                m.timestamp_ms = clock.time_ms()
                 seen.append(_changes(engine.on_report(node, m)) + _changes(engine.tick()))
         assert encoder.delta_sent > 30
         assert full_seen == delta_seen
