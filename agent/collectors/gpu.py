@@ -258,6 +258,7 @@ class NvmlGpuCollector:
         self._field_plans: dict[str, _FieldPlan] = {}
         self._single_groups: dict[str, set[str]] = {}
         self._verified: set[tuple[str, str, int]] = set()
+        self._pcie_max: dict[str, tuple[int | None, int | None]] = {}  # by key: max link width, generation
 
     # ---- Collector protocol ---------------------------------------------------------
 
@@ -592,6 +593,7 @@ class NvmlGpuCollector:
         pstate = r.call("nvmlDeviceGetPerformanceState")
         if pstate is not None:
             sample.performance_state = int(pstate)
+        self._read_pcie_link(r, sample, ident)
 
         if not (self._batch and self._read_batched(r, handle, sample, ident)):
             self._read_ecc(r, sample)
@@ -601,6 +603,31 @@ class NvmlGpuCollector:
         sample.lost = r.lost
         sample.reset_required = r.reset_required
         return ident
+
+    def _read_pcie_link(self, r: _Reader, sample: tpb.GpuSample, ident: _Ident) -> None:
+        """PCIe link width and generation, now (every cycle) and at most (once per GPU).
+
+        The current generation follows the load (a GPU drops it when idle), so it is read
+        with the utilisation it is judged against; the maxima are the device's and never
+        change, so they are asked once and kept by GPU (two calls per cycle, not four).
+        """
+        width = r.call("nvmlDeviceGetCurrPcieLinkWidth")
+        if width is not None:
+            sample.pcie_link_width = int(width)
+        gen = r.call("nvmlDeviceGetCurrPcieLinkGeneration")
+        if gen is not None:
+            sample.pcie_link_gen = int(gen)
+        maxima = self._pcie_max.get(ident.key)
+        if maxima is None:
+            maxima = (r.call("nvmlDeviceGetMaxPcieLinkWidth"), r.call("nvmlDeviceGetMaxPcieLinkGeneration"))
+            if r.lost or r.reset_required:
+                return  # not an answer about the device: asked again next cycle
+            self._pcie_max[ident.key] = maxima
+        width_max, gen_max = maxima
+        if width_max is not None:
+            sample.pcie_link_width_max = int(width_max)
+        if gen_max is not None:
+            sample.pcie_link_gen_max = int(gen_max)
 
     def _handle(self, index: int, sample: tpb.GpuSample) -> Any:
         """The device's handle; None when the GPU is lost or needs a reset (``sample`` says which)."""

@@ -35,6 +35,8 @@ H100_NVLINKS = 18
 H100_POWER_LIMIT_MW = 700_000
 H100_SM_CLOCK_MAX_MHZ = 1980
 H100_MEM_CLOCK_MHZ = 2619
+H100_PCIE_WIDTH = 16  # H100 SXM5: PCIe Gen5 x16 to its host switch
+H100_PCIE_GEN = 5
 
 _NVLINK_COUNTERS = 5  # NVML_NVLINK_ERROR_DL_REPLAY .. NVML_NVLINK_ERROR_DL_ECC_DATA
 
@@ -176,6 +178,8 @@ class SimGpu:
     retired: dict[int, list[int]] = field(default_factory=dict)  # cause -> page addresses
     retired_pending: bool = False
     pcie_replay: int = 0
+    pcie_width: int = H100_PCIE_WIDTH  # the link as trained now (a fault lowers it)
+    pcie_gen: int = H100_PCIE_GEN
     nvlink_up: list[bool] = field(default_factory=list)
     nvlink_errors: list[list[int]] = field(default_factory=list)
     recovery_action: int = 0
@@ -553,6 +557,24 @@ class FakeNvml:
         with self._lock:
             return self._device(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay
 
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: FakeHandle) -> int:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetCurrPcieLinkWidth").pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: FakeHandle) -> int:
+        with self._lock:
+            self._device(handle, "nvmlDeviceGetMaxPcieLinkWidth")
+            return H100_PCIE_WIDTH
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        with self._lock:
+            return self._device(handle, "nvmlDeviceGetCurrPcieLinkGeneration").pcie_gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        with self._lock:
+            self._device(handle, "nvmlDeviceGetMaxPcieLinkGeneration")
+            return H100_PCIE_GEN
+
     def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
         with self._lock:
             gpu = self._device(handle, "nvmlDeviceGetNvLinkState")
@@ -704,6 +726,15 @@ class FakeNvml:
             gpu = self._gpus[index]
             gpu.thermal = True
             gpu.clock_reasons |= _THERMAL_BITS
+
+    def set_pcie_link(self, index: int, width: int | None = None, gen: int | None = None) -> None:
+        """The PCIe link trained narrower (lanes lost) and/or at a lower generation than the device's maximum."""
+        with self._lock:
+            gpu = self._gpus[index]
+            if width is not None:
+                gpu.pcie_width = width
+            if gen is not None:
+                gpu.pcie_gen = gen
 
     def set_slow(self, index: int, factor: float) -> None:
         """A fail-slow straggler: SM clock, power and utilization scaled by ``factor`` (0 < f <= 1)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from agent.sim.fake_nvml import H100_NVLINKS
+from agent.sim.fake_nvml import H100_NVLINKS, H100_PCIE_GEN, H100_PCIE_WIDTH
 from agent.sim.fault_kinds import (
     ClusterAction,
     ClusterSurface,
@@ -64,6 +64,13 @@ def _gpu_nvlink_down(sim: SimNode, i: int, p: Params) -> None:
 
 def _gpu_thermal_slowdown(sim: SimNode, i: int, p: Params) -> None:
     sim.nvml.inject_thermal_slowdown(i)
+
+
+def _gpu_pcie_degraded(sim: SimNode, i: int, p: Params) -> None:
+    width, gen = p.get("width"), p.get("gen")
+    if width is None and gen is None:
+        width = H100_PCIE_WIDTH // 2  # neither given: half the lanes, the commonest way a link degrades
+    sim.nvml.set_pcie_link(i, width, gen)
 
 
 def _gpu_slow(sim: SimNode, i: int, p: Params) -> None:
@@ -234,6 +241,24 @@ FAULTS: Final[FaultTable] = FaultTable(
             "Hardware thermal slowdown: the clock-event reasons say so and the SM clock drops.",
             _gpu_thermal_slowdown,
             demo=({},),
+        ),
+        _gpu_kind(
+            "gpu_pcie_degraded",
+            "The GPU's PCIe link trained narrower (lanes lost) and/or below its maximum generation"
+            " (neither given: x8, half its lanes).",
+            _gpu_pcie_degraded,
+            params=(
+                Param(
+                    "width", "the lanes it runs on (absent: as built)", default=None, minimum=1, maximum=H100_PCIE_WIDTH
+                ),
+                Param(
+                    "gen",
+                    "the generation it runs at (absent: as built)",
+                    default=None,
+                    minimum=1,
+                    maximum=H100_PCIE_GEN,
+                ),
+            ),
         ),
         FaultKind(
             "gpu_slow",

@@ -79,7 +79,7 @@ class NvLinkSample(_message.Message):
     def __init__(self, link: _Optional[int] = ..., up: _Optional[bool] = ..., replay_errors: _Optional[int] = ..., recovery_errors: _Optional[int] = ..., crc_flit_errors: _Optional[int] = ..., crc_data_errors: _Optional[int] = ..., ecc_data_errors: _Optional[int] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("index", "uuid", "temperature_c", "power_w", "power_limit_w", "utilization_gpu_pct", "utilization_memory_pct", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "memory_clock_mhz", "clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "pcie_replay_count", "nvlinks", "recovery_action", "lost", "reset_required", "memory_temperature_c", "performance_state")
+    __slots__ = ("index", "uuid", "temperature_c", "power_w", "power_limit_w", "utilization_gpu_pct", "utilization_memory_pct", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "memory_clock_mhz", "clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "pcie_replay_count", "nvlinks", "recovery_action", "lost", "reset_required", "memory_temperature_c", "performance_state", "pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,10 @@ class GpuSample(_message.Message):
     RESET_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
     PERFORMANCE_STATE_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_WIDTH_MAX_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_GEN_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_GEN_MAX_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     temperature_c: float
@@ -140,7 +144,11 @@ class GpuSample(_message.Message):
     reset_required: bool
     memory_temperature_c: float
     performance_state: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., utilization_gpu_pct: _Optional[float] = ..., utilization_memory_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., memory_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkSample, _Mapping]]] = ..., recovery_action: _Optional[int] = ..., lost: _Optional[bool] = ..., reset_required: _Optional[bool] = ..., memory_temperature_c: _Optional[float] = ..., performance_state: _Optional[int] = ...) -> None: ...
+    pcie_link_width: int
+    pcie_link_width_max: int
+    pcie_link_gen: int
+    pcie_link_gen_max: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., utilization_gpu_pct: _Optional[float] = ..., utilization_memory_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., memory_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkSample, _Mapping]]] = ..., recovery_action: _Optional[int] = ..., lost: _Optional[bool] = ..., reset_required: _Optional[bool] = ..., memory_temperature_c: _Optional[float] = ..., performance_state: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_link_width_max: _Optional[int] = ..., pcie_link_gen: _Optional[int] = ..., pcie_link_gen_max: _Optional[int] = ...) -> None: ...
 
 class NicSample(_message.Message):
     __slots__ = ("rdma_device", "port", "netdev", "state_code", "state", "phys_state_code", "phys_state", "rate_gbps", "link_layer", "counters", "hw_counters", "netdev_stats", "netdev_operstate", "ethtool_stats")

@@ -202,6 +202,18 @@ def _memory(r: tpb.Report) -> None:
     r.host.memory_available_bytes = 10
 
 
+def _pcie_link(width: int = 16, gen: int = 5, util: float = 95.0) -> Callable[[tpb.Report], None]:
+    """Every GPU busy on an x16 Gen5 link (H100 SXM) but GPU 5, which runs at ``width``/``gen``/``util``."""
+
+    def mutate(r: tpb.Report) -> None:
+        for g in r.gpus:
+            w, n, u = (width, gen, util) if g.index == 5 else (16, 5, 95.0)
+            g.pcie_link_width, g.pcie_link_width_max, g.pcie_link_gen, g.pcie_link_gen_max = w, 16, n, 5
+            g.utilization_gpu_pct = u
+
+    return mutate
+
+
 @dataclass
 class ReportCase:
     rule: str
@@ -210,6 +222,8 @@ class ReportCase:
     ctype: str
     counters: bool = False  # the clear report keeps the bad (cumulative) values
     evidence: dict = field(default_factory=dict)
+    healthy: Callable[[tpb.Report], None] | None = None  # fields the rule reads that good_report leaves out
+    quiet: Callable[[tpb.Report], None] | None = None  # looks bad, must not open the rule
 
 
 REPORT_CASES = [
@@ -301,6 +315,24 @@ REPORT_CASES = [
         f"{NODE}/nic-5",
         "nic",
         counters=True,
+    ),
+    ReportCase(
+        "gpu.pcie_link_narrow",
+        _pcie_link(width=8),
+        f"{NODE}/gpu-5",
+        "gpu",
+        evidence={"field": "pcie_link_width", "value": 8, "other_value": 16},
+        healthy=_pcie_link(),
+        quiet=_pcie_link(gen=1, util=0.0),  # an idle GPU at Gen1 keeps all its lanes
+    ),
+    ReportCase(
+        "gpu.pcie_link_slow",
+        _pcie_link(gen=3),
+        f"{NODE}/gpu-5",
+        "gpu",
+        evidence={"field": "pcie_link_gen", "value": 3, "when": "utilization_gpu_pct 95 >= 50%"},
+        healthy=_pcie_link(),
+        quiet=_pcie_link(gen=1, util=0.0),  # idle GPUs drop their generation: not a fault
     ),
     ReportCase("host.disk_full", _disk, NODE, "node", evidence={"mount": "/data", "free_pct": 2.0}),
     ReportCase("host.memory_low", _memory, NODE, "node", evidence={"available_pct": 1.0}),
@@ -398,9 +430,21 @@ class TestEveryDefaultRule:
         """A crafted bad report opens the rule's condition; reports back in the good state resolve it."""
         engine, clock = make_engine()
         node = compute_node()
-        assert _feed(engine, clock, node, good_report(0)) == []
+
+        def good() -> tpb.Report:
+            r = good_report(0)
+            if case.healthy is not None:
+                case.healthy(r)
+            return r
+
+        assert _feed(engine, clock, node, good()) == []
+        if case.quiet is not None:
+            clock.advance(60)
+            looks_bad = good()
+            case.quiet(looks_bad)
+            assert _feed(engine, clock, node, looks_bad) == []
         clock.advance(60)
-        bad = good_report(0)
+        bad = good()
         case.bad(bad)
         changes = _feed(engine, clock, node, bad)
         assert opened(changes) == [(case.rule, case.component)], changes
@@ -414,7 +458,7 @@ class TestEveryDefaultRule:
         clear_changes: list[ConditionChange] = []
         for _ in range(15):
             clock.advance(61)
-            clear = good_report(0)
+            clear = good()
             if case.counters:
                 case.bad(clear)  # cumulative counters stay where they were: no new errors
             clear_changes += _feed(engine, clock, node, clear)
