@@ -295,8 +295,10 @@ class TestExpressible:
         assert spec.fields() == ("pcie_link_width", "pcie_link_width_max", "utilization_gpu_pct")
         assert spec.test.compare(8, 16) and not spec.test.compare(16, 16)
         assert spec.guard is not None and spec.guard.value == 50.0
-        with pytest.raises(BadValue, match="unknown GpuSample field 'pcie_link_width'"):
-            field_params(tpb.GpuSample.DESCRIPTOR)["field"].parse("pcie_link_width")  # today's proto lacks it
+        real = field_params(tpb.GpuSample.DESCRIPTOR)["field"]  # the proto carries the fields now (gpu.pcie_*)
+        assert real.parse("pcie_link_width") == "pcie_link_width"
+        with pytest.raises(BadValue, match="unknown GpuSample field 'pcie_lane_count'"):
+            real.parse("pcie_lane_count")
 
     def test_defaults_compile(self) -> None:
         """The packaged rules use both field kinds, each compiled at load."""
