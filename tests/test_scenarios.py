@@ -21,6 +21,8 @@ def test_suite_covers_every_fault_kind() -> None:
     assert len(kinds) >= 17  # the kinds of the first design are all still there
 
 
+# Real-time scenarios: on a loaded machine a 10 s ethtool cycle can miss an 18 s scenario's window (issue 16 note).
+@pytest.mark.flaky(reruns=2, reruns_delay=1)
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("path", SUITE, ids=[p.stem for p in SUITE])

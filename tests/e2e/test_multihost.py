@@ -219,6 +219,8 @@ class TestMultiHost:
         )
         wait_until(lambda: not net.topology().missing_links, 20, "the cable confirmed by LLDP again")
 
+    # Timing-bound: 1.0 s between the link's up and down equals resolve_hold_s; under load it can miss (issue 16 note).
+    @pytest.mark.flaky(reruns=2, reruns_delay=1)
     def test_flapping_link_reports_every_transition_in_one_incident(self, net: MultiHostCluster) -> None:
         """node-002's rail-0 cable flaps three times: six transitions in order, and the NIC keeps one incident."""
         cable = net.cable("node-002", 0)

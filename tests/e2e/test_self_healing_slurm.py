@@ -90,6 +90,9 @@ def _sinfo(cluster: SlurmCluster, node: str) -> dict[str, str]:
 
 
 class TestSelfHealingOnSlurm:
+    # Real Slurm and real time: once, in a loaded parallel run, the resume step was not confirmed
+    # within 30 s (issue 16 note).
+    @pytest.mark.flaky(reruns=2, reruns_delay=1)
     async def test_gpu_fault_drains_requeues_onto_spare_and_resumes_from_checkpoint(
         self, tmp_path: Path, cluster: SlurmCluster
     ) -> None:
