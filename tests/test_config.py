@@ -432,7 +432,7 @@ def test_no_settings_give_the_service_dataclasses_defaults() -> None:
 )
 def test_help_shows_the_dataclass_default(command: str, flag: str, shown: str) -> None:
     """`--help` takes each flag's default from the one dataclass field, in the flag's unit."""
-    sub = cli._subparsers(cli.build_parser(command)).choices[command]
+    sub = cli.subparsers(cli.build_parser(command)).choices[command]
     (action,) = [a for a in sub._actions if flag in a.option_strings]
     assert action.help is not None and action.help.replace("%%", "%").endswith(shown), action.help
 
@@ -565,7 +565,7 @@ def test_agent_runs_with_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     async def run(agent: Any) -> None:
         seen.append(agent)
 
-    monkeypatch.setattr(cli, "_run_agent", run)
+    monkeypatch.setattr(cli.services, "_run_agent", run)
     assert cli.main(["agent", "--config", str(path), "--interval-s", "4"]) == 0
     (agent,) = seen
     assert agent.config.node_id == "node-007" and agent.config.interval_s == 4.0

@@ -206,7 +206,7 @@ class TestFileErrors:
     def test_cli_tls_flags_go_together(self) -> None:
         args = cli.build_parser().parse_args(["agent", "--node-id", "n", "--tls-ca", "ca.pem"])
         with pytest.raises(ValueError, match="go together"):
-            cli._tls_settings(args)
+            cli.tls_settings(args)
 
 
 class _Ctx:
@@ -263,12 +263,12 @@ class TestAdminTokens:
     def test_cli_client_token(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         parser = cli.build_parser()
         monkeypatch.setenv(cli.ADMIN_TOKEN_ENV, "from-env-token-123456")
-        assert cli._client_token(parser.parse_args(["jobs"])) == "from-env-token-123456"
+        assert cli.client_token(parser.parse_args(["jobs"])) == "from-env-token-123456"
         f = tmp_path / "t"
         f.write_text(self.TOKEN + "\n")
-        assert cli._client_token(parser.parse_args(["jobs", "--admin-token-file", str(f)])) == self.TOKEN
+        assert cli.client_token(parser.parse_args(["jobs", "--admin-token-file", str(f)])) == self.TOKEN
         monkeypatch.delenv(cli.ADMIN_TOKEN_ENV)
-        assert cli._client_token(parser.parse_args(["jobs"])) is None
+        assert cli.client_token(parser.parse_args(["jobs"])) is None
 
     def test_cli_controller_auth(self, tmp_path: Path) -> None:
         f = tmp_path / "t"

@@ -1,0 +1,89 @@
+"""The `starpulse` command: services (controller, agent, relay), one-shot checks, queries, the demo.
+
+One module per command group; each adds its commands with ``register(sub)``. This module only
+builds the parser and runs the chosen command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from starpulse import __version__
+from starpulse.app.cli import admin, files, query, scan, services, simulate, topology
+from starpulse.app.cli.common import ADMIN_TOKEN_ENV, DEFAULT_CONTROLLER, client_token, tls_settings
+from starpulse.app.cli.services import cmd_agent, cmd_controller, cmd_relay, overrides
+
+__all__ = [
+    "ADMIN_TOKEN_ENV",
+    "DEFAULT_CONTROLLER",
+    "build_parser",
+    "client_token",
+    "cmd_agent",
+    "cmd_controller",
+    "cmd_relay",
+    "entrypoint",
+    "main",
+    "overrides",
+    "tls_settings",
+]
+
+_GROUPS = (scan, query, admin, topology, simulate, files)
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"starpulse {__version__}")
+    return 0
+
+
+def subparsers(parser: argparse.ArgumentParser) -> Any:
+    """The parser's subcommand action (argparse keeps it among the actions)."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, the service commands other than that one get no flags."""
+    p = argparse.ArgumentParser(prog="starpulse", description=__doc__.split("\n", 1)[0])
+    p.add_argument("--version", action="version", version=f"starpulse {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    services.register(sub, only)
+    for group in _GROUPS:
+        group.register(sub)
+    v = sub.add_parser("version", help="print the version")
+    v.set_defaults(func=cmd_version)
+    return p
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    given = list(argv if argv is not None else sys.argv[1:])
+    args = build_parser(_command_of(given) or "").parse_args(given)
+    args.argv = given  # which flags were given (they win over the file and the environment)
+    from starpulse.core.logs import configure_logging
+
+    # One-shot commands keep stdout for their output; services reconfigure for JSON on stdout.
+    configure_logging("warning", fmt="console", stream=sys.stderr)
+    from starpulse.core.schema import ConfigError
+
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:  # a bad TLS, token, rules, policy or fabric file: one line each, not a traceback
+        for line in exc.errors:
+            print(f"starpulse {args.command}: {line}", file=sys.stderr)
+        return 2
+
+
+def entrypoint() -> int:
+    """The console script: like main(), but a closed stdout (`starpulse … | head`) ends quietly.
+
+    Kept out of main() because tests call main() in-process, where SIG_DFL for SIGPIPE
+    would let any write to a closed pipe kill the test runner.
+    """
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return main()

@@ -1,0 +1,141 @@
+"""What the client commands share: the controller address, TLS and the admin token, one RPC with one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONTROLLER = "127.0.0.1:50051"
+
+
+def install_stop(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+
+
+ADMIN_TOKEN_ENV = "STARPULSE_ADMIN_TOKEN"
+
+
+def add_tls_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-ca", default=None, metavar="PEM", help="CA certificate (mutual TLS; with the two below)")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="this side's certificate")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="this side's private key")
+
+
+def add_client_auth_flags(parser: argparse.ArgumentParser) -> None:
+    add_tls_flags(parser)
+    parser.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="PATH",
+        help=f"file whose first line is the admin token to send (default: ${ADMIN_TOKEN_ENV})",
+    )
+
+
+def tls_settings(args: argparse.Namespace) -> Any:
+    """TLSSettings from --tls-ca/--tls-cert/--tls-key (all three or none); ValueError otherwise."""
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--tls-ca, --tls-cert and --tls-key go together")
+    from starpulse.core.tls import TLSSettings
+
+    return TLSSettings(ca_file=Path(args.tls_ca), cert_file=Path(args.tls_cert), key_file=Path(args.tls_key))
+
+
+def client_token(args: argparse.Namespace) -> str | None:
+    """The admin token to send: --admin-token-file (first token in it), else $STARPULSE_ADMIN_TOKEN."""
+    import os
+
+    if getattr(args, "admin_token_file", None):
+        from starpulse.core.auth import load_tokens
+
+        return load_tokens(args.admin_token_file)[0]
+    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+
+
+def client_channel(args: argparse.Namespace) -> Any:
+    """A channel to args.controller: mutual TLS when --tls-* are given, the admin token on every call."""
+    import grpc
+
+    tls = tls_settings(args)
+    if tls is not None:
+        from starpulse.core.tls import load_channel_credentials
+
+        channel = grpc.secure_channel(args.controller, load_channel_credentials(tls))
+    else:
+        channel = grpc.insecure_channel(args.controller)
+    token = client_token(args)
+    if token is None:
+        return channel
+    from starpulse.core.auth import bearer_metadata
+
+    extra = list(bearer_metadata(token))
+
+    class CallDetails(grpc.ClientCallDetails):
+        def __init__(self, details: Any, metadata: list[tuple[str, str]]) -> None:
+            self.method = details.method
+            self.timeout = details.timeout
+            self.metadata = metadata
+            self.credentials = details.credentials
+            self.wait_for_ready = getattr(details, "wait_for_ready", None)
+            self.compression = getattr(details, "compression", None)
+
+    class TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
+        """Adds ``authorization: Bearer <token>`` to every unary call."""
+
+        def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+            metadata = [*(client_call_details.metadata or ()), *extra]
+            return continuation(CallDetails(client_call_details, metadata), request)
+
+    return grpc.intercept_channel(channel, TokenInterceptor())
+
+
+def query_stub(args: argparse.Namespace) -> Any:
+    from starpulse.v1 import service_pb2_grpc as sgrpc
+
+    return sgrpc.QueryStub(client_channel(args))
+
+
+def admin_stub(args: argparse.Namespace) -> Any:
+    from starpulse.v1 import service_pb2_grpc as sgrpc
+
+    return sgrpc.AdminStub(client_channel(args))
+
+
+def age(ms: int) -> str:
+    if not ms:
+        return "never"
+    s = max(0.0, time.time() - ms / 1000)
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
+
+
+def rpc(command: str, args: argparse.Namespace, stub: Any, method: str, request: Any, timeout_s: float) -> Any:
+    """One RPC; None (after one line on stderr naming the controller and the status) when it fails."""
+    import grpc
+
+    try:
+        return getattr(stub, method)(request, timeout=timeout_s)
+    except grpc.RpcError as exc:
+        print(f"starpulse {command}: controller {args.controller}: {exc.code().name} {exc.details()}", file=sys.stderr)
+        return None
+
+
+def admin_call(command: str, args: argparse.Namespace, method: str, request: Any) -> Any:
+    """One Admin RPC; None (after one line on stderr) when it fails."""
+    return rpc(command, args, admin_stub(args), method, request, 30)
+
+
+def message_dict(message: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)

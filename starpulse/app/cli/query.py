@@ -1,0 +1,225 @@
+"""Read-only views of the fleet from the controller: nodes, events, incidents, spares, jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, admin_call, age, query_stub, rpc
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = rpc("nodes", args, query_stub(args), "ListNodes", spb.ListNodesRequest(), 10)
+    if resp is None:
+        return 2
+    if args.json:
+        rows = [
+            MessageToDict(n, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            for n in resp.nodes
+        ]
+        print(json.dumps({"nodes": rows}, indent=2))
+        return 0
+    print(f"{'NODE':<16} {'STATE':<12} {'LAST SEEN':<10} {'GPUS':>4} {'NICS':>4} {'EVENTS':>6}")
+    for n in resp.nodes:
+        print(
+            f"{n.node_id:<16} {n.state:<12} {age(n.last_seen_ms):<10} "
+            f"{n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}"
+        )
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+
+    from starpulse.core.findings import event_kind_name, severity_name
+    from starpulse.v1 import service_pb2 as spb
+
+    request = spb.ListEventsRequest(node_id=args.node or "", limit=args.limit)
+    resp = rpc("events", args, query_stub(args), "ListEvents", request, 10)
+    if resp is None:
+        return 2
+    rows = [
+        {
+            "node": e.node_id,
+            "seq": e.event.seq,
+            "timestamp_ms": e.event.timestamp_ms,
+            "kind": event_kind_name(e.event.kind),
+            "severity": severity_name(e.event.severity),
+            "component": e.event.component,
+            "action": e.event.action,
+            "xid": e.event.xid or None,
+            "message": e.event.message,
+        }
+        for e in resp.events
+    ]
+    if args.json:
+        print(json.dumps({"events": rows}, indent=2))
+        return 0
+    for r in rows:
+        when = time.strftime("%H:%M:%S", time.localtime(r["timestamp_ms"] / 1000))
+        print(
+            f"{when} {r['node']:<14} {r['severity']:>8} {r['kind']:<18} {r['component']:<12} "
+            f"{r['action']:<14} {r['message']}"
+        )
+    return 0
+
+
+def cmd_incidents(args: argparse.Namespace) -> int:
+
+    from starpulse.v1 import service_pb2 as spb
+
+    request = spb.ListIncidentsRequest(include_resolved=args.all, limit=args.limit)
+    resp = rpc("incidents", args, query_stub(args), "ListIncidents", request, 10)
+    if resp is None:
+        return 2
+    rows = [
+        {
+            "id": i.id,
+            "kind": i.kind,
+            "root_cause": i.root_cause,
+            "component_type": i.component_type,
+            "affected_nodes": list(i.affected_nodes),
+            "affected_jobs": list(i.affected_jobs),
+            "severity": i.severity,
+            "action": i.action,
+            "evidence": json.loads(i.evidence_json or "[]"),
+            "opened_ms": i.opened_ms,
+            "resolved_ms": i.resolved_ms or None,
+        }
+        for i in resp.incidents
+    ]
+    if args.json:
+        print(json.dumps({"incidents": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no open incidents" if not args.all else "no incidents")
+    for r in rows:
+        state = "open" if r["resolved_ms"] is None else "resolved"
+        nodes = r["affected_nodes"]
+        shown = ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else "")
+        print(
+            f"{r['id']:<11} {state:<8} {r['severity']:>8} {r['kind']:<13} {r['root_cause'] or '(network)':<30} "
+            f"{r['action']:<20} {age(r['opened_ms']):<9} {shown}"
+        )
+    return 0
+
+
+def cmd_spares(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = admin_call("spares", args, "ListSpares", spb.SparesRequest())
+    if resp is None:
+        return 2
+    rows = [
+        {
+            "spare": s.spare,
+            "healthy": s.healthy,
+            "allocated_to": s.allocated_to or None,
+            "job": s.job or None,
+            "block": s.block if s.HasField("block") else None,
+            "source": s.source,
+        }
+        for s in resp.spares
+    ]
+    if args.json:
+        print(json.dumps({"spares": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no spares")
+        return 0
+    print(f"{'SPARE':<16} {'HEALTHY':<8} {'BLOCK':>5} {'ALLOCATED TO':<16} {'JOB':<20} SOURCE")
+    for r in rows:
+        block = "-" if r["block"] is None else str(r["block"])
+        print(
+            f"{r['spare']:<16} {'yes' if r['healthy'] else 'no':<8} {block:>5} "
+            f"{r['allocated_to'] or '-':<16} {r['job'] or '-':<20} {r['source']}"
+        )
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = admin_call("jobs", args, "ListJobs", spb.JobsRequest())
+    if resp is None:
+        return 2
+    rows = [
+        {
+            "job": j.job,
+            "state": j.state,
+            "nodes": list(j.nodes),
+            "world_size": j.world_size,
+            "step": j.step,
+            "checkpoint_dir": j.checkpoint_dir,
+            "last_complete_step": j.last_complete_step,
+            "last_complete_path": j.last_complete_path,
+            "last_complete_ms": j.last_complete_ms or None,
+            "restarts": j.restarts,
+            "steps_lost": j.steps_lost,
+            "downtime_s": j.downtime_s,
+            "resumed_from_step": j.resumed_from_step if j.HasField("resumed_from_step") else None,
+            "resumed_from_checkpoint": (j.resumed_from_checkpoint if j.HasField("resumed_from_checkpoint") else None),
+        }
+        for j in resp.jobs
+    ]
+    if args.json:
+        print(json.dumps({"jobs": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no jobs")
+        return 0
+    print(
+        f"{'JOB':<20} {'STATE':<12} {'STEP':>8} {'CHECKPOINT':>10} {'RESTARTS':>8} {'LOST':>6} "
+        f"{'DOWN S':>8} {'RESUMED':>8}  NODES"
+    )
+    for r in rows:
+        nodes = r["nodes"]
+        shown = ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else "")
+        resumed = "-" if r["resumed_from_step"] is None else str(r["resumed_from_step"])
+        print(
+            f"{r['job']:<20} {r['state']:<12} {r['step']:>8} {r['last_complete_step']:>10} {r['restarts']:>8} "
+            f"{r['steps_lost']:>6} {r['downtime_s']:>8.1f} {resumed:>8}  {shown}"
+        )
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add this group's commands to the top-level subparsers."""
+    n = sub.add_parser("nodes", help="list nodes the controller knows")
+    n.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    add_client_auth_flags(n)
+    n.add_argument("--json", action="store_true")
+    n.set_defaults(func=cmd_nodes)
+
+    e = sub.add_parser("events", help="list recent events")
+    e.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    add_client_auth_flags(e)
+    e.add_argument("--node", default=None)
+    e.add_argument("--limit", type=int, default=50)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_events)
+
+    i = sub.add_parser("incidents", help="list incidents (root causes on the fabric)")
+    i.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    add_client_auth_flags(i)
+    i.add_argument("--all", action="store_true", help="include resolved incidents")
+    i.add_argument("--limit", type=int, default=100)
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_incidents)
+
+    sp = sub.add_parser("spares", help="hot spares: health, block, allocation")
+    sp.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    add_client_auth_flags(sp)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_spares)
+
+    jb = sub.add_parser("jobs", help="training jobs: restarts, steps lost, downtime, last complete checkpoint")
+    jb.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    add_client_auth_flags(jb)
+    jb.add_argument("--json", action="store_true")
+    jb.set_defaults(func=cmd_jobs)

@@ -1,0 +1,65 @@
+"""Simulated clusters: `starpulse scenario run` and `starpulse demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+
+def cmd_scenario_run(args: argparse.Namespace) -> int:
+    from starpulse.app.scenario.runner import run_scenario
+    from starpulse.app.scenario.spec import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.file)
+    except (ScenarioError, OSError) as exc:
+        print(f"starpulse scenario run: {exc}", file=sys.stderr)
+        return 2
+    verdict = asyncio.run(run_scenario(scenario))
+    if args.json:
+        print(json.dumps(verdict, indent=2))
+    else:
+        _print_verdict(verdict)
+    return 0 if verdict["expectations"]["passed"] else 1
+
+
+def _print_verdict(verdict: dict[str, Any]) -> None:
+    print(f"scenario {verdict['scenario']} ({verdict['duration_s']:g} s)")
+    for f in verdict["faults"]:
+        found = f"-> {f['incident']} after {f['detection_latency_s']:.1f} s" if f["incident"] else "-> NOT DETECTED"
+        print(f"  fault {f['kind']:<22} {f['target']:<28} at {f['at_s']:>5.1f} s {found}")
+    for i in verdict["incidents"]:
+        resolved = "open" if i["resolved_at_s"] is None else f"resolved {i['resolved_at_s']:.1f} s"
+        print(
+            f"  {i['id']} {i['kind']:<13} {i['root_cause'] or '(network)':<30} {i['severity']:>8} "
+            f"{len(i['affected_nodes']):>3} nodes  opened {i['opened_at_s']:.1f} s, {resolved}"
+        )
+    exp = verdict["expectations"]
+    if exp["checked"]:
+        print("expectations: " + ("passed" if exp["passed"] else "FAILED: " + "; ".join(exp["failures"])))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from starpulse.app.demo import run_demo
+
+    return run_demo(nodes=args.nodes, duration_s=args.duration, http=args.http, listen=args.listen)
+
+
+def register(sub: Any) -> None:
+    """Add this group's commands to the top-level subparsers."""
+    sc = sub.add_parser("scenario", help="run fault scenarios on a simulated cluster")
+    scsub = sc.add_subparsers(dest="scenario_command", required=True)
+    scr = scsub.add_parser("run", help="run one scenario file and print its verdict")
+    scr.add_argument("file")
+    scr.add_argument("--json", action="store_true")
+    scr.set_defaults(func=cmd_scenario_run)
+
+    d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")
+    d.add_argument("--nodes", type=int, default=16)
+    d.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
+    d.add_argument("--listen", default="127.0.0.1:0")
+    d.add_argument("--http", default="127.0.0.1:8080")
+    d.set_defaults(func=cmd_demo)

@@ -1,0 +1,87 @@
+"""`starpulse topology`: generate a fabric file, show the live graph."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, query_stub, rpc
+
+
+def cmd_topology_generate(args: argparse.Namespace) -> int:
+    from controller.fabric import generate_fabric, save_fabric
+
+    try:
+        fabric = generate_fabric(
+            args.nodes, args.gpus_per_node, args.rails, args.nodes_per_block, args.spines, spares=args.spares
+        )
+    except ValueError as exc:
+        print(f"starpulse topology generate: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        save_fabric(fabric, args.out)
+        print(f"wrote {args.out}: {json.dumps(fabric.summary(), sort_keys=True)}")
+    else:
+        from controller.fabric import fabric_to_dict
+
+        print(json.dumps(fabric_to_dict(fabric), indent=1))
+    return 0
+
+
+def cmd_topology_show(args: argparse.Namespace) -> int:
+    if args.file:
+        from controller.fabric import FabricFileError, load_fabric
+
+        try:
+            summary = load_fabric(args.file).summary()
+        except (FabricFileError, OSError) as exc:
+            print(f"starpulse topology show: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = rpc("topology show", args, query_stub(args), "GetTopology", spb.TopologyRequest(), 10)
+    if resp is None:
+        return 2
+    out = {
+        "summary": json.loads(resp.summary_json or "{}"),
+        "nodes_reporting_lldp": resp.nodes_reporting_lldp,
+        "miswired": list(resp.miswired),
+        "unknown_devices": list(resp.unknown_devices),
+        "missing_links": list(resp.missing_links),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(json.dumps(out["summary"], sort_keys=True))
+    print(f"LLDP reported by {resp.nodes_reporting_lldp} nodes/switches")
+    for line in out["miswired"] + out["unknown_devices"] + out["missing_links"]:
+        print(f"  {line}")
+    if not (out["miswired"] or out["unknown_devices"] or out["missing_links"]):
+        print("  wiring matches the declared fabric")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add this group's commands to the top-level subparsers."""
+    t = sub.add_parser("topology", help="fabric topology: generate a fabric file, show the live graph")
+    tsub = t.add_subparsers(dest="topology_command", required=True)
+    tg = tsub.add_parser("generate", help="a Xingmai-style multi-rail Clos")
+    tg.add_argument("--nodes", type=int, required=True)
+    tg.add_argument("--gpus-per-node", type=int, default=8)
+    tg.add_argument("--rails", type=int, default=8)
+    tg.add_argument("--nodes-per-block", type=int, default=16)
+    tg.add_argument("--spines", type=int, default=8)
+    tg.add_argument("--spares", type=int, default=0)
+    tg.add_argument("--out", default=None, help="file to write (JSON, or YAML for .yaml); default stdout")
+    tg.set_defaults(func=cmd_topology_generate)
+    ts = tsub.add_parser("show", help="summarise the live graph (or a fabric file)")
+    ts.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    add_client_auth_flags(ts)
+    ts.add_argument("--file", default=None)
+    ts.add_argument("--json", action="store_true")
+    ts.set_defaults(func=cmd_topology_show)
