@@ -8,18 +8,18 @@ judgement is a port leaving or re-entering ACTIVE/LinkUp.
 
 from __future__ import annotations
 
-import errno
 import functools
 import math
 import os
 import re
 import time
-from collections.abc import Iterable
+import weakref
 from dataclasses import dataclass
 
 import structlog
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from agent.collectors.counterfiles import PROCESS_BUDGET, CounterFiles, FileBudget
 from agent.collectors.pci import PCI_ADDR_RE
 from starpulse.core import vocab
 from starpulse.core.findings import Finding
@@ -31,7 +31,6 @@ log = structlog.get_logger(__name__)
 SOURCE = "sysfs"
 STATE_ACTIVE = 4
 PHYS_LINK_UP = 5
-_U64_MAX = (1 << 64) - 1
 _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 
@@ -74,165 +73,6 @@ def _read_text(path: str) -> str | None:
     return data.decode("utf-8", errors="replace").strip()
 
 
-# Counter directories never gain or lose files while the driver is loaded: list each once,
-# and keep the directory open so each counter is an openat() of a bare name. Each counter
-# file also stays open once read: a sysfs attribute read at offset 0 (pread) is generated
-# afresh by the kernel (seq_file restarts at position 0), so one syscall replaces open +
-# read + close for each of the ~700 files of a full read on an 8-rail node.
-# A removed device's open attributes fail with ENODEV, which drops the directory; every
-# re-list (revalidate_dirs) also drops directories whose path now names another inode.
-@dataclass
-class _CounterDir:
-    fd: int
-    names: list[str]
-    files: dict[str, int]  # name -> open fd
-
-
-_dir_cache: dict[str, _CounterDir] = {}
-
-
-def _kept_files_max() -> int:
-    """Counter files kept open in all: a quarter of the soft fd limit, the rest is the agent's."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, ValueError, OSError):
-        return 256
-    return 4096 if soft == resource.RLIM_INFINITY else max(0, min(4096, soft // 4))
-
-
-@dataclass
-class _Budget:
-    kept: int
-    max: int
-
-
-_files = _Budget(0, _kept_files_max())
-
-
-def _counter_dir(path: str) -> _CounterDir | None:
-    cached = _dir_cache.get(path)
-    if cached is None:
-        try:
-            names = sorted(e.name for e in os.scandir(path) if e.is_file())
-            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            return None
-        cached = _CounterDir(dir_fd, names, {})
-        _dir_cache[path] = cached
-    return cached
-
-
-def _forget_dir(path: str) -> None:
-    cached = _dir_cache.pop(path, None)
-    if cached is None:
-        return
-    for fd in cached.files.values():
-        os.close(fd)
-    _files.kept -= len(cached.files)
-    os.close(cached.fd)
-
-
-def revalidate_dirs(paths: Iterable[str]) -> None:
-    """Drop those cached counter directories that are gone or were re-created (another inode)."""
-    for path in paths:
-        cached = _dir_cache.get(path)
-        if cached is None:
-            continue
-        try:
-            same = os.stat(path).st_ino == os.fstat(cached.fd).st_ino
-        except OSError:
-            same = False
-        if not same:
-            _forget_dir(path)
-
-
-def _read_counter(d: _CounterDir, name: str) -> int | None:
-    """One counter of a cached directory; None when unreadable, not an integer or out of range.
-
-    Raises FileNotFoundError when the file is gone (the caller drops the directory).
-    """
-    fd = d.files.get(name)
-    if fd is None:
-        fd = os.open(name, os.O_RDONLY, dir_fd=d.fd)  # FileNotFoundError: gone
-        if _files.kept < _files.max:
-            d.files[name] = fd
-            _files.kept += 1
-        else:
-            try:
-                return _parse_counter(os.read(fd, 64))
-            except OSError:
-                return None
-            finally:
-                os.close(fd)
-    try:
-        data = os.pread(fd, 64, 0)
-    except OSError as e:
-        if e.errno == errno.ENODEV:  # the device went away under the open attribute
-            raise FileNotFoundError(e.errno, e.strerror) from e
-        return None
-    return _parse_counter(data)
-
-
-def _parse_counter(data: bytes) -> int | None:
-    try:
-        value = int(data)
-    except ValueError:
-        return None
-    return value if 0 <= value <= _U64_MAX else None
-
-
-def read_counter_dir(path: str) -> dict[str, int]:
-    """Every integer file of a counters directory; unreadable or non-integer files are skipped.
-
-    Files are kept open and re-read with pread (see above). A vanished file (device
-    re-created) drops the cache entry.
-    """
-    out: dict[str, int] = {}
-    cached = _counter_dir(path)
-    if cached is None:
-        return out
-    stale = False
-    for name in cached.names:
-        try:
-            value = _read_counter(cached, name)
-        except FileNotFoundError:
-            stale = True
-            continue
-        except OSError:
-            value = None
-        if value is None:
-            log.debug("rdma_counter_unreadable", path=f"{path}/{name}")
-            continue
-        out[name] = value
-    if stale:
-        _forget_dir(path)
-    return out
-
-
-def read_counter_names(path: str, names: tuple[str, ...]) -> dict[str, int]:
-    """The named integer files of a counters directory (those that exist and parse)."""
-    out: dict[str, int] = {}
-    cached = _counter_dir(path)
-    if cached is None:
-        return out
-    stale = False
-    for name in names:
-        try:
-            value = _read_counter(cached, name)
-        except FileNotFoundError:
-            stale = name in cached.names or stale
-            continue
-        except OSError:
-            continue
-        if value is not None:
-            out[name] = value
-    if stale:
-        _forget_dir(path)
-    return out
-
-
 @dataclass
 class _PortFiles:
     """A port's state, phys_state and rate files kept open while its directory is the same one.
@@ -249,6 +89,14 @@ class _PortFiles:
 
     ino: int
     fds: dict[str, int]  # attribute name -> open fd
+
+
+def _release_port_files(kept: dict[str, _PortFiles], budget: FileBudget) -> None:
+    while kept:
+        files = kept.popitem()[1]
+        for fd in files.fds.values():
+            os.close(fd)
+        budget.give_back(len(files.fds))
 
 
 # Read every cycle even between full counter reads: the traffic counters (fail-slow
@@ -293,8 +141,10 @@ class RdmaSysfsCollector:
 
     name = "nic"
 
-    def __init__(self, sysfs_root: str = "/sys") -> None:
+    def __init__(self, sysfs_root: str = "/sys", budget: FileBudget = PROCESS_BUDGET) -> None:
+        """``budget``: how many files may stay open for re-reading (shared by the process's collectors)."""
         self.sysfs_root = sysfs_root
+        self._budget = budget
         self.ib_root = os.path.join(sysfs_root, "class", "infiniband")
         self.net_root = os.path.join(sysfs_root, "class", "net")
         self._ports: dict[str, _PortState] = {}
@@ -312,6 +162,8 @@ class RdmaSysfsCollector:
         self._layout: list[_PortPaths] | None = None
         self._layout_at = 0.0
         self._port_files: dict[str, _PortFiles] = {}  # by port path
+        self._counters = CounterFiles(budget)  # counter directories and files kept open, closed with the collector
+        weakref.finalize(self, _release_port_files, self._port_files, budget)  # dropped without close()
 
     # -- discovery ------------------------------------------------------------------
     def devices(self) -> list[str]:
@@ -409,8 +261,8 @@ class RdmaSysfsCollector:
         listed = layout is None or now - self._layout_at >= self.slow_every_s
         if layout is None or listed:
             if layout is not None:
-                revalidate_dirs(d for pp in layout for d in (f"{pp.path}/counters", f"{pp.path}/hw_counters"))
-                revalidate_dirs(f"{pp.nd}/statistics" for pp in layout if pp.nd)
+                self._counters.revalidate(d for pp in layout for d in (f"{pp.path}/counters", f"{pp.path}/hw_counters"))
+                self._counters.revalidate(f"{pp.nd}/statistics" for pp in layout if pp.nd)
             layout = self._layout = self._list_ports()
             self._layout_at = now
             for path in list(self._port_files):  # reopened by path: a file replaced within its directory
@@ -480,8 +332,7 @@ class RdmaSysfsCollector:
             kept = self._port_files[p] = _PortFiles(ino, {})
         return self._attr(kept, p, "state"), self._attr(kept, p, "phys_state"), self._attr(kept, p, "rate")
 
-    @staticmethod
-    def _attr(kept: _PortFiles, p: str, name: str) -> str | None:
+    def _attr(self, kept: _PortFiles, p: str, name: str) -> str | None:
         fd = kept.fds.get(name)
         if fd is not None:
             try:
@@ -489,7 +340,7 @@ class RdmaSysfsCollector:
             except OSError:  # ENODEV (gone under the open file) or a driver error: reopen by path
                 del kept.fds[name]
                 os.close(fd)
-                _files.kept -= 1
+                self._budget.give_back()
             else:
                 return data.decode("utf-8", errors="replace").strip() if len(data) < 4096 else _read_text(f"{p}/{name}")
         path = f"{p}/{name}"
@@ -502,9 +353,8 @@ class RdmaSysfsCollector:
         except OSError:
             os.close(fd)
             return None
-        if len(data) < 4096 and _files.kept < _files.max:
+        if len(data) < 4096 and self._budget.take():
             kept.fds[name] = fd
-            _files.kept += 1
         else:
             os.close(fd)
             if len(data) >= 4096:  # not a sysfs attribute (at most a page): read it whole
@@ -513,11 +363,8 @@ class RdmaSysfsCollector:
 
     def _drop_port_files(self, p: str) -> None:
         kept = self._port_files.pop(p, None)
-        if kept is None:
-            return
-        for fd in kept.fds.values():
-            os.close(fd)
-        _files.kept -= len(kept.fds)
+        if kept is not None:
+            _release_port_files({p: kept}, self._budget)
 
     def _fill(self, pp: _PortPaths, now: float, s: tpb.NicSample, state_txt: str, phys_txt: str, rate_txt: str) -> None:
         p = pp.path
@@ -529,20 +376,20 @@ class RdmaSysfsCollector:
         slow = self._slow.get(key)
         if slow is None or slow.netdev != netdev or now - slow.read_at >= self.slow_every_s:
             template = tpb.NicSample(
-                counters=read_counter_dir(f"{p}/counters"),
-                hw_counters=read_counter_dir(f"{p}/hw_counters"),
-                netdev_stats=read_counter_dir(f"{nd}/statistics") if nd else {},
+                counters=self._counters.read_dir(f"{p}/counters"),
+                hw_counters=self._counters.read_dir(f"{p}/hw_counters"),
+                netdev_stats=self._counters.read_dir(f"{nd}/statistics") if nd else {},
             )
             self._slow[key] = _SlowCounters(now, netdev, template)
             s.CopyFrom(template)
         else:
             s.CopyFrom(slow.template)
             counters = s.counters
-            for name, value in read_counter_names(f"{p}/counters", FAST_COUNTERS).items():
+            for name, value in self._counters.read_names(f"{p}/counters", FAST_COUNTERS).items():
                 counters[name] = value
             if nd:
                 stats = s.netdev_stats
-                for name, value in read_counter_names(f"{nd}/statistics", FAST_NETDEV_STATS).items():
+                for name, value in self._counters.read_names(f"{nd}/statistics", FAST_NETDEV_STATS).items():
                     stats[name] = value
         s.rdma_device = pp.dev
         s.port = pp.port
@@ -597,6 +444,6 @@ class RdmaSysfsCollector:
         return None
 
     def close(self) -> None:
-        """Close the kept port files (the counter directories are shared by all instances)."""
-        for p in list(self._port_files):
-            self._drop_port_files(p)
+        """Close every file this collector keeps open: port attributes and counter directories."""
+        _release_port_files(self._port_files, self._budget)
+        self._counters.close()

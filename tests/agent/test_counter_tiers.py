@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.collectors import rdma
+from agent.collectors.counterfiles import FileBudget
 from agent.collectors.gpu import NvmlGpuCollector
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.sim.fake_nvml import FakeNvml
@@ -195,14 +196,14 @@ class TestInPlaceSamples:
         """Samples are filled where they lie in the report: one that fails after it was added is removed."""
         FakeSysfs(str(tmp_path), nics=2)
         c = RdmaSysfsCollector(str(tmp_path))
-        real = rdma.read_counter_dir
+        real = c._counters.read_dir
 
         def flaky(path: str) -> dict[str, int]:
             if "/mlx5_1/" in path:
                 raise RuntimeError("boom")
             return real(path)
 
-        monkeypatch.setattr(rdma, "read_counter_dir", flaky)
+        monkeypatch.setattr(c._counters, "read_dir", flaky)
         r = nic_report(c)
         assert [n.rdma_device for n in r.nics] == ["mlx5_0", "mlx5_bond_0"]
         assert all(n.counters for n in r.nics)
@@ -226,9 +227,8 @@ class TestKeptCounterFiles:
         assert nic_report(c).nics[0].counters["symbol_error"] == 12345
 
     def test_no_fd_budget_still_reads(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(rdma._files, "max", 0)
         fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
-        c = RdmaSysfsCollector(str(tmp_path))
+        c = RdmaSysfsCollector(str(tmp_path), budget=FileBudget(0, 0))
         before = nic_report(c).nics[0].counters["symbol_error"]
         fs.error_burst(0, 3)
         assert nic_report(c).nics[0].counters["symbol_error"] == before + 3
@@ -241,18 +241,11 @@ def _open_fds() -> int:
 class TestKeptPortFiles:
     """A port's state, phys_state and rate files stay open between cycles (pread at offset 0)."""
 
-    @pytest.fixture(autouse=True)
-    def _empty_budget(self) -> None:
-        """Start from an empty kept-file budget: it is process-wide, and the counter directories of
-        collectors earlier tests ran (a simulated cluster's dozens of nodes) hold it to its limit,
-        after which nothing more is kept and these fd counts fail in whichever worker runs them."""
-        for path in list(rdma._dir_cache):
-            rdma._forget_dir(path)
-
     def test_state_changes_are_seen_and_close_releases_the_files(self, tmp_path: Path) -> None:
         fs = FakeSysfs(str(tmp_path), nics=2)
         before = _open_fds()
-        c = RdmaSysfsCollector(str(tmp_path))
+        budget = FileBudget(0, 4096)  # its own: what other tests' collectors keep does not count
+        c = RdmaSysfsCollector(str(tmp_path), budget=budget)
         c.slow_every_s = 3600.0
         assert nic_report(c).nics[1].state == "ACTIVE"
         kept = _open_fds() - before
@@ -263,8 +256,21 @@ class TestKeptPortFiles:
         assert (r.nics[1].state, r.nics[1].phys_state) == ("DOWN", "Disabled")
         assert r.nics[0].rate_gbps == 200.0
         assert _open_fds() - before == kept  # read through the same files
+        assert budget.kept > 0
         c.close()
-        assert _open_fds() - before == kept - 9
+        assert _open_fds() == before  # port files and counter directories alike
+        assert budget.kept == 0
+
+    def test_a_collector_dropped_without_close_gives_its_files_back(self, tmp_path: Path) -> None:
+        """A simulated cluster's agents come and go in one process: none may keep the budget."""
+        FakeSysfs(str(tmp_path), nics=2)
+        before = _open_fds()
+        budget = FileBudget(0, 4096)
+        c = RdmaSysfsCollector(str(tmp_path), budget=budget)
+        nic_report(c)
+        assert budget.kept > 0 and _open_fds() > before
+        del c
+        assert budget.kept == 0 and _open_fds() == before
 
     def test_enodev_reopens_by_path(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """On sysfs a removed device's open attribute answers ENODEV: the file is opened again by its path."""
@@ -322,9 +328,8 @@ class TestKeptPortFiles:
         assert nic_report(c).nics[0].rate_gbps == 100.0
 
     def test_no_fd_budget_keeps_nothing_open(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(rdma._files, "max", 0)
         fs = FakeSysfs(str(tmp_path), nics=1, with_bond=False)
-        c = RdmaSysfsCollector(str(tmp_path))
+        c = RdmaSysfsCollector(str(tmp_path), budget=FileBudget(0, 0))
         nic_report(c)
         assert c._port_files and not any(k.fds for k in c._port_files.values())
         fs.set_port_down(0)

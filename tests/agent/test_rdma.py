@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.collectors.counterfiles import CounterFiles
 from agent.collectors.pci import pair_nics_with_gpus, pci_device_path
 from agent.collectors.rdma import (
     RdmaSysfsCollector,
     parse_rate_gbps,
     parse_state,
-    read_counter_dir,
-    revalidate_dirs,
 )
 from agent.sim.fake_sysfs import COUNTERS, HW_COUNTERS, FakeSysfs
 from starpulse.core.vocab import canonical_pci
@@ -45,19 +44,12 @@ class IbNode:
         return ib
 
     def release(self) -> None:
-        """Let go of this tree's counter files, which the RDMA collector keeps open for the whole process.
-
-        They stay cached while their directory exists, under one budget of kept files shared by
-        every collector: trees left behind would starve the later tests in this worker. Only the
-        link to the recording (or the copy of it) is removed, never the recording.
-        """
+        """Remove the link to the recording (or the copy of it), never the recording."""
         ib = self.root / "class" / "infiniband"
-        dirs = [str(d) for d in ib.glob("*/ports/*/*counters")]
         if ib.is_symlink():
             ib.unlink()
         else:
             shutil.rmtree(self.root)
-        revalidate_dirs(dirs)
 
 
 @pytest.fixture
@@ -140,8 +132,10 @@ class TestParsers:
         (tmp_path / "empty").write_text("")
         (tmp_path / "negative").write_text("-1\n")
         (tmp_path / "sub").mkdir()
-        assert read_counter_dir(str(tmp_path)) == {"good": 42}
-        assert read_counter_dir(str(tmp_path / "missing")) == {}
+        files = CounterFiles()
+        assert files.read_dir(str(tmp_path)) == {"good": 42}
+        assert files.read_dir(str(tmp_path / "missing")) == {}
+        files.close()
 
 
 class TestRdmaOnH100Layout:
