@@ -91,7 +91,7 @@ class NodeRegistry:
         self,
         store: Store,
         metrics: ControllerMetrics,
-        heartbeat_timeout_s: float = 15.0,
+        heartbeat_timeout_s: float,
         allowed_nodes: Iterable[str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         last_seen_flush_s: float = 15.0,

@@ -67,7 +67,7 @@ def _healer(
         SparePool(fabric, lambda n: True, states),
         scheduler,
         jobs,
-        NodeRegistry(store, metrics),
+        NodeRegistry(store, metrics, heartbeat_timeout_s=15.0),
         metrics,
         fleet_size=lambda: 8,
         open_incidents=lambda: [],

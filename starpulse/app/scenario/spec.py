@@ -45,6 +45,7 @@ from agent.sim.faults import FAULTS
 from controller.fabric import Fabric, generate_fabric
 from controller.fabric.model import LINK_SEPARATOR
 from starpulse.core import vocab
+from starpulse.core.schema import ConfigError
 
 INCIDENT_KINDS: frozenset[str] = frozenset(vocab.INCIDENT_KINDS)
 PORT_SEPARATOR = ":port-"
@@ -54,8 +55,11 @@ _TOP_KEYS = frozenset({"name", "fabric", "spares", "jobs", "interval_s", "durati
 _FABRIC_KEYS = ("nodes", "gpus_per_node", "rails", "nodes_per_block", "spines")
 
 
-class ScenarioError(ValueError):
-    """The scenario file is malformed; the message names the file, the place and the key."""
+class ScenarioError(ConfigError):
+    """The scenario file is malformed; the message names the file, the place and the key.
+
+    A ConfigError like every other "this file is invalid": one line, exit 2.
+    """
 
 
 @dataclass(frozen=True)
