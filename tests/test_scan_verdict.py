@@ -159,3 +159,46 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and says in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+# -- --prolog / --epilog fail open -------------------------------------------------------------
+# (the drain itself, with real Slurm: tests/e2e/test_slurm_prolog.py)
+
+
+def prolog(*args: str, env_node: str | None = "gpu07") -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SLURMD_NODENAME"}
+    if env_node:
+        env["SLURMD_NODENAME"] = env_node
+    env["PATH"] = "/nonexistent"  # no scontrol: any attempt to drain would fail loudly
+    return subprocess.run([*STARPULSE, "scan", *args], capture_output=True, text=True, env=env, check=False)
+
+
+def test_prolog_that_times_out_never_drains() -> None:
+    out = prolog("--prolog", "--backend", "sim", "--timeout", "0.05")
+    assert out.returncode == 0 and "fail open" in out.stderr and "drained" not in out.stderr
+
+
+def test_prolog_that_cannot_check_never_drains(tmp_path: Path) -> None:
+    out = prolog("--prolog", "--backend", "none", "--expect", str(tmp_path / "nope.yaml"))
+    assert out.returncode == 0 and "could not check" in out.stderr and "not draining" in out.stderr
+
+
+def test_prolog_without_slurm_environment_fails_open() -> None:
+    out = prolog("--epilog", "--backend", "sim", env_node=None)
+    assert out.returncode == 0 and "SLURMD_NODENAME" in out.stderr
+
+
+def test_prolog_on_a_healthy_node_lets_the_job_run() -> None:
+    out = prolog("--prolog", "--backend", "sim")
+    assert out.returncode == 0 and out.stderr == ""
+
+
+def test_fleet_share_is_the_healers_rule() -> None:
+    """The prolog asks the same function the healer's guard does."""
+    from controller.heal.guards import fleet_share_refusal
+
+    assert fleet_share_refusal("n1", set(), 4, 0.05) is None  # at least one node always allowed
+    assert "fleet share" in (fleet_share_refusal("n2", {"n1"}, 4, 0.05) or "")
+    assert fleet_share_refusal("n1", {"n1"}, 4, 0.05) is None  # already out: not a new one

@@ -142,6 +142,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from starpulse.core.logs import configure_logging
 
     configure_logging("warning", fmt="console", stream=sys.stderr)
+    if args.prolog or args.epilog:
+        from starpulse.app.cli import preflight
+
+        return preflight.run(args)
     try:
         code, out = _scan(args)
     except (ExpectError, _Unavailable) as exc:
@@ -195,4 +199,7 @@ def register(sub: Any) -> None:
         "--sim-fault", action="append", metavar="KIND[:INDEX]", help="with --backend sim: inject a node fault first"
     )
     s.add_argument("--json", action="store_true")
+    from starpulse.app.cli.preflight import add_flags
+
+    add_flags(s)
     s.set_defaults(func=cmd_scan)
