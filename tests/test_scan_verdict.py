@@ -202,3 +202,15 @@ def test_fleet_share_is_the_healers_rule() -> None:
     assert fleet_share_refusal("n1", set(), 4, 0.05) is None  # at least one node always allowed
     assert "fleet share" in (fleet_share_refusal("n2", {"n1"}, 4, 0.05) or "")
     assert fleet_share_refusal("n1", {"n1"}, 4, 0.05) is None  # already out: not a new one
+
+
+def test_scan_reads_dev_kmsg_without_waiting(tmp_path: Path) -> None:
+    """/dev/kmsg is read up to its last record and never waited on (a prolog has 10 s)."""
+    import os
+
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    t0 = time.monotonic()
+    code, data, err = scan("--backend", "none", "--sysfs-root", str(tmp_path), "--kmsg", "/dev/kmsg", timeout=20)
+    assert data, err
+    assert code in (0, 1) and time.monotonic() - t0 < 15

@@ -8,6 +8,9 @@ message on its own.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections.abc import Iterable, Iterator
 
 from agent.collectors.kmsg import mlx5, nvidia
@@ -75,7 +78,31 @@ def scan_text(text: str) -> list[Finding]:
     return [f for _n, f in scan_numbered(text.splitlines())]
 
 
+def _read_kmsg_device(path: str) -> str:
+    """Everything /dev/kmsg holds now: one record per read, until it has no more (never waits)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    chunks: list[str] = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 16384)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # the ring buffer overwrote records: skip on
+                    continue
+                raise
+            if not data:
+                break
+            chunks.append(data.decode("utf-8", errors="replace"))
+    finally:
+        os.close(fd)
+    return "".join(chunks)
+
+
 def scan_file(path: str) -> list[Finding]:
-    """Read a saved kernel log once (any supported shape) and return its findings."""
+    """Read a kernel log once (a saved file in any supported shape, or /dev/kmsg) and return its findings."""
+    if stat.S_ISCHR(os.stat(path).st_mode):
+        return scan_text(_read_kmsg_device(path))
     with open(path, encoding="utf-8", errors="replace") as fh:
         return scan_text(fh.read())

@@ -92,7 +92,7 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     expected = nodecheck.load_expected(args.expect) if args.expect else None
     if args.sim_fault and args.backend != "sim":
         raise nodecheck.ExpectError("--sim-fault needs --backend sim")
-    if args.kmsg and not Path(args.kmsg).is_file():
+    if args.kmsg and not Path(args.kmsg).exists():
         raise nodecheck.ExpectError(f"--kmsg {args.kmsg}: no such file")
     if args.sysfs_root and not Path(args.sysfs_root).is_dir():
         raise nodecheck.ExpectError(f"--sysfs-root {args.sysfs_root}: no such directory")
