@@ -23,7 +23,6 @@ from starpulse.core.vocab import (
     ACTION_RESET_GPU,
     ACTIONS,
     SEVERITY_ORDER,
-    severity_for_action,
 )
 
 UNKNOWN_BUCKET = "UNKNOWN"
@@ -148,6 +147,19 @@ def lookup(xid: int) -> XidInfo:
     return XidInfo(xid, "UNKNOWN", f"Xid {xid} (not in the catalog)", UNKNOWN_BUCKET, ACTION_INVESTIGATE, "warning")
 
 
+# Buckets whose action is in the message, not the number: the agent decodes it into the event.
+MESSAGE_DECODED_BUCKETS = frozenset({"WORKFLOW_NVLINK5_ERR", "XID_154"})
+
+
+def rule_action(xid: int, event_action: str = "") -> str:
+    """The action an Xid event files under: the catalog's, or for 144-150 and 154 the one the
+    agent decoded from the message (a non-fatal 145 is not a reset; 154 names its own)."""
+    info = lookup(xid)
+    if info.immediate in MESSAGE_DECODED_BUCKETS and event_action in ACTIONS:
+        return event_action
+    return info.action
+
+
 def decode_nvlink5(xid: int, subcode: str, status: int | None) -> Nvlink5Decode | None:
     """The decode-sheet row for an Xid 144-150 message, or None where no public decode has it."""
     for row in _catalog().nvlink5:
@@ -184,8 +196,3 @@ RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
 def recovery_action(value: int) -> tuple[str, str]:
     """(name, action) for a recovery-action field value."""
     return RECOVERY_ACTIONS.get(value, (f"UNKNOWN_{value}", ACTION_INVESTIGATE))
-
-
-def severity_of(action: str) -> str:
-    """The severity an action implies (re-exported so decoders need not import vocab)."""
-    return severity_for_action(action)

@@ -183,3 +183,40 @@ def test_default_policy_never_evicts_for_an_unknown_xid(kind, severity):
     assert load_policy().decide(inc).action == ALERT_ONLY
     known = Incident(**{**inc.__dict__, "evidence": [{"rule": "gpu.xid.reboot", "evidence": {"xid": 79}}]})
     assert load_policy().decide(known).action != ALERT_ONLY  # the rule only spares unknown codes
+
+
+# -- the controller files a decoded Xid under the decoded bucket ----------------------------------
+
+
+def test_controller_rules_follow_the_decoded_action():
+    """A non-fatal 144/145 opens no reset rule; an Xid 154 naming a reboot opens the reboot rule."""
+    from controller.detect.rules import load_rules
+    from starpulse.v1 import telemetry_pb2 as tpb
+
+    rules = load_rules()
+
+    def ids(xid: int, action: str = "") -> list[str]:
+        return [r.id for r in rules.event_rules(tpb.EVENT_KIND_XID, xid, action)]
+
+    assert ids(144, "none") == ["gpu.xid.ignore"]
+    assert ids(145, "investigate") == ["gpu.xid.investigate"]
+    assert ids(149, "reset_gpu") == ["gpu.xid.reset_gpu"]
+    assert ids(154, "reboot") == ["gpu.xid.reboot"]
+    assert ids(154) == ["gpu.xid.investigate"]  # an event without an action: the number's bucket
+    assert ids(144) == ["gpu.xid.reset_gpu"]
+    assert ids(79, "none") == ["gpu.xid.reboot"]  # a number-decided Xid ignores what the event says
+
+
+def test_scan_verdict_of_a_nonfatal_nvlink5_xid_keeps_the_node(tmp_path):
+    """End to end through the controller's engine: a non-fatal 145 is no reason to take the node out."""
+    from agent.collectors.kmsg import scan_text
+    from starpulse.app.nodecheck import judge
+    from starpulse.v1 import inventory_pb2 as ipb
+    from starpulse.v1 import telemetry_pb2 as tpb
+
+    line = "NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x1 0x0)"
+    report = tpb.Report(seq=1, timestamp_ms=1_700_000_000_000)
+    v = judge("n1", ipb.Inventory(), [report], scan_text(line))
+    assert v.status == "healthy", v.to_dict()
+    fatal = "NVRM: Xid (PCI:0018:01:00): 145, RLW_REMAP Fatal XC0 i0 Link 13 (0x0409a0c2 0x00000040 0x1 0x0)"
+    assert judge("n1", ipb.Inventory(), [report], scan_text(fatal)).status == "unhealthy"
