@@ -57,6 +57,8 @@ class SlurmCluster:
         partition: str = "gpu",
         start_timeout_s: float = 30.0,
         node_names: list[str] | None = None,
+        extra_conf: list[str] | None = None,
+        scheduler_parameters: str = "sched_interval=1",
     ) -> None:
         self.requested_dir = Path(tmpdir)
         self.n = nodes
@@ -65,6 +67,8 @@ class SlurmCluster:
         # Names can follow a starpulse fabric (node-000, …) so agents, fabric and Slurm agree.
         self.node_names = node_names or [f"gpu{i:02d}" for i in range(1, nodes + 1)]
         self.n = len(self.node_names)
+        self.extra_conf = list(extra_conf or [])  # more slurm.conf lines (Prolog=, PrologFlags=, ...)
+        self.scheduler_parameters = scheduler_parameters
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.dir = self.requested_dir
         self.conf = self.dir / "slurm.conf"
@@ -169,7 +173,8 @@ class SlurmCluster:
             # Short waits so a requeued or cancelled run ends within seconds.
             "KillWait=2",
             "MinJobAge=300",
-            "SchedulerParameters=sched_interval=1",
+            f"SchedulerParameters={self.scheduler_parameters}",
+            *self.extra_conf,
         ]
         for name, port in zip(self.node_names, node_ports, strict=True):
             lines.append(

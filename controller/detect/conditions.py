@@ -267,7 +267,7 @@ class ConditionEngine:
                 entry = self._active.get((rule.id, comp))
                 if entry is not None:
                     self._resolve(entry, now, reason=event_kind_name(kind))
-            matched = rules.event_rules(kind, ev.xid)
+            matched = rules.event_rules(kind, ev.xid, ev.action)
             if not matched:
                 continue
             sev = _EVENT_SEVERITY.get(ev.severity, 0)

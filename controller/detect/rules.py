@@ -101,7 +101,7 @@ class RuleSet:
     by_kind: dict[str, tuple[Rule, ...]] = field(default_factory=dict)
     by_event: dict[int, tuple[Rule, ...]] = field(default_factory=dict)  # event kind -> rules it opens
     resolving_event: dict[int, tuple[Rule, ...]] = field(default_factory=dict)  # event kind -> rules it resolves
-    _xid_cache: dict[int, tuple[Rule, ...]] = field(default_factory=dict, repr=False)
+    _xid_cache: dict[tuple[int, str], tuple[Rule, ...]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         by_kind: dict[str, list[Rule]] = {k: [] for k in self.registry.kinds()}
@@ -129,25 +129,25 @@ class RuleSet:
     def ids(self) -> list[str]:
         return [r.id for r in self.rules]
 
-    def event_rules(self, kind: int, xid: int) -> tuple[Rule, ...]:
-        """Rules an event of ``kind`` (with ``xid``, 0 when none) can open; Xid filters applied, memoised."""
-        key = kind << 32 | xid
+    def event_rules(self, kind: int, xid: int, action: str = "") -> tuple[Rule, ...]:
+        """Rules an event of ``kind`` (with ``xid``, 0 when none) can open; Xid filters applied, memoised.
+
+        ``action`` is the agent's: for Xids whose action is in the message (144-150, 154) it
+        picks the bucket the event files under (starpulse.core.xid.rule_action).
+        """
+        bucket_action = xidcat.rule_action(xid, action) if xid else ""
+        key = (kind << 32 | xid, bucket_action)
         cached = self._xid_cache.get(key)
         if cached is not None:
             return cached
         candidates = self.by_event.get(kind, ())
-        info = xidcat.lookup(xid) if xid else None
         out = tuple(
             r
             for r in candidates
             if (
                 _xid_free(r)
-                or (info is not None and xid in (r.params.get("xids") or ()))
-                or (
-                    info is not None
-                    and r.params.get("xid_action") is not None
-                    and info.action == r.params["xid_action"]
-                )
+                or (xid and xid in (r.params.get("xids") or ()))
+                or (xid and r.params.get("xid_action") is not None and bucket_action == r.params["xid_action"])
             )
         )
         if len(self._xid_cache) < 4096:

@@ -247,6 +247,18 @@ class CircuitBreaker:
         ]
 
 
+def fleet_share_refusal(node: str, out: set[str], fleet_size: int, max_share: float) -> str | None:
+    """Why taking ``node`` out would exceed the fleet share (``out``: nodes already out), or None.
+
+    The one rule for every drain, the healer's and a Slurm prolog's alike: at most
+    ``max_share`` of the fleet out of service at once, at least one node always allowed.
+    """
+    limit = max(1, math.floor(max_share * fleet_size))
+    if node not in out and len(out) + 1 > limit:
+        return f"fleet share: {len(out)} of {fleet_size} nodes already out (max {max_share:g} = {limit})"
+    return None
+
+
 class Guards:
     """The checks of the module docstring, over the remediation store and their own tables."""
 
@@ -397,14 +409,9 @@ class Guards:
                 "SELECT node FROM heal_grants WHERE mode = ? AND at_ms > ?", (granted_mode, since)
             )
         }
-        limit = max(1, math.floor(cfg.max_fleet_share * fleet_size))
-        if node not in out and len(out) + 1 > limit:
-            return Verdict(
-                False,
-                f"fleet share: {len(out)} of {fleet_size} nodes already out (max {cfg.max_fleet_share:g} = {limit})",
-                mode,
-                "fleet_share",
-            )
+        refusal = fleet_share_refusal(node, out, fleet_size, cfg.max_fleet_share)
+        if refusal is not None:
+            return Verdict(False, refusal, mode, "fleet_share")
         return None
 
     def _grant(self, node: str, incident: Incident, decision: Decision, granted_mode: str, now: int) -> None:

@@ -13,7 +13,8 @@ Schema (``default_policy.yaml`` is the annotated reference)::
         min_severity: info | warning | critical | fatal     # below it: alert_only
         checkpoint_first: true | false | {when: MATCH, unless: MATCH}
         by_action: {<incident action>: <action>}             # e.g. reboot: reboot
-        by_xid: {<xid number>: <action>}                     # wins over by_action
+        by_xid: {<xid number> | unknown: <action>}           # wins over by_action; "unknown": an
+                                                             # Xid not in NVIDIA's catalog
     agent_commands: [reset_gpu, reboot]                      # may be requested from agents
     escalation:
       same_gpu_fatal_xid: {count: 3, window: 24h, min_severity: critical, action: rma}
@@ -47,6 +48,7 @@ from controller.detect.model import Incident
 from controller.heal.states import RemediationStore
 from controller.store import transaction
 from starpulse.core import vocab
+from starpulse.core import xid as xidcat
 from starpulse.core.clock import Clock
 from starpulse.core.schema import ConfigError
 from starpulse.core.units import parse_quantity
@@ -204,6 +206,19 @@ def evidence_rules(incident: Incident) -> list[str]:
     return [str(e["rule"]) for e in incident.evidence if isinstance(e, dict) and e.get("rule")]
 
 
+# The by_xid key for "an Xid not in NVIDIA's catalog" (no Xid is numbered 0).
+UNKNOWN_XID = 0
+
+
+def _xid_key(by_xid: dict[int, str], xid: int) -> int | None:
+    """The by_xid entry that applies to ``xid``: its own, else "unknown" for an uncatalogued one."""
+    if xid in by_xid:
+        return xid
+    if UNKNOWN_XID in by_xid and xid not in xidcat.CATALOG:
+        return UNKNOWN_XID
+    return None
+
+
 def evidence_xids(incident: Incident) -> list[int]:
     out: list[int] = []
     for e in incident.evidence:
@@ -270,7 +285,7 @@ class Policy:
                 ALERT_ONLY, False, f"{kind} severity {incident.severity} below {rule.min_severity}", node=node
             )
         action, why = rule.action, f"{kind} -> {rule.action}"
-        xid_hits = [(x, rule.by_xid[x]) for x in evidence_xids(incident) if x in rule.by_xid]
+        xid_hits = [(x, rule.by_xid[k]) for x in evidence_xids(incident) if (k := _xid_key(rule.by_xid, x)) is not None]
         if xid_hits:
             x, action = max(xid_hits, key=lambda h: (_rank(h[1]), h[0]))
             why = f"{kind} with Xid {x} -> {action}"
@@ -404,9 +419,9 @@ def _parse_kind(kind: str, raw: Any, where: str, errors: list[str]) -> KindPolic
         raw_bx = {}
     for k, v in raw_bx.items():
         try:
-            x = int(k)
+            x = UNKNOWN_XID if k == "unknown" else int(k)
         except (TypeError, ValueError):
-            errors.append(f"{where}.by_xid: key {k!r} is not an Xid number")
+            errors.append(f"{where}.by_xid: key {k!r} is not an Xid number or 'unknown'")
             continue
         a = _action(v, f"{where}.by_xid.{k}", errors)
         if a is not None:

@@ -1,24 +1,31 @@
-"""NVIDIA's Xid catalog (Ampere and newer), reduced to what a health daemon acts on.
+"""NVIDIA's Xid and SXid catalogs, read once from ``starpulse/core/data/xid_catalog.yaml``.
 
-Source: NVIDIA "Analyzing Xid Errors with the Xid Catalog", resolution buckets as
-snapshotted on 2025-10-29 (via leptonai/gpud's generated catalog). One table, used
-by both the agent's local findings and the controller's rules, so an Xid means the
-same thing everywhere.
+One table, used by the agent's local findings, ``starpulse scan`` and the controller's
+rules, so an Xid means the same everywhere. The data file names its source and date; this
+module only gives it types and the three decodes a message needs beyond its number:
+Xids 144-150 (sub-code and error status), Xid 154 (the recovery action it names) and SXids
+(fatal or not when the line does not say).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
 
 from starpulse.core.vocab import (
-    ACTION_CONTACT_SUPPORT,
     ACTION_INVESTIGATE,
     ACTION_NONE,
     ACTION_REBOOT,
     ACTION_RESET_GPU,
-    ACTION_RESTART_APP,
-    severity_for_action,
+    ACTIONS,
+    SEVERITY_ORDER,
 )
+
+UNKNOWN_BUCKET = "UNKNOWN"
 
 
 @dataclass(frozen=True)
@@ -27,75 +34,109 @@ class XidInfo:
 
     xid: int
     mnemonic: str
-    description: str
-    immediate: str  # NVIDIA's immediate resolution bucket
+    description: str  # a one-line meaning
+    immediate: str  # NVIDIA's immediate resolution bucket ("" where NVIDIA gives none)
     action: str  # our action for that bucket
     severity: str  # info | warning | critical | fatal
+    in_use: bool = True  # False where NVIDIA's table says "Unused"
 
 
-_BUCKET_ACTION = {
-    "IGNORE": ACTION_NONE,
-    "RESTART_APP": ACTION_RESTART_APP,
-    "RESET_GPU": ACTION_RESET_GPU,
-    "RESTART_BM": ACTION_REBOOT,
-    "CONTACT_SUPPORT": ACTION_CONTACT_SUPPORT,
-    "WORKFLOW_XID_45": ACTION_NONE,  # cleanup after another Xid: follow that one
-    "WORKFLOW_XID_48": ACTION_RESET_GPU,  # DBE: check remapped rows; pending -> reset
-    "WORKFLOW_NVLINK_ERR": ACTION_RESET_GPU,
-    "WORKFLOW_NVLINK5_ERR": ACTION_RESET_GPU,
-    "XID_154": ACTION_INVESTIGATE,  # act on the recovery action it names
-}
+@dataclass(frozen=True)
+class Nvlink5Decode:
+    """One row of NVIDIA's Xid 144-150 decode sheet."""
 
-_ROWS: tuple[tuple[int, str, str, str], ...] = (
-    (13, "GR_EXCEPTION", "Graphics engine exception", "RESTART_APP"),
-    (31, "FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault", "RESTART_APP"),
-    (43, "RESETCHANNEL_VERIF_ERROR", "GPU stopped processing", "IGNORE"),
-    (45, "PREEMPTIVE_REMOVAL", "Preemptive cleanup after earlier errors", "WORKFLOW_XID_45"),
-    (46, "GPU_TIMEOUT_ERROR", "GPU timeout", "RESET_GPU"),
-    (48, "GPU_ECC_DBE", "Double-bit ECC error", "WORKFLOW_XID_48"),
-    (61, "PMU_BREAKPOINT", "Internal micro-controller breakpoint", "CONTACT_SUPPORT"),
-    (62, "PMU_HALT_ERROR", "Internal micro-controller halt", "RESET_GPU"),
-    (63, "INFOROM_DRAM_RETIREMENT_EVENT", "Row remap / page retirement event", "IGNORE"),
-    (64, "INFOROM_DRAM_RETIREMENT_FAILURE", "Row remap / page retirement failure", "RESET_GPU"),
-    (68, "NVDEC0_EXCEPTION", "Video decoder exception", "RESTART_APP"),
-    (69, "GR_CLASS_ERROR", "Graphics engine class error", "RESTART_APP"),
-    (74, "NVLINK_ERROR", "NVLink error", "WORKFLOW_NVLINK_ERR"),
-    (79, "GPU_HAS_FALLEN_OFF_THE_BUS", "GPU has fallen off the bus", "RESTART_BM"),
-    (92, "EXCESSIVE_SBE_INTERRUPTS", "High single-bit ECC error rate", "IGNORE"),
-    (94, "CONTAINED_ERROR", "Contained memory error", "RESTART_APP"),
-    (95, "UNCONTAINED_ERROR", "Uncontained memory error", "RESET_GPU"),
-    (109, "CTXSW_TIMEOUT_ERROR", "Context switch timeout", "RESET_GPU"),
-    (119, "GSP_RPC_TIMEOUT", "GSP RPC timeout", "RESET_GPU"),
-    (120, "GSP_ERROR", "GSP error", "RESET_GPU"),
-    (121, "C2C_ERROR", "C2C link error", "IGNORE"),
-    (140, "UNRECOVERABLE_ECC_ERROR_ESCAPE", "Unrecoverable ECC error escape", "RESET_GPU"),
-    (143, "GPU_INIT_ERROR", "GPU initialization error", "RESET_GPU"),
-    (144, "NVLINK_SAW_ERROR", "NVLink5 SAW error", "WORKFLOW_NVLINK5_ERR"),
-    (145, "NVLINK_RLW_ERROR", "NVLink5 RLW error", "WORKFLOW_NVLINK5_ERR"),
-    (146, "NVLINK_TLW_ERROR", "NVLink5 TLW error", "WORKFLOW_NVLINK5_ERR"),
-    (147, "NVLINK_TREX_ERROR", "NVLink5 TREX error", "WORKFLOW_NVLINK5_ERR"),
-    (148, "NVLINK_NVLPW_CTRL_ERROR", "NVLink5 NVLPW control error", "WORKFLOW_NVLINK5_ERR"),
-    (149, "NVLINK_NETIR_ERROR", "NVLink5 NETIR error", "WORKFLOW_NVLINK5_ERR"),
-    (150, "NVLINK_MSE_ERROR", "NVLink5 MSE watchdog", "WORKFLOW_NVLINK5_ERR"),
-    (154, "GPU_RECOVERY_ACTION_CHANGED", "GPU recovery action changed", "XID_154"),
-    (155, "NVLINK_SW_DEFINED_ERROR", "NVLink software-defined error", "RESET_GPU"),
-    (158, "GPU_FATAL_TIMEOUT", "GPU fatal timeout", "RESET_GPU"),
-)
+    xid: int
+    subcodes: tuple[str, ...]
+    status: int | None  # the error status; None: every status of the sub-code
+    bucket: str
+    severity: str  # as the sheet writes it: "Fatal", "Non-fatal", "Link Fatal"
 
-CATALOG: dict[int, XidInfo] = {
-    xid: XidInfo(
-        xid=xid,
-        mnemonic=mnemonic,
-        description=description,
-        immediate=bucket,
-        action=_BUCKET_ACTION[bucket],
-        severity=severity_for_action(_BUCKET_ACTION[bucket]),
+    @property
+    def fatal(self) -> bool:
+        """Whether the sheet calls it fatal (to the GPU or the link)."""
+        return self.severity.lower().startswith(("fatal", "link fatal"))
+
+
+@dataclass(frozen=True)
+class SxidInfo:
+    """An NVSwitch SXid's class, as far as a public source gives it."""
+
+    sxid: int
+    fatal: bool
+    description: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _Catalog:
+    buckets: dict[str, str]
+    xids: dict[int, XidInfo]
+    nvlink5: tuple[Nvlink5Decode, ...]
+    recovery: dict[str, str]
+    sxids: dict[int, SxidInfo]
+    source: str
+    date: str
+
+
+def _load_raw() -> dict[str, Any]:
+    text = resources.files("starpulse.core.data").joinpath("xid_catalog.yaml").read_text(encoding="utf-8")
+    raw = yaml.safe_load(text)
+    if not isinstance(raw, dict):
+        raise ValueError("starpulse/core/data/xid_catalog.yaml: expected a mapping")
+    return raw
+
+
+def _check_action(action: str, where: str) -> str:
+    if action not in ACTIONS:
+        raise ValueError(f"starpulse/core/data/xid_catalog.yaml: {where}: unknown action {action!r}")
+    return action
+
+
+@cache
+def _catalog() -> _Catalog:
+    raw = _load_raw()
+    buckets = {str(k): _check_action(str(v), f"buckets.{k}") for k, v in raw["buckets"].items()}
+    xids: dict[int, XidInfo] = {}
+    for row in raw["xids"]:
+        code = int(row["code"])
+        severity = str(row["severity"])
+        if severity not in SEVERITY_ORDER:
+            raise ValueError(f"starpulse/core/data/xid_catalog.yaml: xid {code}: unknown severity {severity!r}")
+        xids[code] = XidInfo(
+            xid=code,
+            mnemonic=str(row["mnemonic"]),
+            description=str(row["meaning"]),
+            immediate=str(row["bucket"] or ""),
+            action=_check_action(str(row["action"]), f"xid {code}"),
+            severity=severity,
+            in_use=bool(row.get("in_use", True)),
+        )
+    nvlink5 = tuple(
+        Nvlink5Decode(
+            xid=int(r["xid"]),
+            subcodes=tuple(str(s) for s in r["subcodes"]),
+            status=None if r["status"] is None else int(r["status"]),
+            bucket=str(r["bucket"]),
+            severity=str(r["severity"]),
+        )
+        for r in raw["nvlink5_decode"]
     )
-    for xid, mnemonic, description, bucket in _ROWS
-}
+    recovery = {str(k): _check_action(str(v), f"recovery_actions.{k}") for k, v in raw["recovery_actions"].items()}
+    sxids = {
+        int(r["code"]): SxidInfo(int(r["code"]), bool(r["fatal"]), str(r["meaning"]), str(r["source"]))
+        for r in raw["sxids"]
+    }
+    return _Catalog(buckets, xids, nvlink5, recovery, sxids, str(raw["source"]), str(raw["date"]))
 
-# Xid 48 (DBE) is always at least critical even though its bucket is a workflow.
-CATALOG[48] = XidInfo(48, "GPU_ECC_DBE", "Double-bit ECC error", "WORKFLOW_XID_48", ACTION_RESET_GPU, "critical")
+
+CATALOG: dict[int, XidInfo] = _catalog().xids
+SOURCE: str = _catalog().source
+SNAPSHOT_DATE: str = _catalog().date
+
+
+def bucket_action(bucket: str) -> str:
+    """Our action for one of NVIDIA's resolution buckets (investigate for one we do not know)."""
+    return _catalog().buckets.get(bucket, ACTION_INVESTIGATE)
 
 
 def lookup(xid: int) -> XidInfo:
@@ -103,7 +144,40 @@ def lookup(xid: int) -> XidInfo:
     info = CATALOG.get(xid)
     if info is not None:
         return info
-    return XidInfo(xid, "UNKNOWN", f"Xid {xid} (not in the catalog)", "UNKNOWN", ACTION_INVESTIGATE, "warning")
+    return XidInfo(xid, "UNKNOWN", f"Xid {xid} (not in the catalog)", UNKNOWN_BUCKET, ACTION_INVESTIGATE, "warning")
+
+
+# Buckets whose action is in the message, not the number: the agent decodes it into the event.
+MESSAGE_DECODED_BUCKETS = frozenset({"WORKFLOW_NVLINK5_ERR", "XID_154"})
+
+
+def rule_action(xid: int, event_action: str = "") -> str:
+    """The action an Xid event files under: the catalog's, or for 144-150 and 154 the one the
+    agent decoded from the message (a non-fatal 145 is not a reset; 154 names its own)."""
+    info = lookup(xid)
+    if info.immediate in MESSAGE_DECODED_BUCKETS and event_action in ACTIONS:
+        return event_action
+    return info.action
+
+
+def decode_nvlink5(xid: int, subcode: str, status: int | None) -> Nvlink5Decode | None:
+    """The decode-sheet row for an Xid 144-150 message, or None where no public decode has it."""
+    for row in _catalog().nvlink5:
+        if row.xid != xid or subcode not in row.subcodes:
+            continue
+        if row.status is None or row.status == status:
+            return row
+    return None
+
+
+def named_recovery_action(words: str) -> str | None:
+    """Our action for the words Xid 154 uses ("GPU Reset Required" -> reset_gpu); None if unknown."""
+    return _catalog().recovery.get(words.strip())
+
+
+def sxid_info(sxid: int) -> SxidInfo | None:
+    """The SXid's class where a public source gives one."""
+    return _catalog().sxids.get(sxid)
 
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values -> our action.

@@ -417,7 +417,7 @@ class TestFindings:
         fake.inject_gpu_lost(0)
         (finding,) = collect(collector)[1]
         assert finding.xid == 79
-        assert finding.attributes["xid_mnemonic"] == "GPU_HAS_FALLEN_OFF_THE_BUS"
+        assert finding.attributes["xid_mnemonic"] == "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"  # NVIDIA's own name
         assert finding.to_event().kind == tpb.EVENT_KIND_GPU_LOST
 
     def test_already_bad_state_counts_on_first_collect(self, fake: FakeNvml) -> None:

@@ -265,23 +265,24 @@ class TestClassify:
 
     @pytest.mark.parametrize("fmt", FORMATS)
     @pytest.mark.parametrize(
-        ("msg", "action", "pci"),
+        ("msg", "action", "severity", "pci"),
         [
-            (MLX5_CMD, "investigate", "0000:17:00.0"),
-            (MLX5_HEALTH, "investigate", "0000:17:00.0"),
-            (MLX5_MODULE, "check_link", "0000:2a:00.0"),
-            (MLX5_LINK, "check_link", "0000:2a:00.0"),
+            (MLX5_CMD, "investigate", "warning", "0000:17:00.0"),
+            # a firmware health failure is a fatal device error (issue 17: NVIDIA's mlx5 docs)
+            (MLX5_HEALTH, "reboot", "critical", "0000:17:00.0"),
+            (MLX5_MODULE, "check_link", "warning", "0000:2a:00.0"),
+            (MLX5_LINK, "check_link", "warning", "0000:2a:00.0"),
         ],
     )
-    def test_mlx5_errors(self, fmt, msg, action, pci):
-        """mlx5 errors are nic_driver_error warnings carrying the PCI address."""
+    def test_mlx5_errors(self, fmt, msg, action, severity, pci):
+        """mlx5 errors are nic_driver_error findings carrying the PCI address."""
         rec = parse_line(fmt(msg))
         assert rec is not None
         f = classify(rec.message)
         assert f is not None
         assert (f.kind, f.severity, f.action, f.pci, f.attributes["pci"]) == (
             "nic_driver_error",
-            "warning",
+            severity,
             action,
             pci,
             pci,

@@ -1,60 +1,161 @@
-"""`starpulse scan`: a one-shot health check of this node."""
+"""`starpulse scan`: this node's verdict by the controller's own rules, for people and schedulers.
+
+It reads the NIC tree at ``--sysfs-root`` and the log at ``--kmsg`` whatever the accelerator
+backend (``--backend none`` scans a machine without the driver), samples twice over
+``--window`` and judges the samples with the controller's default rules (starpulse.app.
+nodecheck). Exit codes: 0 healthy, 1 unhealthy, 2 could not check.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+NONE_BACKEND = "none"
 
-def cmd_scan(args: argparse.Namespace) -> int:
+
+@dataclass
+class _Plan:
+    collectors: list[Any]
+    inventory_hooks: list[Any]
+    before_collect: Any
+    sim: Any
+
+
+def _backends() -> tuple[str, ...]:
+    from agent.factory import BACKENDS
+
+    return (*BACKENDS, NONE_BACKEND)
+
+
+def _build(args: argparse.Namespace, findings: list[Any]) -> _Plan:
+    """The collectors for the chosen backend; the NIC tree and kernel log are always the user's."""
+    from agent.collectors.ethtool import EthtoolCollector
+    from agent.collectors.host import HostCollector
+    from agent.collectors.rdma import RdmaSysfsCollector
+    from agent.factory import build_collectors, nic_gpu_pairing
+
+    if args.backend == NONE_BACKEND:
+        root = args.sysfs_root or "/sys"
+        collectors = [RdmaSysfsCollector(root), EthtoolCollector(), HostCollector(mounts=("/",))]
+        return _Plan(collectors, [nic_gpu_pairing(root)], None, None)
+    sim = None
+    if args.backend == "sim":
+        from agent.sim.node import SimNode
+
+        sim = SimNode("scan", Path(tempfile.mkdtemp(prefix="starpulse-scan-")), seed=args.seed)
+        for spec in args.sim_fault or ():
+            _inject(sim, spec)
+    plan = build_collectors(
+        args.backend, findings.append, sysfs_root=args.sysfs_root or "/sys", kmsg_path=None, sim=sim, lldp=True
+    )
+    collectors, hooks = list(plan.collectors), list(plan.inventory_hooks)
+    if sim is not None and args.sysfs_root:
+        # The simulated GPUs, but the NIC tree the user named (a recorded or derived one).
+        collectors = [
+            RdmaSysfsCollector(args.sysfs_root) if isinstance(c, RdmaSysfsCollector) else c for c in collectors
+        ]
+        hooks = [nic_gpu_pairing(args.sysfs_root)]
+    return _Plan(collectors, hooks, plan.before_collect, sim)
+
+
+def _inject(sim: Any, spec: str) -> None:
+    """Apply ``KIND[:INDEX]`` from the fault table to the simulated node (demos and tests)."""
+    from agent.sim.faults import FAULTS
+    from starpulse.app.nodecheck import ExpectError
+
+    name, _, index = spec.partition(":")
+    kind = FAULTS.get(name)
+    if kind is None or kind.node is None:
+        known = ", ".join(k.name for k in FAULTS if k.node is not None)
+        raise ExpectError(f"--sim-fault {spec}: unknown node fault {name!r} (known: {known})")
+    if not index.isdigit() and index:
+        raise ExpectError(f"--sim-fault {spec}: the index after ':' must be a number")
+    kind.node.inject(sim, int(index or 0), {})
+
+
+def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """(exit code, output) of one scan; raises _Refused for input the user must fix."""
     from google.protobuf.json_format import MessageToDict
 
     from agent.collectors.kmsg import scan_file
-    from agent.factory import BackendUnavailable, build_collectors
+    from agent.factory import BackendUnavailable
     from agent.runtime import CollectorSet
-    from agent.sim.node import SimNode
+    from starpulse.app import nodecheck
+
+    expected = nodecheck.load_expected(args.expect) if args.expect else None
+    if args.sim_fault and args.backend != "sim":
+        raise nodecheck.ExpectError("--sim-fault needs --backend sim")
+    if args.kmsg and not Path(args.kmsg).exists():
+        raise nodecheck.ExpectError(f"--kmsg {args.kmsg}: no such file")
+    if args.sysfs_root and not Path(args.sysfs_root).is_dir():
+        raise nodecheck.ExpectError(f"--sysfs-root {args.sysfs_root}: no such directory")
+    findings: list[Any] = []
+    try:
+        plan = _build(args, findings)
+    except BackendUnavailable as exc:
+        raise _Unavailable(f"backend {args.backend} unavailable: {exc}") from None
+    collectors = CollectorSet(plan.collectors)
+    try:
+        collectors.probe()
+        inventory = collectors.describe()
+        for hook in plan.inventory_hooks:
+            hook(inventory)
+        reports = []
+        for seq in (1, 2):
+            if plan.before_collect is not None:
+                plan.before_collect(1.0)
+            result = collectors.collect(seq=seq)
+            if not result.report.timestamp_ms:
+                result.report.timestamp_ms = int(time.time() * 1000)
+            reports.append(result.report)
+            findings.extend(result.findings)
+            if seq == 1:
+                time.sleep(args.window)
+        kmsg = args.kmsg or (None if plan.sim is None else plan.sim.kmsg_path)
+        if kmsg:
+            findings.extend(collectors.localise(f) for f in scan_file(kmsg))
+    finally:
+        collectors.close()
+    verdict = nodecheck.judge(args.node or inventory.host.hostname or "node", inventory, reports, findings, expected)
+    out = {
+        "inventory": MessageToDict(inventory, preserving_proto_field_name=True),
+        "sample": MessageToDict(reports[-1], preserving_proto_field_name=True),
+        "findings": [f.to_dict() for f in findings],
+        "verdict": verdict.to_dict(),
+    }
+    return verdict.exit_code, out
+
+
+class _Unavailable(RuntimeError):
+    """The backend cannot run here: exit 2, one line."""
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from starpulse.app.nodecheck import ExpectError
     from starpulse.core.logs import configure_logging
 
     configure_logging("warning", fmt="console", stream=sys.stderr)
-    findings: list[Any] = []
-    sim = None
-    if args.backend == "sim":
-        import tempfile
+    if args.prolog or args.epilog:
+        from starpulse.app.cli import preflight
 
-        sim = SimNode("scan", Path(tempfile.mkdtemp(prefix="starpulse-scan-")), seed=args.seed)
+        return preflight.run(args)
     try:
-        plan = build_collectors(
-            args.backend, findings.append, sysfs_root=args.sysfs_root, kmsg_path=None, sim=sim, lldp=True
-        )
-    except BackendUnavailable as exc:
-        print(f"starpulse scan: backend nvml unavailable: {exc}", file=sys.stderr)
+        code, out = _scan(args)
+    except (ExpectError, _Unavailable) as exc:
+        print(f"starpulse scan: {exc}", file=sys.stderr)
         return 2
-    collectors = CollectorSet(plan.collectors)
-    collectors.probe()
-    inventory = collectors.describe()
-    for hook in plan.inventory_hooks:
-        hook(inventory)
-    if plan.before_collect is not None:
-        plan.before_collect(1.0)
-    result = collectors.collect(seq=1)
-    findings.extend(result.findings)
-    kmsg = args.kmsg or (None if sim is None else sim.kmsg_path)
-    if kmsg:
-        findings.extend(collectors.localise(f) for f in scan_file(kmsg))
-    collectors.close()
-    out = {
-        "inventory": MessageToDict(inventory, preserving_proto_field_name=True),
-        "sample": MessageToDict(result.report, preserving_proto_field_name=True),
-        "findings": [f.to_dict() for f in findings],
-    }
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
         _print_scan(out)
-    return 1 if any(f.severity in ("critical", "fatal") for f in findings) else 0
+    return code
 
 
 def _print_scan(out: dict[str, Any]) -> None:
@@ -67,19 +168,38 @@ def _print_scan(out: dict[str, Any]) -> None:
     for c in out["sample"].get("collectors", []):
         state = "ok" if c.get("ok") else ("unsupported" if not c.get("supported") else "FAILED")
         print(f"  collector {c['name']:<8} {state}  {c.get('error', '')}")
-    if not out["findings"]:
-        print("no findings: healthy")
     for f in out["findings"]:
         xid = f" xid={f['xid']}" if "xid" in f else ""
         print(f"  [{f['severity']:>8}] {f['component']:<14} {f['kind']}{xid} -> {f['action']}: {f['message']}")
+    verdict = out["verdict"]
+    if verdict["conditions"] or verdict["missing"]:
+        print(f"{'SEVERITY':<9} {'RULE':<26} {'COMPONENT':<22} {'ACTION':<16} MESSAGE")
+    for c in verdict["conditions"]:
+        print(f"{c['severity']:<9} {c['rule']:<26} {c['component']:<22} {c['action']:<16} {c['message']}")
+    for m in verdict["missing"]:
+        print(f"{'critical':<9} {'expected':<26} {m:<22} {'investigate':<16} expected but not found")
+    for p in verdict["problems"]:
+        print(f"could not check: {p}")
+    print(f"verdict: {verdict['status']}")
 
 
 def register(sub: Any) -> None:
     """Add this group's commands to the top-level subparsers."""
-    s = sub.add_parser("scan", help="one-shot health check of this node")
-    s.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
-    s.add_argument("--sysfs-root", default="/sys")
+    s = sub.add_parser("scan", help="this node's health verdict by the controller's rules (exit 0/1/2)")
+    s.add_argument(
+        "--backend", choices=_backends(), default="nvml", help="accelerator backend; 'none' scans without a driver"
+    )
+    s.add_argument("--sysfs-root", default=None, help="root of the sysfs tree to read NICs from (default /sys)")
     s.add_argument("--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)")
+    s.add_argument("--expect", default=None, metavar="FILE", help="expected inventory (YAML: gpus: 8, nics: [...])")
+    s.add_argument("--window", type=float, default=2.0, help="seconds between the two samples (counter rates)")
+    s.add_argument("--node", default=None, help="node name in the verdict (default: the host name)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--sim-fault", action="append", metavar="KIND[:INDEX]", help="with --backend sim: inject a node fault first"
+    )
     s.add_argument("--json", action="store_true")
+    from starpulse.app.cli.preflight import add_flags
+
+    add_flags(s)
     s.set_defaults(func=cmd_scan)

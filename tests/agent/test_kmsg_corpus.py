@@ -1,0 +1,99 @@
+"""The public kernel-log corpus, record by record, in every line shape an operator has.
+
+Each record's expectation comes from the vendors' catalogs (tests/fixtures/kmsg/real/*.json,
+../shared/fixtures/kmsg-public/), never from the parser. Every record is also re-written
+under each prefix and timestamp form and must read the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agent.collectors.kmsg import parse_line
+from tools.kmsg_corpus import CORPUS_DIRS, corpus_files, score_file
+
+FILES = corpus_files()
+OWN = [(p, d) for p, d in FILES if p.parent == CORPUS_DIRS[0]]
+
+
+def test_the_corpus_is_big_enough():
+    """60+ fault records across 20+ Xid codes, SXids and mlx5 faults, plus benign lines."""
+    faults = [f for _p, d in FILES for f in d["faults"]]
+    assert len(faults) >= 60
+    assert len({f["xid"] for f in faults if "xid" in f}) >= 20
+    assert any("sxid" in f for f in faults) and any("nic_driver_error" in f["kind"] for f in faults)
+    assert len(OWN) >= 3
+    for path, doc in OWN:
+        for f in doc["faults"]:
+            assert f["source"] in doc["sources"], (path.name, f["lines"])
+
+
+def _records(files):
+    for path, doc in files:
+        for v in score_file(path, doc):
+            yield pytest.param(v, id=f"{path.name}:{v.lines[0]}:{v.category}")
+
+
+@pytest.mark.parametrize("verdict", list(_records(FILES)))
+def test_corpus_record(verdict):
+    """Each fault record gives the vendor's kind, code, device and action; benign lines give nothing."""
+    assert verdict.right, f"{verdict.why}: {verdict.text}"
+
+
+# -- every shape -----------------------------------------------------------------------------
+# Each form takes the bare message of one line and writes it as that tool would.
+
+FORMS: dict[str, Callable[[str, int], str]] = {
+    "kmsg": lambda m, i: f"4,{1000 + i},{123456789 + i},-;{m}",
+    "dmesg": lambda m, i: f"[{171167 + i:>6}.620236] {m}",
+    "dmesg-raw": lambda m, i: f"<3>[ {1843 + i}.308145] {m}",
+    "dmesg-T": lambda m, i: f"[Mon May  4 14:09:{i % 60:02d} 2026] {m}",
+    "dmesg-iso": lambda m, i: f"2024-11-15T12:02:{i % 60:02d},470068+00:00 {m}",
+    "dmesg-decode-iso": lambda m, i: f"kern  :err   : 2025-01-25T10:34:{i % 60:02d},859532+00:00 {m}",
+    "journal": lambda m, i: f"Nov 29 11:28:{i % 60:02d} gpu-node-017 kernel: {m}",
+    "journal-pl": lambda m, i: f"kwi 15 07:56:{i % 60:02d} testowy kernel: {m}",
+    "journal-de": lambda m, i: f"Mär  3 07:56:{i % 60:02d} knoten kernel: {m}",
+    "journal-no-hostname": lambda m, i: f"Feb 14 05:03:{i % 60:02d} kernel: {m}",
+    "journal-iso": lambda m, i: f"2026-11-30T06:30:{i % 60:02d}+0000 gpu-node-017 kernel: {m}",
+    "syslog-inner-stamp": lambda m, i: f"Nov 30 06:30:{i % 60:02d} gpu-node-017 kernel: [ {i}.123456] {m}",
+    "kernel-tag": lambda m, i: f"kernel: {m}",
+    "pdsh-dmesg": lambda m, i: f"gpu-node-017: [{1843 + i}.308145] {m}",
+    "pdsh-journal": lambda m, i: f"gpu-node-017: Nov 29 11:28:{i % 60:02d} gpu-node-017 kernel: {m}",
+}
+# Forms that print a multi-line record as indented continuation lines (the rest: one line each).
+INDENTING = {"dmesg", "dmesg-raw", "dmesg-T", "dmesg-iso", "dmesg-decode-iso"}
+
+
+def reshape(lines: list[str], form: str) -> list[str]:
+    """The same log, line for line, written in ``form``."""
+    out = []
+    for i, line in enumerate(lines):
+        if line.startswith((" ", "\t")) and line.strip():
+            text = line.strip()
+            out.append(line if form in INDENTING else FORMS[form](text, i))
+            continue
+        rec = parse_line(line)
+        out.append("" if rec is None else FORMS[form](rec.message, i))
+    return out
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize(("path", "doc"), FILES, ids=[p.name for p, _ in FILES])
+def test_corpus_in_every_form(path: Path, doc, form):
+    """Prefixes, timestamps and month names change nothing a record means."""
+    lines = reshape(path.read_text(encoding="utf-8").splitlines(), form)
+    wrong = [v for v in score_file(path, doc, lines) if not v.right]
+    assert not wrong, [f"{v.lines[0]} {v.why}: {v.text[:90]}" for v in wrong[:5]]
+
+
+def test_lines_cut_mid_word_still_name_the_fault():
+    """A quote cut after the code, or mid-word, keeps code and device."""
+    from agent.collectors.kmsg import classify
+
+    f = classify("NVRM: Xid (PCI:0000:01:00): 79")
+    assert f is not None and (f.xid, f.pci, f.action) == (79, "0000:01:00", "reboot")
+    f = classify("NVRM: Xid (PCI:0000:3b:00): 95, pid='<unkno")
+    assert f is not None and (f.xid, f.action) == (95, "reset_gpu")
