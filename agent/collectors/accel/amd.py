@@ -85,7 +85,7 @@ class AmdGpuCollector:
         self._initialized = False
         self._handles: list[Any] = []
         self._pci: dict[int, str] = {}
-        self._watch = DeviceWatch(VENDOR, SOURCE, self.interconnect)
+        self._watch = DeviceWatch(VENDOR, SOURCE)
         self._warned: set[tuple[int, str]] = set()
 
     # -- Collector ---------------------------------------------------------------------
@@ -208,6 +208,7 @@ class AmdGpuCollector:
             for link, state in enumerate(links.get("status") or ()):
                 if state in ("U", "D"):  # "X": disabled by design, "N/A": unknown
                     gpu.links.add(link=link, up=state == "U")
+            gpu.links_down = sum(not link.up for link in gpu.links)
 
     def _ras(self, index: int, handle: Any, gpu: tpb.GpuSample) -> None:
         smi = self._smi

@@ -64,7 +64,7 @@ class AscendNpuCollector:
         self._run = run
         self._sink = sink
         self._levels = faults.load_fault_levels(fault_codes) if fault_codes is not None else {}
-        self._watch = DeviceWatch(VENDOR, SOURCE, self.interconnect)
+        self._watch = DeviceWatch(VENDOR, SOURCE)
         self._codes: dict[tuple[int, int], set[str]] = {}  # codes already reported, per (npu, chip)
 
     def supported(self) -> bool:

@@ -1,10 +1,13 @@
 """Findings from the vendor-neutral sample fields, the same for every non-NVIDIA backend.
 
-Where a fault means the same on every chip (an uncorrectable memory error, a device gone, an
-interconnect link down, a thermal slowdown) the finding is the same shared kind with the same
-action, so one rule and one policy cover every vendor; only ``vendor`` and ``vendor_code`` say
-whose it was. Findings are for transitions only: the first sample of a device that is already
-bad counts as one, a steady fault is reported once.
+Where a fault means the same on every chip (an uncorrectable memory error, a device gone) the
+finding is the same shared kind with the same action, so one rule and one policy cover every
+vendor; only ``vendor`` and ``vendor_code`` say whose it was. Findings are for transitions
+only: the first sample of a device that is already bad counts as one, a steady fault is
+reported once. An interconnect link down and a thermal slowdown are states the controller
+judges from every report (``links_down``, ``thermal_slowdown``: the rules gpu.link_down and
+gpu.thermal_slowdown), not events: NVIDIA's nvlink_down and thermal_slowdown events open
+rules that read NVIDIA's own fields, which a non-NVIDIA report would resolve at once.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from starpulse.v1 import telemetry_pb2 as tpb
 class _Seen:
     lost: bool = False
     uncorrectable: dict[str, int] = field(default_factory=dict)  # by RAS block ("" for the total)
-    links_up: dict[int, bool] = field(default_factory=dict)
-    slowdown: bool = False
 
 
 @dataclass
@@ -30,7 +31,6 @@ class DeviceWatch:
 
     vendor: str
     source: str
-    interconnect: str
     _seen: dict[int, _Seen] = field(default_factory=dict)
 
     def finding(
@@ -78,27 +78,4 @@ class DeviceWatch:
                     )
                 )
             seen.uncorrectable[block] = count
-        for link in gpu.links:
-            if seen.links_up.get(link.link, True) and not link.up:
-                out.append(
-                    self.finding(
-                        "nvlink_down",
-                        gpu.index,
-                        vocab.ACTION_RESET_GPU,
-                        f"{self.interconnect.upper() or 'interconnect'} link {link.link} is down",
-                        code=f"{self.interconnect}_link_down",
-                        pci=pci,
-                        link=str(link.link),
-                        interconnect=self.interconnect,
-                    )
-                )
-            seen.links_up[link.link] = link.up
-        slowdown = gpu.HasField("thermal_slowdown") and gpu.thermal_slowdown
-        if slowdown and not seen.slowdown:
-            out.append(
-                self.finding(
-                    "thermal_slowdown", gpu.index, vocab.ACTION_INVESTIGATE, "the chip is slowed down for heat", pci=pci
-                )
-            )
-        seen.slowdown = slowdown
         return out
