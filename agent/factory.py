@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.collectors.accel import registry
+from agent.collectors.accel.amd import AmdGpuCollector
+from agent.collectors.accel.ascend import AscendNpuCollector
 from agent.collectors.accel.base import AcceleratorBackend, BackendUnavailable
 from agent.collectors.base import Collector, FindingSink
 from agent.collectors.ethtool import EthtoolCollector
@@ -62,6 +64,15 @@ def nic_gpu_pairing(sysfs_root: str) -> Callable[[ipb.Inventory], None]:
     return pair
 
 
+def sim_accelerator(sim: SimNode, sink: FindingSink | None) -> AcceleratorBackend:
+    """The real backend class of the simulated node's vendor, on that vendor's fake."""
+    if sim.amdsmi is not None:
+        return AmdGpuCollector(sim.amdsmi, sink)
+    if sim.npu_smi is not None:
+        return AscendNpuCollector(sim.npu_smi, sink)
+    return NvmlGpuCollector(sim.nvml, sink)
+
+
 def build_collectors(
     backend: str,
     sink: FindingSink | None,
@@ -97,7 +108,7 @@ def build_collectors(
         # A simulated node has no lldpd unless it is given one's socket (the netns harness runs
         # a real lldpd beside each simulated node) or a runner (the scenario cluster's fabric).
         lldp = lldp and (lldpcli_socket is not None or lldp_runner is not None)
-        gpu = NvmlGpuCollector(sim.nvml, sink)
+        gpu = sim_accelerator(sim, sink)
     collectors: list[Collector] = [gpu, RdmaSysfsCollector(sysfs_root)]
     starters: list[Callable[[], object]] = [gpu.start_events]
     if ethtool:

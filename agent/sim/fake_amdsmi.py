@@ -180,8 +180,16 @@ class FakeAmdSmi:
     AmdSmiClkType = AmdSmiClkType
     AmdSmiGpuBlock = AmdSmiGpuBlock
 
-    def __init__(self, gpu_count: int = 8, *, driver_missing: bool = False, driver_version: str = "6.10.5") -> None:
-        self.gpus = [FakeAmdGpu(i, MI300X_PCI_BUSES[i % len(MI300X_PCI_BUSES)] + i // 8) for i in range(gpu_count)]
+    def __init__(
+        self,
+        gpu_count: int = 8,
+        *,
+        driver_missing: bool = False,
+        driver_version: str = "6.10.5",
+        pci_buses: list[int] | None = None,
+    ) -> None:
+        buses = pci_buses or [MI300X_PCI_BUSES[i % len(MI300X_PCI_BUSES)] + i // 8 for i in range(gpu_count)]
+        self.gpus = [FakeAmdGpu(i, buses[i]) for i in range(gpu_count)]
         self.driver_missing = driver_missing
         self.driver_version = driver_version
         self._refs = 0
@@ -218,6 +226,13 @@ class FakeAmdSmi:
 
     def lose(self, index: int, lost: bool = True) -> None:
         self.gpus[index].lost = lost
+
+    def clear(self, index: int) -> None:
+        """GPU ``index`` back as it was built (as a replaced board: no RAS counts, every link up)."""
+        gpu = self.gpus[index]
+        gpu.ecc.clear()
+        gpu.links_down.clear()
+        gpu.thermal = gpu.lost = False
 
     # -- reads -------------------------------------------------------------------------
 

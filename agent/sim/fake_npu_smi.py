@@ -33,9 +33,10 @@ class FakeNpu:
 class FakeNpuSmi:
     """Callable like the backend's runner: ``fake(["npu-smi", "info"])`` returns the tool's text."""
 
-    def __init__(self, npu_count: int = 8, version: str = "24.1.rc3") -> None:
+    def __init__(self, npu_count: int = 8, version: str = "24.1.rc3", pci_buses: list[int] | None = None) -> None:
         self.version = version
-        self.npus = [FakeNpu(i, ATLAS_800T_A2_BUSES[i % 8] + i // 8) for i in range(npu_count)]
+        buses = pci_buses or [ATLAS_800T_A2_BUSES[i % 8] + i // 8 for i in range(npu_count)]
+        self.npus = [FakeNpu(i, buses[i]) for i in range(npu_count)]
         self.calls: list[list[str]] = []
 
     def inject(self, npu: int, code: str, health: str = "Alarm") -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from agent.sim.fake_amdsmi import MI300X_XGMI_LINKS, FakeAmdSmi
+from agent.sim.fake_kmsg import KERN_ERR
+from agent.sim.fake_npu_smi import FakeNpuSmi
 from agent.sim.fake_nvml import H100_NVLINKS, H100_PCIE_GEN, H100_PCIE_WIDTH
 from agent.sim.fault_kinds import (
     ClusterAction,
@@ -23,6 +26,7 @@ from agent.sim.fault_kinds import (
     OnNode,
     Param,
     Params,
+    UnknownFault,
     part_index,
 )
 
@@ -60,6 +64,43 @@ def _gpu_row_remap_failure(sim: SimNode, i: int, p: Params) -> None:
 
 def _gpu_nvlink_down(sim: SimNode, i: int, p: Params) -> None:
     sim.nvml.inject_nvlink_down(i, p["link"])
+
+
+def _amd(sim: SimNode) -> FakeAmdSmi:
+    if sim.amdsmi is None:
+        raise UnknownFault(f"{sim.node_id} has {sim.vendor} GPUs, not AMD ones")
+    return sim.amdsmi
+
+
+def _npu_smi(sim: SimNode) -> FakeNpuSmi:
+    if sim.npu_smi is None:
+        raise UnknownFault(f"{sim.node_id} has {sim.vendor} accelerators, not Ascend NPUs")
+    return sim.npu_smi
+
+
+def _amd_ras_uncorrectable(sim: SimNode, i: int, p: Params) -> None:
+    smi = _amd(sim)
+    smi.inject_ecc(i, smi.AmdSmiGpuBlock.UMC, uncorrectable=int(p["count"]))
+    sim.kmsg.line(
+        f"amdgpu {smi.gpus[i].bdf}: amdgpu: {int(p['count'])} uncorrectable hardware errors detected in umc block",
+        KERN_ERR,
+    )
+
+
+def _amd_xgmi_down(sim: SimNode, i: int, p: Params) -> None:
+    _amd(sim).set_xgmi_link(i, int(p["link"]), up=False)
+
+
+def _amd_healthy(sim: SimNode, i: int, p: Params) -> None:
+    _amd(sim).clear(i)
+
+
+def _ascend_fault(sim: SimNode, i: int, p: Params) -> None:
+    _npu_smi(sim).inject(i, f"{int(p['code']):08X}", health="Alarm")
+
+
+def _ascend_healthy(sim: SimNode, i: int, p: Params) -> None:
+    _npu_smi(sim).clear(i)
 
 
 def _gpu_thermal_slowdown(sim: SimNode, i: int, p: Params) -> None:
@@ -235,6 +276,33 @@ FAULTS: Final[FaultTable] = FaultTable(
             _gpu_nvlink_down,
             params=(Param("link", "which NVLink", default=0, maximum=H100_NVLINKS - 1),),
             demo=({"link": 3},),
+        ),
+        FaultKind(
+            "amd_ras_uncorrectable",
+            "AMD: uncorrectable errors in the UMC (HBM) RAS block, and the amdgpu line saying so.",
+            _GPU,
+            _GPU_INCIDENTS,
+            params=(Param("count", "new uncorrectable errors", default=1, minimum=1),),
+            node=OnNode("gpu", _amd_ras_uncorrectable, _amd_healthy),
+            vendor="amd",
+        ),
+        FaultKind(
+            "amd_xgmi_down",
+            "AMD: one XGMI link of the GPU goes down.",
+            _GPU,
+            _GPU_INCIDENTS,
+            params=(Param("link", "which XGMI link", default=0, maximum=MI300X_XGMI_LINKS - 1),),
+            node=OnNode("gpu", _amd_xgmi_down, _amd_healthy),
+            vendor="amd",
+        ),
+        FaultKind(
+            "ascend_fault",
+            "Ascend: the NPU's health turns Alarm with a DCMI fault code (npu-smi info -t health lists it).",
+            _GPU,
+            _GPU_INCIDENTS,
+            params=(Param("code", "the DCMI fault code (write it in hex: 0x80E18005)", default=0x80E18005),),
+            node=OnNode("gpu", _ascend_fault, _ascend_healthy),
+            vendor="ascend",
         ),
         _gpu_kind(
             "gpu_thermal_slowdown",
