@@ -94,3 +94,60 @@ def test_bad_mixed_scenarios_are_one_line(change: dict[str, Any], message: str) 
     with pytest.raises(ScenarioError) as err:
         parse_scenario({**BASE, **change}, "mem")
     assert str(err.value).startswith(message), str(err.value)
+
+
+# -- outputs name the vendor -------------------------------------------------------------------
+
+
+def test_agent_metrics_name_vendor_and_model_and_the_neutral_fields(tmp_path: Path) -> None:
+    """starpulse_gpu_info carries vendor and model; the neutral fields are their own series."""
+    from tests.agent.test_agent_metrics import exposition, find, one
+
+    sim = SimNode("node-002", tmp_path, gpus=2, nics=1, vendor="amd")
+    sim.inject("amd_ras_uncorrectable", "gpu-1", count=3)
+    sim.inject("amd_xgmi_down", "gpu-1", link=2)
+    plan = build_collectors("sim", None, sim=sim, kmsg_path=None, lldp=False, ethtool=False)
+    collectors = CollectorSet(plan.collectors)
+    collectors.probe()
+    inventory = collectors.describe()
+    report = collectors.collect(seq=1).report
+    collectors.close()
+    text = exposition("node-002", inventory, report, None)
+    (info,) = find(text, "starpulse_gpu_info", gpu="1")
+    assert (info.labels["vendor"], info.labels["model"]) == ("amd", "AMD Instinct MI300X")
+    assert one(text, "starpulse_gpu_memory_errors_uncorrectable_total", gpu="1") == 3
+    assert one(text, "starpulse_gpu_ras_uncorrectable_errors_total", gpu="1", block="UMC") == 3
+    assert one(text, "starpulse_gpu_interconnect_links_down", gpu="1") == 1
+    assert one(text, "starpulse_gpu_interconnect_links_down", gpu="0") == 0
+
+
+def test_nodes_lists_each_nodes_accelerators(tmp_path: Path) -> None:
+    """ListNodes says whose chips a node has; an agent from before vendors is NVIDIA."""
+    from dataclasses import dataclass
+
+    from controller.outputs.query import node_statuses
+    from controller.store import Store
+    from starpulse.v1 import inventory_pb2 as ipb
+
+    @dataclass
+    class Row:
+        node_id: str
+        inventory: ipb.Inventory
+        role: int = ipb.NODE_ROLE_COMPUTE
+        state: str = "online"
+        last_seen_ms: int = 0
+        agent_version: str = ""
+        hostname: str = ""
+
+    amd = ipb.Inventory()
+    amd.gpus.add(index=0, vendor="amd", model="AMD Instinct MI300X")
+    old = ipb.Inventory()
+    old.gpus.add(index=0, model="NVIDIA H100 80GB HBM3")
+    rows = node_statuses(
+        [Row("node-002", amd), Row("node-000", old), Row("leaf", ipb.Inventory())], Store(tmp_path / "s.db")
+    )
+    assert [(r.node_id, r.accelerator_vendor, r.accelerator_model) for r in rows] == [
+        ("leaf", "", ""),
+        ("node-000", "nvidia", "NVIDIA H100 80GB HBM3"),
+        ("node-002", "amd", "AMD Instinct MI300X"),
+    ]
