@@ -242,6 +242,15 @@ def _gpu_kind(name: str, doc: str, inject: NodeAction, *, demo: tuple[Params, ..
     return FaultKind(name, doc, _GPU, _GPU_INCIDENTS, node=OnNode("gpu", inject, _gpu_healthy), demo=demo, **kw)
 
 
+_VENDOR_CLEAR = {"amd": _amd_healthy, "ascend": _ascend_healthy}
+
+
+def _vendor_gpu_kind(name: str, doc: str, vendor: str, inject: NodeAction, *params: Param) -> FaultKind:
+    """A fault of one vendor's GPUs (refused on others'); its clear puts the GPU back as it was built."""
+    node = OnNode("gpu", inject, _VENDOR_CLEAR[vendor])
+    return FaultKind(name, doc, _GPU, _GPU_INCIDENTS, params=params, node=node, vendor=vendor)
+
+
 FAULTS: Final[FaultTable] = FaultTable(
     [
         _gpu_kind(
@@ -277,32 +286,26 @@ FAULTS: Final[FaultTable] = FaultTable(
             params=(Param("link", "which NVLink", default=0, maximum=H100_NVLINKS - 1),),
             demo=({"link": 3},),
         ),
-        FaultKind(
+        _vendor_gpu_kind(
             "amd_ras_uncorrectable",
             "AMD: uncorrectable errors in the UMC (HBM) RAS block, and the amdgpu line saying so.",
-            _GPU,
-            _GPU_INCIDENTS,
-            params=(Param("count", "new uncorrectable errors", default=1, minimum=1),),
-            node=OnNode("gpu", _amd_ras_uncorrectable, _amd_healthy),
-            vendor="amd",
+            "amd",
+            _amd_ras_uncorrectable,
+            Param("count", "new uncorrectable errors", default=1, minimum=1),
         ),
-        FaultKind(
+        _vendor_gpu_kind(
             "amd_xgmi_down",
             "AMD: one XGMI link of the GPU goes down.",
-            _GPU,
-            _GPU_INCIDENTS,
-            params=(Param("link", "which XGMI link", default=0, maximum=MI300X_XGMI_LINKS - 1),),
-            node=OnNode("gpu", _amd_xgmi_down, _amd_healthy),
-            vendor="amd",
+            "amd",
+            _amd_xgmi_down,
+            Param("link", "which XGMI link", default=0, maximum=MI300X_XGMI_LINKS - 1),
         ),
-        FaultKind(
+        _vendor_gpu_kind(
             "ascend_fault",
             "Ascend: the NPU's health turns Alarm with a DCMI fault code (npu-smi info -t health lists it).",
-            _GPU,
-            _GPU_INCIDENTS,
-            params=(Param("code", "the DCMI fault code (write it in hex: 0x80E18005)", default=0x80E18005),),
-            node=OnNode("gpu", _ascend_fault, _ascend_healthy),
-            vendor="ascend",
+            "ascend",
+            _ascend_fault,
+            Param("code", "the DCMI fault code (write it in hex: 0x80E18005)", default=0x80E18005),
         ),
         _gpu_kind(
             "gpu_thermal_slowdown",
