@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,24 @@ def test_backend_amd_without_the_library_is_one_line_and_exit_2(command: str, tm
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "backend amd unavailable" in lines[0] and "amdsmi" in lines[0]
+
+
+@pytest.mark.parametrize("error", ["OSError('libamd_smi.so: cannot open shared object file')", "KeyError('ROCM_PATH')"])
+def test_amdsmi_installed_without_rocm_is_one_line(error: str, tmp_path: Path) -> None:
+    """The real package raises OSError or KeyError at import without ROCm: still one line, exit 2."""
+    pkg = tmp_path / "amdsmi"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"raise {error}\n")  # what amdsmi_wrapper does when it cannot load the library
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "starpulse.app.cli", "scan", "--backend", "amd"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot load libamd_smi.so" in lines[0] and "ROCm" in lines[0], proc.stderr
