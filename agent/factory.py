@@ -1,8 +1,9 @@
 """The agent's explicit collector registry: which collectors run, on what hardware surface.
 
-`nvml` reads the real driver and /sys; `sim` points the same collector classes at a
-simulated node (fake NVML, fake sysfs tree, fake kernel log). Never a silent fallback:
-asking for `nvml` where there is no driver is an error the operator sees.
+`nvml`, `amd`, `ascend` and installed plugins (``agent.collectors.accel.registry``) read
+the real hardware and /sys; `sim` points the same collector classes at a simulated node
+(fake NVML, fake sysfs tree, fake kernel log). Never a silent fallback: asking for a backend
+whose driver or library is not there is an error the operator sees, in one line.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.collectors.accel import registry
+from agent.collectors.accel.amd import AmdGpuCollector
+from agent.collectors.accel.ascend import AscendNpuCollector
+from agent.collectors.accel.base import AcceleratorBackend, BackendUnavailable
 from agent.collectors.base import Collector, FindingSink
 from agent.collectors.ethtool import EthtoolCollector
-from agent.collectors.gpu import NvmlGpuCollector, nvml_unavailable_reason
+from agent.collectors.gpu import NvmlGpuCollector
 from agent.collectors.host import HostCollector
 from agent.collectors.kmsg import KmsgCollector
 from agent.collectors.lldp import LldpCollector, Runner, lldpcli_command
@@ -25,11 +30,10 @@ from agent.sim.node import SimNode
 from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 
-BACKENDS = ("nvml", "sim")
+__all__ = ["BACKENDS", "BackendUnavailable", "CollectorPlan", "build_agent", "build_collectors", "load_nvml"]
 
-
-class BackendUnavailable(RuntimeError):
-    """The requested hardware backend cannot run here; the message is one line for the operator."""
+BACKENDS = registry.backend_names()
+load_nvml = registry.load_nvml
 
 
 @dataclass
@@ -60,14 +64,13 @@ def nic_gpu_pairing(sysfs_root: str) -> Callable[[ipb.Inventory], None]:
     return pair
 
 
-def load_nvml() -> Any:
-    """The real pynvml module, initialised; BackendUnavailable with one clear line otherwise."""
-    import pynvml
-
-    reason = nvml_unavailable_reason(pynvml)
-    if reason is not None:
-        raise BackendUnavailable(reason)
-    return pynvml
+def sim_accelerator(sim: SimNode, sink: FindingSink | None) -> AcceleratorBackend:
+    """The real backend class of the simulated node's vendor, on that vendor's fake."""
+    if sim.amdsmi is not None:
+        return AmdGpuCollector(sim.amdsmi, sink)
+    if sim.npu_smi is not None:
+        return AscendNpuCollector(sim.npu_smi, sink)
+    return NvmlGpuCollector(sim.nvml, sink)
 
 
 def build_collectors(
@@ -90,22 +93,22 @@ def build_collectors(
     ``lldp_runner`` answers the LLDP collector's lldpcli command in place of running it
     (the scenario cluster renders each node's neighbours from its fabric).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
+    if backend not in registry.backend_names():
+        raise ValueError(f"backend {backend!r} is not one of {registry.backend_names()}")
     ethtool_dir: str | None = None
-    if backend == "nvml":
-        nvml = load_nvml()
+    gpu: AcceleratorBackend
+    if backend != registry.SIM:
+        gpu = registry.build(backend, sink)
     else:
         if sim is None:
             raise ValueError("the sim backend needs a SimNode")
-        nvml = sim.nvml
         sysfs_root = sim.sysfs_root
         kmsg_path = sim.kmsg_path if kmsg_path else None  # None: no kernel-log tail (one-shot scan)
         ethtool_dir = sim.sysfs.ethtool_dir
         # A simulated node has no lldpd unless it is given one's socket (the netns harness runs
         # a real lldpd beside each simulated node) or a runner (the scenario cluster's fabric).
         lldp = lldp and (lldpcli_socket is not None or lldp_runner is not None)
-    gpu = NvmlGpuCollector(nvml, sink)
+        gpu = sim_accelerator(sim, sink)
     collectors: list[Collector] = [gpu, RdmaSysfsCollector(sysfs_root)]
     starters: list[Callable[[], object]] = [gpu.start_events]
     if ethtool:

@@ -17,7 +17,8 @@ so they are exposed as counters (``*_total``). Current-state counts that only gr
 repaired (remapped rows, retired pages) are gauges.
 
 Labels: every series carries ``node`` (the agent's node id; for switch ports, the
-switch). GPUs add ``gpu`` (index), ``uuid`` and ``pci``; NIC ports add ``device``,
+switch). GPUs add ``gpu`` (index), ``uuid`` and ``pci`` (their ``starpulse_gpu_info`` adds
+``vendor`` and ``model``: join on it to select a vendor's chips); NIC ports add ``device``,
 ``port``, ``netdev``, ``link_layer`` and ``rail`` (the GPU index on the same PCIe switch,
 empty when unknown); switch ports add ``port``.
 """
@@ -279,6 +280,7 @@ class AgentMetricsCollector(Collector):
                     "gpu": lv[1],
                     "uuid": lv[2],
                     "pci": lv[3],
+                    "vendor": info.vendor or "nvidia",  # agents before issue 21 describe NVIDIA GPUs only
                     "model": info.model,
                     "serial": info.serial,
                     "vbios_version": info.vbios_version,
@@ -316,6 +318,7 @@ class AgentMetricsCollector(Collector):
                 )
         # ECC counts: volatile resets on driver reload, aggregate persists in the InfoROM;
         # both are counters (rate()/increase() handle the reload reset).
+        self._gpu_neutral(f, s, lv)
         opt_counter(
             "ecc_sbe_volatile",
             "starpulse_gpu_ecc_sbe_volatile_total",
@@ -396,6 +399,40 @@ class AgentMetricsCollector(Collector):
     # -- NIC ports -------------------------------------------------------------------------
 
     # Complexity over 15 on purpose: one guarded block per optional NIC field: absent fields emit no series.
+    def _gpu_neutral(self, f: _Families, s: tpb.GpuSample, lv: list[str]) -> None:
+        """Any vendor's memory errors, interconnect links and thermal flag (issue 21's neutral fields)."""
+        L = GPU_LABELS
+        if s.HasField("memory_errors_correctable"):
+            f.counter(
+                "starpulse_gpu_memory_errors_correctable_total",
+                "Corrected memory errors, any vendor (AMD: RAS total).",
+                L,
+                lv,
+                float(s.memory_errors_correctable),
+            )
+        if s.HasField("memory_errors_uncorrectable"):
+            f.counter(
+                "starpulse_gpu_memory_errors_uncorrectable_total",
+                "Uncorrectable memory errors, any vendor (AMD: RAS total).",
+                L,
+                lv,
+                float(s.memory_errors_uncorrectable),
+            )
+        if s.HasField("links_down"):
+            doc = "Interconnect links down (AMD XGMI, Ascend HCCS)."
+            f.gauge("starpulse_gpu_interconnect_links_down", doc, L, lv, float(s.links_down))
+        if s.HasField("thermal_slowdown"):
+            doc = "1 while the chip slows itself for heat (any vendor)."
+            f.gauge("starpulse_gpu_thermal_slowdown", doc, L, lv, float(s.thermal_slowdown))
+        for block in s.ras_blocks:
+            f.counter(
+                "starpulse_gpu_ras_uncorrectable_errors_total",
+                "Uncorrectable errors per RAS block (AMD: UMC is the HBM, XGMI_WAFL the links).",
+                (*L, "block"),
+                (*lv, block.block),
+                float(block.uncorrectable),
+            )
+
     def _nic(self, f: _Families, s: tpb.NicSample, info: ipb.NicInfo | None) -> None:  # noqa: C901
         rail = ""
         if info is not None and info.HasField("paired_gpu_index"):

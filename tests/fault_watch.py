@@ -41,8 +41,12 @@ def examples(kind: FaultKind, shape: str | None) -> dict[str, Any]:
 
 
 def node_view(sim: SimNode, prefix: str = "") -> View:
-    """Every GPU as NVML holds it, every file of the sysfs tree, and the kernel log."""
+    """Every GPU as NVML (or its vendor's fake) holds it, every file of the sysfs tree, and the kernel log."""
     view: View = {f"{prefix}gpu-{i}": dataclasses.asdict(sim.nvml.gpu(i)) for i in range(sim.gpus)}
+    if sim.amdsmi is not None:
+        view |= {f"{prefix}amd-gpu-{g.index}": dataclasses.asdict(g) for g in sim.amdsmi.gpus}
+    if sim.npu_smi is not None:
+        view |= {f"{prefix}npu-{n.npu_id}": dataclasses.asdict(n) for n in sim.npu_smi.npus}
     root = sim.sysfs_root
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".tmp"]

@@ -130,7 +130,10 @@ AGENT_ERRORS = [
         {"agent": {"node_id": "node-001", "controllers": []}},
         ["agent.controllers: must be a non-empty list of HOST:PORT, got []"],
     ),
-    ({**AGENT_MIN, "hardware": {"backend": "rocm"}}, ["hardware.backend: must be one of nvml, sim, got 'rocm'"]),
+    (
+        {**AGENT_MIN, "hardware": {"backend": "rocm"}},
+        ["hardware.backend: must be one of nvml, amd, ascend, sim, got 'rocm'"],
+    ),
     ({**AGENT_MIN, "hardware": {"seed": -1}}, ["hardware.seed: must be an integer >= 0, got -1"]),
     ({**AGENT_MIN, "hardware": {"mounts": "/"}}, ["hardware.mounts: must be a list of strings, got '/'"]),
     ({**AGENT_MIN, "metrics": {"listen": ":x"}}, ["metrics.listen: must be HOST:PORT, or null, got ':x'"]),

@@ -52,7 +52,8 @@ def one_fault(kind: FaultKind, shape: str, **params: Any) -> dict[str, Any]:
     target = target_of(fabric, shape)
     fault: dict[str, Any] = {"at_s": 1, "kind": kind.name, **examples(kind, shape), **params}
     fault.update({"targets": [target]} if kind.many else {"target": target})
-    return {"name": "f", "fabric": FABRIC, "duration_s": 10, "faults": [fault]}
+    vendors = [kind.needs_vendor or "nvidia"]  # a vendor's own GPU kinds act on that vendor's nodes
+    return {"name": "f", "fabric": FABRIC, "vendors": vendors, "duration_s": 10, "faults": [fault]}
 
 
 def cluster_view(cluster: SimCluster) -> View:

@@ -212,9 +212,11 @@ class _Reader:
 
 
 class NvmlGpuCollector:
-    """Collector for NVIDIA GPUs through NVML (name "gpu")."""
+    """Collector for NVIDIA GPUs through NVML (name "gpu"); one ``AcceleratorBackend``."""
 
     name = "gpu"
+    vendor = "nvidia"
+    interconnect = "nvlink"
 
     def __init__(
         self,
@@ -313,6 +315,7 @@ class NvmlGpuCollector:
                 if reader.call("nvmlDeviceGetNvLinkState", link, link=True) is not None
             }
             info.nvlink_count = len(links)
+            info.vendor, info.interconnect, info.link_count = self.vendor, self.interconnect, len(links)
             with self._lock:
                 self._idents[index] = ident
                 self._inventory[ident.key] = ident

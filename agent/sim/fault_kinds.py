@@ -236,6 +236,14 @@ class FaultKind:
     many: bool = False
     demo: tuple[Params, ...] = ()
     answered_by_effect: bool = False
+    vendor: str | None = None  # the accelerator vendor its GPU must be (None: any; GPU kinds: "nvidia")
+
+    @property
+    def needs_vendor(self) -> str | None:
+        """Whose GPU this kind acts on: its ``vendor``, NVIDIA for the other GPU kinds, None otherwise."""
+        if self.vendor is not None:
+            return self.vendor
+        return "nvidia" if self.node is not None and self.node.part == "gpu" else None
 
     def check_params(self, raw: Params, shape: str | None) -> dict[str, Any]:
         """The fault's parameters checked, defaults filled in; FaultError naming the first bad key."""

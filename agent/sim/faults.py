@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from agent.sim.fake_amdsmi import MI300X_XGMI_LINKS, FakeAmdSmi
+from agent.sim.fake_kmsg import KERN_ERR
+from agent.sim.fake_npu_smi import FakeNpuSmi
 from agent.sim.fake_nvml import H100_NVLINKS, H100_PCIE_GEN, H100_PCIE_WIDTH
 from agent.sim.fault_kinds import (
     ClusterAction,
@@ -23,6 +26,7 @@ from agent.sim.fault_kinds import (
     OnNode,
     Param,
     Params,
+    UnknownFault,
     part_index,
 )
 
@@ -60,6 +64,43 @@ def _gpu_row_remap_failure(sim: SimNode, i: int, p: Params) -> None:
 
 def _gpu_nvlink_down(sim: SimNode, i: int, p: Params) -> None:
     sim.nvml.inject_nvlink_down(i, p["link"])
+
+
+def _amd(sim: SimNode) -> FakeAmdSmi:
+    if sim.amdsmi is None:
+        raise UnknownFault(f"{sim.node_id} has {sim.vendor} GPUs, not AMD ones")
+    return sim.amdsmi
+
+
+def _npu_smi(sim: SimNode) -> FakeNpuSmi:
+    if sim.npu_smi is None:
+        raise UnknownFault(f"{sim.node_id} has {sim.vendor} accelerators, not Ascend NPUs")
+    return sim.npu_smi
+
+
+def _amd_ras_uncorrectable(sim: SimNode, i: int, p: Params) -> None:
+    smi = _amd(sim)
+    smi.inject_ecc(i, smi.AmdSmiGpuBlock.UMC, uncorrectable=int(p["count"]))
+    sim.kmsg.line(
+        f"amdgpu {smi.gpus[i].bdf}: amdgpu: {int(p['count'])} uncorrectable hardware errors detected in umc block",
+        KERN_ERR,
+    )
+
+
+def _amd_xgmi_down(sim: SimNode, i: int, p: Params) -> None:
+    _amd(sim).set_xgmi_link(i, int(p["link"]), up=False)
+
+
+def _amd_healthy(sim: SimNode, i: int, p: Params) -> None:
+    _amd(sim).clear(i)
+
+
+def _ascend_fault(sim: SimNode, i: int, p: Params) -> None:
+    _npu_smi(sim).inject(i, f"{int(p['code']):08X}", health="Alarm")
+
+
+def _ascend_healthy(sim: SimNode, i: int, p: Params) -> None:
+    _npu_smi(sim).clear(i)
 
 
 def _gpu_thermal_slowdown(sim: SimNode, i: int, p: Params) -> None:
@@ -201,6 +242,15 @@ def _gpu_kind(name: str, doc: str, inject: NodeAction, *, demo: tuple[Params, ..
     return FaultKind(name, doc, _GPU, _GPU_INCIDENTS, node=OnNode("gpu", inject, _gpu_healthy), demo=demo, **kw)
 
 
+_VENDOR_CLEAR = {"amd": _amd_healthy, "ascend": _ascend_healthy}
+
+
+def _vendor_gpu_kind(name: str, doc: str, vendor: str, inject: NodeAction, *params: Param) -> FaultKind:
+    """A fault of one vendor's GPUs (refused on others'); its clear puts the GPU back as it was built."""
+    node = OnNode("gpu", inject, _VENDOR_CLEAR[vendor])
+    return FaultKind(name, doc, _GPU, _GPU_INCIDENTS, params=params, node=node, vendor=vendor)
+
+
 FAULTS: Final[FaultTable] = FaultTable(
     [
         _gpu_kind(
@@ -235,6 +285,27 @@ FAULTS: Final[FaultTable] = FaultTable(
             _gpu_nvlink_down,
             params=(Param("link", "which NVLink", default=0, maximum=H100_NVLINKS - 1),),
             demo=({"link": 3},),
+        ),
+        _vendor_gpu_kind(
+            "amd_ras_uncorrectable",
+            "AMD: uncorrectable errors in the UMC (HBM) RAS block, and the amdgpu line saying so.",
+            "amd",
+            _amd_ras_uncorrectable,
+            Param("count", "new uncorrectable errors", default=1, minimum=1),
+        ),
+        _vendor_gpu_kind(
+            "amd_xgmi_down",
+            "AMD: one XGMI link of the GPU goes down.",
+            "amd",
+            _amd_xgmi_down,
+            Param("link", "which XGMI link", default=0, maximum=MI300X_XGMI_LINKS - 1),
+        ),
+        _vendor_gpu_kind(
+            "ascend_fault",
+            "Ascend: the NPU's health turns Alarm with a DCMI fault code (npu-smi info -t health lists it).",
+            "ascend",
+            _ascend_fault,
+            Param("code", "the DCMI fault code (write it in hex: 0x80E18005)", default=0x80E18005),
         ),
         _gpu_kind(
             "gpu_thermal_slowdown",

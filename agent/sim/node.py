@@ -1,5 +1,8 @@
 """One simulated GPU server: fake NVML, fake sysfs and a fake kernel log, with fault injection.
 
+``vendor`` says whose accelerators it has: NVIDIA (fake NVML), AMD (``amdsmi``: fake AMD SMI)
+or Ascend (``npu_smi``: a fake npu-smi); the factory's sim backend reads the one it names.
+
 The real collectors read these through the same surfaces they read on hardware; the
 demo, the scenario runner and the tests inject faults here by the fault table's kinds
 (``agent.sim.faults``), addressed to a part of this node ("gpu-2", "nic-5").
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import structlog
 
+from agent.sim.fake_amdsmi import FakeAmdSmi
 from agent.sim.fake_kmsg import FakeKmsg
+from agent.sim.fake_npu_smi import FakeNpuSmi
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.fake_sysfs import FakeSysfs
 from agent.sim.fault_kinds import UnknownFault, part_index
@@ -20,6 +25,8 @@ from agent.sim.faults import FAULTS
 from agent.sim.real_netdev import RealNetdevs
 
 log = structlog.get_logger(__name__)
+
+SIM_VENDORS = ("nvidia", "amd", "ascend")
 
 
 def kmsg_pci(nvml_bus_id: str) -> str:
@@ -39,14 +46,20 @@ class SimNode:
         link_layer: str = "Ethernet",
         rate_gbps: float = 400.0,
         throughput_gbps: float = 180.0,
+        vendor: str = "nvidia",
     ) -> None:
+        if vendor not in SIM_VENDORS:
+            raise ValueError(f"sim vendor {vendor!r} is not one of {SIM_VENDORS}")
         self.node_id = node_id
+        self.vendor = vendor
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sysfs = FakeSysfs(
             str(self.workdir / "sys"), nics=nics, rail_link_layer=link_layer, rate_gbps=rate_gbps, seed=seed
         )
         self.nvml = FakeNvml(gpu_count=gpus, seed=seed, pci_buses=self._gpu_buses(gpus))
+        self.amdsmi = FakeAmdSmi(gpu_count=gpus, pci_buses=self._gpu_buses(gpus)) if vendor == "amd" else None
+        self.npu_smi = FakeNpuSmi(npu_count=gpus, pci_buses=self._gpu_buses(gpus)) if vendor == "ascend" else None
         self.kmsg = FakeKmsg(str(self.workdir / "kmsg"))
         self.gpus = gpus
         self.nics = nics

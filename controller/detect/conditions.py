@@ -82,6 +82,7 @@ _GPU_EVENTS = frozenset(
         tpb.EVENT_KIND_ROW_REMAP_FAILURE,
         tpb.EVENT_KIND_NVLINK_DOWN,
         tpb.EVENT_KIND_THERMAL_SLOWDOWN,
+        tpb.EVENT_KIND_ACCEL_FAULT,  # a vendor fault code is about one chip
     }
 )
 _NIC_EVENTS = frozenset({tpb.EVENT_KIND_NIC_LINK_DOWN, tpb.EVENT_KIND_NIC_LINK_UP, tpb.EVENT_KIND_NIC_DRIVER_ERROR})
@@ -276,7 +277,7 @@ class ConditionEngine:
             for rule in matched:
                 evaluator = evaluators[rule.kind]
                 if isinstance(evaluator, EventEvaluator):
-                    if evaluator.accepts(rule, sev):
+                    if evaluator.accepts(rule, sev, ev.action):
                         self._on_event_rule(rule, node.node_id, comp, ctype, owner_node, ev, n, now)
                 elif sev > 0:  # a state rule opened early; info events (restored, admin down) never open
                     self._on_state_event(rule, node.node_id, comp, ctype, owner_node, ev, n, now)

@@ -56,9 +56,16 @@ def node_statuses(nodes: Iterable[NodeRow], store: Store, clock: Clock = SYSTEM_
             open_events=recent.get(node.node_id, 0),
             agent_version=node.agent_version,
             hostname=node.hostname,
+            accelerator_vendor=accelerator_vendor(node.inventory),
+            accelerator_model=node.inventory.gpus[0].model if node.inventory.gpus else "",
         )
         for node in sorted(nodes, key=lambda n: n.node_id)
     ]
+
+
+def accelerator_vendor(inventory: ipb.Inventory) -> str:
+    """The vendors of a node's accelerators, in inventory order; a GPU without one is NVIDIA (older agents)."""
+    return ",".join(dict.fromkeys(g.vendor or "nvidia" for g in inventory.gpus))
 
 
 async def list_events_response(

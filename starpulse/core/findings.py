@@ -30,6 +30,8 @@ class Finding:
     pci: str | None = None
     timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     attributes: dict[str, str] = field(default_factory=dict)
+    vendor: str = ""  # the accelerator's vendor ("amd", "ascend", a plugin's); "" for NVIDIA and non-chips
+    vendor_code: str = ""  # the vendor's own fault code ("8C03A000", "UMC")
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -50,6 +52,8 @@ class Finding:
             pci=self.pci or "",
             action=self.action,
             attributes=self.attributes,
+            vendor=self.vendor,
+            vendor_code=self.vendor_code,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +73,10 @@ class Finding:
             out["pci"] = self.pci
         if self.attributes:
             out["attributes"] = dict(self.attributes)
+        if self.vendor:
+            out["vendor"] = self.vendor
+        if self.vendor_code:
+            out["vendor_code"] = self.vendor_code
         return out
 
 

@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstarpulse/v1/inventory.proto\x12\x0cstarpulse.v1\"\xa2\x01\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cnvlink_count\x18\x06 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x07 \x01(\x04\x12\x15\n\rvbios_version\x18\x08 \x01(\t\"\x97\x02\n\x07NicInfo\x12\x13\n\x0brdma_device\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x0e\n\x06netdev\x18\x03 \x01(\t\x12\x12\n\nlink_layer\x18\x04 \x01(\t\x12\x11\n\trate_gbps\x18\x05 \x01(\x01\x12\x11\n\tnode_guid\x18\x06 \x01(\t\x12\x0b\n\x03mac\x18\x07 \x01(\t\x12\x13\n\x0bpci_address\x18\x08 \x01(\t\x12\x11\n\tnuma_node\x18\t \x01(\x05\x12\x1d\n\x10paired_gpu_index\x18\n \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08hca_type\x18\x0b \x01(\t\x12\x12\n\nfw_version\x18\x0c \x01(\t\x12\x10\n\x08\x62oard_id\x18\r \x01(\tB\x13\n\x11_paired_gpu_index\"\x98\x01\n\x0cLldpNeighbor\x12\x17\n\x0flocal_interface\x18\x01 \x01(\t\x12\x14\n\x0c\x63hassis_name\x18\x02 \x01(\t\x12\x12\n\nchassis_id\x18\x03 \x01(\t\x12\x0f\n\x07port_id\x18\x04 \x01(\t\x12\x18\n\x10port_description\x18\x05 \x01(\t\x12\x1a\n\x12management_address\x18\x06 \x01(\t\"\xb3\x01\n\tHostFacts\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0e\n\x06kernel\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\x12\x11\n\tcpu_count\x18\x04 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\x12\n\n\x02os\x18\x06 \x01(\t\x12\x14\n\x0cnvml_version\x18\x07 \x01(\t\x12\x1b\n\x13\x63uda_driver_version\x18\x08 \x01(\t\"P\n\x0eSwitchPortInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nspeed_mbps\x18\x02 \x01(\x04\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\r\n\x05lanes\x18\x04 \x01(\r\"\xe4\x01\n\tInventory\x12#\n\x04gpus\x18\x01 \x03(\x0b\x32\x15.starpulse.v1.GpuInfo\x12#\n\x04nics\x18\x02 \x03(\x0b\x32\x15.starpulse.v1.NicInfo\x12\x32\n\x0elldp_neighbors\x18\x03 \x03(\x0b\x32\x1a.starpulse.v1.LldpNeighbor\x12%\n\x04host\x18\x04 \x01(\x0b\x32\x17.starpulse.v1.HostFacts\x12\x32\n\x0cswitch_ports\x18\x05 \x03(\x0b\x32\x1c.starpulse.v1.SwitchPortInfo*R\n\x08NodeRole\x12\x19\n\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11NODE_ROLE_COMPUTE\x10\x01\x12\x14\n\x10NODE_ROLE_SWITCH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstarpulse/v1/inventory.proto\x12\x0cstarpulse.v1\"\xdc\x01\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cnvlink_count\x18\x06 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x07 \x01(\x04\x12\x15\n\rvbios_version\x18\x08 \x01(\t\x12\x0e\n\x06vendor\x18\t \x01(\t\x12\x14\n\x0cinterconnect\x18\n \x01(\t\x12\x12\n\nlink_count\x18\x0b \x01(\r\"\x97\x02\n\x07NicInfo\x12\x13\n\x0brdma_device\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x0e\n\x06netdev\x18\x03 \x01(\t\x12\x12\n\nlink_layer\x18\x04 \x01(\t\x12\x11\n\trate_gbps\x18\x05 \x01(\x01\x12\x11\n\tnode_guid\x18\x06 \x01(\t\x12\x0b\n\x03mac\x18\x07 \x01(\t\x12\x13\n\x0bpci_address\x18\x08 \x01(\t\x12\x11\n\tnuma_node\x18\t \x01(\x05\x12\x1d\n\x10paired_gpu_index\x18\n \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08hca_type\x18\x0b \x01(\t\x12\x12\n\nfw_version\x18\x0c \x01(\t\x12\x10\n\x08\x62oard_id\x18\r \x01(\tB\x13\n\x11_paired_gpu_index\"\x98\x01\n\x0cLldpNeighbor\x12\x17\n\x0flocal_interface\x18\x01 \x01(\t\x12\x14\n\x0c\x63hassis_name\x18\x02 \x01(\t\x12\x12\n\nchassis_id\x18\x03 \x01(\t\x12\x0f\n\x07port_id\x18\x04 \x01(\t\x12\x18\n\x10port_description\x18\x05 \x01(\t\x12\x1a\n\x12management_address\x18\x06 \x01(\t\"\xb3\x01\n\tHostFacts\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0e\n\x06kernel\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\x12\x11\n\tcpu_count\x18\x04 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x04\x12\n\n\x02os\x18\x06 \x01(\t\x12\x14\n\x0cnvml_version\x18\x07 \x01(\t\x12\x1b\n\x13\x63uda_driver_version\x18\x08 \x01(\t\"P\n\x0eSwitchPortInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nspeed_mbps\x18\x02 \x01(\x04\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\r\n\x05lanes\x18\x04 \x01(\r\"\xe4\x01\n\tInventory\x12#\n\x04gpus\x18\x01 \x03(\x0b\x32\x15.starpulse.v1.GpuInfo\x12#\n\x04nics\x18\x02 \x03(\x0b\x32\x15.starpulse.v1.NicInfo\x12\x32\n\x0elldp_neighbors\x18\x03 \x03(\x0b\x32\x1a.starpulse.v1.LldpNeighbor\x12%\n\x04host\x18\x04 \x01(\x0b\x32\x17.starpulse.v1.HostFacts\x12\x32\n\x0cswitch_ports\x18\x05 \x03(\x0b\x32\x1c.starpulse.v1.SwitchPortInfo*R\n\x08NodeRole\x12\x19\n\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11NODE_ROLE_COMPUTE\x10\x01\x12\x14\n\x10NODE_ROLE_SWITCH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'starpulse.v1.inventory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODEROLE']._serialized_start=1143
-  _globals['_NODEROLE']._serialized_end=1225
+  _globals['_NODEROLE']._serialized_start=1201
+  _globals['_NODEROLE']._serialized_end=1283
   _globals['_GPUINFO']._serialized_start=47
-  _globals['_GPUINFO']._serialized_end=209
-  _globals['_NICINFO']._serialized_start=212
-  _globals['_NICINFO']._serialized_end=491
-  _globals['_LLDPNEIGHBOR']._serialized_start=494
-  _globals['_LLDPNEIGHBOR']._serialized_end=646
-  _globals['_HOSTFACTS']._serialized_start=649
-  _globals['_HOSTFACTS']._serialized_end=828
-  _globals['_SWITCHPORTINFO']._serialized_start=830
-  _globals['_SWITCHPORTINFO']._serialized_end=910
-  _globals['_INVENTORY']._serialized_start=913
-  _globals['_INVENTORY']._serialized_end=1141
+  _globals['_GPUINFO']._serialized_end=267
+  _globals['_NICINFO']._serialized_start=270
+  _globals['_NICINFO']._serialized_end=549
+  _globals['_LLDPNEIGHBOR']._serialized_start=552
+  _globals['_LLDPNEIGHBOR']._serialized_end=704
+  _globals['_HOSTFACTS']._serialized_start=707
+  _globals['_HOSTFACTS']._serialized_end=886
+  _globals['_SWITCHPORTINFO']._serialized_start=888
+  _globals['_SWITCHPORTINFO']._serialized_end=968
+  _globals['_INVENTORY']._serialized_start=971
+  _globals['_INVENTORY']._serialized_end=1199
 # @@protoc_insertion_point(module_scope)

@@ -17,7 +17,7 @@ NODE_ROLE_COMPUTE: NodeRole
 NODE_ROLE_SWITCH: NodeRole
 
 class GpuInfo(_message.Message):
-    __slots__ = ("index", "uuid", "serial", "pci_bus_id", "model", "nvlink_count", "memory_total_bytes", "vbios_version")
+    __slots__ = ("index", "uuid", "serial", "pci_bus_id", "model", "nvlink_count", "memory_total_bytes", "vbios_version", "vendor", "interconnect", "link_count")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     SERIAL_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,9 @@ class GpuInfo(_message.Message):
     NVLINK_COUNT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     VBIOS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    INTERCONNECT_FIELD_NUMBER: _ClassVar[int]
+    LINK_COUNT_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     serial: str
@@ -34,7 +37,10 @@ class GpuInfo(_message.Message):
     nvlink_count: int
     memory_total_bytes: int
     vbios_version: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., model: _Optional[str] = ..., nvlink_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., vbios_version: _Optional[str] = ...) -> None: ...
+    vendor: str
+    interconnect: str
+    link_count: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., model: _Optional[str] = ..., nvlink_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., vbios_version: _Optional[str] = ..., vendor: _Optional[str] = ..., interconnect: _Optional[str] = ..., link_count: _Optional[int] = ...) -> None: ...
 
 class NicInfo(_message.Message):
     __slots__ = ("rdma_device", "port", "netdev", "link_layer", "rate_gbps", "node_guid", "mac", "pci_address", "numa_node", "paired_gpu_index", "hca_type", "fw_version", "board_id")

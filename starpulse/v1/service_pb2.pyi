@@ -174,7 +174,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname")
+    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,8 @@ class NodeStatus(_message.Message):
     OPEN_EVENTS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_VENDOR_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     state: str
@@ -193,7 +195,9 @@ class NodeStatus(_message.Message):
     open_events: int
     agent_version: str
     hostname: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
+    accelerator_vendor: str
+    accelerator_model: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)

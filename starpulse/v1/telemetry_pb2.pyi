@@ -28,6 +28,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_KERNEL: _ClassVar[EventKind]
     EVENT_KIND_AGENT: _ClassVar[EventKind]
     EVENT_KIND_THERMAL_SLOWDOWN: _ClassVar[EventKind]
+    EVENT_KIND_ACCEL_FAULT: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -54,6 +55,7 @@ EVENT_KIND_PFC_STORM: EventKind
 EVENT_KIND_KERNEL: EventKind
 EVENT_KIND_AGENT: EventKind
 EVENT_KIND_THERMAL_SLOWDOWN: EventKind
+EVENT_KIND_ACCEL_FAULT: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity
@@ -78,8 +80,30 @@ class NvLinkSample(_message.Message):
     ecc_data_errors: int
     def __init__(self, link: _Optional[int] = ..., up: _Optional[bool] = ..., replay_errors: _Optional[int] = ..., recovery_errors: _Optional[int] = ..., crc_flit_errors: _Optional[int] = ..., crc_data_errors: _Optional[int] = ..., ecc_data_errors: _Optional[int] = ...) -> None: ...
 
+class RasBlockSample(_message.Message):
+    __slots__ = ("block", "correctable", "uncorrectable", "deferred")
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    CORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    UNCORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_FIELD_NUMBER: _ClassVar[int]
+    block: str
+    correctable: int
+    uncorrectable: int
+    deferred: int
+    def __init__(self, block: _Optional[str] = ..., correctable: _Optional[int] = ..., uncorrectable: _Optional[int] = ..., deferred: _Optional[int] = ...) -> None: ...
+
+class AcceleratorLinkSample(_message.Message):
+    __slots__ = ("link", "up", "errors")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    link: int
+    up: bool
+    errors: int
+    def __init__(self, link: _Optional[int] = ..., up: _Optional[bool] = ..., errors: _Optional[int] = ...) -> None: ...
+
 class GpuSample(_message.Message):
-    __slots__ = ("index", "uuid", "temperature_c", "power_w", "power_limit_w", "utilization_gpu_pct", "utilization_memory_pct", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "memory_clock_mhz", "clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "pcie_replay_count", "nvlinks", "recovery_action", "lost", "reset_required", "memory_temperature_c", "performance_state", "pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max")
+    __slots__ = ("index", "uuid", "temperature_c", "power_w", "power_limit_w", "utilization_gpu_pct", "utilization_memory_pct", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "memory_clock_mhz", "clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "pcie_replay_count", "nvlinks", "recovery_action", "lost", "reset_required", "memory_temperature_c", "performance_state", "pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max", "memory_errors_correctable", "memory_errors_uncorrectable", "ras_blocks", "links", "thermal_slowdown", "vendor_health", "links_down")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +138,13 @@ class GpuSample(_message.Message):
     PCIE_LINK_WIDTH_MAX_FIELD_NUMBER: _ClassVar[int]
     PCIE_LINK_GEN_FIELD_NUMBER: _ClassVar[int]
     PCIE_LINK_GEN_MAX_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ERRORS_CORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ERRORS_UNCORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    RAS_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    THERMAL_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    LINKS_DOWN_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     temperature_c: float
@@ -148,7 +179,14 @@ class GpuSample(_message.Message):
     pcie_link_width_max: int
     pcie_link_gen: int
     pcie_link_gen_max: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., utilization_gpu_pct: _Optional[float] = ..., utilization_memory_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., memory_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkSample, _Mapping]]] = ..., recovery_action: _Optional[int] = ..., lost: _Optional[bool] = ..., reset_required: _Optional[bool] = ..., memory_temperature_c: _Optional[float] = ..., performance_state: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_link_width_max: _Optional[int] = ..., pcie_link_gen: _Optional[int] = ..., pcie_link_gen_max: _Optional[int] = ...) -> None: ...
+    memory_errors_correctable: int
+    memory_errors_uncorrectable: int
+    ras_blocks: _containers.RepeatedCompositeFieldContainer[RasBlockSample]
+    links: _containers.RepeatedCompositeFieldContainer[AcceleratorLinkSample]
+    thermal_slowdown: bool
+    vendor_health: str
+    links_down: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., utilization_gpu_pct: _Optional[float] = ..., utilization_memory_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., memory_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkSample, _Mapping]]] = ..., recovery_action: _Optional[int] = ..., lost: _Optional[bool] = ..., reset_required: _Optional[bool] = ..., memory_temperature_c: _Optional[float] = ..., performance_state: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_link_width_max: _Optional[int] = ..., pcie_link_gen: _Optional[int] = ..., pcie_link_gen_max: _Optional[int] = ..., memory_errors_correctable: _Optional[int] = ..., memory_errors_uncorrectable: _Optional[int] = ..., ras_blocks: _Optional[_Iterable[_Union[RasBlockSample, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[AcceleratorLinkSample, _Mapping]]] = ..., thermal_slowdown: _Optional[bool] = ..., vendor_health: _Optional[str] = ..., links_down: _Optional[int] = ...) -> None: ...
 
 class NicSample(_message.Message):
     __slots__ = ("rdma_device", "port", "netdev", "state_code", "state", "phys_state_code", "phys_state", "rate_gbps", "link_layer", "counters", "hw_counters", "netdev_stats", "netdev_operstate", "ethtool_stats")
@@ -360,7 +398,7 @@ class LldpUpdate(_message.Message):
     def __init__(self, neighbors: _Optional[_Iterable[_Union[_inventory_pb2.LldpNeighbor, _Mapping]]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "kind", "component", "severity", "message", "source", "xid", "pci", "action", "attributes")
+    __slots__ = ("seq", "timestamp_ms", "kind", "component", "severity", "message", "source", "xid", "pci", "action", "attributes", "vendor", "vendor_code")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +417,8 @@ class Event(_message.Message):
     PCI_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_CODE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     kind: EventKind
@@ -390,4 +430,6 @@ class Event(_message.Message):
     pci: str
     action: str
     attributes: _containers.ScalarMap[str, str]
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., component: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., xid: _Optional[int] = ..., pci: _Optional[str] = ..., action: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    vendor: str
+    vendor_code: str
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., component: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., xid: _Optional[int] = ..., pci: _Optional[str] = ..., action: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., vendor: _Optional[str] = ..., vendor_code: _Optional[str] = ...) -> None: ...

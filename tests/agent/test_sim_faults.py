@@ -143,7 +143,7 @@ def test_every_node_fault_shows_and_clears(kind: FaultKind, tmp_path: Path) -> N
     """Injected on a SimNode, each node fault shows on the hardware; cleared, the node is healthy again."""
     assert kind.node is not None
     part = kind.node.part
-    sim = SimNode("node-000", tmp_path, gpus=2, nics=2, seed=3)
+    sim = SimNode("node-000", tmp_path, gpus=2, nics=2, seed=3, vendor=kind.needs_vendor or "nvidia")
     watch = Watch(lambda: node_view(sim), lambda: sim.advance(1.0))
     params = examples(kind, part)
     sim.inject(kind.name, f"{part}-1", **params)

@@ -334,6 +334,21 @@ REPORT_CASES = [
         healthy=_pcie_link(),
         quiet=_pcie_link(gen=1, util=0.0),  # idle GPUs drop their generation: not a fault
     ),
+    # Any vendor's interconnect and thermal flag (an AMD or Ascend report fills the neutral fields).
+    ReportCase(
+        "gpu.link_down",
+        _set(_gpu(), "links_down", 1),
+        f"{NODE}/gpu-5",
+        "gpu",
+        healthy=lambda r: [setattr(g, "links_down", 0) for g in r.gpus],
+    ),
+    ReportCase(
+        "gpu.thermal_slowdown",
+        _set(_gpu(), "thermal_slowdown", True),
+        f"{NODE}/gpu-5",
+        "gpu",
+        healthy=lambda r: [setattr(g, "thermal_slowdown", False) for g in r.gpus],
+    ),
     ReportCase("host.disk_full", _disk, NODE, "node", evidence={"mount": "/data", "free_pct": 2.0}),
     ReportCase("host.memory_low", _memory, NODE, "node", evidence={"available_pct": 1.0}),
 ]
@@ -370,6 +385,13 @@ SWITCH_CASES = [
 # -- table of event-driven cases: (rule, event, component, severity, action) -------------------------------------
 
 X = tpb.EVENT_KIND_XID
+
+
+def _accel(action: str) -> tpb.Event:
+    """A vendor's fault code (here Ascend's) whose level the agent mapped to ``action``."""
+    return event(tpb.EVENT_KIND_ACCEL_FAULT, "gpu-5", action=action, vendor="ascend", vendor_code="80E18005")
+
+
 EVENT_CASES = [
     ("gpu.xid.restart_app", event(X, "gpu-5", xid=13), f"{NODE}/gpu-5", "warning", "restart_app"),
     ("gpu.xid.reset_gpu", event(X, "gpu-5", xid=48), f"{NODE}/gpu-5", "critical", "reset_gpu"),
@@ -390,6 +412,16 @@ EVENT_CASES = [
     ("gpu.ecc_dbe", event(tpb.EVENT_KIND_ECC_DBE, "gpu-5"), f"{NODE}/gpu-5", "critical", "reset_gpu"),
     ("nic.driver_error", event(tpb.EVENT_KIND_NIC_DRIVER_ERROR, "ibp5"), f"{NODE}/nic-5", "warning", "investigate"),
     ("host.kernel", event(tpb.EVENT_KIND_KERNEL, "nvidia-peermem"), NODE, "warning", "investigate"),
+    *(
+        (f"gpu.accel_fault.{action}", _accel(action), f"{NODE}/gpu-5", severity, action)
+        for action, severity in (
+            ("restart_app", "warning"),
+            ("reset_gpu", "critical"),
+            ("reboot", "fatal"),
+            ("contact_support", "critical"),
+            ("investigate", "warning"),
+        )
+    ),
 ]
 
 # State rules an event opens early (a later good report resolves them).
@@ -541,6 +573,13 @@ class TestEveryDefaultRule:
         engine.on_events(compute_node(), [event(tpb.EVENT_KIND_NVLINK_DOWN, "gpu-5")])
         clock.advance(RULES.get("gpu.nvlink_down").hold_ms / 1000)
         assert resolved(engine.tick()) == [("gpu.nvlink_down", f"{NODE}/gpu-5")]
+
+    def test_accel_fault_opens_only_the_rule_of_its_action(self):
+        """A vendor fault code opens the one rule of the action its level maps to; "none" opens nothing."""
+        engine, _ = make_engine()
+        changes = engine.on_events(compute_node(), [_accel("reset_gpu")])
+        assert opened(changes) == [("gpu.accel_fault.reset_gpu", f"{NODE}/gpu-5")]
+        assert engine.on_events(compute_node(), [_accel("none")]) == []
 
     def test_info_event_does_not_open_state_rule(self):
         """Info-level events (a storm restored, a port shut by an operator) never open a state rule."""

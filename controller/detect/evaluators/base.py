@@ -246,8 +246,9 @@ class EventEvaluator(Evaluator, ABC):
     """Events open its conditions; the engine holds them (``hold``) or counts them in a window."""
 
     @abstractmethod
-    def accepts(self, rule: Rule, severity: int) -> bool:
-        """Whether a matching event of this severity (0 info .. 3 fatal) counts for the rule."""
+    def accepts(self, rule: Rule, severity: int, action: str = "") -> bool:
+        """Whether a matching event of this severity (0 info .. 3 fatal) and recommended
+        ``action`` (the agent's, from the vendor's catalog) counts for the rule."""
 
 
 class PresenceEvaluator(Evaluator, ABC):

@@ -32,6 +32,9 @@ class EventRule(EventEvaluator):
         "window": WINDOW,
         "min_event_severity": Param(one_of(tuple(SEVERITY_ORDER))),
         "resolve_on": Param(list_of(event_kind)),
+        # Only events whose own recommended action is one of these (a vendor's fault code carries
+        # the action its catalog level maps to: accel_fault events of Ascend, AMD, plugins).
+        "event_actions": Param(list_of(one_of(vocab.ACTIONS))),
     }
 
     @classmethod
@@ -48,6 +51,9 @@ class EventRule(EventEvaluator):
             window_s = defaults.flap_window_s
         return Derived(window_s=window_s)
 
-    def accepts(self, rule: Rule, severity: int) -> bool:
+    def accepts(self, rule: Rule, severity: int, action: str = "") -> bool:
         floor = rule.params.get("min_event_severity")
-        return floor is None or severity >= SEVERITY_ORDER[floor]
+        if floor is not None and severity < SEVERITY_ORDER[floor]:
+            return False
+        actions = rule.params.get("event_actions")
+        return not actions or action in actions

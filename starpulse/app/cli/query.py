@@ -25,11 +25,12 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         ]
         print(json.dumps({"nodes": rows}, indent=2))
         return 0
-    print(f"{'NODE':<16} {'STATE':<12} {'LAST SEEN':<10} {'GPUS':>4} {'NICS':>4} {'EVENTS':>6}")
+    print(f"{'NODE':<16} {'STATE':<12} {'LAST SEEN':<10} {'GPUS':>4} {'NICS':>4} {'EVENTS':>6}  ACCELERATORS")
     for n in resp.nodes:
+        chips = f"{n.accelerator_vendor} {n.accelerator_model}".strip()
         print(
             f"{n.node_id:<16} {n.state:<12} {age(n.last_seen_ms):<10} "
-            f"{n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}"
+            f"{n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}  {chips}"
         )
     return 0
 

@@ -130,7 +130,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             lldp_interval_s=opt.lldp_interval_s,
         )
     except BackendUnavailable as exc:
-        print(f"starpulse agent: backend nvml unavailable: {exc}", file=sys.stderr)
+        print(f"starpulse agent: backend {opt.backend} unavailable: {exc}", file=sys.stderr)
         return 2
     asyncio.run(_run_agent(agent))
     return 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agent.collectors.accel.registry import backend_names
 from agent.commands import CONFIGURABLE, CommandHandler
 from agent.runtime import AgentConfig
 from starpulse.app.config.common import (
@@ -55,8 +56,11 @@ class AgentSection:
 class HardwareSection:
     """Where the agent reads its hardware: NVML or the simulator, sysfs, the kernel log, LLDP."""
 
-    backend: Literal["nvml", "sim"] = setting(
-        "nvml", "nvml: the real GPUs (without a driver: one clear line, never a fallback); sim: simulated hardware"
+    backend: str = setting(
+        "nvml",
+        "nvml: NVIDIA GPUs, amd: AMD Instinct (amdsmi), ascend: Huawei Ascend (npu-smi), or an installed "
+        "accelerator plugin's name (without its driver or library: one clear line, never a fallback); "
+        "sim: simulated hardware",
     )
     sysfs_root: Path = setting(Path("/sys"), "sysfs: RDMA, NIC and PCI devices")
     kmsg: str | None = setting("/dev/kmsg", "Kernel log to tail (the device, or a file); null or empty: off")
@@ -199,6 +203,8 @@ def _build(reading: Reading, s: AgentFile) -> tuple[AgentConfig, AgentOptions] |
     """The one function from settings to an AgentConfig (whether they came from a file or flags)."""
     a, hw = s.agent, s.hardware
     check_node_id(reading, "agent.node_id", a.node_id)
+    if hw.backend not in backend_names():
+        reading.err("hardware.backend", f"must be one of {', '.join(backend_names())}, got {hw.backend!r}")
     try:
         CommandHandler(None, s.jobs.allowed_commands)
     except ValueError as exc:

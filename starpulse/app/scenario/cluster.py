@@ -204,7 +204,8 @@ class SimCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         for i, node in enumerate(self.fabric.nodes()):
             nics = self.fabric.nics_of(node)
-            self.sims[node] = SimNode(node, self.root / node / "hw", gpus=gpus, nics=len(nics), seed=i)
+            vendor = self.scenario.vendor_of(node) if self.scenario is not None else "nvidia"
+            self.sims[node] = SimNode(node, self.root / node / "hw", gpus=gpus, nics=len(nics), seed=i, vendor=vendor)
             for nic in nics:
                 self._nic_index[nic] = self.fabric.rail_of(nic)
                 leaf, port = self.fabric.leaf_of(nic), self.fabric.port_of(nic)

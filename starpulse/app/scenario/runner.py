@@ -22,6 +22,7 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.model import Incident
 from controller.detect.pipeline import DetectionConfig
+from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
@@ -191,6 +192,7 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
             heal=HealSettings(
                 scheduler=scheduler,
                 heal=HealConfig(checkpoint_timeout_s=max(4 * interval, 2.0), retry_delay_s=0.2),
+                guards=GuardConfig(**scenario.guards),  # type: ignore[arg-type]
             ),
         )
     )

@@ -26,6 +26,10 @@ Fault kinds, whom each targets and their parameters (``xid``, ``factor``, ``coun
 are the simulator's fault table (``agent.sim.faults.FAULTS``); this module checks a
 file against it and against the fabric.
 
+Vendors: ``vendors: [nvidia, amd, ascend]`` gives block b of nodes the accelerators of entry
+``b % len(vendors)`` (default all NVIDIA); a vendor's own fault kinds (``amd_*``, ``ascend_*``)
+and NVIDIA's GPU kinds are refused on a node of another vendor.
+
 Jobs: a job of ``nodes: K`` runs on the first K non-spare nodes in name order. Every job
 starts from node 0, so two jobs overlap; ``jobs_of(node)`` lists them all.
 """
@@ -42,6 +46,7 @@ import yaml
 
 from agent.sim.fault_kinds import FaultError, FaultKind
 from agent.sim.faults import FAULTS
+from agent.sim.node import SIM_VENDORS
 from controller.fabric import Fabric, generate_fabric
 from controller.fabric.model import LINK_SEPARATOR
 from starpulse.core import vocab
@@ -51,7 +56,9 @@ INCIDENT_KINDS: frozenset[str] = frozenset(vocab.INCIDENT_KINDS)
 PORT_SEPARATOR = ":port-"
 
 _FAULT_KEYS = frozenset({"at_s", "kind", "target", "targets", "until_s"})
-_TOP_KEYS = frozenset({"name", "fabric", "spares", "jobs", "interval_s", "duration_s", "faults", "expect"})
+_TOP_KEYS = frozenset(
+    {"name", "fabric", "vendors", "spares", "jobs", "interval_s", "duration_s", "guards", "faults", "expect"}
+)
 _FABRIC_KEYS = ("nodes", "gpus_per_node", "rails", "nodes_per_block", "spines")
 
 
@@ -124,6 +131,11 @@ class Scenario:
     faults: list[FaultSpec] = field(default_factory=list)
     expect: Expectations | None = None
     source: str = "<scenario>"
+    # The accelerator vendor of each block of nodes, in block order, repeating (["nvidia"]: all NVIDIA).
+    vendors: list[str] = field(default_factory=lambda: ["nvidia"])
+    # Healer guard limits other than their defaults (a scenario that heals several nodes at once):
+    # max_evictions_per_window (an integer), max_fleet_share (a share of the fleet, (0, 1]).
+    guards: dict[str, float] = field(default_factory=dict)
     _fabric: Fabric | None = field(default=None, repr=False, compare=False)
 
     def build_fabric(self) -> Fabric:
@@ -134,6 +146,10 @@ class Scenario:
                 f.nodes, f.gpus_per_node, f.rails, f.nodes_per_block, f.spines, spares=self.spares
             )
         return self._fabric
+
+    def vendor_of(self, node: str) -> str:
+        """The accelerator vendor of a node: its block's entry of ``vendors``."""
+        return self.vendors[self.build_fabric().block_of(node) % len(self.vendors)]
 
     def job_nodes(self, job: str) -> list[str]:
         """The nodes a job runs on: the first K non-spare nodes in name order."""
@@ -249,14 +265,48 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         fabric_graph = scenario.build_fabric()
     except ValueError as exc:
         raise c.fail("fabric", str(exc)) from exc
+    scenario.vendors = _parse_vendors(c, top.get("vendors", ["nvidia"]))
+    scenario.guards = _parse_guards(c, top.get("guards"))
     scenario.jobs = _parse_jobs(c, top.get("jobs", []), fabric.nodes)
     faults = top.get("faults", [])
     if not isinstance(faults, list):
         raise c.fail("faults", "must be a list")
     scenario.faults = [_parse_fault(c, raw, i, scenario.duration_s, fabric_graph) for i, raw in enumerate(faults)]
+    for i, fault in enumerate(scenario.faults):
+        needs = FAULTS[fault.kind].needs_vendor
+        node = fault.target.partition("/")[0]
+        if needs is not None and node and scenario.vendor_of(node) != needs:
+            raise c.fail(
+                f"faults[{i}].target", f"{fault.kind} acts on {needs} GPUs; {node} has {scenario.vendor_of(node)} ones"
+            )
     if top.get("expect") is not None:
         scenario.expect = _parse_expect(c, top["expect"], fabric_graph)
     return scenario
+
+
+def _parse_guards(c: _Checker, raw: Any) -> dict[str, float]:
+    if raw is None:
+        return {}
+    m = c.mapping(raw, "guards")
+    c.keys(m, frozenset({"max_evictions_per_window", "max_fleet_share"}), "guards")
+    out: dict[str, float] = {}
+    if "max_evictions_per_window" in m:
+        out["max_evictions_per_window"] = c.integer(m, "max_evictions_per_window", "guards", None, 0)
+    if "max_fleet_share" in m:
+        share = c.number(m, "max_fleet_share", "guards", None, positive=True)
+        if share > 1:
+            raise c.fail("guards.max_fleet_share", f"must be in (0, 1], got {share:g}")
+        out["max_fleet_share"] = share
+    return out
+
+
+def _parse_vendors(c: _Checker, raw: Any) -> list[str]:
+    if not isinstance(raw, list) or not raw:
+        raise c.fail("vendors", f"must be a non-empty list of {', '.join(SIM_VENDORS)} (one per block)")
+    for i, v in enumerate(raw):
+        if v not in SIM_VENDORS:
+            raise c.fail(f"vendors[{i}]", f"must be one of {', '.join(SIM_VENDORS)}, got {v!r}")
+    return list(raw)
 
 
 def _parse_jobs(c: _Checker, raw: Any, regular_nodes: int) -> list[JobSpec]:

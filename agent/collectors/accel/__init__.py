@@ -1,0 +1,1 @@
+"""Accelerator backends: one small protocol, one implementation per vendor (issue 21)."""

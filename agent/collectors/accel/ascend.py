@@ -1,0 +1,146 @@
+"""Huawei Ascend NPUs through the tools an Ascend node has: ``npu-smi``.
+
+``run`` is the seam: it takes an argv and returns the tool's stdout (``run_tool`` on a real
+node, ``agent.sim.fake_npu_smi.FakeNpuSmi`` in tests and the simulator, which renders the same
+text). Every cycle reads ``npu-smi info`` (one call for all chips); a chip whose health is not
+OK is asked ``npu-smi info -t health -i N -c C`` for its DCMI error codes, and each new code is
+one ``accel_fault`` finding with the action its MindCluster level maps to
+(``ascend_faults``). HCCS links and the NPUs' own RoCE ports (``hccn_tool``) are not read yet.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from agent.collectors.accel import ascend_faults as faults
+from agent.collectors.accel.ascend_parse import NpuChip, parse_npu_health, parse_npu_smi_info
+from agent.collectors.accel.base import BackendUnavailable
+from agent.collectors.accel.watch import DeviceWatch
+from agent.collectors.base import CollectorUnsupported, FindingSink
+from starpulse.core import vocab
+from starpulse.core.findings import Finding
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+VENDOR = "ascend"
+SOURCE = "npu-smi"
+Run = Callable[[list[str]], str]
+_TIMEOUT_S = 10.0
+
+
+def run_tool(argv: list[str]) -> str:
+    """A real tool's stdout; CollectorUnsupported when it fails (the runner records it per cycle)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CollectorUnsupported(f"{argv[0]}: {exc}") from None
+    if done.returncode != 0:
+        raise CollectorUnsupported(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()[:200]}")
+    return done.stdout
+
+
+def load_npu_smi() -> Run:
+    """The real npu-smi runner; BackendUnavailable in one line where the tool is not installed."""
+    if shutil.which("npu-smi") is None:
+        raise BackendUnavailable("npu-smi is not on PATH (is the Ascend driver and toolkit installed?)")
+    return run_tool
+
+
+class AscendNpuCollector:
+    """Collector for Ascend NPUs through npu-smi (name "gpu", vendor "ascend"); one chip is one GpuInfo."""
+
+    name = "gpu"
+    vendor = VENDOR
+    interconnect = "hccs"
+
+    def __init__(self, run: Run, sink: FindingSink | None = None, fault_codes: str | Path | None = None) -> None:
+        self._run = run
+        self._sink = sink
+        self._levels = faults.load_fault_levels(fault_codes) if fault_codes is not None else {}
+        self._watch = DeviceWatch(VENDOR, SOURCE)
+        self._codes: dict[tuple[int, int], set[str]] = {}  # codes already reported, per (npu, chip)
+
+    def supported(self) -> bool:
+        try:
+            return bool(parse_npu_smi_info(self._run(["npu-smi", "info"])))
+        except CollectorUnsupported:
+            return False
+
+    def start_events(self) -> None:
+        """npu-smi has no event stream: faults come with each cycle's health reads."""
+
+    def describe(self, inventory: ipb.Inventory) -> None:
+        for index, chip in enumerate(parse_npu_smi_info(self._run(["npu-smi", "info"]))):
+            inventory.gpus.add(
+                index=index,
+                vendor=VENDOR,
+                interconnect=self.interconnect,
+                pci_bus_id=chip.bus_id,
+                model=f"Ascend {chip.model}" if not chip.model.startswith("Ascend") else chip.model,
+                serial=f"npu{chip.npu_id}-chip{chip.chip_id}",
+                memory_total_bytes=chip.hbm_total_mb * 1024 * 1024,
+            )
+
+    def collect(self, report: tpb.Report) -> list[Finding]:
+        out: list[Finding] = []
+        for index, chip in enumerate(parse_npu_smi_info(self._run(["npu-smi", "info"]))):
+            gpu = report.gpus.add(index=index, vendor_health=chip.health_raw)
+            _fill(gpu, chip)
+            pci = vocab.canonical_pci(chip.bus_id)
+            out.extend(self._watch.judge(gpu, pci))
+            out.extend(self._health_findings(index, chip, pci))
+        return out
+
+    def close(self) -> None:
+        """Nothing held open between cycles."""
+
+    def _health_findings(self, index: int, chip: NpuChip, pci: str) -> list[Finding]:
+        key = (chip.npu_id, chip.chip_id)
+        if chip.health == "ok":
+            self._codes.pop(key, None)  # cleared: a code that comes back is a new fault
+            return []
+        argv = ["npu-smi", "info", "-t", "health", "-i", str(chip.npu_id), "-c", str(chip.chip_id)]
+        health = parse_npu_health(self._run(argv))
+        seen = self._codes.setdefault(key, set())
+        out: list[Finding] = []
+        for code in health.error_codes:
+            if code in seen:
+                continue
+            seen.add(code)
+            level = faults.level_of(code, self._levels, health.health)
+            action = faults.LEVEL_ACTION[level]
+            out.append(
+                self._watch.finding(
+                    "accel_fault",
+                    index,
+                    action,
+                    f"Ascend fault {code} ({level}), health {health.health_raw}",
+                    code=code,
+                    pci=pci,
+                    level=level,
+                    npu=str(chip.npu_id),
+                    chip=str(chip.chip_id),
+                )
+            )
+        return out
+
+
+def _fill(gpu: tpb.GpuSample, chip: NpuChip) -> None:
+    if chip.temperature_c is not None:
+        gpu.temperature_c = chip.temperature_c
+    if chip.power_w is not None:
+        gpu.power_w = chip.power_w
+    if chip.aicore_pct is not None:
+        gpu.utilization_gpu_pct = chip.aicore_pct
+    if chip.hbm_total_mb:
+        gpu.memory_total_bytes = chip.hbm_total_mb * 1024 * 1024
+        gpu.memory_used_bytes = chip.hbm_used_mb * 1024 * 1024
+    if chip.health == "unknown":
+        gpu.lost = True  # npu-smi's UNKNOWN: the device does not exist or has not started

@@ -1,0 +1,66 @@
+"""Ascend DCMI fault codes to starpulse actions, through MindCluster's handling levels.
+
+Huawei's MindCluster files every DCMI fault code under one handling level; its table (the
+device plugin's ``faultCode.json``) is Huawei's, so it is not shipped here: the agent reads it
+where the operator keeps it (``fault_codes`` of the Ascend backend, a JSON file with a
+``codes`` list of ``{"code", "mindcluster_level"}``). What is ours is the mapping of each level
+to an action, below. A code the table does not hold is handled as MindCluster documents for
+unknown codes: by the chip's health, a Warning needing nothing, anything worse SeparateNPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from starpulse.core import vocab
+
+# MindCluster level -> starpulse action, most severe last within equal severity.
+LEVEL_ACTION: dict[str, str] = {
+    "NotHandleFault": vocab.ACTION_NONE,  # no service impact
+    "RestartRequest": vocab.ACTION_RESTART_APP,  # re-run the request / training
+    "RestartBusiness": vocab.ACTION_RESTART_APP,  # re-run the service
+    "SubHealthFault": vocab.ACTION_INVESTIGATE,  # per the job's sub-health strategy
+    "PreSeparateNPU": vocab.ACTION_INVESTIGATE,  # no new jobs on the chip
+    "FreeRestartNPU": vocab.ACTION_RESET_GPU,  # reset the chip when idle
+    "RestartNPU": vocab.ACTION_RESET_GPU,  # reset the chip now
+    "SeparateNPU": vocab.ACTION_CONTACT_SUPPORT,  # unrecoverable: isolate the chip
+}
+UNKNOWN_CODE_LEVEL = "SeparateNPU"
+
+
+class FaultCodeError(ValueError):
+    """The fault-code table cannot be used; one line naming the file."""
+
+
+def load_fault_levels(path: str | Path) -> dict[str, str]:
+    """Code (upper case) -> MindCluster level, from a faultCode table file."""
+    where = Path(path)
+    try:
+        data = json.loads(where.read_text())
+        rows = data["codes"]
+        # A row without a level is a code the device plugin does not list: an unknown code.
+        levels = {str(r["code"]).upper(): str(r["mindcluster_level"]) for r in rows if r.get("mindcluster_level")}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FaultCodeError(f"{where}: not a fault-code table ({exc.__class__.__name__}: {exc})") from None
+    unknown = sorted({lvl for lvl in levels.values() if lvl not in LEVEL_ACTION})
+    if unknown:
+        raise FaultCodeError(f"{where}: levels {', '.join(unknown)} have no action")
+    return levels
+
+
+def level_of(code: str, levels: dict[str, str], health: str) -> str:
+    """The MindCluster level of ``code``; an unknown code by the chip's health grade."""
+    known = levels.get(code.upper())
+    if known is not None:
+        return known
+    return "NotHandleFault" if health in ("ok", "warning") else UNKNOWN_CODE_LEVEL
+
+
+def action_of(code: str, levels: dict[str, str], health: str) -> str:
+    return LEVEL_ACTION[level_of(code, levels, health)]
+
+
+def worst_action(actions: list[str]) -> str:
+    """The action of the most severe fault among several (ties: the later, more drastic verb)."""
+    return max(actions, key=lambda a: (vocab.SEVERITY_ORDER[vocab.severity_for_action(a)], vocab.ACTIONS.index(a)))

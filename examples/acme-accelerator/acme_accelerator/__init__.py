@@ -1,0 +1,1 @@
+"""A toy accelerator backend for starpulse (see README.md)."""
