@@ -365,7 +365,7 @@ class Guards:
         flaps = sum(
             1
             for t in self.store.history(node, since_ms=flap_since)
-            if t.to_state == NodeHealState.HEALTHY and t.from_state != NodeHealState.HEALTHY
+            if t.to_state == NodeHealState.IN_SERVICE and t.from_state != NodeHealState.IN_SERVICE
         )
         if flaps > cfg.flap_max:
             return Verdict(

@@ -138,7 +138,7 @@ class Healer:
             return
         node = decision.node
         current = self.store.state(node)
-        if current in (S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETIRED) or (
+        if current in (S.DRAINING, S.EVICTED, S.REPAIRING, S.RETIRED) or (
             current == S.CORDONED and not decision.evicts
         ):
             # Already out of service (an incident update, or a second incident on the node).
@@ -207,7 +207,7 @@ class Healer:
         if decision.action in ("reboot", "reset_gpu"):
             self._agent_command(node, decision.action, incident)
         if decision.action in ("reboot", "reset_gpu"):
-            self._transition(node, S.IN_REPAIR, f"{decision.action} requested", incident.id)
+            self._transition(node, S.REPAIRING, f"{decision.action} requested", incident.id)
         elif decision.action == "rma":
             self._transition(node, S.RETIRED, "marked for hardware inspection (RMA)", incident.id)
         log.warning("remediation_done", incident=incident.id, node=node, replacement=spare, jobs=jobs)

@@ -12,7 +12,7 @@ cross-spine one. Preference, best first:
 5. any healthy spare,
 
 ties broken by name, so the choice is deterministic. A spare is eligible only when the
-health callback says so, its remediation state is in service (healthy/returned) and it is
+health callback says so, its remediation state is in service (in_service/spare) and it is
 not allocated. Allocations live in SQLite, with the spare as primary key, so two
 controllers (or one restarted) never hand the same spare to two nodes.
 """
@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS heal_spare_allocations (
 );
 """
 
-_USABLE = frozenset({NodeHealState.HEALTHY, NodeHealState.RETURNED})
+_USABLE = frozenset({NodeHealState.IN_SERVICE, NodeHealState.SPARE})
 
 
 class SpareError(ValueError):

@@ -224,13 +224,13 @@ class AdminServicer(sgrpc.AdminServicer):
                 f"(ask {owner}, or use --force to override)",
             )
         record = store.record(node)
-        path = path_to(record.state, S.HEALTHY)
+        path = path_to(record.state, S.IN_SERVICE)
         if path is None:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is {record.state}: no way back to healthy")
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is {record.state}: no way back to service")
         result = await healer.scheduler.resume(node, f"{reason} (by {actor})")
         if not result.ok:
             raise _scheduler_refused("resume", node, result)
-        if record.state != S.HEALTHY:
+        if record.state != S.IN_SERVICE:
             self._walk(store, node, path, reason, actor)
         forced = verdict.code == "forced"
         log.warning("admin_node_action", action="uncordon", node=node, actor=actor, reason=reason, forced=forced)

@@ -201,7 +201,7 @@ def test_flapping_node_is_held(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, flap_window_s=3600, flap_max=3, max_evictions_per_window=100)
     for k in range(4):
         g.store.transition("node-001", S.SUSPECT, "fault", f"f{k}")
-        g.store.transition("node-001", S.HEALTHY, "cleared", f"f{k}")
+        g.store.transition("node-001", S.IN_SERVICE, "cleared", f"f{k}")
         clock.advance(60)
     v = g.check("node-001", EVICT, inc("node-001", 1), FLEET)
     assert not v.allowed and v.code == "flapping" and "held" in v.reason
