@@ -53,6 +53,7 @@ from controller.store import transaction
 from starpulse.core import vocab
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
+from starpulse.core.units import format_duration
 
 log = structlog.get_logger(__name__)
 
@@ -370,7 +371,8 @@ class Guards:
         if flaps > cfg.flap_max:
             return Verdict(
                 False,
-                f"{node} flapped {flaps} times in {cfg.flap_window_s:g}s (max {cfg.flap_max}): held for a person",
+                f"{node} flapped {flaps} times in {format_duration(cfg.flap_window_s)} "
+                f"(max {cfg.flap_max}): held for a person",
                 mode,
                 "flapping",
             )
@@ -380,7 +382,8 @@ class Guards:
         if last is not None and now - last < cfg.cooldown_s * 1000:
             return Verdict(
                 False,
-                f"{node} cooling down: last action {(now - last) / 1000:g}s ago (cooldown {cfg.cooldown_s:g}s)",
+                f"{node} cooling down: last action {format_duration((now - last) / 1000)} ago "
+                f"(cooldown {format_duration(cfg.cooldown_s)})",
                 mode,
                 "cooldown",
             )
@@ -397,7 +400,7 @@ class Guards:
             if len(evicted) >= cfg.max_evictions_per_window:
                 return Verdict(
                     False,
-                    f"eviction budget spent: {len(evicted)} nodes in {cfg.window_s:g}s "
+                    f"eviction budget spent: {len(evicted)} nodes in {format_duration(cfg.window_s)} "
                     f"(max {cfg.max_evictions_per_window})",
                     mode,
                     "budget",
@@ -434,12 +437,12 @@ class Guards:
         reason = ""
         if fleet_size > 0 and len(nodes) >= need:
             reason = (
-                f"{len(nodes)} of {fleet_size} nodes faulty within {cfg.breaker_window_s:g}s "
+                f"{len(nodes)} of {fleet_size} nodes faulty within {format_duration(cfg.breaker_window_s)} "
                 f"(trip at {cfg.breaker_trip_share:g} = {need})"
             )
         elif cfg.breaker_trip_incidents and len(recent) >= cfg.breaker_trip_incidents:
             reason = (
-                f"{len(recent)} evictable incidents within {cfg.breaker_window_s:g}s "
+                f"{len(recent)} evictable incidents within {format_duration(cfg.breaker_window_s)} "
                 f"(trip at {cfg.breaker_trip_incidents})"
             )
         return bool(reason) and self.breaker.trip(reason)

@@ -37,6 +37,7 @@ controller's store opens it; every write here is one explicit transaction.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -209,6 +210,47 @@ CREATE TABLE IF NOT EXISTS heal_pending_actions (
 );
 CREATE INDEX IF NOT EXISTS heal_pending_actions_status ON heal_pending_actions(status, seq);
 """
+
+
+def lifecycle_records(conn: sqlite3.Connection) -> dict[str, NodeRecord]:
+    """Every node's lifecycle row by name, read-only: for the query API, /api and the metrics.
+
+    A controller without self-healing (or a standby whose mirror has not brought the table
+    yet) has no rows, and every node is then ``in_service``: what is shown is never made up.
+    """
+    try:
+        rows = conn.execute(
+            "SELECT node, state, since_ms, incident_id, drained_by, repair_loops, updated_ms, reason FROM heal_nodes"
+        ).fetchall()
+    except sqlite3.OperationalError:  # no such table (or no reason column yet: not migrated)
+        return {}
+    return {r[0]: NodeRecord(r[0], NodeHealState(r[1]), *r[2:]) for r in rows}
+
+
+def lifecycle_counts(conn: sqlite3.Connection, fleet_size: int) -> dict[NodeHealState, int]:
+    """Nodes per lifecycle state (every state present): those without a row are in service."""
+    counts = dict.fromkeys(NodeHealState, 0)
+    try:
+        for state, n in conn.execute("SELECT state, COUNT(*) FROM heal_nodes GROUP BY state"):
+            counts[NodeHealState(state)] = int(n)
+    except sqlite3.OperationalError:
+        pass
+    taken = sum(n for st, n in counts.items() if st != S.IN_SERVICE)
+    counts[S.IN_SERVICE] = max(0, fleet_size - taken)
+    return counts
+
+
+def parse_states(names: Iterable[str]) -> frozenset[NodeHealState]:
+    """Lifecycle state names as a person typed them; ValueError naming the bad one and the choices."""
+    out = set()
+    for name in names:
+        key = name.strip().lower().replace("-", "_")
+        try:
+            out.add(NodeHealState(key))
+        except ValueError:
+            choices = ", ".join(s.value for s in NodeHealState)
+            raise ValueError(f"unknown lifecycle state {name!r} (expected one of {choices})") from None
+    return frozenset(out)
 
 
 def migrate_lifecycle(conn: sqlite3.Connection) -> int:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Protocol
 
 import grpc
 
 from controller.detect.model import Incident
 from controller.detect.pipeline import Detection, evidence_json
+from controller.heal.states import NodeHealState, lifecycle_records, parse_states
 from controller.ingest.registry import NodeRegistry
 from controller.store import Store
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
@@ -42,25 +43,62 @@ class NodeRow(Protocol):
     def inventory(self) -> ipb.Inventory: ...
 
 
-def node_statuses(nodes: Iterable[NodeRow], store: Store, clock: Clock = SYSTEM_CLOCK) -> list[spb.NodeStatus]:
-    """One row per node, by id; open_events = warning-or-worse events in the last hour (on ``clock``)."""
+def node_statuses(
+    nodes: Iterable[NodeRow],
+    store: Store,
+    clock: Clock = SYSTEM_CLOCK,
+    states: Collection[NodeHealState] = (),
+) -> list[spb.NodeStatus]:
+    """One row per node, by id; open_events = warning-or-worse events in the last hour (on ``clock``).
+
+    ``state`` is presence (online/unreachable); ``lifecycle_state`` is where the node is in
+    remediation, read from the same SQLite file (a node without a row is in service).
+    ``states`` keeps only nodes in those lifecycle states.
+    """
     recent = store.recent_event_counts(clock.time_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
-    return [
-        spb.NodeStatus(
-            node_id=node.node_id,
-            role=ipb.NodeRole.Name(node.role),
-            state=node.state,
-            last_seen_ms=node.last_seen_ms,
-            gpu_count=len(node.inventory.gpus),
-            nic_count=len(node.inventory.nics),
-            open_events=recent.get(node.node_id, 0),
-            agent_version=node.agent_version,
-            hostname=node.hostname,
-            accelerator_vendor=accelerator_vendor(node.inventory),
-            accelerator_model=node.inventory.gpus[0].model if node.inventory.gpus else "",
+    lifecycle = lifecycle_records(store.connection)
+    out = []
+    for node in sorted(nodes, key=lambda n: n.node_id):
+        rec = lifecycle.get(node.node_id)
+        life = rec.state if rec is not None else NodeHealState.IN_SERVICE
+        if states and life not in states:
+            continue
+        out.append(
+            spb.NodeStatus(
+                node_id=node.node_id,
+                role=ipb.NodeRole.Name(node.role),
+                state=node.state,
+                last_seen_ms=node.last_seen_ms,
+                gpu_count=len(node.inventory.gpus),
+                nic_count=len(node.inventory.nics),
+                open_events=recent.get(node.node_id, 0),
+                agent_version=node.agent_version,
+                hostname=node.hostname,
+                accelerator_vendor=accelerator_vendor(node.inventory),
+                accelerator_model=node.inventory.gpus[0].model if node.inventory.gpus else "",
+                lifecycle_state=str(life),
+                lifecycle_since_ms=rec.since_ms if rec is not None else 0,
+                lifecycle_reason=rec.reason if rec is not None else "",
+                drained_by=(rec.drained_by or "") if rec is not None else "",
+                incident_id=(rec.incident_id or "") if rec is not None else "",
+            )
         )
-        for node in sorted(nodes, key=lambda n: n.node_id)
-    ]
+    return out
+
+
+async def list_nodes_response(
+    nodes: Iterable[NodeRow],
+    store: Store,
+    request: spb.ListNodesRequest,
+    context: grpc.aio.ServicerContext,
+    clock: Clock = SYSTEM_CLOCK,
+) -> spb.ListNodesResponse:
+    """ListNodes (leader and standby alike); an unknown lifecycle state in the filter is refused."""
+    try:
+        states = parse_states(request.lifecycle_states)
+    except ValueError as err:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    return spb.ListNodesResponse(nodes=node_statuses(nodes, store, clock, states))
 
 
 def accelerator_vendor(inventory: ipb.Inventory) -> str:
@@ -130,7 +168,9 @@ class QueryServicer(sgrpc.QueryServicer):
     async def ListNodes(
         self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListNodesResponse:
-        return spb.ListNodesResponse(nodes=node_statuses(self.registry.nodes.values(), self.store, self.registry.clock))
+        return await list_nodes_response(
+            self.registry.nodes.values(), self.store, request, context, self.registry.clock
+        )
 
     async def ListEvents(
         self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext

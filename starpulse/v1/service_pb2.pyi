@@ -170,11 +170,13 @@ class RelayDown(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[RelayedControllerMessage, _Mapping]]] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("lifecycle_states",)
+    LIFECYCLE_STATES_FIELD_NUMBER: _ClassVar[int]
+    lifecycle_states: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lifecycle_states: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model")
+    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model", "lifecycle_state", "lifecycle_since_ms", "lifecycle_reason", "drained_by", "incident_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +188,11 @@ class NodeStatus(_message.Message):
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_VENDOR_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_STATE_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     state: str
@@ -197,7 +204,12 @@ class NodeStatus(_message.Message):
     hostname: str
     accelerator_vendor: str
     accelerator_model: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ...) -> None: ...
+    lifecycle_state: str
+    lifecycle_since_ms: int
+    lifecycle_reason: str
+    drained_by: str
+    incident_id: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ..., lifecycle_state: _Optional[str] = ..., lifecycle_since_ms: _Optional[int] = ..., lifecycle_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., incident_id: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)
