@@ -167,3 +167,46 @@ async def test_controller_with_healing_serves_its_breaker_on_the_chip(tmp_path: 
         assert breaker["reason"].startswith("3 evictable incidents") and "open_for" in breaker
     finally:
         await ctl.stop()
+
+
+async def test_nodes_command_shows_and_filters_lifecycle(tmp_path: Path, fabric: Fabric) -> None:
+    """``starpulse nodes`` as a person runs it, against a controller serving real gRPC."""
+    import asyncio
+    import json
+    import os
+    import sys
+
+    ctl = Controller(
+        ControllerConfig(db_path=tmp_path / "c.db", fabric=fabric, http="127.0.0.1:0", listen="127.0.0.1:0")
+    )
+    await ctl.start()
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy")}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "starpulse.app.cli", "nodes", "--controller", f"127.0.0.1:{ctl.grpc_port}", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    try:
+        for name in ("node-000", "node-001", "node-002"):
+            ctl.registry.register(spb.Hello(node_id=name, role=ipb.NODE_ROLE_COMPUTE, inventory=ipb.Inventory()))
+        walk(ctl, "node-001", S.CORDONED, S.DRAINING, reason="xid 79 on gpu-3")
+        rc, out, err = await cli("--state", "draining", "--json")
+        assert rc == 0, err
+        rows = json.loads(out)["nodes"]
+        assert [r["node_id"] for r in rows] == ["node-001"] and rows[0][
+            "lifecycle_reason"
+        ] == "xid 79 on gpu-3: draining"
+        rc, out, err = await cli()
+        assert rc == 0, err
+        line = next(x for x in out.splitlines() if x.startswith("node-001"))
+        assert "draining" in line and "xid 79 on gpu-3" in line and "[by starpulse]" in line
+        assert "in_service" in next(x for x in out.splitlines() if x.startswith("node-000"))
+        rc, out, err = await cli("--state", "fixed")
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "'fixed' is not a lifecycle state" in err
+    finally:
+        await ctl.stop()
