@@ -83,8 +83,8 @@ def _table_results(text: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     in_metadata = False
     last = ""
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in text.splitlines():
+        line = raw.strip()
         if line.startswith(("|-----", "+-----")):
             in_metadata = "Metadata" in line
             continue
