@@ -25,9 +25,10 @@ from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
 from controller.heal.policy import SqliteHealHistory, load_policy
+from controller.heal.repair import RepairLoop
 from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
-from controller.heal.states import NodeHealState, RemediationStore, lifecycle_counts
+from controller.heal.states import AUTOMATIC, NodeHealState, RemediationStore, lifecycle_counts
 from controller.ingest.decider import ReportDecider
 from controller.ingest.registry import NodeRegistry
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
@@ -233,8 +234,21 @@ class Controller:
         store = RemediationStore(self.store.connection, self.clock)  # the spares' clock too
         guards = Guards(settings.guards, store, self.store.connection, self.clock)
         spares = SparePool(self.fabric, self._spare_healthy, store) if self.fabric is not None else None
+        policy = load_policy(settings.policy_path)
+        correlator = self.detection.correlator
+        repairs = RepairLoop(
+            policy.repair,
+            store,
+            settings.scheduler,
+            self.registry,
+            open_incidents=lambda: correlator.incidents(active_only=True, limit=100_000),
+            conditions_clear=correlator.conditions_clear,
+            resolve=lambda incident_id, why: correlator.resolve_on_evidence(incident_id, why, AUTOMATIC),
+            spares=spares,
+            clock=self.clock,
+        )
         healer = Healer(
-            load_policy(settings.policy_path),
+            policy,
             guards,
             store,
             SqliteHealHistory(store, self.clock),
@@ -247,6 +261,7 @@ class Controller:
             open_incidents=lambda: self.detection.correlator.incidents(active_only=True, limit=100_000),
             config=settings.heal,
             clock=self.clock,
+            repairs=repairs,
         )
         self.detection.listeners.append(healer)
         return healer

@@ -822,15 +822,44 @@ class Correlator:
             quiet_since = max((c.resolved_ms or now for c in conds), default=now)
             if now - quiet_since < hold_ms or now < self._not_before.get(iid, 0):
                 continue
-            del self._open[iid]
-            group = self._groups.pop(iid)
-            self._not_before.pop(iid, None)
-            for k in inc.condition_keys:
-                if self._owner.get(k) == iid:
-                    del self._owner[k]
-                    if k not in self._pending:
-                        self._conds.pop(k, None)
-            self.store.resolve(inc, now)
-            self._recent[group.signature] = inc
-            self._out.append(("resolved", replace(inc)))
-            log.info("incident_resolved", id=iid, kind=inc.kind, root_cause=inc.root_cause, open_ms=now - inc.opened_ms)
+            self._close(iid, now, None)
+
+    def _close(self, iid: str, now: int, detail: dict[str, Any] | None) -> Incident:
+        inc = self._open.pop(iid)
+        group = self._groups.pop(iid)
+        self._not_before.pop(iid, None)
+        for k in inc.condition_keys:
+            if self._owner.get(k) == iid:
+                del self._owner[k]
+                if k not in self._pending:
+                    self._conds.pop(k, None)
+        self.store.resolve(inc, now, detail=detail)
+        self._recent[group.signature] = inc
+        self._out.append(("resolved", replace(inc)))
+        log.info(
+            "incident_resolved",
+            id=iid,
+            kind=inc.kind,
+            root_cause=inc.root_cause,
+            open_ms=now - inc.opened_ms,
+            **(detail or {}),
+        )
+        return inc
+
+    def conditions_clear(self, incident_id: str) -> bool:
+        """Every condition of the open incident has resolved (False for an unknown or closed one)."""
+        inc = self._open.get(incident_id)
+        if inc is None:
+            return False
+        return not any(self._conds[k].active for k in inc.condition_keys if k in self._conds)
+
+    def resolve_on_evidence(self, incident_id: str, reason: str, actor: str) -> Incident | None:
+        """Close an open incident now, without the hold: its node was repaired and proven healthy,
+        or a person says it is over. Refused (None) while a condition of it is still active,
+        unless a person asks. The change reaches listeners (the webhook says why) on the next tick."""
+        inc = self._open.get(incident_id)
+        if inc is None:
+            return None
+        if actor == "starpulse" and not self.conditions_clear(incident_id):
+            return None
+        return replace(self._close(incident_id, self._clock_ms(), {"reason": reason, "by": actor}))

@@ -23,7 +23,7 @@ COMMAND_KIND_GPU_RESET: CommandKind
 COMMAND_KIND_REBOOT: CommandKind
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq")
+    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "boot_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class Hello(_message.Message):
     BUFFER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     OLDEST_BUFFERED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     NEXT_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     inventory: _inventory_pb2.Inventory
@@ -38,7 +39,8 @@ class Hello(_message.Message):
     buffer_epoch: str
     oldest_buffered_event_seq: int
     next_event_seq: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "event", "command_result")
