@@ -125,7 +125,10 @@ def judge(passes: str, ok: bool, output: str) -> Verdict:
     if passes == "dcgmi":
         if not output.strip():
             return Verdict(False, "dcgmi: no output" + ("" if ok else " (the command failed)"))
-        return dcgmi_verdict(output)
+        verdict = dcgmi_verdict(output)
+        if not ok and not verdict.passed and "no test result" in verdict.detail:
+            return Verdict(False, tail)  # it did not run (not configured, not found): say what the agent said
+        return verdict
     if not ok:
         return Verdict(False, tail or "the command failed")
     if passes.startswith("regex:"):

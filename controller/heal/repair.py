@@ -369,6 +369,7 @@ class RepairLoop:
                     self._evidence(rep, "evidence_quiet", False, why)
                     return Verdict(False, f"the fault came back: {why}")
             self._evidence(rep, "evidence_quiet", True, f"nothing new for {v.evidence_quiet_s:g}s")
+        passed: list[str] = []
         for diag in v.diagnostics:
             command = spb.Command(
                 id=f"{rep.incident_id}:{node}:diag:{diag.name}:{rep.rung}",
@@ -386,7 +387,8 @@ class RepairLoop:
             self._evidence(rep, f"diagnostic:{diag.name}", verdict.passed, verdict.detail)
             if not verdict.passed:
                 return verdict
-        return Verdict(True, "validated")
+            passed.append(verdict.detail)
+        return Verdict(True, "; ".join(passed) or "scan clean, evidence quiet")
 
     def _scan_clean(self, rep: Repair) -> tuple[bool, str]:
         if rep.incident_id and not self.conditions_clear(rep.incident_id) and self._is_open(rep.incident_id):
