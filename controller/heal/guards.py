@@ -46,9 +46,12 @@ from controller.heal.states import (
     AUTOMATIC,
     OUT_OF_SERVICE,
     NodeHealState,
+    NodeRecord,
     RemediationStore,
     is_human,
 )
+
+RETURNED = frozenset({NodeHealState.SPARE, NodeHealState.IN_SERVICE})
 from controller.store import transaction
 from starpulse.core import vocab
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
@@ -405,13 +408,17 @@ class Guards:
                     mode,
                     "budget",
                 )
-        out = {r.node for r in self.store.all_records() if r.state in OUT_OF_SERVICE and r.drained_by == AUTOMATIC}
-        out |= {
-            r[0]
-            for r in self._db.execute(
-                "SELECT node FROM heal_grants WHERE mode = ? AND at_ms > ?", (granted_mode, since)
-            )
-        }
+        records = {r.node: r for r in self.store.all_records()}
+        out = {n for n, r in records.items() if r.state in OUT_OF_SERVICE and r.drained_by == AUTOMATIC}
+        granted = dict(
+            self._db.execute(
+                "SELECT node, MAX(at_ms) FROM heal_grants WHERE mode = ? AND at_ms > ? GROUP BY node",
+                (granted_mode, since),
+            ).fetchall()
+        )
+        # Nodes in repair count (they are out); a node repaired and back (spare or in service
+        # since after its grant) frees its share, or a 16-node demo wedges after one fault.
+        out |= {n for n, at in granted.items() if not _returned_since(records.get(n), at)}
         refusal = fleet_share_refusal(node, out, fleet_size, cfg.max_fleet_share)
         if refusal is not None:
             return Verdict(False, refusal, mode, "fleet_share")
@@ -516,3 +523,8 @@ class Guards:
             "FROM heal_approvals WHERE status = 'pending' ORDER BY requested_ms, incident_id, node"
         )
         return [Approval(*r) for r in rows]
+
+
+def _returned_since(record: NodeRecord | None, at_ms: int) -> bool:
+    """The node went back to work (spare pool or service) after the grant at ``at_ms``."""
+    return record is not None and record.state in RETURNED and record.since_ms > at_ms

@@ -322,7 +322,7 @@ class RepairLoop:
             rep.deadline_ms = now + int(self._limit(REBOOT) * 1000)
             self._save(rep)
             reason = f"starpulse: reboot for {rep.incident_id}"
-            if isinstance(self.scheduler, SchedulerReboot):
+            if isinstance(self.scheduler, SchedulerReboot) and getattr(self.scheduler, "can_reboot", True):
                 asked = await self.scheduler.reboot(rep.node, reason)
                 if not asked.ok:
                     return False, f"scheduler refused the reboot: {asked.detail}"

@@ -305,6 +305,27 @@ class SlurmScheduler:
         log.info("slurm_resumed", node=node, why=sanitize_reason(reason), was=status.reason)
         return ActionResult.success(f"resumed {node}")
 
+    async def reboot(self, node: str, reason: str) -> ActionResult:
+        """``scontrol reboot ASAP nextstate=DOWN reason="starpulse: ..."``: Slurm reboots the node
+        (its RebootProgram) once it is idle, and it comes back DOWN with our reason, so it takes
+        no work until validation passes and ``resume`` (which checks that reason) puts it back."""
+        try:
+            validate_node_id(node)
+            status = await self.node_status(node)
+        except InvalidName as exc:
+            return ActionResult.failure(str(exc))
+        except SchedulerError as exc:
+            return ActionResult(False, exc.detail, exc.permanent)
+        if status.state in {DRAINING, DRAINED, DOWN} and not status.drained_by_us:
+            return ActionResult.failure(f"{node} taken out by someone else: {status.reason!r}; not rebooting it")
+        marked = self._marked(reason)
+        res = await self._run("scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={marked}", node)
+        if not res.ok:
+            log.warning("slurm_reboot_failed", node=node, detail=res.describe())
+            return _classify(res, f"reboot {node}")
+        log.info("slurm_reboot_requested", node=node, reason=marked)
+        return ActionResult.success(f"reboot {node} requested: {marked}")
+
     async def signal_job(self, job: str, signal: str) -> ActionResult:
         try:
             validate_slurm_job_id(job)
