@@ -50,8 +50,6 @@ from controller.heal.states import (
     RemediationStore,
     is_human,
 )
-
-RETURNED = frozenset({NodeHealState.SPARE, NodeHealState.IN_SERVICE})
 from controller.store import transaction
 from starpulse.core import vocab
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
@@ -523,6 +521,9 @@ class Guards:
             "FROM heal_approvals WHERE status = 'pending' ORDER BY requested_ms, incident_id, node"
         )
         return [Approval(*r) for r in rows]
+
+
+RETURNED = frozenset({NodeHealState.SPARE, NodeHealState.IN_SERVICE})
 
 
 def _returned_since(record: NodeRecord | None, at_ms: int) -> bool:
