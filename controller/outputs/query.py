@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Collection, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
 from controller.detect.model import Incident
 from controller.detect.pipeline import Detection, evidence_json
+from controller.heal.acks import ack_of
 from controller.heal.states import NodeHealState, lifecycle_records, parse_states
 from controller.ingest.registry import NodeRegistry
 from controller.store import Store
@@ -135,6 +137,60 @@ def incident_info(incident: Incident) -> spb.IncidentInfo:
     )
 
 
+def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    try:
+        return conn.execute(sql, args).fetchall()
+    except sqlite3.OperationalError:  # a controller without self-healing has no heal tables
+        return []
+
+
+def incident_timeline(conn: sqlite3.Connection, detection: Detection, incident: Incident) -> list[dict[str, Any]]:
+    """What happened to an incident, oldest first: its own history, the state changes of the
+    nodes remediated for it, every scheduler and repair action, the repair evidence, the ack."""
+    out: list[dict[str, Any]] = [
+        {"at_ms": h["ts_ms"], "what": h["change"], "node": "", "by": h["detail"].get("by", ""),
+         "detail": h["detail"].get("reason", "") or h["severity"]}
+        for h in detection.incidents.history(incident.id)
+    ]  # fmt: skip
+    for node, from_state, to_state, reason, actor, at_ms in _rows(
+        conn,
+        "SELECT node, from_state, to_state, reason, actor, at_ms FROM heal_transitions WHERE incident_id = ?",
+        (incident.id,),
+    ):
+        out.append({"at_ms": at_ms, "what": f"{from_state} -> {to_state}", "node": node, "by": actor, "detail": reason})
+    for node, kind, job, status, attempts, error, updated in _rows(
+        conn,
+        "SELECT node, kind, job, status, attempts, last_error, updated_ms FROM heal_pending_actions "
+        "WHERE incident_id = ?",
+        (incident.id,),
+    ):
+        detail = (
+            f"{status} after {attempts} attempt(s)" + (f": {error}" if error else "") + (f" (job {job})" if job else "")
+        )
+        out.append({"at_ms": updated, "what": f"action {kind}", "node": node, "by": "starpulse", "detail": detail})
+    for node, evidence in _rows(conn, "SELECT node, evidence FROM heal_repairs WHERE incident_id = ?", (incident.id,)):
+        for e in json.loads(evidence):
+            out.append({"at_ms": e["at_ms"], "what": f"repair {e['step']} {'ok' if e['ok'] else 'failed'}",
+                        "node": node, "by": "starpulse", "detail": e["detail"]})  # fmt: skip
+    ack = ack_of(conn, incident.id)
+    if ack is not None:
+        out.append({"at_ms": ack.at_ms, "what": "acked", "node": "", "by": ack.actor, "detail": ack.reason})
+    return sorted(out, key=lambda e: e["at_ms"])
+
+
+def incident_detail(
+    conn: sqlite3.Connection, detection: Detection, incident: Incident, message: str = ""
+) -> spb.IncidentDetail:
+    ack = ack_of(conn, incident.id)
+    return spb.IncidentDetail(
+        incident=incident_info(incident),
+        timeline_json=json.dumps(incident_timeline(conn, detection, incident)),
+        acked_by=ack.actor if ack is not None else "",
+        acked_ms=ack.at_ms if ack is not None else 0,
+        message=message,
+    )
+
+
 def topology_response(detection: Detection) -> spb.TopologyResponse:
     fabric = detection.fabric
     report = detection.topology.report
@@ -176,3 +232,10 @@ class QueryServicer(sgrpc.QueryServicer):
         self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListEventsResponse:
         return await list_events_response(self.store, request, context)
+
+    async def GetIncident(self, request: spb.IncidentRequest, context: grpc.aio.ServicerContext) -> spb.IncidentDetail:
+        incident = self.detection.correlator.get(request.id.strip())
+        if incident is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no incident {request.id.strip()!r}")
+        assert incident is not None
+        return incident_detail(self.store.connection, self.detection, incident)

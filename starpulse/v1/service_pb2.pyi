@@ -301,6 +301,26 @@ class TopologyResponse(_message.Message):
     nodes_reporting_lldp: int
     def __init__(self, summary_json: _Optional[str] = ..., miswired: _Optional[_Iterable[str]] = ..., unknown_devices: _Optional[_Iterable[str]] = ..., missing_links: _Optional[_Iterable[str]] = ..., nodes_reporting_lldp: _Optional[int] = ...) -> None: ...
 
+class IncidentRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class IncidentDetail(_message.Message):
+    __slots__ = ("incident", "timeline_json", "acked_by", "acked_ms", "message")
+    INCIDENT_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_JSON_FIELD_NUMBER: _ClassVar[int]
+    ACKED_BY_FIELD_NUMBER: _ClassVar[int]
+    ACKED_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    incident: IncidentInfo
+    timeline_json: str
+    acked_by: str
+    acked_ms: int
+    message: str
+    def __init__(self, incident: _Optional[_Union[IncidentInfo, _Mapping]] = ..., timeline_json: _Optional[str] = ..., acked_by: _Optional[str] = ..., acked_ms: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class NodeActionRequest(_message.Message):
     __slots__ = ("node", "reason", "actor", "force")
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -450,3 +470,37 @@ class JobsResponse(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class IncidentActionRequest(_message.Message):
+    __slots__ = ("id", "actor", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    actor: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ApprovalsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ApprovalInfo(_message.Message):
+    __slots__ = ("incident_id", "node", "action", "requested_ms", "reason")
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    node: str
+    action: str
+    requested_ms: int
+    reason: str
+    def __init__(self, incident_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., requested_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ApprovalsResponse(_message.Message):
+    __slots__ = ("approvals",)
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    approvals: _containers.RepeatedCompositeFieldContainer[ApprovalInfo]
+    def __init__(self, approvals: _Optional[_Iterable[_Union[ApprovalInfo, _Mapping]]] = ...) -> None: ...
