@@ -37,7 +37,7 @@ async def cli(port: int, *args: str, user: str = "alice") -> tuple[int, str, str
 
 
 async def test_show_ack_resolve(tmp_path: Path) -> None:
-    controller, sim, channel = await _start(tmp_path, heal=True)
+    controller, _, channel = await _start(tmp_path, heal=True)
     try:
         assert controller.healer is not None
         incident = gpu_incident()
@@ -70,7 +70,7 @@ async def test_show_ack_resolve(tmp_path: Path) -> None:
 
 
 async def test_approvals_list_what_waits_for_a_person(tmp_path: Path) -> None:
-    controller, sim, channel = await _start(tmp_path, heal=True, mode="manual")
+    controller, _, channel = await _start(tmp_path, heal=True, mode="manual")
     try:
         assert controller.healer is not None
         incident = gpu_incident()
