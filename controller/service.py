@@ -247,6 +247,8 @@ class Controller:
             spares=spares,
             clock=self.clock,
         )
+        if spares is not None:
+            self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)
         healer = Healer(
             policy,
             guards,
@@ -270,6 +272,12 @@ class Controller:
         """The dashboard's breaker chip: the healer's real breaker, with readable times."""
         assert self.healer is not None
         return breaker_json(self.healer.guards.breaker.state(), self.clock.time_ms())
+
+    def _spares_json(self) -> dict[str, int]:
+        """The dashboard's spare pool chip: available, allocated, unavailable, and the target."""
+        assert self.healer is not None and self.healer.spares is not None
+        target = self.healer.repairs.policy.spare_target if self.healer.repairs is not None else 0
+        return {**self.healer.spares.counts(), "target": target}
 
     def _spare_healthy(self, node: str) -> bool:
         """A spare is usable when its agent is heard and no open incident touches it."""
@@ -349,6 +357,7 @@ class Controller:
             healthy=lambda: self._serving,
             detection=self.detection,
             breaker=self._breaker_json if self.healer is not None else None,
+            spares=self._spares_json if self.healer is not None and self.healer.spares is not None else None,
         )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()

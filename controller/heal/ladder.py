@@ -18,7 +18,8 @@ burn-in). Schema, with the defaults this module uses when the section or a key i
             - {name: dcgm_r2, timeout: 15m, pass: dcgmi}     # dcgmi diag -r 2 -j, parsed
             - {name: burn_in, timeout: 10m, pass: exit_ok}
             - {name: nccl_loopback, timeout: 5m, pass: "regex:Avg bus bandwidth"}
-      return_to: spare              # spare: park in the pool; service: back to work
+      return_to: spare              # spare: refill the pool up to its target first; service: back to work
+      spare_target: 1               # validated nodes refill the pool to this many available spares
       lemon: {window: 7d, retire_after_returns: 3}
 
 A rung is ``none`` (validate only: the fault may have cleared by itself), ``reset_gpu``,
@@ -44,7 +45,7 @@ RUNGS: tuple[str, ...] = (NONE, RESET_GPU, REBOOT, RETIRE)
 PASS_KINDS = ("exit_ok", "dcgmi", "regex:<pattern>")
 RETURN_TO = ("spare", "service")
 DIAG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
-_KEYS = ("ladders", "timeouts", "validation", "return_to", "lemon")
+_KEYS = ("ladders", "timeouts", "validation", "return_to", "spare_target", "lemon")
 _VALIDATION_KEYS = ("scan_clean", "evidence_quiet", "diagnostics")
 _DIAG_KEYS = ("name", "timeout", "pass", "args")
 
@@ -85,6 +86,7 @@ class RepairPolicy:
     validations: dict[str, Validation] = field(default_factory=lambda: {"default": Validation()})
     return_to: str = "spare"
     lemon: Lemon = field(default_factory=Lemon)
+    spare_target: int = 1
 
     def ladder(self, kind: str) -> tuple[str, ...]:
         return self.ladders.get(kind) or self.ladders.get("default") or (REBOOT, RETIRE)
@@ -193,6 +195,10 @@ def parse_repair(raw: Any, where: str, errors: list[str]) -> RepairPolicy:  # no
     if return_to not in RETURN_TO:
         errors.append(f"{where}.return_to: {return_to!r} (expected one of {', '.join(RETURN_TO)})")
         return_to = default.return_to
+    target = raw.get("spare_target", default.spare_target)
+    if not isinstance(target, int) or isinstance(target, bool) or target < 0:
+        errors.append(f"{where}.spare_target: expected a whole number ≥ 0, got {target!r}")
+        target = default.spare_target
     lemon = default.lemon
     lemon_raw = raw.get("lemon")
     if isinstance(lemon_raw, dict):
@@ -204,4 +210,4 @@ def parse_repair(raw: Any, where: str, errors: list[str]) -> RepairPolicy:  # no
         lemon = Lemon(window if window is not None else lemon.window_s, n)
     elif lemon_raw is not None:
         errors.append(f"{where}.lemon: expected a mapping with window, retire_after_returns")
-    return RepairPolicy(ladders, timeouts, validations, return_to, lemon)
+    return RepairPolicy(ladders, timeouts, validations, return_to, lemon, target)

@@ -418,7 +418,11 @@ class RepairLoop:
             self._evidence(rep, "resume", False, result.detail)
             log.warning("repair_resume_refused", node=node, detail=result.detail)
             return
-        to_spare = self.policy.return_to == "spare" and self.spares is not None
+        to_spare = (
+            self.policy.return_to == "spare"
+            and self.spares is not None
+            and self.spares.counts()["available"] < self.policy.spare_target
+        )
         target = S.SPARE if to_spare else S.IN_SERVICE
         if not self._move(node, target, f"validated; back {'in the spare pool' if to_spare else 'in service'}", rep):
             return

@@ -174,6 +174,13 @@ class SparePool:
             log.info("heal_spare_released", spare=spare)
         return bool(cur.rowcount)
 
+    def counts(self) -> dict[str, int]:
+        """Spares by state: available (free, healthy, in service), allocated, unavailable."""
+        out = {"available": 0, "allocated": 0, "unavailable": 0}
+        for st in self.list():
+            out["allocated" if st.allocated_to else "available" if st.healthy else "unavailable"] += 1
+        return out
+
     def list(self) -> list[SpareStatus]:
         """Every spare with its health, allocation and block, by name (for the CLI)."""
         declared = set(self.fabric.spares())

@@ -19,6 +19,7 @@ from controller.outputs.web.api import (
     ApiError,
     BreakerProvider,
     DashboardState,
+    SparesProvider,
     add_api_routes,
     find_detection,
 )
@@ -34,6 +35,7 @@ def build_app(
     detection: Detection | None = None,
     breaker: BreakerProvider | None = None,
     poll_s: float = 1.0,
+    spares: SparesProvider | None = None,
 ) -> web.Application:
     """The aiohttp app. ``detection`` defaults to the Detection among the registry's listeners."""
     dashboard = DashboardState(
@@ -41,6 +43,7 @@ def build_app(
         detection or find_detection(registry.listeners),
         breaker,
         lifecycle=lambda: lifecycle_records(store.connection),
+        spares=spares,
     )
 
     async def index(request: web.Request) -> web.FileResponse:

@@ -210,3 +210,30 @@ async def test_nodes_command_shows_and_filters_lifecycle(tmp_path: Path, fabric:
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "'fixed' is not a lifecycle state" in err
     finally:
         await ctl.stop()
+
+
+async def test_spare_pool_on_the_dashboard_and_metrics(tmp_path: Path, fabric: Fabric) -> None:
+    import aiohttp
+
+    from controller.heal.scheduler.sim import SimScheduler
+    from controller.service import HealSettings
+
+    heal = HealSettings(scheduler=SimScheduler(list(fabric.nodes())))
+    config = ControllerConfig(db_path=tmp_path / "c.db", fabric=fabric, http="127.0.0.1:0", listen="127.0.0.1:0",
+                              heal=heal)  # fmt: skip
+    ctl = Controller(config)
+    await ctl.start()
+    try:
+        (spare,) = fabric.spares()
+        base = f"http://127.0.0.1:{ctl.http_port}"
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{base}/api/summary") as r:
+                assert (await r.json())["spares"] == {"available": 0, "allocated": 0, "unavailable": 1, "target": 1}
+            ctl.registry.register(spb.Hello(node_id=spare, role=ipb.NODE_ROLE_COMPUTE, inventory=ipb.Inventory()))
+            async with s.get(f"{base}/api/summary") as r:
+                assert (await r.json())["spares"]["available"] == 1  # its agent is heard: healthy
+            async with s.get(f"{base}/metrics") as r:
+                text = await r.text()
+        assert 'starpulse_spares{state="available"} 1.0' in text and "starpulse_spare_pool_target 1.0" in text
+    finally:
+        await ctl.stop()

@@ -122,12 +122,17 @@ def start_agent(rig: Rig, allowed: dict[str, list[str]]) -> None:
 
 
 def policy(
-    *diags: Diagnostic, quiet_s: float = 0.1, ladder: tuple[str, ...] = ("reset_gpu", "reboot", "retire")
+    *diags: Diagnostic,
+    quiet_s: float = 0.1,
+    ladder: tuple[str, ...] = ("reset_gpu", "reboot", "retire"),
+    target: int = 2,
 ) -> RepairPolicy:
+    """Short limits; a spare target of 2 while the fabric declares one spare, so a repaired node refills the pool."""
     return RepairPolicy(
         ladders={"gpu_fault": ladder, "default": ("reboot", "retire")},
         timeouts_s={"reset_gpu": 3.0, "reboot": 3.0},
         validations={"default": Validation(True, quiet_s, tuple(diags))},
+        spare_target=target,
     )
 
 
@@ -269,3 +274,15 @@ async def test_nvswitch_boards_reset_all_gpus_together(rig: Rig) -> None:
     await drive(loop)
     reset = next(c for c in rig.commands if c.kind == spb.COMMAND_KIND_GPU_RESET)
     assert "gpu" not in reset.args and rig.heal.state(NODE) == S.SPARE
+
+
+async def test_a_pool_at_its_target_sends_the_repaired_node_back_to_work(rig: Rig) -> None:
+    start_agent(rig, {"gpu_reset": sh("true")})
+    assert rig.spares.counts() == {"available": 1, "allocated": 0, "unavailable": 0}
+    loop = rig.loop(policy(target=1))  # the declared spare is available: the pool is full
+    inc = rig.incidents[0]
+    await rig.evict(inc)
+    loop.begin(NODE, inc, "reset_gpu")
+    await drive(loop)
+    assert rig.heal.state(NODE) == S.IN_SERVICE and NODE not in rig.spares.spares()
+    assert not rig.scheduler.nodes[NODE].drained and rig.resolved

@@ -43,6 +43,7 @@ log = structlog.get_logger(__name__)
 
 BreakerProvider = Callable[[], Mapping[str, Any]]
 LifecycleProvider = Callable[[], Mapping[str, LifecycleRecord]]
+SparesProvider = Callable[[], Mapping[str, int]]
 DEFAULT_BREAKER: dict[str, Any] = {"state": "closed", "available": False}
 DEFAULT_INCIDENT_LIMIT = 200
 MAX_INCIDENT_LIMIT = 10_000
@@ -69,6 +70,17 @@ class DashboardState:
     detection: Detection | None = None
     breaker: BreakerProvider | None = None
     lifecycle: LifecycleProvider = field(default=lambda: {})
+    spares: SparesProvider | None = None
+
+    def spares_state(self) -> dict[str, int] | None:
+        """The spare pool (available, allocated, unavailable, target), or None without self-healing."""
+        if self.spares is None:
+            return None
+        try:
+            return dict(self.spares())
+        except Exception:
+            log.exception("spares_provider_failed")
+            return None
 
     def lifecycle_of(self) -> Mapping[str, LifecycleRecord]:
         """Every node's lifecycle row (a node without one is in service); {} when it cannot be read."""
@@ -112,7 +124,8 @@ class DashboardState:
         nodes = (self.registry.presence_version, len(self.registry.nodes))
         breaker = json.dumps(self.breaker_state(), sort_keys=True, default=str)
         life = tuple(sorted((n, str(r.state), r.since_ms) for n, r in self.lifecycle_of().items()))
-        return hash((incidents, nodes, breaker, life))
+        spares = tuple(sorted((self.spares_state() or {}).items()))
+        return hash((incidents, nodes, breaker, life, spares))
 
 
 # -- incidents on the picture --------------------------------------------------------------
@@ -328,6 +341,7 @@ def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
         "switches": switches,
         "incidents": {"open": len(open_incidents), "by_kind": by_kind, "by_severity": by_severity},
         "breaker": state.breaker_state(),
+        "spares": state.spares_state(),
         "fabric": fabric.summary() if fabric is not None else None,
         "version": version,
         "now_ms": state.registry.clock.time_ms(),  # the clock last-seen times are on

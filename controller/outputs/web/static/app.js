@@ -150,6 +150,11 @@
     for (const [kind, count] of Object.entries(summary.incidents.by_kind)) {
       box.append(chip(kind, count, "kind"));
     }
+    if (summary.spares) {
+      const sp = summary.spares;
+      const short = sp.available < (sp.target || 0);
+      box.append(chip("spares (target " + (sp.target || 0) + ")", sp.available, short ? (sp.available ? "warn" : "bad") : "ok"));
+    }
     renderBreaker(summary.breaker || {});
   }
 
