@@ -16,7 +16,7 @@ import re
 import socket
 import string
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import structlog
 
@@ -112,6 +112,9 @@ class CommandHandler:
                 raise ValueError(f"empty argv for {kind}")
             render_argv(argv, _PROBE_ARGS)  # catches a malformed template at startup
         self.timeout_s = timeout_s
+        # In-process actions for simulated hardware only (agent.sim.repairs): a simulated GPU
+        # cannot be reset by a subprocess. Empty on a real node.
+        self.local: dict[str, Callable[[dict[str, str]], Awaitable[tuple[bool, str]]]] = {}
 
     async def __call__(self, command: spb.Command) -> spb.CommandResult:
         kind = kind_name(command.kind)
@@ -143,6 +146,8 @@ class CommandHandler:
                 return False, f"no registered ranks for job {job!r}" if job else "no registered jobs"
             return True, f"checkpoint requested from {asked} rank(s)"
         if kind in ("gpu_reset", "reboot"):
+            if kind in self.local:
+                return await self.local[kind](args)
             if kind not in self.allowed:
                 return False, f"{kind} not allowed on this node"
             return await self._run(kind, args)

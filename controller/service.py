@@ -243,7 +243,7 @@ class Controller:
             self.registry,
             open_incidents=lambda: correlator.incidents(active_only=True, limit=100_000),
             conditions_clear=correlator.conditions_clear,
-            resolve=lambda incident_id, why: correlator.resolve_on_evidence(incident_id, why, AUTOMATIC),
+            resolve=lambda incident_id, why, since: correlator.resolve_on_evidence(incident_id, why, AUTOMATIC, since),
             spares=spares,
             clock=self.clock,
         )

@@ -846,20 +846,32 @@ class Correlator:
         )
         return inc
 
-    def conditions_clear(self, incident_id: str) -> bool:
-        """Every condition of the open incident has resolved (False for an unknown or closed one)."""
+    def conditions_clear(self, incident_id: str, since_ms: int | None = None) -> bool:
+        """Every condition of the open incident has resolved, or (``since_ms``) was not seen since
+        then (False for an unknown or closed one).
+
+        Why ``since_ms``: an Xid is an event, and its condition stays active for its rule's
+        window after the last one (30-60 minutes); after a GPU reset the question is whether
+        the Xid came again, not whether the window has run out.
+        """
         inc = self._open.get(incident_id)
         if inc is None:
             return False
-        return not any(self._conds[k].active for k in inc.condition_keys if k in self._conds)
+        return not any(
+            c.active and (since_ms is None or c.last_seen_ms >= since_ms)
+            for c in (self._conds[k] for k in inc.condition_keys if k in self._conds)
+        )
 
-    def resolve_on_evidence(self, incident_id: str, reason: str, actor: str) -> Incident | None:
+    def resolve_on_evidence(
+        self, incident_id: str, reason: str, actor: str, since_ms: int | None = None
+    ) -> Incident | None:
         """Close an open incident now, without the hold: its node was repaired and proven healthy,
-        or a person says it is over. Refused (None) while a condition of it is still active,
-        unless a person asks. The change reaches listeners (the webhook says why) on the next tick."""
+        or a person says it is over. Refused (None) while a condition of it is still active
+        (seen since ``since_ms``), unless a person asks. Listeners (the webhook says why) hear
+        it on the next tick."""
         inc = self._open.get(incident_id)
         if inc is None:
             return None
-        if actor == "starpulse" and not self.conditions_clear(incident_id):
+        if actor == "starpulse" and not self.conditions_clear(incident_id, since_ms):
             return None
         return replace(self._close(incident_id, self._clock_ms(), {"reason": reason, "by": actor}))

@@ -323,7 +323,11 @@ class Guards:
         breaker = self.breaker.state()
         if breaker.open:
             return Verdict(
-                False, f"circuit breaker open since {breaker.opened_ms}: {breaker.reason}", mode, "breaker_open"
+                False,
+                f"circuit breaker open for {format_duration((self._clock() - (breaker.opened_ms or 0)) / 1000)}: "
+                f"{breaker.reason}",
+                mode,
+                "breaker_open",
             )
         record = self.store.record(node)
         if record.drained_by not in (None, AUTOMATIC):
@@ -389,14 +393,18 @@ class Guards:
                 "cooldown",
             )
         since = now - int(cfg.window_s * 1000)
+        records = {r.node: r for r in self.store.all_records()}
         if decision.evicts:
+            # A node repaired and back since its eviction gives its place in the budget back:
+            # the budget bounds nodes taken out, not faults handled.
             evicted = {
-                r[0]
-                for r in self._db.execute(
-                    "SELECT node FROM heal_grants WHERE mode = ? AND at_ms > ? AND action IN "
-                    "('evict', 'reset_gpu', 'reboot', 'rma')",
+                n
+                for n, at in self._db.execute(
+                    "SELECT node, MAX(at_ms) FROM heal_grants WHERE mode = ? AND at_ms > ? AND action IN "
+                    "('evict', 'reset_gpu', 'reboot', 'rma') GROUP BY node",
                     (granted_mode, since),
                 )
+                if not _returned_since(records.get(n), at)
             } - {node}
             if len(evicted) >= cfg.max_evictions_per_window:
                 return Verdict(
@@ -406,7 +414,6 @@ class Guards:
                     mode,
                     "budget",
                 )
-        records = {r.node: r for r in self.store.all_records()}
         out = {n for n, r in records.items() if r.state in OUT_OF_SERVICE and r.drained_by == AUTOMATIC}
         granted = dict(
             self._db.execute(

@@ -12,8 +12,9 @@ burn-in). Schema, with the defaults this module uses when the section or a key i
       timeouts: {reset_gpu: 10m, reboot: 20m}
       validation:
         default:
-          scan_clean: true          # no open incident on the node
-          evidence_quiet: 2m        # and none opened (the Xid not repeating) for this long
+          scan_clean: true          # its incident's conditions resolved, no other incident open on it
+          clear_within: 5m          # how long the repaired node gets for that (reports lag a repair)
+          evidence_quiet: 2m        # then nothing new (the Xid not repeating) for this long
           diagnostics:              # run by the node's agent (run_diagnostic), in order
             - {name: dcgm_r2, timeout: 15m, pass: dcgmi}     # dcgmi diag -r 2 -j, parsed
             - {name: burn_in, timeout: 10m, pass: exit_ok}
@@ -46,7 +47,7 @@ PASS_KINDS = ("exit_ok", "dcgmi", "regex:<pattern>")
 RETURN_TO = ("spare", "service")
 DIAG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 _KEYS = ("ladders", "timeouts", "validation", "return_to", "spare_target", "lemon")
-_VALIDATION_KEYS = ("scan_clean", "evidence_quiet", "diagnostics")
+_VALIDATION_KEYS = ("scan_clean", "clear_within", "evidence_quiet", "diagnostics")
 _DIAG_KEYS = ("name", "timeout", "pass", "args")
 
 
@@ -67,6 +68,7 @@ class Validation:
     scan_clean: bool = True
     evidence_quiet_s: float = 120.0
     diagnostics: tuple[Diagnostic, ...] = ()
+    clear_within_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -145,12 +147,18 @@ def _validation(raw: Any, where: str, errors: list[str]) -> Validation:
         if key not in _VALIDATION_KEYS:
             errors.append(f"{where}: unknown key {key!r} (expected one of {', '.join(_VALIDATION_KEYS)})")
     quiet = _duration(raw.get("evidence_quiet", "2m"), f"{where}.evidence_quiet", errors)
+    clear_within = _duration(raw.get("clear_within", "5m"), f"{where}.clear_within", errors)
     diags_raw = raw.get("diagnostics", [])
     if not isinstance(diags_raw, list):
         errors.append(f"{where}.diagnostics: expected a list")
         diags_raw = []
     diags = [_diagnostic(d, f"{where}.diagnostics[{i}]", errors) for i, d in enumerate(diags_raw)]
-    return Validation(bool(raw.get("scan_clean", True)), quiet or 0.0, tuple(d for d in diags if d is not None))
+    return Validation(
+        bool(raw.get("scan_clean", True)),
+        quiet or 0.0,
+        tuple(d for d in diags if d is not None),
+        clear_within if clear_within is not None else 300.0,
+    )
 
 
 # One flat pass over five small sub-sections, each line a check with its own message;

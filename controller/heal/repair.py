@@ -94,6 +94,8 @@ class Repair:
     kind: str
     rung: int
     started_ms: int
+    # While repairing: a reboot's deadline (set: the reboot was asked for; a new leader only
+    # waits). While validating: when validation began (evidence older than that predates the repair).
     deadline_ms: int | None = None
     boot_before: str = ""
     evidence: list[dict[str, Any]] = field(default_factory=list)
@@ -114,8 +116,8 @@ class RepairLoop:
         scheduler: Scheduler,
         agents: NodeAgents,
         open_incidents: Callable[[], list[Incident]],
-        conditions_clear: Callable[[str], bool],
-        resolve: Callable[[str, str], object],
+        conditions_clear: Callable[[str, int | None], bool],
+        resolve: Callable[[str, str, int | None], object],
         spares: SparePool | None,
         clock: Clock,
         config: RepairConfig | None = None,
@@ -355,9 +357,16 @@ class RepairLoop:
     async def _validate(self, rep: Repair) -> Verdict:
         v = self.policy.validation(rep.kind)
         node = rep.node
+        rep.deadline_ms = self.clock.time_ms()  # validation's start: evidence older than this was before the repair
+        self._save(rep)
         if v.scan_clean:
+            # A repair ends the fault at once; its conditions resolve a report or two later.
+            give_up = self.clock.time_ms() + int(v.clear_within_s * 1000)
             clean, why = self._scan_clean(rep)
-            self._evidence(rep, "scan", clean, why)
+            while not clean and self.clock.time_ms() < give_up:
+                await self.clock.sleep(self.config.poll_s)
+                clean, why = self._scan_clean(rep)
+            self._evidence(rep, "scan", clean, why if clean else f"{why} after {v.clear_within_s:g}s")
             if not clean:
                 return Verdict(False, why)
         if v.evidence_quiet_s > 0:
@@ -391,8 +400,9 @@ class RepairLoop:
         return Verdict(True, "; ".join(passed) or "scan clean, evidence quiet")
 
     def _scan_clean(self, rep: Repair) -> tuple[bool, str]:
-        if rep.incident_id and not self.conditions_clear(rep.incident_id) and self._is_open(rep.incident_id):
-            return False, f"{rep.incident_id}: a condition is still active"
+        since = rep.deadline_ms
+        if rep.incident_id and self._is_open(rep.incident_id) and not self.conditions_clear(rep.incident_id, since):
+            return False, f"{rep.incident_id}: a condition is still active (seen again since the repair)"
         others = [i.id for i in self.open_incidents() if rep.node in i.affected_nodes and i.id != rep.incident_id]
         if others:
             return False, f"open incident(s) on the node: {', '.join(sorted(others))}"
@@ -433,7 +443,7 @@ class RepairLoop:
                 log.warning("repair_spare_mark_failed", node=node, detail=str(exc))
         self._evidence(rep, "return", True, f"resumed in {self.scheduler.name}; {target}")
         if rep.incident_id:  # on the evidence, not after a long hold (its webhook says why)
-            self.resolve(rep.incident_id, f"{node} repaired and validated: {verdict.detail}")
+            self.resolve(rep.incident_id, f"{node} repaired and validated: {verdict.detail}", rep.deadline_ms)
         took_ms = self.clock.time_ms() - rep.started_ms
         self.outcomes.append({"node": node, "outcome": str(target), "took_ms": took_ms, "at_ms": self.clock.time_ms()})
         log.warning("repair_returned", node=node, to=str(target), took_s=round(took_ms / 1000, 1))

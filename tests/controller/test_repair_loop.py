@@ -67,13 +67,13 @@ class Rig:
             self.scheduler,
             self.registry,
             open_incidents=lambda: list(self.incidents),
-            conditions_clear=lambda iid: True,
+            conditions_clear=lambda iid, since: True,
             resolve=self._resolve,
             spares=self.spares,
             clock=SYSTEM_CLOCK,
         )
 
-    def _resolve(self, iid: str, why: str) -> None:
+    def _resolve(self, iid: str, why: str, since_ms: int | None) -> None:
         self.resolved.append((iid, why))
         self.incidents[:] = [i for i in self.incidents if i.id != iid]
 
@@ -214,8 +214,8 @@ async def test_a_diagnostic_the_node_lacks_fails_and_an_active_condition_holds_v
     missing = next(e for e in rep.evidence if e["step"] == "diagnostic:dcgm_r2")
     assert "not configured on this node" in missing["detail"]
     # the scan: a condition still active on the incident fails validation before any diagnostic
-    loop.conditions_clear = lambda iid: False
-    assert loop._scan_clean(rep) == (False, "inc-1: a condition is still active")
+    loop.conditions_clear = lambda iid, since: False
+    assert loop._scan_clean(rep) == (False, "inc-1: a condition is still active (seen again since the repair)")
 
 
 async def test_a_node_drained_by_someone_else_is_never_touched(rig: Rig) -> None:
