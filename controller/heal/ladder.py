@@ -115,6 +115,16 @@ def _duration(raw: Any, where: str, errors: list[str]) -> float | None:
         return None
 
 
+def _whole(raw: Any, least: int, default: int, where: str, errors: list[str]) -> int:
+    """A whole number ≥ ``least`` (absent: ``default``); a bad one is reported and the default used."""
+    if raw is None:
+        return default
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < least:
+        errors.append(f"{where}: expected a whole number ≥ {least}, got {raw!r}")
+        return default
+    return raw
+
+
 def _diagnostic(raw: Any, where: str, errors: list[str]) -> Diagnostic | None:
     if not isinstance(raw, dict):
         errors.append(f"{where}: expected a mapping with name, timeout, pass")
@@ -203,18 +213,13 @@ def parse_repair(raw: Any, where: str, errors: list[str]) -> RepairPolicy:  # no
     if return_to not in RETURN_TO:
         errors.append(f"{where}.return_to: {return_to!r} (expected one of {', '.join(RETURN_TO)})")
         return_to = default.return_to
-    target = raw.get("spare_target", default.spare_target)
-    if not isinstance(target, int) or isinstance(target, bool) or target < 0:
-        errors.append(f"{where}.spare_target: expected a whole number ≥ 0, got {target!r}")
-        target = default.spare_target
+    target = _whole(raw.get("spare_target"), 0, default.spare_target, f"{where}.spare_target", errors)
     lemon = default.lemon
     lemon_raw = raw.get("lemon")
     if isinstance(lemon_raw, dict):
         window = _duration(lemon_raw.get("window", "7d"), f"{where}.lemon.window", errors)
-        n = lemon_raw.get("retire_after_returns", lemon.retire_after_returns)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            errors.append(f"{where}.lemon.retire_after_returns: expected a whole number ≥ 1, got {n!r}")
-            n = lemon.retire_after_returns
+        n = _whole(lemon_raw.get("retire_after_returns"), 1, lemon.retire_after_returns,
+                   f"{where}.lemon.retire_after_returns", errors)  # fmt: skip
         lemon = Lemon(window if window is not None else lemon.window_s, n)
     elif lemon_raw is not None:
         errors.append(f"{where}.lemon: expected a mapping with window, retire_after_returns")

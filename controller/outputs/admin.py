@@ -316,12 +316,21 @@ class AdminServicer(sgrpc.AdminServicer):
             raise Refused(grpc.StatusCode.NOT_FOUND, f"no incident {iid!r}")
         return incident
 
+    def _incident_request(
+        self, request: spb.IncidentActionRequest, open_only: bool = False
+    ) -> tuple[str, str, Incident]:
+        """(actor, reason, incident) of a person's incident action; Refused when any is wrong."""
+        actor, reason = check_actor(request.actor), check_reason(request.reason)
+        incident = self._incident(request.id)
+        if open_only and not incident.active:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{incident.id} is already resolved")
+        return actor, reason, incident
+
     async def AckIncident(
         self, request: spb.IncidentActionRequest, context: grpc.aio.ServicerContext
     ) -> spb.IncidentDetail:
         try:
-            actor, reason = check_actor(request.actor), check_reason(request.reason)
-            incident = self._incident(request.id)
+            actor, reason, incident = self._incident_request(request)
         except Refused as refused:
             await self._abort(context, refused)
         conn = self.controller.store.connection
@@ -333,10 +342,7 @@ class AdminServicer(sgrpc.AdminServicer):
         self, request: spb.IncidentActionRequest, context: grpc.aio.ServicerContext
     ) -> spb.IncidentDetail:
         try:
-            actor, reason = check_actor(request.actor), check_reason(request.reason)
-            incident = self._incident(request.id)
-            if not incident.active:
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{incident.id} is already resolved")
+            actor, reason, incident = self._incident_request(request, open_only=True)
         except Refused as refused:
             await self._abort(context, refused)
         correlator = self.controller.detection.correlator

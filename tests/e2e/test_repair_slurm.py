@@ -21,20 +21,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.factory import build_agent
-from agent.runtime import Agent, AgentConfig
+from agent.runtime import Agent
 from agent.sim.node import SimNode
 from agent.sim.repairs import SimRepairs
-from controller.detect.correlate import CorrelationConfig
-from controller.detect.pipeline import DetectionConfig
-from controller.fabric import generate_fabric
-from controller.heal.healer import HealConfig
 from controller.heal.policy import default_policy_path
-from controller.heal.scheduler import SlurmScheduler
 from controller.heal.states import NodeHealState
-from controller.service import Controller, ControllerConfig, HealSettings
-from tests.e2e.test_self_healing_slurm import BATCH, NODES, ROOT, _sinfo
-from tests.helpers import free_port, wait_for
+from controller.service import Controller
+from tests.e2e.test_self_healing_slurm import BATCH, NODES, ROOT, _agent, _controller, _sinfo
+from tests.helpers import wait_for
 from tests.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -66,50 +60,19 @@ def _policy(tmp_path: Path) -> Path:
     return path
 
 
-def _agent(node: str, tmp_path: Path, port: int, sockets: Path, burn_in: str) -> tuple[Agent, SimRepairs]:
+def _repairable(node: str, tmp_path: Path, port: int, sockets: Path, burn_in: str) -> tuple[Agent, SimRepairs]:
     sim = SimNode(node, tmp_path / node / "hw", seed=NODES.index(node))
-    agent = build_agent(
-        AgentConfig(
-            node_id=node,
-            controllers=[f"127.0.0.1:{port}"],
-            interval_s=0.5,
-            buffer_path=str(tmp_path / node / "buffer.db"),
-            job_socket=str(sockets / f"{node}.sock"),
-            allowed_commands={"diagnostic.burn_in": [sys.executable, "-c", burn_in]},
-        ),
-        "sim",
-        sim=sim,
-    )
-    agent.link.backoff.initial_s = 0.1
+    agent = _agent(node, tmp_path, port, sockets, sim, {"diagnostic.burn_in": [sys.executable, "-c", burn_in]})
     return agent, SimRepairs(agent, sim)
-
-
-def _controller(tmp_path: Path, cluster: SlurmCluster) -> Controller:
-    fabric = generate_fabric(nodes=3, gpus_per_node=8, rails=8, nodes_per_block=4, spines=1, spares=1)
-    return Controller(
-        ControllerConfig(
-            listen=f"127.0.0.1:{free_port()}",
-            http="127.0.0.1:0",
-            db_path=tmp_path / "controller.db",
-            fabric=fabric,
-            sweep_interval_s=0.2,
-            detection=DetectionConfig(correlation=CorrelationConfig(settle_s=1.0)),
-            heal=HealSettings(
-                scheduler=SlurmScheduler(conf_path=cluster.conf, timeout_s=15),
-                policy_path=_policy(tmp_path),
-                heal=HealConfig(checkpoint_timeout_s=5.0, retry_delay_s=0.5, repair_poke_s=1.0),
-            ),
-        )
-    )
 
 
 async def _scenario(tmp_path: Path, cluster: SlurmCluster, burn_in: str) -> tuple[Controller, dict[str, float]]:
     """Start everything, drain node-002 as an operator, fault node-001, wait out its repair."""
     sockets = tmp_path / "sockets"
     sockets.mkdir()
-    ctl = _controller(tmp_path, cluster)
+    ctl = _controller(tmp_path, cluster, _policy(tmp_path), repair_poke_s=1.0)
     await ctl.start()
-    pairs = {n: _agent(n, tmp_path, ctl.grpc_port, sockets, burn_in) for n in NODES}
+    pairs = {n: _repairable(n, tmp_path, ctl.grpc_port, sockets, burn_in) for n in NODES}
     stop = asyncio.Event()
     tasks = [asyncio.create_task(a.run(stop)) for a, _ in pairs.values()]
     ctl._test_cleanup = (stop, tasks)  # type: ignore[attr-defined]
