@@ -50,7 +50,8 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         chips = f"{n.accelerator_vendor} {n.accelerator_model}".strip()
         print(
             f"{n.node_id:<16} {n.state:<12} {n.lifecycle_state or 'in_service':<11} {since:<9} "
-            f"{age(n.last_seen_ms):<10} {n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}  {chips:<24} {why}".rstrip()
+            f"{age(n.last_seen_ms):<10} {n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}  "
+            f"{chips:<24} {why}".rstrip()
         )
     return 0
 
