@@ -16,7 +16,7 @@ import re
 import socket
 import string
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import structlog
 
@@ -25,11 +25,32 @@ from starpulse.v1 import service_pb2 as spb
 
 log = structlog.get_logger(__name__)
 
-# Kinds an operator may configure (CommandKind names without the prefix, lower case).
-CONFIGURABLE = ("gpu_reset", "reboot", "run_diagnostic")
+# Kinds an operator may configure (CommandKind names without the prefix, lower case), and
+# named validation diagnostics: ``diagnostic.NAME`` (the controller's policy asks for NAME).
+CONFIGURABLE = ("gpu_reset", "reboot", "run_diagnostic", "diagnostic.NAME")
+DIAGNOSTIC_PREFIX = "diagnostic."
+DIAGNOSTIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:@/][A-Za-z0-9_.:@/=-]{0,127}$")  # no leading '-': not an option
 MAX_GPU_INDEX = 1023
 OUTPUT_TAIL = 400
+DIAGNOSTIC_OUTPUT_TAIL = 64 * 1024  # dcgmi diag -j of 8 GPUs is ~10 kB; the controller parses it
+MAX_REQUESTED_TIMEOUT_S = 4 * 3600.0  # the longest time limit a controller may ask for (dcgmi -r 4 takes ~1.5 h)
+
+
+def is_configurable(kind: str) -> bool:
+    """A kind an operator may configure: a disruptive command, the default diagnostic, or a named one."""
+    if kind.startswith(DIAGNOSTIC_PREFIX):
+        return bool(DIAGNOSTIC_NAME.match(kind.removeprefix(DIAGNOSTIC_PREFIX)))
+    return kind in CONFIGURABLE and kind != "diagnostic.NAME"
+
+
+def requested_timeout(args: Mapping[str, str], default_s: float) -> float:
+    """The controller's time limit for this command (``timeout_s``), within bounds; else the default."""
+    try:
+        t = float(args.get("timeout_s", ""))
+    except ValueError:
+        return default_s
+    return t if 0 < t <= MAX_REQUESTED_TIMEOUT_S else default_s
 
 
 class InvalidArgs(ValueError):
@@ -83,7 +104,7 @@ class CommandHandler:
     ) -> None:
         self.gateway = gateway
         self.allowed = {k: list(v) for k, v in (allowed or {}).items()}
-        unknown = set(self.allowed) - set(CONFIGURABLE)
+        unknown = {k for k in self.allowed if not is_configurable(k)}
         if unknown:
             raise ValueError(f"unknown command kinds {sorted(unknown)}; configurable: {', '.join(CONFIGURABLE)}")
         for kind, argv in self.allowed.items():
@@ -91,6 +112,9 @@ class CommandHandler:
                 raise ValueError(f"empty argv for {kind}")
             render_argv(argv, _PROBE_ARGS)  # catches a malformed template at startup
         self.timeout_s = timeout_s
+        # In-process actions for simulated hardware only (agent.sim.repairs): a simulated GPU
+        # cannot be reset by a subprocess. Empty on a real node.
+        self.local: dict[str, Callable[[dict[str, str]], Awaitable[tuple[bool, str]]]] = {}
 
     async def __call__(self, command: spb.Command) -> spb.CommandResult:
         kind = kind_name(command.kind)
@@ -122,16 +146,24 @@ class CommandHandler:
                 return False, f"no registered ranks for job {job!r}" if job else "no registered jobs"
             return True, f"checkpoint requested from {asked} rank(s)"
         if kind in ("gpu_reset", "reboot"):
+            if kind in self.local:
+                return await self.local[kind](args)
             if kind not in self.allowed:
                 return False, f"{kind} not allowed on this node"
             return await self._run(kind, args)
         if kind == "run_diagnostic":
+            name = args.get("diagnostic", "")
+            if name:  # a named validation diagnostic: only what this node configured under that name
+                key = DIAGNOSTIC_PREFIX + name
+                if key not in self.allowed:
+                    return False, f"diagnostic {name!r} is not configured on this node"
+                return await self._run(key, args, DIAGNOSTIC_OUTPUT_TAIL)
             if "run_diagnostic" in self.allowed:
                 return await self._run(kind, args)
             return True, self._builtin_diagnostic()
         return False, f"unsupported command kind {kind}"
 
-    async def _run(self, kind: str, args: dict[str, str]) -> tuple[bool, str]:
+    async def _run(self, kind: str, args: dict[str, str], tail_chars: int = OUTPUT_TAIL) -> tuple[bool, str]:
         try:
             argv = render_argv(self.allowed[kind], args)
         except InvalidArgs as exc:
@@ -146,14 +178,15 @@ class CommandHandler:
             )
         except OSError as exc:
             return False, f"cannot run {argv[0]}: {exc}"
+        limit_s = requested_timeout(args, self.timeout_s)
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout=self.timeout_s)
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=limit_s)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-            return False, f"{argv[0]} timed out after {self.timeout_s:g}s"
-        tail = out.decode(errors="replace").strip()[-OUTPUT_TAIL:]
+            return False, f"{argv[0]} timed out after {limit_s:g}s"
+        tail = out.decode(errors="replace").strip()[-tail_chars:]
         if proc.returncode != 0:
             return False, f"{argv[0]} exited {proc.returncode}: {tail}".rstrip(": ")
         return True, f"{argv[0]} ok: {tail}".rstrip(": ")

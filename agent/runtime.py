@@ -169,8 +169,8 @@ class AgentConfig:
     job_socket: str | None = setting(None, "Unix socket for training jobs (starpulse.job); null: off")
     allowed_commands: dict[str, list[str]] = setting(
         {},
-        "Commands the controller may run here, no shell: gpu_reset, reboot, run_diagnostic -> argv "
-        "({gpu} becomes a GPU index)",
+        "Commands the controller may run here, no shell: gpu_reset, reboot, run_diagnostic, and named "
+        "validation diagnostics diagnostic.NAME (the policy's repair.validation) -> argv ({gpu} becomes a GPU index)",
         example={"gpu_reset": ["/usr/bin/nvidia-smi", "-r", "-i", "{gpu}"]},
     )
     tls: TLSSettings | None = None  # mutual TLS to the controller (None: plaintext)
@@ -236,6 +236,7 @@ class Agent:
             role=self.config.role,  # type: ignore[arg-type]
             inventory=self.collectors.inventory,
             agent_version=__version__,
+            boot_id=self.boot_id,  # a changed one after a reboot is how the controller confirms it
         )
 
     def emit(self, finding: Finding) -> None:

@@ -10,7 +10,8 @@ attributes below (``set_outbox_depth_source`` for a callback-driven depth).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -53,6 +54,21 @@ class ControllerMetrics:
             registry=r,
         )
         self.nodes = Gauge("starpulse_nodes", "Known nodes by presence state.", ["state"], registry=r)
+        self.spares = Gauge(
+            "starpulse_spares",
+            "Hot spares by state: available (free, healthy, in service), allocated (standing in), unavailable.",
+            ["state"],
+            registry=r,
+        )
+        self.spare_target = Gauge(
+            "starpulse_spare_pool_target", "Available spares the policy keeps (repair.spare_target).", registry=r
+        )
+        self.node_lifecycle = Gauge(
+            "starpulse_node_lifecycle",
+            "Compute nodes by repair lifecycle state (in_service ... spare, retired).",
+            ["state"],
+            registry=r,
+        )
         self.ingest_seconds = Histogram(
             "starpulse_ingest_seconds",
             "Time to ingest one agent message (validate, store, notify).",
@@ -142,6 +158,21 @@ class ControllerMetrics:
         self.shards_running.set_function(running)
         self.shard_in_flight.set_function(in_flight)
 
+    def set_spare_sources(self, counts: Callable[[], Mapping[str, int]], target: int) -> None:
+        """The spare pool at scrape time: spares by state, and the target the policy keeps."""
+        for state in ("available", "allocated", "unavailable"):
+            self.spares.labels(state).set_function(functools.partial(_count_of, counts, state))
+        self.spare_target.set(target)
+
+    def set_lifecycle_source(self, states: Iterable[str], counts: Callable[[], Mapping[str, int]]) -> None:
+        """Read the nodes per lifecycle state at scrape time (one small query per state)."""
+        for state in states:
+            self.node_lifecycle.labels(state).set_function(functools.partial(_count_of, counts, state))
+
     def set_outbox_depth_source(self, depth: Callable[[], float]) -> None:
         """Read the outbox depth at scrape time (no bookkeeping on every enqueue/dequeue)."""
         self.alert_outbox.set_function(depth)
+
+
+def _count_of(counts: Callable[[], Mapping[str, int]], state: str) -> float:
+    return float(counts().get(state, 0))

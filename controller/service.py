@@ -25,9 +25,10 @@ from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
 from controller.heal.policy import SqliteHealHistory, load_policy
+from controller.heal.repair import RepairLoop
 from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
-from controller.heal.states import RemediationStore
+from controller.heal.states import AUTOMATIC, NodeHealState, RemediationStore, lifecycle_counts
 from controller.ingest.decider import ReportDecider
 from controller.ingest.registry import NodeRegistry
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
@@ -38,6 +39,7 @@ from controller.outputs.admin import AdminServicer
 from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, NotifyConfig, Outbox
 from controller.outputs.query import QueryServicer
+from controller.outputs.web.api import breaker_json
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthConfig, AuthInterceptor
@@ -184,6 +186,10 @@ class Controller:
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
+        self.metrics.set_lifecycle_source(
+            [str(st) for st in NodeHealState],
+            lambda: {str(k): v for k, v in lifecycle_counts(self.store.connection, self._fleet_size()).items()},
+        )
         self._heal_task: asyncio.Task[None] | None = None
         self.health = health.HealthServicer(experimental_non_blocking=True)
         # Who decides reports: detection's shards when there are workers (started with the
@@ -228,8 +234,23 @@ class Controller:
         store = RemediationStore(self.store.connection, self.clock)  # the spares' clock too
         guards = Guards(settings.guards, store, self.store.connection, self.clock)
         spares = SparePool(self.fabric, self._spare_healthy, store) if self.fabric is not None else None
+        policy = load_policy(settings.policy_path)
+        correlator = self.detection.correlator
+        repairs = RepairLoop(
+            policy.repair,
+            store,
+            settings.scheduler,
+            self.registry,
+            open_incidents=lambda: correlator.incidents(active_only=True, limit=100_000),
+            conditions_clear=correlator.conditions_clear,
+            resolve=lambda incident_id, why, since: correlator.resolve_on_evidence(incident_id, why, AUTOMATIC, since),
+            spares=spares,
+            clock=self.clock,
+        )
+        if spares is not None:
+            self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)
         healer = Healer(
-            load_policy(settings.policy_path),
+            policy,
             guards,
             store,
             SqliteHealHistory(store, self.clock),
@@ -242,9 +263,21 @@ class Controller:
             open_incidents=lambda: self.detection.correlator.incidents(active_only=True, limit=100_000),
             config=settings.heal,
             clock=self.clock,
+            repairs=repairs,
         )
         self.detection.listeners.append(healer)
         return healer
+
+    def _breaker_json(self) -> dict[str, object]:
+        """The dashboard's breaker chip: the healer's real breaker, with readable times."""
+        assert self.healer is not None
+        return breaker_json(self.healer.guards.breaker.state(), self.clock.time_ms())
+
+    def _spares_json(self) -> dict[str, int]:
+        """The dashboard's spare pool chip: available, allocated, unavailable, and the target."""
+        assert self.healer is not None and self.healer.spares is not None
+        target = self.healer.repairs.policy.spare_target if self.healer.repairs is not None else 0
+        return {**self.healer.spares.counts(), "target": target}
 
     def _spare_healthy(self, node: str) -> bool:
         """A spare is usable when its agent is heard and no open incident touches it."""
@@ -318,7 +351,13 @@ class Controller:
         self._serving = True
 
         app = build_app(
-            self.registry, self.store, self.metrics, healthy=lambda: self._serving, detection=self.detection
+            self.registry,
+            self.store,
+            self.metrics,
+            healthy=lambda: self._serving,
+            detection=self.detection,
+            breaker=self._breaker_json if self.healer is not None else None,
+            spares=self._spares_json if self.healer is not None and self.healer.spares is not None else None,
         )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()

@@ -141,7 +141,7 @@ AGENT_ERRORS = [
         {**AGENT_MIN, "jobs": {"allowed_commands": {"format_disk": ["/sbin/mkfs"]}}},
         [
             "jobs.allowed_commands: unknown command kinds ['format_disk']; "
-            "configurable: gpu_reset, reboot, run_diagnostic"
+            "configurable: gpu_reset, reboot, run_diagnostic, diagnostic.NAME"
         ],
     ),
     ({**AGENT_MIN, "server": {}}, ["server: unknown key"]),

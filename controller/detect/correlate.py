@@ -822,15 +822,56 @@ class Correlator:
             quiet_since = max((c.resolved_ms or now for c in conds), default=now)
             if now - quiet_since < hold_ms or now < self._not_before.get(iid, 0):
                 continue
-            del self._open[iid]
-            group = self._groups.pop(iid)
-            self._not_before.pop(iid, None)
-            for k in inc.condition_keys:
-                if self._owner.get(k) == iid:
-                    del self._owner[k]
-                    if k not in self._pending:
-                        self._conds.pop(k, None)
-            self.store.resolve(inc, now)
-            self._recent[group.signature] = inc
-            self._out.append(("resolved", replace(inc)))
-            log.info("incident_resolved", id=iid, kind=inc.kind, root_cause=inc.root_cause, open_ms=now - inc.opened_ms)
+            self._close(iid, now, None)
+
+    def _close(self, iid: str, now: int, detail: dict[str, Any] | None) -> Incident:
+        inc = self._open.pop(iid)
+        group = self._groups.pop(iid)
+        self._not_before.pop(iid, None)
+        for k in inc.condition_keys:
+            if self._owner.get(k) == iid:
+                del self._owner[k]
+                if k not in self._pending:
+                    self._conds.pop(k, None)
+        self.store.resolve(inc, now, detail=detail)
+        self._recent[group.signature] = inc
+        self._out.append(("resolved", replace(inc)))
+        log.info(
+            "incident_resolved",
+            id=iid,
+            kind=inc.kind,
+            root_cause=inc.root_cause,
+            open_ms=now - inc.opened_ms,
+            **(detail or {}),
+        )
+        return inc
+
+    def conditions_clear(self, incident_id: str, since_ms: int | None = None) -> bool:
+        """Every condition of the open incident has resolved, or (``since_ms``) was not seen since
+        then (False for an unknown or closed one).
+
+        Why ``since_ms``: an Xid is an event, and its condition stays active for its rule's
+        window after the last one (30-60 minutes); after a GPU reset the question is whether
+        the Xid came again, not whether the window has run out.
+        """
+        inc = self._open.get(incident_id)
+        if inc is None:
+            return False
+        return not any(
+            c.active and (since_ms is None or c.last_seen_ms >= since_ms)
+            for c in (self._conds[k] for k in inc.condition_keys if k in self._conds)
+        )
+
+    def resolve_on_evidence(
+        self, incident_id: str, reason: str, actor: str, since_ms: int | None = None
+    ) -> Incident | None:
+        """Close an open incident now, without the hold: its node was repaired and proven healthy,
+        or a person says it is over. Refused (None) while a condition of it is still active
+        (seen since ``since_ms``), unless a person asks. Listeners (the webhook says why) hear
+        it on the next tick."""
+        inc = self._open.get(incident_id)
+        if inc is None:
+            return None
+        if actor == "starpulse" and not self.conditions_clear(incident_id, since_ms):
+            return None
+        return replace(self._close(incident_id, self._clock_ms(), {"reason": reason, "by": actor}))

@@ -84,6 +84,19 @@ class FencedScheduler:
         await self.fence("resume", node)
         return await self.inner.resume(node, reason)
 
+    @property
+    def can_reboot(self) -> bool:
+        """Whether the wrapped scheduler reboots nodes itself (else the repair loop asks the agent)."""
+        return callable(getattr(self.inner, "reboot", None))
+
+    async def reboot(self, node: str, reason: str) -> ActionResult:
+        await self.fence("reboot", node)
+        inner = getattr(self.inner, "reboot", None)
+        if inner is None:
+            return ActionResult.failure(f"{self.inner.name} cannot reboot nodes")
+        result: ActionResult = await inner(node, reason)
+        return result
+
     async def requeue(self, job: str, exclude: list[str], prefer: list[str]) -> ActionResult:
         await self.fence("requeue", job)
         try:

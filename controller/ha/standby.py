@@ -21,7 +21,7 @@ from controller.outputs.query import (
     MAX_EVENT_LIMIT,
     incident_info,
     list_events_response,
-    node_statuses,
+    list_nodes_response,
 )
 from controller.store import Store
 from starpulse.core.grpc_client import LEADER_METADATA_KEY
@@ -82,7 +82,7 @@ class StandbyQuery(sgrpc.QueryServicer):
     async def ListNodes(
         self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListNodesResponse:
-        return spb.ListNodesResponse(nodes=node_statuses(self.store.load_nodes(), self.store))
+        return await list_nodes_response(self.store.load_nodes(), self.store, request, context)
 
     async def ListEvents(
         self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext

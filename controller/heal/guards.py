@@ -46,6 +46,7 @@ from controller.heal.states import (
     AUTOMATIC,
     OUT_OF_SERVICE,
     NodeHealState,
+    NodeRecord,
     RemediationStore,
     is_human,
 )
@@ -53,6 +54,7 @@ from controller.store import transaction
 from starpulse.core import vocab
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
+from starpulse.core.units import format_duration
 
 log = structlog.get_logger(__name__)
 
@@ -321,7 +323,11 @@ class Guards:
         breaker = self.breaker.state()
         if breaker.open:
             return Verdict(
-                False, f"circuit breaker open since {breaker.opened_ms}: {breaker.reason}", mode, "breaker_open"
+                False,
+                f"circuit breaker open for {format_duration((self._clock() - (breaker.opened_ms or 0)) / 1000)}: "
+                f"{breaker.reason}",
+                mode,
+                "breaker_open",
             )
         record = self.store.record(node)
         if record.drained_by not in (None, AUTOMATIC):
@@ -365,12 +371,13 @@ class Guards:
         flaps = sum(
             1
             for t in self.store.history(node, since_ms=flap_since)
-            if t.to_state == NodeHealState.HEALTHY and t.from_state != NodeHealState.HEALTHY
+            if t.to_state == NodeHealState.IN_SERVICE and t.from_state != NodeHealState.IN_SERVICE
         )
         if flaps > cfg.flap_max:
             return Verdict(
                 False,
-                f"{node} flapped {flaps} times in {cfg.flap_window_s:g}s (max {cfg.flap_max}): held for a person",
+                f"{node} flapped {flaps} times in {format_duration(cfg.flap_window_s)} "
+                f"(max {cfg.flap_max}): held for a person",
                 mode,
                 "flapping",
             )
@@ -380,35 +387,43 @@ class Guards:
         if last is not None and now - last < cfg.cooldown_s * 1000:
             return Verdict(
                 False,
-                f"{node} cooling down: last action {(now - last) / 1000:g}s ago (cooldown {cfg.cooldown_s:g}s)",
+                f"{node} cooling down: last action {format_duration((now - last) / 1000)} ago "
+                f"(cooldown {format_duration(cfg.cooldown_s)})",
                 mode,
                 "cooldown",
             )
         since = now - int(cfg.window_s * 1000)
+        records = {r.node: r for r in self.store.all_records()}
         if decision.evicts:
+            # A node repaired and back since its eviction gives its place in the budget back:
+            # the budget bounds nodes taken out, not faults handled.
             evicted = {
-                r[0]
-                for r in self._db.execute(
-                    "SELECT node FROM heal_grants WHERE mode = ? AND at_ms > ? AND action IN "
-                    "('evict', 'reset_gpu', 'reboot', 'rma')",
+                n
+                for n, at in self._db.execute(
+                    "SELECT node, MAX(at_ms) FROM heal_grants WHERE mode = ? AND at_ms > ? AND action IN "
+                    "('evict', 'reset_gpu', 'reboot', 'rma') GROUP BY node",
                     (granted_mode, since),
                 )
+                if not _returned_since(records.get(n), at)
             } - {node}
             if len(evicted) >= cfg.max_evictions_per_window:
                 return Verdict(
                     False,
-                    f"eviction budget spent: {len(evicted)} nodes in {cfg.window_s:g}s "
+                    f"eviction budget spent: {len(evicted)} nodes in {format_duration(cfg.window_s)} "
                     f"(max {cfg.max_evictions_per_window})",
                     mode,
                     "budget",
                 )
-        out = {r.node for r in self.store.all_records() if r.state in OUT_OF_SERVICE and r.drained_by == AUTOMATIC}
-        out |= {
-            r[0]
-            for r in self._db.execute(
-                "SELECT node FROM heal_grants WHERE mode = ? AND at_ms > ?", (granted_mode, since)
-            )
-        }
+        out = {n for n, r in records.items() if r.state in OUT_OF_SERVICE and r.drained_by == AUTOMATIC}
+        granted = dict(
+            self._db.execute(
+                "SELECT node, MAX(at_ms) FROM heal_grants WHERE mode = ? AND at_ms > ? GROUP BY node",
+                (granted_mode, since),
+            ).fetchall()
+        )
+        # Nodes in repair count (they are out); a node repaired and back (spare or in service
+        # since after its grant) frees its share, or a 16-node demo wedges after one fault.
+        out |= {n for n, at in granted.items() if not _returned_since(records.get(n), at)}
         refusal = fleet_share_refusal(node, out, fleet_size, cfg.max_fleet_share)
         if refusal is not None:
             return Verdict(False, refusal, mode, "fleet_share")
@@ -434,12 +449,12 @@ class Guards:
         reason = ""
         if fleet_size > 0 and len(nodes) >= need:
             reason = (
-                f"{len(nodes)} of {fleet_size} nodes faulty within {cfg.breaker_window_s:g}s "
+                f"{len(nodes)} of {fleet_size} nodes faulty within {format_duration(cfg.breaker_window_s)} "
                 f"(trip at {cfg.breaker_trip_share:g} = {need})"
             )
         elif cfg.breaker_trip_incidents and len(recent) >= cfg.breaker_trip_incidents:
             reason = (
-                f"{len(recent)} evictable incidents within {cfg.breaker_window_s:g}s "
+                f"{len(recent)} evictable incidents within {format_duration(cfg.breaker_window_s)} "
                 f"(trip at {cfg.breaker_trip_incidents})"
             )
         return bool(reason) and self.breaker.trip(reason)
@@ -513,3 +528,11 @@ class Guards:
             "FROM heal_approvals WHERE status = 'pending' ORDER BY requested_ms, incident_id, node"
         )
         return [Approval(*r) for r in rows]
+
+
+RETURNED = frozenset({NodeHealState.SPARE, NodeHealState.IN_SERVICE})
+
+
+def _returned_since(record: NodeRecord | None, at_ms: int) -> bool:
+    """The node went back to work (spare pool or service) after the grant at ``at_ms``."""
+    return record is not None and record.state in RETURNED and record.since_ms > at_ms

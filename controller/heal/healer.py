@@ -26,6 +26,7 @@ import structlog
 from controller.detect.model import Incident
 from controller.heal.guards import Guards
 from controller.heal.policy import Decision, HealHistory, Policy
+from controller.heal.repair import RepairLoop
 from controller.heal.scheduler.base import ActionResult, Scheduler
 from controller.heal.spares import SpareError, SparePool
 from controller.heal.states import AUTOMATIC, InvalidTransition, NodeHealState, RemediationStore
@@ -49,6 +50,12 @@ class HealConfig:
     )
     action_retries: int = setting(5, "Retries of a temporarily failing scheduler action", ge=0)
     retry_delay_s: float = setting(2.0, "Seconds between those retries", ge=0)
+    repair_poke_s: float = setting(
+        5.0,
+        "Seconds between looks for evicted nodes to repair (after a failover too); a repair itself "
+        "takes minutes, so a few seconds' pickup costs nothing at 16 nodes or 16,000 GPUs",
+        gt=0,
+    )
 
 
 @dataclass
@@ -81,6 +88,7 @@ class Healer:
         open_incidents: Callable[[], list[Incident]],
         config: HealConfig | None = None,
         clock: Clock | None = None,
+        repairs: RepairLoop | None = None,
     ) -> None:
         self.policy = policy
         self.guards = guards
@@ -94,6 +102,7 @@ class Healer:
         self.fleet_size = fleet_size
         self.open_incidents = open_incidents
         self.config = config or HealConfig()
+        self.repairs = repairs  # None: the node stays evicted / in repair until a person returns it
         self.clock = clock if clock is not None else store.clock  # eviction times, retry and checkpoint waits
         self._clock_ms = self.clock.time_ms
         self._queue: asyncio.Queue[Incident] = asyncio.Queue()
@@ -110,6 +119,26 @@ class Healer:
         """Finish what a previous run planned, then work incidents until stop."""
         await self._replay_planned()
         await self._resume_interrupted()
+        poker = asyncio.create_task(self._poke_repairs(stop)) if self.repairs is not None else None
+        try:
+            await self._work(stop)
+        finally:
+            if poker is not None:
+                poker.cancel()
+            if self.repairs is not None:
+                self.repairs.stop()
+
+    async def _poke_repairs(self, stop: asyncio.Event) -> None:
+        """Start (or continue, after a failover) every evicted node's repair, every few seconds."""
+        assert self.repairs is not None
+        while not stop.is_set():
+            try:
+                self.repairs.poke()
+            except Exception:
+                log.exception("repair_poke_failed")
+            await self.clock.sleep(self.config.repair_poke_s)
+
+    async def _work(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             getter = asyncio.create_task(self._queue.get())
             stopper = asyncio.create_task(stop.wait())
@@ -138,7 +167,7 @@ class Healer:
             return
         node = decision.node
         current = self.store.state(node)
-        if current in (S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETIRED) or (
+        if current in (S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING, S.RETIRED) or (
             current == S.CORDONED and not decision.evicts
         ):
             # Already out of service (an incident update, or a second incident on the node).
@@ -204,12 +233,15 @@ class Healer:
         self._transition(node, S.EVICTED, f"evicted: {decision.reason}", incident.id)
         self.metrics.evictions.labels(incident.kind, "incident").inc()
         self.evictions.append(Eviction(node, incident.id, now, spare, jobs))
-        if decision.action in ("reboot", "reset_gpu"):
-            self._agent_command(node, decision.action, incident)
-        if decision.action in ("reboot", "reset_gpu"):
-            self._transition(node, S.IN_REPAIR, f"{decision.action} requested", incident.id)
-        elif decision.action == "rma":
+        if decision.action == "rma":
             self._transition(node, S.RETIRED, "marked for hardware inspection (RMA)", incident.id)
+        elif self.repairs is not None:  # the repair loop takes it from here: reset/reboot, validate, return
+            requested = decision.action if decision.action in ("reboot", "reset_gpu") else None
+            self.repairs.begin(node, incident, requested)
+            self.repairs.poke()
+        elif decision.action in ("reboot", "reset_gpu"):
+            self._agent_command(node, decision.action, incident)
+            self._transition(node, S.REPAIRING, f"{decision.action} requested", incident.id)
         log.warning("remediation_done", incident=incident.id, node=node, replacement=spare, jobs=jobs)
 
     # -- steps -------------------------------------------------------------------------------
@@ -284,6 +316,8 @@ class Healer:
         except SpareError as exc:
             log.warning("spare_allocation_failed", spare=spare, detail=str(exc))
             return None
+        if self.store.state(spare) == S.SPARE:  # a repaired node from the pool goes back to work
+            self.store.transition(spare, S.IN_SERVICE, f"took over for {node}", self.store.record(spare).incident_id)
         return spare
 
     def _command(self, node: str, kind: int, args: dict[str, str], incident: Incident) -> None:

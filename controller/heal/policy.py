@@ -20,6 +20,7 @@ Schema (``default_policy.yaml`` is the annotated reference)::
       same_gpu_fatal_xid: {count: 3, window: 24h, min_severity: critical, action: rma}
       max_repair_loops: 2
       repair_loop_action: rma
+    repair: {ladders, timeouts, validation, return_to, lemon}  # after the eviction: ladder.py
     # MATCH: {actions: [...], rules: [...], severities: [...], xids: [...]}; matches when any
     # listed item is present (the incident's action, a rule / Xid of its evidence, its severity).
 
@@ -45,6 +46,7 @@ import structlog
 import yaml
 
 from controller.detect.model import Incident
+from controller.heal.ladder import RepairPolicy, parse_repair
 from controller.heal.states import RemediationStore
 from controller.store import transaction
 from starpulse.core import vocab
@@ -250,6 +252,7 @@ class Policy:
     agent_commands: frozenset[str]
     escalation: Escalation
     source: str = "<policy>"
+    repair: RepairPolicy = field(default_factory=RepairPolicy)  # what happens after the eviction
 
     def decide(self, incident: Incident, history: HealHistory | None = None) -> Decision:
         """The action for ``incident``; ``history`` (when given) feeds escalation.
@@ -355,9 +358,9 @@ def policy_from_dict(doc: Any, source: str = "<policy>") -> Policy:
     if not isinstance(doc, dict):
         raise PolicyError([f"{source}: expected a mapping with 'version' and 'kinds', got {type(doc).__name__}"])
     for key in doc:
-        if key not in ("version", "kinds", "agent_commands", "escalation"):
+        if key not in ("version", "kinds", "agent_commands", "escalation", "repair"):
             errors.append(
-                f"{source}: unknown top-level key {key!r} (expected version, kinds, agent_commands, escalation)"
+                f"{source}: unknown top-level key {key!r} (expected version, kinds, agent_commands, escalation, repair)"
             )
     if doc.get("version") != SUPPORTED_VERSION:
         errors.append(f"{source}: 'version': must be {SUPPORTED_VERSION}, got {doc.get('version')!r}")
@@ -372,9 +375,10 @@ def policy_from_dict(doc: Any, source: str = "<policy>") -> Policy:
             kinds[str(kind)] = kp
     commands = _parse_commands(doc.get("agent_commands", list(AGENT_COMMANDS)), f"{source}: agent_commands", errors)
     escalation = _parse_escalation(doc.get("escalation"), f"{source}: escalation", errors)
+    repair = parse_repair(doc.get("repair"), f"{source}: repair", errors)
     if errors:
         raise PolicyError(errors)
-    return Policy(kinds, commands, escalation, source)
+    return Policy(kinds, commands, escalation, source, repair)
 
 
 def _action(raw: Any, where: str, errors: list[str]) -> str | None:

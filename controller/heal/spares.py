@@ -12,7 +12,7 @@ cross-spine one. Preference, best first:
 5. any healthy spare,
 
 ties broken by name, so the choice is deterministic. A spare is eligible only when the
-health callback says so, its remediation state is in service (healthy/returned) and it is
+health callback says so, its remediation state is in service (in_service/spare) and it is
 not allocated. Allocations live in SQLite, with the spare as primary key, so two
 controllers (or one restarted) never hand the same spare to two nodes.
 """
@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS heal_spare_allocations (
 );
 """
 
-_USABLE = frozenset({NodeHealState.HEALTHY, NodeHealState.RETURNED})
+_USABLE = frozenset({NodeHealState.IN_SERVICE, NodeHealState.SPARE})
 
 
 class SpareError(ValueError):
@@ -173,6 +173,13 @@ class SparePool:
         if cur.rowcount:
             log.info("heal_spare_released", spare=spare)
         return bool(cur.rowcount)
+
+    def counts(self) -> dict[str, int]:
+        """Spares by state: available (free, healthy, in service), allocated, unavailable."""
+        out = {"available": 0, "allocated": 0, "unavailable": 0}
+        for st in self.list():
+            out["allocated" if st.allocated_to else "available" if st.healthy else "unavailable"] += 1
+        return out
 
     def list(self) -> list[SpareStatus]:
         """Every spare with its health, allocation and block, by name (for the CLI)."""

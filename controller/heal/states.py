@@ -4,15 +4,21 @@ Why persisted: a controller that restarts half-way through draining a node must 
 that the node is draining, who drained it and which incident it was for, or it will
 either forget the node (stuck cordoned forever) or act twice (evict the same job twice).
 
-Lifecycle (see ``ALLOWED``)::
+Lifecycle (see ``ALLOWED``): one enum that ``starpulse nodes``, ``/api``, ``/metrics`` and
+the dashboard all show, each state with since-when and why::
 
-    healthy -> suspect -> cordoned -> draining -> evicted -> in_repair -> returned -> healthy
-                                                                      \\-> retired
+    in_service -> suspect -> cordoned -> draining -> evicted -> repairing -> validating -> spare
+                                                                  ^   \\         |  \\-> in_service
+                                                                  \\----+--------/ (failed: next rung)
+                                                                       \\-> retired (RMA)
 
-``returned`` is a transient record: repair is done and the node passed validation, but it
-has not taken work yet. The orchestrator moves it to ``healthy`` when it resumes the node
-in the scheduler (or back to ``suspect``/``cordoned`` when it fails again). Keeping the
-step separate lets the history show "came back from repair" apart from "never left".
+``spare`` is a node that passed validation after a repair and waits in the spare pool; it
+takes work (``in_service``) when the healer hands it to a job or a person resumes it.
+Keeping it apart from ``in_service`` lets the history show "came back from repair" apart
+from "never left". A node with no row is ``in_service``.
+
+A store written before these names (``healthy``, ``in_repair``, ``returned``) is migrated
+once, in one transaction, when the store opens (``migrate_lifecycle``).
 
 ``drained_by`` remembers who took the node out of service: ``starpulse`` (this controller,
 ``AUTOMATIC``), a named human, or ``external`` when the scheduler showed a drain nobody
@@ -31,6 +37,7 @@ controller's store opens it; every write here is one explicit transaction.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -55,38 +62,51 @@ def is_human(actor: str | None) -> bool:
 class NodeHealState(StrEnum):
     """Where a node is in remediation. Values are the strings stored in SQLite."""
 
-    HEALTHY = "healthy"
+    IN_SERVICE = "in_service"
     SUSPECT = "suspect"
     CORDONED = "cordoned"
     DRAINING = "draining"
     EVICTED = "evicted"
-    IN_REPAIR = "in_repair"
-    RETURNED = "returned"
+    REPAIRING = "repairing"
+    VALIDATING = "validating"
+    SPARE = "spare"
     RETIRED = "retired"
 
 
 S = NodeHealState
 
 ALLOWED: dict[NodeHealState, frozenset[NodeHealState]] = {
-    S.HEALTHY: frozenset({S.SUSPECT, S.CORDONED, S.DRAINING}),
-    S.SUSPECT: frozenset({S.HEALTHY, S.CORDONED, S.DRAINING}),
+    S.IN_SERVICE: frozenset({S.SUSPECT, S.CORDONED, S.DRAINING}),
+    S.SUSPECT: frozenset({S.IN_SERVICE, S.CORDONED, S.DRAINING}),
     # A cordon can be lifted (false alarm) or go straight to repair when the node is idle.
-    S.CORDONED: frozenset({S.HEALTHY, S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETIRED}),
-    S.DRAINING: frozenset({S.CORDONED, S.EVICTED, S.HEALTHY}),
-    S.EVICTED: frozenset({S.IN_REPAIR, S.RETIRED}),
-    S.IN_REPAIR: frozenset({S.RETURNED, S.RETIRED}),
-    S.RETURNED: frozenset({S.HEALTHY, S.SUSPECT, S.CORDONED, S.DRAINING, S.IN_REPAIR, S.RETIRED}),
+    S.CORDONED: frozenset({S.IN_SERVICE, S.DRAINING, S.EVICTED, S.REPAIRING, S.RETIRED}),
+    S.DRAINING: frozenset({S.CORDONED, S.EVICTED, S.IN_SERVICE}),
+    # Straight to validating when the fault needs no repair action (its evidence may just clear).
+    S.EVICTED: frozenset({S.REPAIRING, S.VALIDATING, S.RETIRED}),
+    S.REPAIRING: frozenset({S.VALIDATING, S.RETIRED}),
+    # Failed validation goes back to repairing (the next rung) or to retired (the ladder's end).
+    S.VALIDATING: frozenset({S.SPARE, S.IN_SERVICE, S.REPAIRING, S.RETIRED}),
+    S.SPARE: frozenset({S.IN_SERVICE, S.SUSPECT, S.CORDONED, S.DRAINING, S.REPAIRING, S.RETIRED}),
     # Back from RMA: a human sends it through repair validation again.
-    S.RETIRED: frozenset({S.IN_REPAIR}),
+    S.RETIRED: frozenset({S.REPAIRING}),
 }
 """Explicit allowed transitions; anything else raises ``InvalidTransition``. A transition to
 the current state is always allowed (it re-attaches the node to a new incident)."""
 
-OUT_OF_SERVICE: frozenset[NodeHealState] = frozenset({S.CORDONED, S.DRAINING, S.EVICTED, S.IN_REPAIR})
+OUT_OF_SERVICE: frozenset[NodeHealState] = frozenset({S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING})
 """States in which the node takes no new work because someone took it out."""
 
 _TAKEN_OUT = frozenset({S.CORDONED, S.DRAINING})
-_IN_SERVICE = frozenset({S.HEALTHY, S.SUSPECT, S.RETURNED})
+_IN_SERVICE = frozenset({S.IN_SERVICE, S.SUSPECT, S.SPARE})
+_RETURNING = frozenset({S.IN_SERVICE, S.SPARE})  # back to work: only a drain starpulse owns is undone
+
+LEGACY_STATES: dict[str, NodeHealState] = {
+    "healthy": S.IN_SERVICE,
+    "in_repair": S.REPAIRING,
+    # ``returned`` meant "repaired and validated, has not taken work yet": a spare now.
+    "returned": S.SPARE,
+}
+"""The states a store written before the lifecycle names holds, and what each becomes."""
 
 ACTION_KINDS: tuple[str, ...] = ("cordon", "drain", "evict", "resume", "reboot", "reset_gpu", "requeue", "checkpoint")
 ACTION_STATUSES: tuple[str, ...] = ("planned", "done", "failed")
@@ -133,6 +153,7 @@ class NodeRecord:
     drained_by: str | None
     repair_loops: int
     updated_ms: int
+    reason: str = ""  # why it is in this state (the last transition's reason)
 
 
 @dataclass(frozen=True)
@@ -159,7 +180,8 @@ CREATE TABLE IF NOT EXISTS heal_nodes (
     incident_id TEXT,
     drained_by TEXT,
     repair_loops INTEGER NOT NULL DEFAULT 0,
-    updated_ms INTEGER NOT NULL
+    updated_ms INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS heal_nodes_state ON heal_nodes(state);
 CREATE TABLE IF NOT EXISTS heal_transitions (
@@ -190,6 +212,77 @@ CREATE INDEX IF NOT EXISTS heal_pending_actions_status ON heal_pending_actions(s
 """
 
 
+def lifecycle_records(conn: sqlite3.Connection) -> dict[str, NodeRecord]:
+    """Every node's lifecycle row by name, read-only: for the query API, /api and the metrics.
+
+    A controller without self-healing (or a standby whose mirror has not brought the table
+    yet) has no rows, and every node is then ``in_service``: what is shown is never made up.
+    """
+    try:
+        rows = conn.execute(
+            "SELECT node, state, since_ms, incident_id, drained_by, repair_loops, updated_ms, reason FROM heal_nodes"
+        ).fetchall()
+    except sqlite3.OperationalError:  # no such table (or no reason column yet: not migrated)
+        return {}
+    return {r[0]: NodeRecord(r[0], NodeHealState(r[1]), *r[2:]) for r in rows}
+
+
+def lifecycle_counts(conn: sqlite3.Connection, fleet_size: int) -> dict[NodeHealState, int]:
+    """Nodes per lifecycle state (every state present): those without a row are in service."""
+    counts = dict.fromkeys(NodeHealState, 0)
+    try:
+        for state, n in conn.execute("SELECT state, COUNT(*) FROM heal_nodes GROUP BY state"):
+            counts[NodeHealState(state)] = int(n)
+    except sqlite3.OperationalError:
+        pass
+    taken = sum(n for st, n in counts.items() if st != S.IN_SERVICE)
+    counts[S.IN_SERVICE] = max(0, fleet_size - taken)
+    return counts
+
+
+def parse_states(names: Iterable[str]) -> frozenset[NodeHealState]:
+    """Lifecycle state names as a person typed them; ValueError naming the bad one and the choices."""
+    out = set()
+    for name in names:
+        key = name.strip().lower().replace("-", "_")
+        try:
+            out.add(NodeHealState(key))
+        except ValueError:
+            choices = ", ".join(s.value for s in NodeHealState)
+            raise ValueError(f"unknown lifecycle state {name!r} (expected one of {choices})") from None
+    return frozenset(out)
+
+
+def migrate_lifecycle(conn: sqlite3.Connection) -> int:
+    """Bring a store written before the lifecycle names up to them; returns the rows changed.
+
+    One step, in one transaction, safe to run on every start (a migrated store changes
+    nothing): add ``heal_nodes.reason`` (filled from each node's last transition), then
+    rename ``LEGACY_STATES`` in the node rows and in the transition history, so the history
+    reads in the same words as the states. A controller that opened the old file would
+    otherwise fail on the first ``NodeHealState("healthy")``.
+    """
+    changed = 0
+    with transaction(conn):
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(heal_nodes)")}
+        if "reason" not in columns:
+            conn.execute("ALTER TABLE heal_nodes ADD COLUMN reason TEXT NOT NULL DEFAULT ''")
+            cur = conn.execute(
+                "UPDATE heal_nodes SET reason = COALESCE((SELECT t.reason FROM heal_transitions t "
+                "WHERE t.node = heal_nodes.node ORDER BY t.id DESC LIMIT 1), '')"
+            )
+            changed += cur.rowcount
+        for old, new in LEGACY_STATES.items():
+            changed += conn.execute("UPDATE heal_nodes SET state = ? WHERE state = ?", (new, old)).rowcount
+            for column in ("from_state", "to_state"):
+                changed += conn.execute(
+                    f"UPDATE heal_transitions SET {column} = ? WHERE {column} = ?", (new, old)
+                ).rowcount
+    if changed:
+        log.warning("heal_lifecycle_migrated", rows=changed, renamed={k: str(v) for k, v in LEGACY_STATES.items()})
+    return changed
+
+
 class RemediationStore:
     """Node states, their transition history and the pending-action log, in SQLite."""
 
@@ -197,19 +290,20 @@ class RemediationStore:
         self.conn = conn
         self.clock = clock  # guards, heal history and spares default to it
         self.conn.executescript(_SCHEMA)
+        migrate_lifecycle(self.conn)
 
     # -- node state ------------------------------------------------------------------------
 
     def record(self, node: str) -> NodeRecord:
         """The node's current row; an unknown node is healthy since 0."""
         row = self.conn.execute(
-            "SELECT node, state, since_ms, incident_id, drained_by, repair_loops, updated_ms "
+            "SELECT node, state, since_ms, incident_id, drained_by, repair_loops, updated_ms, reason "
             "FROM heal_nodes WHERE node = ?",
             (node,),
         ).fetchone()
         if row is None:
-            return NodeRecord(node, S.HEALTHY, 0, None, None, 0, 0)
-        return NodeRecord(row[0], NodeHealState(row[1]), row[2], row[3], row[4], row[5], row[6])
+            return NodeRecord(node, S.IN_SERVICE, 0, None, None, 0, 0)
+        return NodeRecord(row[0], NodeHealState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7])
 
     def state(self, node: str) -> NodeHealState:
         return self.record(node).state
@@ -244,8 +338,9 @@ class RemediationStore:
 
         Raises ``InvalidTransition`` for a change ``ALLOWED`` does not list. Entering
         cordoned/draining from service records ``actor`` as ``drained_by``; going back to
-        healthy clears it. Entering ``in_repair`` counts one repair loop. An automatic
-        (non-human) move to healthy of a node someone else drained raises ``ForeignDrain``.
+        service (``in_service`` or ``spare``) clears it. Entering ``repairing`` counts one
+        repair loop. An automatic (non-human) return of a node someone else drained raises
+        ``ForeignDrain``.
         """
         target = NodeHealState(to)
         if not actor:
@@ -257,23 +352,26 @@ class RemediationStore:
                 return None
             if target != cur.state and target not in ALLOWED[cur.state]:
                 raise InvalidTransition(node, cur.state, target)
-            if target == S.HEALTHY and not is_human(actor) and cur.drained_by not in (None, AUTOMATIC):
+            returning = target in _RETURNING
+            if returning and not is_human(actor) and cur.drained_by not in (None, AUTOMATIC):
                 # Last line of defence behind the guards: never undo someone else's drain.
                 raise ForeignDrain(f"{node}: drained by {cur.drained_by!r}; only a person may return it to service")
             drained_by = cur.drained_by
             if target in _TAKEN_OUT and (cur.state in _IN_SERVICE or drained_by is None):
                 drained_by = actor
-            elif target == S.HEALTHY:
+            elif returning:
                 drained_by = None
-            loops = cur.repair_loops + (1 if target == S.IN_REPAIR and cur.state != S.IN_REPAIR else 0)
+            loops = cur.repair_loops + (1 if target == S.REPAIRING and cur.state != S.REPAIRING else 0)
             since = cur.since_ms if target == cur.state else now
             self.conn.execute(
-                """INSERT INTO heal_nodes(node, state, since_ms, incident_id, drained_by, repair_loops, updated_ms)
-                   VALUES (?, ?, ?, ?, ?, ?, ?)
+                """INSERT INTO heal_nodes(node, state, since_ms, incident_id, drained_by, repair_loops, updated_ms,
+                                          reason)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT(node) DO UPDATE SET state = excluded.state, since_ms = excluded.since_ms,
                        incident_id = excluded.incident_id, drained_by = excluded.drained_by,
-                       repair_loops = excluded.repair_loops, updated_ms = excluded.updated_ms""",
-                (node, target, since, incident_id, drained_by, loops, now),
+                       repair_loops = excluded.repair_loops, updated_ms = excluded.updated_ms,
+                       reason = excluded.reason""",
+                (node, target, since, incident_id, drained_by, loops, now, reason),
             )
             c = self.conn.execute(
                 "INSERT INTO heal_transitions(node, from_state, to_state, reason, incident_id, actor, at_ms) "

@@ -51,6 +51,7 @@ class NodeRecord:
     stream_token: int = 0
     commands: asyncio.Queue[spb.Command] = field(default_factory=asyncio.Queue)
     full_report_needed: bool = False  # ask the agent for a full report with the next ack
+    boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
 
     def to_stored(self) -> StoredNode:
         return StoredNode(
@@ -116,6 +117,7 @@ class NodeRegistry:
         # Bumped on every registration and presence change: the dashboard's change check
         # compares this instead of sorting every node's state once a second.
         self.presence_version = 0
+        self._command_waiters: dict[str, asyncio.Future[spb.CommandResult]] = {}  # command id -> answer
         # The per-report counters, bound once: a labels() lookup per report costs more than the inc.
         self._reports_inc = metrics.reports.inc
         self._gpu_samples_inc = metrics.samples.labels("gpu").inc
@@ -162,6 +164,9 @@ class NodeRegistry:
         node.hostname = hello.inventory.host.hostname
         node.inventory.CopyFrom(hello.inventory)
         node.lldp = list(hello.inventory.lldp_neighbors)
+        if hello.boot_id and node.boot_id and hello.boot_id != node.boot_id:
+            log.info("node_rebooted", node=node.node_id, old_boot=node.boot_id, new_boot=hello.boot_id)
+        node.boot_id = hello.boot_id or node.boot_id
         if node.epoch != hello.buffer_epoch:
             # A new buffer file on the agent: its sequence starts over, in a new epoch.
             log.info("node_new_buffer_epoch", node=node.node_id, old=node.epoch, new=hello.buffer_epoch)
@@ -314,3 +319,38 @@ class NodeRegistry:
             raise UnknownNode(f"no node {node_id!r}")
         node.commands.put_nowait(command)
         self.metrics.command_queue.inc()
+
+    async def run_command(self, node_id: str, command: spb.Command, timeout_s: float) -> spb.CommandResult | None:
+        """Send a command and wait (at most ``timeout_s``, on real time) for the agent's answer.
+
+        None when none came in time: the node is gone, rebooting, or the command hangs. A
+        controller that restarts forgets the waiter; whoever asked plans the step and asks again.
+        """
+        waiter: asyncio.Future[spb.CommandResult] = asyncio.get_running_loop().create_future()
+        self._command_waiters[command.id] = waiter
+        try:
+            self.send_command(node_id, command)
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except (TimeoutError, UnknownNode):
+            return None
+        finally:
+            self._command_waiters.pop(command.id, None)
+
+    def boot_id(self, node_id: str) -> str:
+        """The node's boot id from its last Hello ("" when unknown): a reboot changes it."""
+        node = self.nodes.get(node_id)
+        return node.boot_id if node is not None else ""
+
+    def has_nvswitch(self, node_id: str) -> bool:
+        """An HGX-style board (8 GPUs, every one with NVLinks): its GPUs sit behind NVSwitches
+        and NVIDIA resets them only all together. The inventory names no switch, so this is
+        read from the GPUs' links."""
+        node = self.nodes.get(node_id)
+        gpus = list(node.inventory.gpus) if node is not None else []
+        return len(gpus) >= 8 and all(g.nvlink_count > 0 for g in gpus)
+
+    def command_result(self, node: NodeRecord, result: spb.CommandResult) -> None:
+        """An agent answered a command: wake whoever waits for it (the servicer calls this)."""
+        waiter = self._command_waiters.get(result.id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)

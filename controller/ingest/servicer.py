@@ -293,6 +293,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     self.registry.record_events(node, [msg.event])
                 elif which == "command_result":
                     self.registry.touch(node)
+                    self.registry.command_result(node, msg.command_result)
                     log.info(
                         "command_result",
                         node=node.node_id,

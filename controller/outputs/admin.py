@@ -16,7 +16,9 @@ from typing import NoReturn, Protocol
 import grpc
 import structlog
 
+from controller.detect.model import Incident
 from controller.detect.pipeline import Detection
+from controller.heal.acks import acknowledge
 from controller.heal.healer import Healer
 from controller.heal.scheduler.base import ActionResult
 from controller.heal.states import (
@@ -29,6 +31,9 @@ from controller.heal.states import (
 )
 from controller.jobs.registry import JobRecord, JobRegistry
 from controller.metrics import ControllerMetrics
+from controller.outputs.query import incident_detail
+from controller.store import Store
+from starpulse.core.clock import Clock
 from starpulse.core.names import InvalidName, validate_node_id
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -49,6 +54,10 @@ class AdminTarget(Protocol):
     def metrics(self) -> ControllerMetrics: ...
     @property
     def jobs(self) -> JobRegistry: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def clock(self) -> Clock: ...
 
 
 NOT_CONFIGURED = "self-healing is not configured on this controller"
@@ -224,13 +233,13 @@ class AdminServicer(sgrpc.AdminServicer):
                 f"(ask {owner}, or use --force to override)",
             )
         record = store.record(node)
-        path = path_to(record.state, S.HEALTHY)
+        path = path_to(record.state, S.IN_SERVICE)
         if path is None:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is {record.state}: no way back to healthy")
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{node} is {record.state}: no way back to service")
         result = await healer.scheduler.resume(node, f"{reason} (by {actor})")
         if not result.ok:
             raise _scheduler_refused("resume", node, result)
-        if record.state != S.HEALTHY:
+        if record.state != S.IN_SERVICE:
             self._walk(store, node, path, reason, actor)
         forced = verdict.code == "forced"
         log.warning("admin_node_action", action="uncordon", node=node, actor=actor, reason=reason, forced=forced)
@@ -295,6 +304,74 @@ class AdminServicer(sgrpc.AdminServicer):
             nodes=nodes,
             outcome=outcome,
             outcome_reason=why,
+        )
+
+    # -- incidents -----------------------------------------------------------------------------
+    def _incident(self, incident_id: str) -> Incident:
+        iid = (incident_id or "").strip()
+        if not iid:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "an incident id is required")
+        incident = self.controller.detection.correlator.get(iid)
+        if incident is None:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"no incident {iid!r}")
+        return incident
+
+    def _incident_request(
+        self, request: spb.IncidentActionRequest, open_only: bool = False
+    ) -> tuple[str, str, Incident]:
+        """(actor, reason, incident) of a person's incident action; Refused when any is wrong."""
+        actor, reason = check_actor(request.actor), check_reason(request.reason)
+        incident = self._incident(request.id)
+        if open_only and not incident.active:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{incident.id} is already resolved")
+        return actor, reason, incident
+
+    async def AckIncident(
+        self, request: spb.IncidentActionRequest, context: grpc.aio.ServicerContext
+    ) -> spb.IncidentDetail:
+        try:
+            actor, reason, incident = self._incident_request(request)
+        except Refused as refused:
+            await self._abort(context, refused)
+        conn = self.controller.store.connection
+        acknowledge(conn, incident.id, actor, reason, self.controller.clock.time_ms())
+        log.warning("admin_incident_acked", incident=incident.id, actor=actor, reason=reason)
+        return incident_detail(conn, self.controller.detection, incident, f"{incident.id} acknowledged by {actor}")
+
+    async def ResolveIncident(
+        self, request: spb.IncidentActionRequest, context: grpc.aio.ServicerContext
+    ) -> spb.IncidentDetail:
+        try:
+            actor, reason, incident = self._incident_request(request, open_only=True)
+        except Refused as refused:
+            await self._abort(context, refused)
+        correlator = self.controller.detection.correlator
+        closed = correlator.resolve_on_evidence(incident.id, reason, actor)
+        self.controller.detection.tick()  # tell the listeners (the webhook) now, not at the next sweep
+        log.warning("admin_incident_resolved", incident=incident.id, actor=actor, reason=reason)
+        after = closed or self._incident(incident.id)
+        return incident_detail(
+            self.controller.store.connection, self.controller.detection, after, f"{incident.id} resolved by {actor}"
+        )
+
+    async def ListApprovals(
+        self, request: spb.ApprovalsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ApprovalsResponse:
+        try:
+            healer = self._healer()
+        except Refused as refused:
+            await self._abort(context, refused)
+        return spb.ApprovalsResponse(
+            approvals=[
+                spb.ApprovalInfo(
+                    incident_id=a.incident_id,
+                    node=a.node,
+                    action=a.action,
+                    requested_ms=a.requested_ms,
+                    reason=a.reason,
+                )
+                for a in healer.guards.pending_approvals()
+            ]
         )
 
     async def Approve(self, request: spb.ApproveRequest, context: grpc.aio.ServicerContext) -> spb.ApproveResponse:

@@ -10,11 +10,19 @@ from google.protobuf.json_format import MessageToDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.detect.pipeline import Detection
+from controller.heal.states import lifecycle_records, parse_states
 from controller.ingest.registry import NodeRegistry
 from controller.metrics import ControllerMetrics
 from controller.outputs.query import node_statuses
 from controller.outputs.web import STATIC_DIR
-from controller.outputs.web.api import BreakerProvider, DashboardState, add_api_routes, find_detection
+from controller.outputs.web.api import (
+    ApiError,
+    BreakerProvider,
+    DashboardState,
+    SparesProvider,
+    add_api_routes,
+    find_detection,
+)
 from controller.store import Store
 from starpulse.core.findings import event_kind_name, severity_name
 
@@ -27,9 +35,16 @@ def build_app(
     detection: Detection | None = None,
     breaker: BreakerProvider | None = None,
     poll_s: float = 1.0,
+    spares: SparesProvider | None = None,
 ) -> web.Application:
     """The aiohttp app. ``detection`` defaults to the Detection among the registry's listeners."""
-    dashboard = DashboardState(registry, detection or find_detection(registry.listeners), breaker)
+    dashboard = DashboardState(
+        registry,
+        detection or find_detection(registry.listeners),
+        breaker,
+        lifecycle=lambda: lifecycle_records(store.connection),
+        spares=spares,
+    )
 
     async def index(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
@@ -44,9 +59,13 @@ def build_app(
         return web.Response(status=503, text="not serving\n")
 
     async def api_nodes(request: web.Request) -> web.Response:
+        try:  # ?state=repairing,validating: only nodes in those lifecycle states
+            states = parse_states(s for s in request.query.get("state", "").split(",") if s.strip())
+        except ValueError as err:
+            raise ApiError(str(err)) from None
         rows = [
             MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-            for s in node_statuses(registry.nodes.values(), store, registry.clock)
+            for s in node_statuses(registry.nodes.values(), store, registry.clock, states)
         ]
         return web.json_response({"nodes": rows})
 

@@ -5,6 +5,16 @@ NVML and sysfs); only the hardware is simulated. The controller gets a generated
 matching the simulated nodes (8 rails, blocks of up to 16 nodes, 4 spines), so its web
 dashboard draws the fabric and the faults; the first line printed is the dashboard's
 address. It prints what happens as it happens.
+
+The repair loop runs too (issue 19): each evicted node is repaired (the simulated GPU reset
+or reboot, ``agent.sim.repairs``), validated (its conditions clear, nothing new for a few
+seconds, a burn-in diagnostic run by its agent as a real subprocess) and returned to the
+spare pool, or retired. Faults come at a pace the guards let the cluster absorb (one node
+out at a time in a 17-node fleet) and ``demo over`` ends with a summary: faults, evictions,
+nodes repaired and retired, the pool against its target, the job's restarts and downtime.
+
+Not done yet: real training processes (``examples/train.py`` through each node's job
+socket); the demo's job lives in the in-memory scheduler only.
 """
 
 from __future__ import annotations
@@ -13,16 +23,22 @@ import asyncio
 import contextlib
 import random
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from agent.factory import build_agent
 from agent.runtime import AgentConfig
 from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
+from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric, generate_fabric
 from controller.heal.healer import HealConfig
+from controller.heal.policy import default_policy_path
 from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
@@ -83,6 +99,42 @@ def demo_fabric(nodes: int) -> Fabric:
     )
 
 
+DEMO_REPAIR: dict[str, Any] = {
+    # A GPU fault is reset first; anything else is validated first (the demo ends its faults
+    # after a while, so the evidence goes), then rebooted; the ladder ends in retirement.
+    "ladders": {"gpu_fault": ["reset_gpu", "reboot", "retire"], "default": ["none", "reboot", "retire"]},
+    "timeouts": {"reset_gpu": "30s", "reboot": "60s"},
+    "validation": {
+        "default": {
+            "scan_clean": True,
+            "clear_within": "40s",
+            "evidence_quiet": "8s",
+            "diagnostics": [{"name": "burn_in", "timeout": "20s", "pass": "regex:0 errors"}],
+        }
+    },
+    "return_to": "spare",
+    "spare_target": 1,
+    "lemon": {"window": "1h", "retire_after_returns": 2},
+}
+"""The demo's repair section: the packaged policy's, with time limits a demo can wait out."""
+
+BURN_IN = [sys.executable, "-c", "import time; time.sleep(1.0); print('burn-in: 0 errors')"]
+"""The demo nodes' burn-in diagnostic: a real subprocess the agent runs under its limit."""
+
+FAULT_EVERY_S = (20.0, 30.0)
+"""Seconds between faults: a repair takes ~15 s here, so one node is out at a time, as the
+default guards (5 % of the fleet) allow in a 17-node fleet."""
+
+
+def demo_policy(workdir: Path) -> Path:
+    """The packaged policy with the demo's repair section, written where the controller reads it."""
+    doc = yaml.safe_load(default_policy_path().read_text())
+    doc["repair"] = DEMO_REPAIR
+    path = workdir / "policy.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def dashboard_url(http: str, port: int) -> str:
     """Where a browser on this machine finds the dashboard (a wildcard bind is reached on loopback)."""
     host = http.rsplit(":", 1)[0].strip("[]")
@@ -93,7 +145,27 @@ def dashboard_url(http: str, port: int) -> str:
     return f"http://{host}:{port}/"
 
 
-async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: Path) -> None:
+def settled(controller: Controller) -> bool:
+    """No node in the repair loop, and the spare pool at its target: what a finished demo shows."""
+    healer = controller.healer
+    if healer is None or healer.repairs is None:
+        return True
+    if healer.repairs.nodes_to_drive():
+        return False
+    pool = healer.spares.counts()["available"] if healer.spares is not None else 0
+    return pool >= healer.repairs.policy.spare_target
+
+
+async def _demo(
+    nodes: int,
+    duration_s: float,
+    http: str,
+    listen: str,
+    workdir: Path,
+    max_faults: int = 0,
+) -> None:
+    """``max_faults`` (0: no limit) ends the demo once that many faults were injected and the
+    cluster settled (every node repaired or retired, the pool at its target)."""
     t0 = time.monotonic()
     fabric = demo_fabric(nodes)
     workers = [n for n in fabric.nodes() if not fabric.is_spare(n)]
@@ -107,7 +179,11 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
             heartbeat_timeout_s=6.0,
             fabric=fabric,
             jobs={"demo-train": workers},
-            heal=HealSettings(scheduler=scheduler, heal=HealConfig(checkpoint_timeout_s=3.0)),
+            heal=HealSettings(
+                scheduler=scheduler,
+                policy_path=demo_policy(workdir),
+                heal=HealConfig(checkpoint_timeout_s=3.0, repair_poke_s=2.0),
+            ),
         )
     )
     printer = DemoPrinter(t0)
@@ -137,6 +213,7 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
             loop.add_signal_handler(sig, stop.set)
 
     sims: list[SimNode] = []
+    repairs: dict[str, SimRepairs] = {}
     tasks = []
     for i, node_id in enumerate(fabric.nodes()):
         sim = SimNode(node_id, workdir / node_id, seed=i)
@@ -146,36 +223,43 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
                 controllers=[target],
                 interval_s=2.0,
                 buffer_path=str(workdir / node_id / "buffer.db"),
+                allowed_commands={"diagnostic.burn_in": BURN_IN},
             ),
             "sim",
             sim=sim,
         )
         sims.append(sim)
+        repairs[node_id] = SimRepairs(agent, sim, reboot_s=3.0)
         tasks.append(asyncio.create_task(agent.run(stop)))
 
     rng = random.Random(7)
     menu = fault_menu()
     active: list[tuple[float, SimNode, str, str, dict[str, object]]] = []
     next_fault = time.monotonic() + 6.0
-    shown_decisions = shown_evictions = 0
+    shown_decisions = shown_evictions = shown_repairs = 0
+    injected = 0
     try:
         while not stop.is_set():
             now = time.monotonic()
             if duration_s and now - t0 >= duration_s:
                 break
-            if now >= next_fault:
+            healer = controller.healer
+            if max_faults and injected >= max_faults and not active and settled(controller):
+                break
+            if now >= next_fault and not (max_faults and injected >= max_faults):
                 kind, part, params = rng.choice(menu)
-                sim = rng.choice(sims)
+                in_service = [x for x in sims if healer is None or healer.store.state(x.node_id) == "in_service"]
+                sim = rng.choice(in_service or sims)
                 target_component = f"{part}-{rng.randrange(8)}"
                 detail = " ".join(f"{k}={v}" for k, v in params.items())
                 print(
                     f"{printer.stamp()} inject {kind} {detail} on {sim.node_id}/{target_component}",
                     flush=True,
                 )
-                sim.inject(kind, target_component, **params)
+                repairs[sim.node_id].inject(kind, target_component, **params)
+                injected += 1
                 active.append((now + 20.0, sim, kind, target_component, params))
-                next_fault = now + rng.uniform(5.0, 9.0)
-            healer = controller.healer
+                next_fault = now + rng.uniform(*FAULT_EVERY_S)
             if healer is not None:
                 for decision in healer.decisions[shown_decisions:]:
                     print(
@@ -192,11 +276,17 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
                         flush=True,
                     )
                 shown_evictions = len(healer.evictions)
+                outcomes = healer.repairs.outcomes if healer.repairs is not None else []
+                for outcome in outcomes[shown_repairs:]:
+                    took = f" after {outcome['took_ms'] / 1000:.0f}s" if "took_ms" in outcome else ""
+                    why = f": {outcome['why']}" if "why" in outcome else ""
+                    print(f"{printer.stamp()} repair: {outcome['node']} -> {outcome['outcome']}{took}{why}", flush=True)
+                shown_repairs = len(outcomes)
             for item in [a for a in active if a[0] <= now]:
                 active.remove(item)
                 _, sim, kind, target_component, params = item
-                print(f"{printer.stamp()} clear {kind} on {sim.node_id}/{target_component}", flush=True)
-                sim.clear(kind, target_component, **params)
+                if repairs[sim.node_id].clear(kind, target_component, **params):
+                    print(f"{printer.stamp()} clear {kind} on {sim.node_id}/{target_component}", flush=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
     finally:
@@ -204,8 +294,46 @@ async def _demo(nodes: int, duration_s: float, http: str, listen: str, workdir: 
         await asyncio.gather(*tasks, return_exceptions=True)
         online = sum(1 for n in controller.registry.nodes.values() if n.state == "online")
         stored = controller.store.count_events()
+        summary_lines = demo_summary(controller, injected, time.monotonic() - t0)
         await controller.stop()
         print(f"demo over: {online}/{len(fabric.nodes())} nodes online, {stored} events stored, {printer.events} shown")
+        for line in summary_lines:
+            print(f"  {line}")
+
+
+def demo_summary(controller: Controller, injected: int, ran_s: float) -> list[str]:
+    """What the run came to: faults, evictions, repairs, the pool, the job (printed at the end)."""
+    healer = controller.healer
+    if healer is None:
+        return [f"faults injected: {injected}"]
+    outcomes = healer.repairs.outcomes if healer.repairs is not None else []
+    returned = [o for o in outcomes if o["outcome"] in ("spare", "in_service")]
+    retired = [o for o in outcomes if o["outcome"] == "retired"]
+    took = sorted(o["took_ms"] / 1000 for o in returned)
+    states: dict[str, int] = {}
+    for rec in healer.store.all_records():
+        states[str(rec.state)] = states.get(str(rec.state), 0) + 1
+    pool = healer.spares.counts() if healer.spares is not None else {}
+    target = healer.repairs.policy.spare_target if healer.repairs is not None else 0
+    lines = [
+        f"faults injected: {injected}; evictions: {len(healer.evictions)}",
+        f"nodes repaired and returned: {len(returned)}"
+        + (f" (eviction to back in the pool: median {took[len(took) // 2]:.0f}s)" if took else "")
+        + f"; retired: {len(retired)}",
+        f"spare pool: {pool.get('available', 0)} available of target {target}, {pool.get('allocated', 0)} standing in",
+        "nodes by lifecycle (with a row): " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "-"),
+    ]
+    for job in controller.jobs.jobs():
+        if job.step == 0:  # nothing trains yet: no step was ever reported, so no ETTR to give
+            lines.append(f"job {job.job}: {job.restarts} requeue(s); no training process reports steps in this demo")
+            continue
+        down = job.downtime_s
+        ettr = max(0.0, 1.0 - down / ran_s) if ran_s > 0 else 0.0
+        lines.append(
+            f"job {job.job}: {job.state}, {job.restarts} restart(s), {job.steps_lost} step(s) lost, "
+            f"{down:.0f}s down (ETTR {ettr:.0%} of {ran_s:.0f}s)"
+        )
+    return lines
 
 
 def run_demo(

@@ -129,3 +129,24 @@ def parse_quantity(raw: Any, dimensions: tuple[str, ...]) -> Quantity:
     if dimension not in dimensions:
         raise BadValue(f"{text!r} is a {dimension.replace('_dbm', '')}, expected {expected}")
     return Quantity(float(value) * factor, dimension, text)
+
+
+def format_duration(seconds: float) -> str:
+    """A span as a person reads it in a reason or a chip: '45 s', '12 min', '2 h 5 min', '3 d 4 h'.
+
+    Messages used to print raw seconds ('within 3600s', 'last action 2017.5s ago'); an
+    operator reading why the breaker opened should not have to divide by 60.
+    """
+    s = max(0.0, float(seconds))
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.0f} s"
+    m = s / 60
+    if m < 120:
+        return f"{m:.0f} min"
+    h, rest_m = divmod(round(m), 60)
+    if h < 48:
+        return f"{h} h" + (f" {rest_m} min" if rest_m else "")
+    d, rest_h = divmod(h, 24)
+    return f"{d} d" + (f" {rest_h} h" if rest_h else "")

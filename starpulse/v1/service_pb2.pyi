@@ -23,7 +23,7 @@ COMMAND_KIND_GPU_RESET: CommandKind
 COMMAND_KIND_REBOOT: CommandKind
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq")
+    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "boot_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class Hello(_message.Message):
     BUFFER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     OLDEST_BUFFERED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     NEXT_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     inventory: _inventory_pb2.Inventory
@@ -38,7 +39,8 @@ class Hello(_message.Message):
     buffer_epoch: str
     oldest_buffered_event_seq: int
     next_event_seq: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "event", "command_result")
@@ -170,11 +172,13 @@ class RelayDown(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[RelayedControllerMessage, _Mapping]]] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("lifecycle_states",)
+    LIFECYCLE_STATES_FIELD_NUMBER: _ClassVar[int]
+    lifecycle_states: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lifecycle_states: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model")
+    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model", "lifecycle_state", "lifecycle_since_ms", "lifecycle_reason", "drained_by", "incident_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +190,11 @@ class NodeStatus(_message.Message):
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_VENDOR_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_STATE_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     state: str
@@ -197,7 +206,12 @@ class NodeStatus(_message.Message):
     hostname: str
     accelerator_vendor: str
     accelerator_model: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ...) -> None: ...
+    lifecycle_state: str
+    lifecycle_since_ms: int
+    lifecycle_reason: str
+    drained_by: str
+    incident_id: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ..., lifecycle_state: _Optional[str] = ..., lifecycle_since_ms: _Optional[int] = ..., lifecycle_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., incident_id: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)
@@ -286,6 +300,26 @@ class TopologyResponse(_message.Message):
     missing_links: _containers.RepeatedScalarFieldContainer[str]
     nodes_reporting_lldp: int
     def __init__(self, summary_json: _Optional[str] = ..., miswired: _Optional[_Iterable[str]] = ..., unknown_devices: _Optional[_Iterable[str]] = ..., missing_links: _Optional[_Iterable[str]] = ..., nodes_reporting_lldp: _Optional[int] = ...) -> None: ...
+
+class IncidentRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class IncidentDetail(_message.Message):
+    __slots__ = ("incident", "timeline_json", "acked_by", "acked_ms", "message")
+    INCIDENT_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_JSON_FIELD_NUMBER: _ClassVar[int]
+    ACKED_BY_FIELD_NUMBER: _ClassVar[int]
+    ACKED_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    incident: IncidentInfo
+    timeline_json: str
+    acked_by: str
+    acked_ms: int
+    message: str
+    def __init__(self, incident: _Optional[_Union[IncidentInfo, _Mapping]] = ..., timeline_json: _Optional[str] = ..., acked_by: _Optional[str] = ..., acked_ms: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class NodeActionRequest(_message.Message):
     __slots__ = ("node", "reason", "actor", "force")
@@ -436,3 +470,37 @@ class JobsResponse(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class IncidentActionRequest(_message.Message):
+    __slots__ = ("id", "actor", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    actor: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ApprovalsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ApprovalInfo(_message.Message):
+    __slots__ = ("incident_id", "node", "action", "requested_ms", "reason")
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    node: str
+    action: str
+    requested_ms: int
+    reason: str
+    def __init__(self, incident_id: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., requested_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ApprovalsResponse(_message.Message):
+    __slots__ = ("approvals",)
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    approvals: _containers.RepeatedCompositeFieldContainer[ApprovalInfo]
+    def __init__(self, approvals: _Optional[_Iterable[_Union[ApprovalInfo, _Mapping]]] = ...) -> None: ...

@@ -200,6 +200,11 @@ class QueryStub:
                 request_serializer=starpulse_dot_v1_dot_service__pb2.TopologyRequest.SerializeToString,
                 response_deserializer=starpulse_dot_v1_dot_service__pb2.TopologyResponse.FromString,
                 _registered_method=True)
+        self.GetIncident = channel.unary_unary(
+                '/starpulse.v1.Query/GetIncident',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.IncidentRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.IncidentDetail.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -229,6 +234,12 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetIncident(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +262,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.GetTopology,
                     request_deserializer=starpulse_dot_v1_dot_service__pb2.TopologyRequest.FromString,
                     response_serializer=starpulse_dot_v1_dot_service__pb2.TopologyResponse.SerializeToString,
+            ),
+            'GetIncident': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetIncident,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.IncidentRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.IncidentDetail.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -371,6 +387,33 @@ class Query:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def GetIncident(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Query/GetIncident',
+            starpulse_dot_v1_dot_service__pb2.IncidentRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.IncidentDetail.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class AdminStub:
     """Missing associated documentation comment in .proto file."""
@@ -381,6 +424,21 @@ class AdminStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.AckIncident = channel.unary_unary(
+                '/starpulse.v1.Admin/AckIncident',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.IncidentActionRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.IncidentDetail.FromString,
+                _registered_method=True)
+        self.ResolveIncident = channel.unary_unary(
+                '/starpulse.v1.Admin/ResolveIncident',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.IncidentActionRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.IncidentDetail.FromString,
+                _registered_method=True)
+        self.ListApprovals = channel.unary_unary(
+                '/starpulse.v1.Admin/ListApprovals',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.ApprovalsRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.ApprovalsResponse.FromString,
+                _registered_method=True)
         self.Cordon = channel.unary_unary(
                 '/starpulse.v1.Admin/Cordon',
                 request_serializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.SerializeToString,
@@ -425,6 +483,24 @@ class AdminStub:
 
 class AdminServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def AckIncident(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveIncident(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApprovals(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Cordon(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -477,6 +553,21 @@ class AdminServicer:
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'AckIncident': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckIncident,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.IncidentActionRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.IncidentDetail.SerializeToString,
+            ),
+            'ResolveIncident': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveIncident,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.IncidentActionRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.IncidentDetail.SerializeToString,
+            ),
+            'ListApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovals,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.ApprovalsRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.ApprovalsResponse.SerializeToString,
+            ),
             'Cordon': grpc.unary_unary_rpc_method_handler(
                     servicer.Cordon,
                     request_deserializer=starpulse_dot_v1_dot_service__pb2.NodeActionRequest.FromString,
@@ -527,6 +618,87 @@ def add_AdminServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Admin:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def AckIncident(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/AckIncident',
+            starpulse_dot_v1_dot_service__pb2.IncidentActionRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.IncidentDetail.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveIncident(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/ResolveIncident',
+            starpulse_dot_v1_dot_service__pb2.IncidentActionRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.IncidentDetail.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Admin/ListApprovals',
+            starpulse_dot_v1_dot_service__pb2.ApprovalsRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.ApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Cordon(request,

@@ -99,13 +99,13 @@ class TestNodeActions:
         resp = await rig.stub.Drain(req("node-000", reason="move the job off"))
         assert resp.state == "draining" and resp.drained_by == "alice"
         resp = await rig.stub.Uncordon(req("node-000", reason="fan replaced"))
-        assert resp.state == "healthy" and resp.drained_by == ""
+        assert resp.state == "in_service" and resp.drained_by == ""
         assert not rig.sim.nodes["node-000"].drained
         history = rig.healer.store.history("node-000")
         assert [(t.to_state, t.actor, t.reason) for t in history] == [
             (S.CORDONED, "alice", "bad fan"),
             (S.DRAINING, "alice", "move the job off"),
-            (S.HEALTHY, "alice", "fan replaced"),
+            (S.IN_SERVICE, "alice", "fan replaced"),
         ]
 
     async def test_uncordon_of_someone_elses_drain_needs_force(self, rig: Rig) -> None:
@@ -116,7 +116,7 @@ class TestNodeActions:
         assert "drained by alice" in (err.details() or "") and "--force" in (err.details() or "")
         assert rig.healer.store.state("node-001") == S.DRAINING
         resp = await rig.stub.Uncordon(req("node-001", actor="bob", reason="alice is away", force=True))
-        assert resp.state == "healthy" and "forced" in resp.message
+        assert resp.state == "in_service" and "forced" in resp.message
         assert rig.healer.store.history("node-001")[-1].actor == "bob"
 
     async def test_external_drain_is_refused_without_force(self, rig: Rig) -> None:
@@ -125,7 +125,7 @@ class TestNodeActions:
         err = await refused(rig.stub.Uncordon(req("node-002")))
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "external" in (err.details() or "")
         resp = await rig.stub.Uncordon(req("node-002", force=True))
-        assert resp.state == "healthy"
+        assert resp.state == "in_service"
 
     async def test_forced_uncordon_still_leaves_a_scheduler_side_foreign_drain(self, rig: Rig) -> None:
         """Force lifts our guard, not the scheduler's: an operator's drain there stays, and we say so."""
@@ -216,7 +216,7 @@ class TestApprove:
         assert resp.ok and list(resp.nodes) == ["node-002"] and resp.outcome == "ok", resp.message
         assert "approved by alice" in resp.outcome_reason
         assert rig.sim.nodes["node-002"].drained
-        assert rig.healer.store.state("node-002") == S.IN_REPAIR
+        assert rig.healer.store.state("node-002") == S.REPAIRING
         assert rig.healer.guards.pending_approvals() == []
         assert rig.healer.guards.approval("inc-000042", "node-002").decided_by == "alice"
 

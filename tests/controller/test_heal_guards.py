@@ -113,6 +113,21 @@ def test_fleet_share_allows_one_in_a_small_fleet(db: Path, clock: FakeClock) -> 
     assert g.check("node-002", EVICT, inc("node-002", 2), 4).code == "fleet_share"
 
 
+def test_a_node_in_repair_counts_and_a_returned_node_frees_its_share(db: Path, clock: FakeClock) -> None:
+    """The 16-node demo wedged here: one repaired node kept the share of a fleet of 17 taken."""
+    g = make(db, clock, max_fleet_share=0.05)
+    assert g.check("node-001", EVICT, inc("node-001", 1), 17).allowed
+    for st in (S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING):
+        g.store.transition("node-001", st, "evict", "inc-000001")
+    clock.advance(60)
+    v = g.check("node-002", EVICT, inc("node-002", 2), 17)
+    assert not v.allowed and v.code == "fleet_share"  # in repair: still out
+    clock.advance(60)
+    for st in (S.VALIDATING, S.SPARE):
+        g.store.transition("node-001", st, "validated", "inc-000001")
+    assert g.check("node-002", EVICT, inc("node-002", 2), 17).allowed  # back in the pool: share freed
+
+
 def test_breaker_opens_on_mass_fault_and_stays_open_until_a_person_resets(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, breaker_trip_share=0.5, breaker_window_s=300, max_evictions_per_window=100)
     active = [inc(f"node-{i:03d}", i) for i in range(1, 6)]  # 5 of 10 nodes
@@ -201,7 +216,7 @@ def test_flapping_node_is_held(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, flap_window_s=3600, flap_max=3, max_evictions_per_window=100)
     for k in range(4):
         g.store.transition("node-001", S.SUSPECT, "fault", f"f{k}")
-        g.store.transition("node-001", S.HEALTHY, "cleared", f"f{k}")
+        g.store.transition("node-001", S.IN_SERVICE, "cleared", f"f{k}")
         clock.advance(60)
     v = g.check("node-001", EVICT, inc("node-001", 1), FLEET)
     assert not v.allowed and v.code == "flapping" and "held" in v.reason

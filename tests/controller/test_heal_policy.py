@@ -176,7 +176,7 @@ def test_repair_loop_cap_sends_to_rma(policy: Policy, store: RemediationStore, h
             assert d.action == "evict" and not d.escalated
         else:
             assert d.action == "rma" and d.escalated and "2 repair loops" in d.reason
-        for st in (S.CORDONED, S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETURNED, S.HEALTHY):
+        for st in (S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING, S.SPARE, S.IN_SERVICE):
             store.transition("node-003", st, "loop", f"inc-{loop}")
     # a fault the policy only alerts on does not escalate
     assert policy.decide(incident(id="inc-x", severity="warning", action="restart_app"), history).action == ALERT_ONLY

@@ -15,6 +15,7 @@ from controller.heal.states import (
     InvalidTransition,
     NodeHealState,
     RemediationStore,
+    migrate_lifecycle,
 )
 from starpulse.core.clock import FakeClock
 
@@ -41,13 +42,14 @@ def _walk(store: RemediationStore, node: str, *states: S) -> None:
 
 
 PATH_TO = {
-    S.HEALTHY: (),
+    S.IN_SERVICE: (),
     S.SUSPECT: (S.SUSPECT,),
     S.CORDONED: (S.CORDONED,),
     S.DRAINING: (S.CORDONED, S.DRAINING),
     S.EVICTED: (S.CORDONED, S.DRAINING, S.EVICTED),
-    S.IN_REPAIR: (S.CORDONED, S.DRAINING, S.EVICTED, S.IN_REPAIR),
-    S.RETURNED: (S.CORDONED, S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETURNED),
+    S.REPAIRING: (S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING),
+    S.VALIDATING: (S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING),
+    S.SPARE: (S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING, S.SPARE),
     S.RETIRED: (S.CORDONED, S.DRAINING, S.EVICTED, S.RETIRED),
 }
 
@@ -70,21 +72,22 @@ def test_transition_table(store: RemediationStore, start: S, to: S, ok: bool) ->
 
 
 def test_expected_lifecycle_is_allowed(store: RemediationStore) -> None:
-    _walk(store, "n", S.SUSPECT, S.CORDONED, S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETURNED, S.HEALTHY)
+    _walk(store, "n", S.SUSPECT, S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING, S.SPARE, S.IN_SERVICE)
     assert [t.to_state for t in store.history("n")] == [
         S.SUSPECT,
         S.CORDONED,
         S.DRAINING,
         S.EVICTED,
-        S.IN_REPAIR,
-        S.RETURNED,
-        S.HEALTHY,
+        S.REPAIRING,
+        S.VALIDATING,
+        S.SPARE,
+        S.IN_SERVICE,
     ]
 
 
-def test_unknown_node_is_healthy(store: RemediationStore) -> None:
+def test_unknown_node_is_in_service(store: RemediationStore) -> None:
     rec = store.record("node-404")
-    assert rec.state == S.HEALTHY and rec.drained_by is None and rec.repair_loops == 0
+    assert rec.state == S.IN_SERVICE and rec.drained_by is None and rec.repair_loops == 0
     assert store.history("node-404") == []
 
 
@@ -102,7 +105,7 @@ def test_idempotent_same_state_same_incident(store: RemediationStore) -> None:
 def test_history_records_actor_reason_incident_and_time(store: RemediationStore, clock: FakeClock) -> None:
     store.transition("n", S.CORDONED, "xid 79 on gpu-3", "inc-7")
     clock.advance(30)
-    store.transition("n", S.HEALTHY, "false alarm", "inc-7", actor="alice")
+    store.transition("n", S.IN_SERVICE, "false alarm", "inc-7", actor="alice")
     h = store.history("n")
     assert [(t.actor, t.reason, t.incident_id) for t in h] == [
         (AUTOMATIC, "xid 79 on gpu-3", "inc-7"),
@@ -120,7 +123,7 @@ def test_drained_by_and_nodes_in(store: RemediationStore) -> None:
     assert store.drained_by("b") == "bob"
     assert store.nodes_in("cordoned") == ["a"]
     assert store.nodes_in(S.DRAINING) == ["b"]
-    store.transition("a", S.HEALTHY, "resolved", "i1")
+    store.transition("a", S.IN_SERVICE, "resolved", "i1")
     assert store.drained_by("a") is None
 
 
@@ -128,8 +131,8 @@ def test_automatic_resume_of_foreign_drain_is_refused(store: RemediationStore) -
     store.record_external_drain("n", EXTERNAL, "slurm shows DRAIN")
     assert store.state("n") == S.CORDONED and store.drained_by("n") == EXTERNAL
     with pytest.raises(ForeignDrain):
-        store.transition("n", S.HEALTHY, "incident resolved", None)
-    assert store.transition("n", S.HEALTHY, "done with maintenance", None, actor="carol") is not None
+        store.transition("n", S.IN_SERVICE, "incident resolved", None)
+    assert store.transition("n", S.IN_SERVICE, "done with maintenance", None, actor="carol") is not None
 
 
 def test_record_external_drain_on_our_node_takes_ownership(store: RemediationStore) -> None:
@@ -142,7 +145,7 @@ def test_record_external_drain_on_our_node_takes_ownership(store: RemediationSto
 
 def test_repair_loops_counted_and_reset(store: RemediationStore) -> None:
     for _ in range(2):
-        _walk(store, "n", S.CORDONED, S.DRAINING, S.EVICTED, S.IN_REPAIR, S.RETURNED, S.HEALTHY)
+        _walk(store, "n", S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING, S.SPARE, S.IN_SERVICE)
     assert store.repair_loops("n") == 2
     with pytest.raises(ValueError, match="named person"):
         store.reset_repair_loops("n", AUTOMATIC)
@@ -209,3 +212,39 @@ def test_action_validation(store: RemediationStore) -> None:
     with pytest.raises(KeyError):
         store.mark_action("act-999999", "done")
     assert [x.kind for x in store.actions("n")] == ["reboot"]
+
+
+def test_state_keeps_since_and_why(store: RemediationStore, clock: FakeClock) -> None:
+    store.transition("n", S.CORDONED, "xid 79 on gpu-3", "inc-7")
+    clock.advance(12)
+    store.transition("n", S.DRAINING, "evict for xid 79", "inc-7")
+    rec = store.record("n")
+    assert rec.state == S.DRAINING and rec.reason == "evict for xid 79"
+    assert rec.since_ms == clock.time_ms()
+
+
+_OLD_SCHEMA = """
+CREATE TABLE heal_nodes (node TEXT PRIMARY KEY, state TEXT NOT NULL, since_ms INTEGER NOT NULL,
+    incident_id TEXT, drained_by TEXT, repair_loops INTEGER NOT NULL DEFAULT 0, updated_ms INTEGER NOT NULL);
+CREATE TABLE heal_transitions (id INTEGER PRIMARY KEY AUTOINCREMENT, node TEXT NOT NULL, from_state TEXT NOT NULL,
+    to_state TEXT NOT NULL, reason TEXT NOT NULL, incident_id TEXT, actor TEXT NOT NULL, at_ms INTEGER NOT NULL);
+INSERT INTO heal_nodes VALUES ('a', 'in_repair', 5, 'inc-1', 'starpulse', 1, 5);
+INSERT INTO heal_nodes VALUES ('b', 'returned', 7, 'inc-2', 'starpulse', 1, 7);
+INSERT INTO heal_nodes VALUES ('c', 'healthy', 9, NULL, NULL, 0, 9);
+INSERT INTO heal_transitions(node, from_state, to_state, reason, incident_id, actor, at_ms)
+    VALUES ('a', 'evicted', 'in_repair', 'reboot requested', 'inc-1', 'starpulse', 5);
+INSERT INTO heal_transitions(node, from_state, to_state, reason, incident_id, actor, at_ms)
+    VALUES ('c', 'draining', 'healthy', 'resolved', NULL, 'alice', 9);
+"""
+
+
+def test_store_from_before_the_lifecycle_names_is_migrated_once(tmp_path: Path, clock: FakeClock) -> None:
+    conn = sqlite3.connect(str(tmp_path / "old.db"), isolation_level=None)
+    conn.executescript(_OLD_SCHEMA)
+    store = RemediationStore(conn, clock)
+    assert {r.node: r.state for r in store.all_records()} == {"a": S.REPAIRING, "b": S.SPARE, "c": S.IN_SERVICE}
+    assert store.record("a").reason == "reboot requested" and store.record("b").reason == ""
+    assert [(t.from_state, t.to_state) for t in store.history("c")] == [(S.DRAINING, S.IN_SERVICE)]
+    assert migrate_lifecycle(conn) == 0  # a migrated store changes nothing
+    store.transition("a", S.VALIDATING, "reset done", "inc-1")  # and it goes on from the new names
+    assert store.record("a").reason == "reset done"

@@ -86,9 +86,9 @@ class TestHealer:
         assert "node-002" not in sched.jobs["llm"].nodes and "node-008" in sched.jobs["llm"].nodes
         assert [(e.node, e.replacement) for e in healer.evictions] == [("node-002", "node-008")]
         # reset_gpu: evicted, then in repair while the agent is asked to reset the GPU
-        assert healer.store.state("node-002") == NodeHealState.IN_REPAIR
+        assert healer.store.state("node-002") == NodeHealState.REPAIRING
         history = [(str(t.to_state), t.actor) for t in healer.store.history("node-002")]
-        assert ("evicted", "starpulse") in history and history[-1] == ("in_repair", "starpulse")
+        assert ("evicted", "starpulse") in history and history[-1] == ("repairing", "starpulse")
         job = healer.jobs.job("llm")
         assert job is not None and job.restarts == 1
 
@@ -174,7 +174,7 @@ class TestHealer:
         assert [a[0] for a in sched.actions].count("drain") == 1
         assert [a[:2] for a in sched.actions if a[0] == "requeue"] == [("requeue", "llm")]
         assert "node-002" not in sched.jobs["llm"].nodes
-        assert again.store.state("node-002") in (NodeHealState.EVICTED, NodeHealState.IN_REPAIR)
+        assert again.store.state("node-002") in (NodeHealState.EVICTED, NodeHealState.REPAIRING)
         await again._resume_interrupted()  # nothing left to do: no second requeue
         assert [a[0] for a in sched.actions].count("requeue") == 1
 

@@ -107,7 +107,7 @@ class TestAdminCli:
         )
         out = run("uncordon", "node-000", "--reason", "alice is away", "--actor", "bob", "--force", "--json", *c)
         data = json.loads(out.stdout)
-        assert data["state"] == "healthy" and "forced" in data["message"]
+        assert data["state"] == "in_service" and "forced" in data["message"]
         out = run("cordon", "node-001", "--reason", "testing", *c, user="carol")
         assert "held by carol" in out.stdout
         one_line_error(run("cordon", "node-001", "--reason", "x", *c, user="starpulse"), "--actor")

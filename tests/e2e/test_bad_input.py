@@ -161,7 +161,7 @@ class TestBadSettings:
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert out.stderr.splitlines() == [
             "starpulse agent: --allow-command 'format=/sbin/mkfs': expected KIND=ARGV0,ARG,... with KIND one of "
-            "gpu_reset, reboot, run_diagnostic",
+            "gpu_reset, reboot, run_diagnostic, diagnostic.NAME",
             "starpulse agent: --node-id is required (or agent.node_id in --config FILE)",
             "starpulse agent: --sim-nics: hardware.sim_nics: must be an integer >= 0 and <= 28, got 99",
         ]

@@ -50,7 +50,10 @@ def cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
         yield c
 
 
-def _controller(tmp_path: Path, cluster: SlurmCluster) -> Controller:
+def _controller(
+    tmp_path: Path, cluster: SlurmCluster, policy_path: Path | None = None, repair_poke_s: float = 5.0
+) -> Controller:
+    """The controller over the four Slurm nodes (``policy_path``: another policy file, the repair tests')."""
     fabric = generate_fabric(nodes=3, gpus_per_node=8, rails=8, nodes_per_block=4, spines=1, spares=1)
     assert fabric.nodes() == NODES and fabric.spares() == ["node-003"]
     return Controller(
@@ -63,13 +66,21 @@ def _controller(tmp_path: Path, cluster: SlurmCluster) -> Controller:
             detection=DetectionConfig(correlation=CorrelationConfig(settle_s=1.0)),
             heal=HealSettings(
                 scheduler=SlurmScheduler(conf_path=cluster.conf, timeout_s=15),
-                heal=HealConfig(checkpoint_timeout_s=5.0, retry_delay_s=0.5),
+                policy_path=policy_path,
+                heal=HealConfig(checkpoint_timeout_s=5.0, retry_delay_s=0.5, repair_poke_s=repair_poke_s),
             ),
         )
     )
 
 
-def _agent(node: str, tmp_path: Path, port: int, sockets: Path) -> Agent:
+def _agent(
+    node: str,
+    tmp_path: Path,
+    port: int,
+    sockets: Path,
+    sim: SimNode | None = None,
+    allowed_commands: dict[str, list[str]] | None = None,
+) -> Agent:
     agent = build_agent(
         AgentConfig(
             node_id=node,
@@ -77,9 +88,10 @@ def _agent(node: str, tmp_path: Path, port: int, sockets: Path) -> Agent:
             interval_s=0.5,
             buffer_path=str(tmp_path / node / "buffer.db"),
             job_socket=str(sockets / f"{node}.sock"),
+            allowed_commands=allowed_commands or {},
         ),
         "sim",
-        sim=SimNode(node, tmp_path / node / "hw", seed=NODES.index(node)),
+        sim=sim or SimNode(node, tmp_path / node / "hw", seed=NODES.index(node)),
     )
     agent.link.backoff.initial_s = 0.1
     return agent

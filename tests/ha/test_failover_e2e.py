@@ -172,7 +172,7 @@ class TestFailover:
                 t_new = time.monotonic()
 
                 def evicted() -> bool:
-                    return _heal_state(tmp_path / f"{new}.db", "node-001") in ("evicted", "in_repair")
+                    return _heal_state(tmp_path / f"{new}.db", "node-001") in ("evicted", "repairing")
 
                 await wait_for(evicted, 40, "the new leader to finish the eviction")
                 base = _emit(agents, 6, base)

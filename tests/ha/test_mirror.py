@@ -153,7 +153,7 @@ class TestStateMirror:
         assert a.elector.lost.is_set()
         assert a.mirror.pending() > 0  # kept locally, never sent
         await b.mirror.restore()
-        assert b.heal.state("node-003") == NodeHealState.HEALTHY
+        assert b.heal.state("node-003") == NodeHealState.IN_SERVICE
         await a.elector.close()
         await b.elector.resign()
 

@@ -262,18 +262,24 @@ class SlurmScheduler:
         return await self._hostnames(fields.get("NodeList", ""))
 
     # -- actions -------------------------------------------------------------------
+    async def _status_or_refusal(self, node: str) -> NodeStatus | ActionResult:
+        """The node's status before an action, or the failure to answer with (a bad name, no answer)."""
+        try:
+            validate_node_id(node)
+            return await self.node_status(node)
+        except InvalidName as exc:
+            return ActionResult.failure(str(exc))
+        except SchedulerError as exc:
+            return ActionResult(False, exc.detail, exc.permanent)
+
     async def cordon(self, node: str, reason: str) -> ActionResult:
         """Slurm DRAIN already lets running jobs finish: a cordon is a drain here."""
         return await self.drain(node, reason)
 
     async def drain(self, node: str, reason: str) -> ActionResult:
-        try:
-            validate_node_id(node)
-            status = await self.node_status(node)
-        except InvalidName as exc:
-            return ActionResult.failure(str(exc))
-        except SchedulerError as exc:
-            return ActionResult(False, exc.detail, exc.permanent)
+        status = await self._status_or_refusal(node)
+        if isinstance(status, ActionResult):
+            return status
         if status.state in {DRAINING, DRAINED}:
             who = "us" if status.drained_by_us else "someone else"
             log.info("slurm_drain_noop", node=node, state=status.state, reason=status.reason, by=who)
@@ -287,13 +293,9 @@ class SlurmScheduler:
         return ActionResult.success(f"drain {node}: {marked}")
 
     async def resume(self, node: str, reason: str) -> ActionResult:
-        try:
-            validate_node_id(node)
-            status = await self.node_status(node)
-        except InvalidName as exc:
-            return ActionResult.failure(str(exc))
-        except SchedulerError as exc:
-            return ActionResult(False, exc.detail, exc.permanent)
+        status = await self._status_or_refusal(node)
+        if isinstance(status, ActionResult):
+            return status
         if status.state not in {DRAINING, DRAINED, DOWN}:
             return ActionResult.success(f"{node} already in service ({status.state})")
         if not status.drained_by_us:
@@ -304,6 +306,23 @@ class SlurmScheduler:
             return _classify(res, f"resume {node}")
         log.info("slurm_resumed", node=node, why=sanitize_reason(reason), was=status.reason)
         return ActionResult.success(f"resumed {node}")
+
+    async def reboot(self, node: str, reason: str) -> ActionResult:
+        """``scontrol reboot ASAP nextstate=DOWN reason="starpulse: ..."``: Slurm reboots the node
+        (its RebootProgram) once it is idle, and it comes back DOWN with our reason, so it takes
+        no work until validation passes and ``resume`` (which checks that reason) puts it back."""
+        status = await self._status_or_refusal(node)
+        if isinstance(status, ActionResult):
+            return status
+        if status.state in {DRAINING, DRAINED, DOWN} and not status.drained_by_us:
+            return ActionResult.failure(f"{node} taken out by someone else: {status.reason!r}; not rebooting it")
+        marked = self._marked(reason)
+        res = await self._run("scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={marked}", node)
+        if not res.ok:
+            log.warning("slurm_reboot_failed", node=node, detail=res.describe())
+            return _classify(res, f"reboot {node}")
+        log.info("slurm_reboot_requested", node=node, reason=marked)
+        return ActionResult.success(f"reboot {node} requested: {marked}")
 
     async def signal_job(self, job: str, signal: str) -> ActionResult:
         try:

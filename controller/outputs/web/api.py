@@ -7,7 +7,8 @@ event loop; nothing here writes. Endpoints:
   carries its status (worst severity of the open incidents naming it) and which
   incidents blame it (``root_cause_of``) or merely touch it (``affected_by``).
 - ``GET /api/incidents?all=1&limit=N``: open incidents (``all=1``: every stored one), newest first.
-- ``GET /api/summary``: node counts by state, open incidents by kind and severity, breaker state.
+- ``GET /api/summary``: node counts by presence and by lifecycle state, open incidents by
+  kind and severity, breaker state.
 - ``GET /api/stream``: Server-Sent Events, one ``changed`` event (with a version) whenever
   the incidents or the node states change.
 
@@ -30,13 +31,19 @@ from controller.detect.model import Incident
 from controller.detect.pipeline import Detection
 from controller.fabric import Fabric
 from controller.fabric.model import LINK_SEPARATOR
+from controller.heal.guards import BreakerState
+from controller.heal.states import NodeHealState
+from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.ingest.registry import NodeRecord, NodeRegistry
+from starpulse.core.units import format_duration
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import inventory_pb2 as ipb
 
 log = structlog.get_logger(__name__)
 
 BreakerProvider = Callable[[], Mapping[str, Any]]
+LifecycleProvider = Callable[[], Mapping[str, LifecycleRecord]]
+SparesProvider = Callable[[], Mapping[str, int]]
 DEFAULT_BREAKER: dict[str, Any] = {"state": "closed", "available": False}
 DEFAULT_INCIDENT_LIMIT = 200
 MAX_INCIDENT_LIMIT = 10_000
@@ -62,6 +69,26 @@ class DashboardState:
     registry: NodeRegistry
     detection: Detection | None = None
     breaker: BreakerProvider | None = None
+    lifecycle: LifecycleProvider = field(default=lambda: {})
+    spares: SparesProvider | None = None
+
+    def spares_state(self) -> dict[str, int] | None:
+        """The spare pool (available, allocated, unavailable, target), or None without self-healing."""
+        if self.spares is None:
+            return None
+        try:
+            return dict(self.spares())
+        except Exception:
+            log.exception("spares_provider_failed")
+            return None
+
+    def lifecycle_of(self) -> Mapping[str, LifecycleRecord]:
+        """Every node's lifecycle row (a node without one is in service); {} when it cannot be read."""
+        try:
+            return self.lifecycle()
+        except Exception:
+            log.exception("lifecycle_provider_failed")
+            return {}
 
     @property
     def fabric(self) -> Fabric | None:
@@ -96,7 +123,9 @@ class DashboardState:
         incidents = tuple((i.id, i.updated_ms, i.severity, len(i.affected_nodes)) for i in self.open_incidents())
         nodes = (self.registry.presence_version, len(self.registry.nodes))
         breaker = json.dumps(self.breaker_state(), sort_keys=True, default=str)
-        return hash((incidents, nodes, breaker))
+        life = tuple(sorted((n, str(r.state), r.since_ms) for n, r in self.lifecycle_of().items()))
+        spares = tuple(sorted((self.spares_state() or {}).items()))
+        return hash((incidents, nodes, breaker, life, spares))
 
 
 # -- incidents on the picture --------------------------------------------------------------
@@ -194,6 +223,7 @@ def fabric_json(state: DashboardState) -> dict[str, Any]:
     """The layout-ready fabric (nodes only when the controller has no fabric)."""
     marks, links = mark_components(state.open_incidents())
     nodes = state.registry.nodes
+    life = state.lifecycle_of()
 
     def mark(name: str) -> dict[str, Any]:
         m = marks.get(name)
@@ -206,6 +236,7 @@ def fabric_json(state: DashboardState) -> dict[str, Any]:
             "state": rec.state if rec else UNKNOWN,
             "last_seen_ms": rec.last_seen_ms if rec else None,
             "spare": spare,
+            **lifecycle_json(life.get(name)),
             **mark(name),
         }
 
@@ -259,6 +290,27 @@ def fabric_json(state: DashboardState) -> dict[str, Any]:
     }
 
 
+def lifecycle_json(rec: LifecycleRecord | None) -> dict[str, Any]:
+    """A node's lifecycle for the page: state, since when and why (in service when no row)."""
+    if rec is None:
+        return {"lifecycle": str(NodeHealState.IN_SERVICE), "lifecycle_since_ms": None, "lifecycle_reason": ""}
+    return {"lifecycle": str(rec.state), "lifecycle_since_ms": rec.since_ms, "lifecycle_reason": rec.reason}
+
+
+def breaker_json(st: BreakerState, now_ms: int) -> dict[str, Any]:
+    """The real breaker for the chip: state, reason, and since when in words (not raw ms)."""
+    out: dict[str, Any] = {"state": "open" if st.open else "closed", "reason": st.reason}
+    if st.open and st.opened_ms is not None:
+        out["opened_ms"] = st.opened_ms
+        out["open_for"] = format_duration((now_ms - st.opened_ms) / 1000)
+    if not st.open and st.closed_by:
+        out["closed_by"] = st.closed_by
+        out["closed_ms"] = st.closed_ms
+        if st.closed_ms is not None:
+            out["closed_ago"] = format_duration((now_ms - st.closed_ms) / 1000)
+    return out
+
+
 def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
     """Counts for the header: nodes by state, open incidents by kind/severity, breaker."""
     by_state: dict[str, int] = {"online": 0, "unreachable": 0}
@@ -271,6 +323,12 @@ def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
     for rec in state.registry.nodes.values():
         if rec.role == ipb.NODE_ROLE_SWITCH:
             switches[rec.state] = switches.get(rec.state, 0) + 1
+    life = state.lifecycle_of()
+    names = set(fabric.nodes()) if fabric is not None else {n.node_id for n in state.compute_nodes()}
+    lifecycle = dict.fromkeys((str(s) for s in NodeHealState), 0)
+    for name in names:
+        row = life.get(name)
+        lifecycle[str(row.state) if row is not None else str(NodeHealState.IN_SERVICE)] += 1
     by_kind: dict[str, int] = {}
     by_severity: dict[str, int] = {}
     open_incidents = state.open_incidents()
@@ -279,9 +337,11 @@ def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
         by_severity[inc.severity] = by_severity.get(inc.severity, 0) + 1
     return {
         "nodes": {"total": sum(by_state.values()), **by_state},
+        "lifecycle": lifecycle,
         "switches": switches,
         "incidents": {"open": len(open_incidents), "by_kind": by_kind, "by_severity": by_severity},
         "breaker": state.breaker_state(),
+        "spares": state.spares_state(),
         "fabric": fabric.summary() if fabric is not None else None,
         "version": version,
         "now_ms": state.registry.clock.time_ms(),  # the clock last-seen times are on

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from starpulse import __version__
-from starpulse.app.cli import admin, files, query, scan, services, simulate, topology
+from starpulse.app.cli import admin, files, incident, nodes, query, scan, services, simulate, topology
 from starpulse.app.cli.common import ADMIN_TOKEN_ENV, DEFAULT_CONTROLLER, client_token, tls_settings
 from starpulse.app.cli.services import cmd_agent, cmd_controller, cmd_relay, overrides
 
@@ -31,7 +31,7 @@ __all__ = [
     "tls_settings",
 ]
 
-_GROUPS = (scan, query, admin, topology, simulate, files)
+_GROUPS = (scan, nodes, query, incident, admin, topology, simulate, files)
 
 
 def cmd_version(args: argparse.Namespace) -> int:

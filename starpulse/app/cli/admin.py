@@ -23,7 +23,7 @@ def default_actor() -> str | None:
     return name if name and name not in ("starpulse", "external") else None
 
 
-def _actor(args: argparse.Namespace, command: str) -> str | None:
+def actor_of(args: argparse.Namespace, command: str) -> str | None:
     actor = (args.actor or default_actor() or "").strip()
     if not actor:
         print(f"starpulse {command}: who is acting? pass --actor NAME (a person, not 'starpulse')", file=sys.stderr)
@@ -35,7 +35,7 @@ def cmd_node_action(args: argparse.Namespace) -> int:
     """cordon | uncordon | drain NODE --reason TEXT."""
     from starpulse.v1 import service_pb2 as spb
 
-    actor = _actor(args, args.command)
+    actor = actor_of(args, args.command)
     if actor is None:
         return 2
     request = spb.NodeActionRequest(
@@ -55,7 +55,7 @@ def cmd_node_action(args: argparse.Namespace) -> int:
 def cmd_approve(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
-    actor = _actor(args, "approve")
+    actor = actor_of(args, "approve")
     if actor is None:
         return 2
     request = spb.ApproveRequest(incident_id=args.incident, actor=actor, node=args.node or "")
@@ -95,7 +95,7 @@ def cmd_breaker_status(args: argparse.Namespace) -> int:
 def cmd_breaker_reset(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
-    actor = _actor(args, "breaker reset")
+    actor = actor_of(args, "breaker reset")
     if actor is None:
         return 2
     request = spb.BreakerResetRequest(actor=actor, reason=args.reason or "")

@@ -1,4 +1,4 @@
-"""Read-only views of the fleet from the controller: nodes, events, incidents, spares, jobs."""
+"""Read-only views of the fleet from the controller: events, incidents, spares, jobs (nodes: ``nodes.py``)."""
 
 from __future__ import annotations
 
@@ -8,31 +8,6 @@ import time
 from typing import Any
 
 from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, admin_call, age, query_stub, rpc
-
-
-def cmd_nodes(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
-    from starpulse.v1 import service_pb2 as spb
-
-    resp = rpc("nodes", args, query_stub(args), "ListNodes", spb.ListNodesRequest(), 10)
-    if resp is None:
-        return 2
-    if args.json:
-        rows = [
-            MessageToDict(n, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-            for n in resp.nodes
-        ]
-        print(json.dumps({"nodes": rows}, indent=2))
-        return 0
-    print(f"{'NODE':<16} {'STATE':<12} {'LAST SEEN':<10} {'GPUS':>4} {'NICS':>4} {'EVENTS':>6}  ACCELERATORS")
-    for n in resp.nodes:
-        chips = f"{n.accelerator_vendor} {n.accelerator_model}".strip()
-        print(
-            f"{n.node_id:<16} {n.state:<12} {age(n.last_seen_ms):<10} "
-            f"{n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}  {chips}"
-        )
-    return 0
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -191,12 +166,6 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add this group's commands to the top-level subparsers."""
-    n = sub.add_parser("nodes", help="list nodes the controller knows")
-    n.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(n)
-    n.add_argument("--json", action="store_true")
-    n.set_defaults(func=cmd_nodes)
-
     e = sub.add_parser("events", help="list recent events")
     e.add_argument("--controller", default=DEFAULT_CONTROLLER)
     add_client_auth_flags(e)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.collectors.accel.registry import backend_names
-from agent.commands import CONFIGURABLE, CommandHandler
+from agent.commands import CONFIGURABLE, CommandHandler, is_configurable
 from agent.runtime import AgentConfig
 from starpulse.app.config.common import (
     LOG_LEVEL_FLAG,
@@ -120,7 +120,7 @@ def allowed_commands(specs: list[str]) -> dict[str, Any]:
     allowed: dict[str, list[str]] = {}
     for spec in specs:
         kind, sep, argv = spec.partition("=")
-        if not sep or kind not in CONFIGURABLE or not argv:
+        if not sep or not is_configurable(kind) or not argv:
             raise ValueError(
                 f"--allow-command {spec!r}: expected KIND=ARGV0,ARG,... with KIND one of {', '.join(CONFIGURABLE)}"
             )

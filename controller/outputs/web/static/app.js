@@ -141,10 +141,19 @@
     box.append(chip("online", n.online || 0, "ok"));
     if (n.unreachable) box.append(chip("unreachable", n.unreachable, "bad"));
     if (n.unknown) box.append(chip("never seen", n.unknown, ""));
+    // Nodes out of service or coming back, by lifecycle state (in service is the rest).
+    for (const [life, count] of Object.entries(summary.lifecycle || {})) {
+      if (count && life !== "in_service") box.append(chip(life.replace("_", " "), count, "life life-" + life));
+    }
     const open = summary.incidents.open;
     box.append(chip(open === 1 ? "open incident" : "open incidents", open, open ? "warn" : "ok"));
     for (const [kind, count] of Object.entries(summary.incidents.by_kind)) {
       box.append(chip(kind, count, "kind"));
+    }
+    if (summary.spares) {
+      const sp = summary.spares;
+      const short = sp.available < (sp.target || 0);
+      box.append(chip("spares (target " + (sp.target || 0) + ")", sp.available, short ? (sp.available ? "warn" : "bad") : "ok"));
     }
     renderBreaker(summary.breaker || {});
   }
@@ -155,6 +164,8 @@
     node.dataset.state = st;
     node.replaceChildren("breaker: ", el("b", { text: st }));
     if (breaker.available === false) node.append(el("span", { class: "na", text: " (n/a)" }));
+    else if (st === "open" && breaker.open_for) node.append(el("span", { text: " for " + breaker.open_for }));
+    node.title = breaker.reason ? "self-healing circuit breaker: " + breaker.reason : "self-healing circuit breaker";
   }
 
   function setMode(mode) {
@@ -223,6 +234,7 @@
     if ((item.root_cause_of || []).length) cls.push("fault");
     else if ((item.affected_by || []).length) cls.push("affected");
     if (item.state) cls.push(item.state);
+    if (item.lifecycle && item.lifecycle !== "in_service") cls.push("life-" + item.lifecycle);
     return cls.join(" ");
   }
 
@@ -235,6 +247,7 @@
       "data-name": item.name,
       "data-status": item.status || "ok",
       "data-state": item.state || null,
+      "data-lifecycle": item.lifecycle || null,
       "data-incident": ids[0] || null,
       "data-incidents": ids.length ? ids.join(" ") : null,
       "aria-label": item.name + (ids.length ? " (" + item.status + ": " + ids.join(", ") + ")" : ""),
@@ -546,6 +559,9 @@
       rows.set(n.node_id, {
         name: n.node_id,
         state: n.state,
+        lifecycle: n.lifecycle_state || "in_service",
+        lifecycleSince: Number(n.lifecycle_since_ms || 0),
+        lifecycleReason: n.lifecycle_reason || "",
         last_seen_ms: Number(n.last_seen_ms || 0),
         gpus: n.gpu_count || 0,
         nics: n.nic_count || 0,
@@ -553,7 +569,12 @@
       });
     }
     for (const [name, m] of marks) {
-      if (!rows.has(name)) rows.set(name, { name, state: "unknown", last_seen_ms: 0, gpus: "", nics: "", events: "" });
+      if (!rows.has(name)) {
+        rows.set(name, {
+          name, state: "unknown", lifecycle: m.lifecycle || "in_service", lifecycleSince: Number(m.lifecycle_since_ms || 0),
+          lifecycleReason: m.lifecycle_reason || "", last_seen_ms: 0, gpus: "", nics: "", events: "",
+        });
+      }
     }
     const list = Array.from(rows.values()).map((r) => Object.assign(r, { mark: marks.get(r.name) || {} }));
     list.sort((a, b) => rank(b) - rank(a) || a.name.localeCompare(b.name));
@@ -562,13 +583,13 @@
 
   function rank(row) {
     const sev = incidentsOf(row.mark).length ? SEVERITY_RANK[row.mark.status] + 2 : 0;
-    return (row.state === "unreachable" ? 10 : 0) + sev;
+    return (row.state === "unreachable" ? 10 : 0) + (row.lifecycle !== "in_service" ? 5 : 0) + sev;
   }
 
   function renderNodes() {
     const filter = $("node-filter").value.trim().toLowerCase();
     const rows = nodeRows();
-    const shown = filter ? rows.filter((r) => (r.name + " " + r.state).toLowerCase().includes(filter)) : rows;
+    const shown = filter ? rows.filter((r) => (r.name + " " + r.state + " " + r.lifecycle).toLowerCase().includes(filter)) : rows;
     $("nodes").tBodies[0].replaceChildren(...shown.map(nodeRow));
     const bad = rows.filter((r) => r.state === "unreachable").length;
     $("nodes-meta").textContent = rows.length + " nodes" + (bad ? " · " + bad + " unreachable" : "");
@@ -576,7 +597,8 @@
 
   function nodeRow(r) {
     const ids = incidentsOf(r.mark);
-    const cls = [r.state, ids.length ? "has-incident st-" + r.mark.status : ""].join(" ").trim();
+    const cls = [r.state, "life-" + r.lifecycle, ids.length ? "has-incident st-" + r.mark.status : ""].join(" ").trim();
+    const why = r.lifecycleReason + (r.lifecycleSince ? " (since " + fmtAgo(r.lifecycleSince) + ")" : "");
     const links = ids.map((id) => el("a", { href: "#incident-" + id, text: id }));
     const incCell = el("td", {});
     links.forEach((a, i) => incCell.append(i ? ", " : "", a));
@@ -585,6 +607,7 @@
       { id: "row-" + r.name, class: cls, "data-node": r.name },
       el("td", { text: r.name }),
       el("td", {}, el("span", { class: "state " + r.state, text: r.state })),
+      el("td", { title: why }, el("span", { class: "life life-" + r.lifecycle, text: r.lifecycle.replace("_", " ") })),
       el("td", { title: r.last_seen_ms ? new Date(r.last_seen_ms).toISOString() : "", text: fmtAgo(r.last_seen_ms) }),
       el("td", { class: "num", text: r.gpus }),
       el("td", { class: "num", text: r.nics }),

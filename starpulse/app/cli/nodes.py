@@ -1,0 +1,72 @@
+"""``starpulse nodes``: every node with its presence, where it is in the repair lifecycle, its accelerators."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from controller.heal.states import NodeHealState
+from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, age, message_dict, query_stub, rpc
+
+LIFECYCLE_STATES = tuple(str(s) for s in NodeHealState)
+"""Checked before calling (one clear line for a typo); the controller checks again."""
+
+
+def _states(raw: list[str]) -> list[str] | None:
+    """``--state repairing,validating --state spare`` as a list; None (after one line) on a bad name."""
+    names = [s.strip().lower().replace("-", "_") for part in raw for s in part.split(",") if s.strip()]
+    bad = [n for n in names if n not in LIFECYCLE_STATES]
+    if bad:
+        print(
+            f"starpulse nodes: --state {bad[0]!r} is not a lifecycle state (one of {', '.join(LIFECYCLE_STATES)})",
+            file=sys.stderr,
+        )
+        return None
+    return names
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from starpulse.v1 import service_pb2 as spb
+
+    states = _states(args.state)
+    if states is None:
+        return 2
+    request = spb.ListNodesRequest(lifecycle_states=states)
+    resp = rpc("nodes", args, query_stub(args), "ListNodes", request, 10)
+    if resp is None:
+        return 2
+    if args.json:
+        print(json.dumps({"nodes": [message_dict(n) for n in resp.nodes]}, indent=2))
+        return 0
+    print(
+        f"{'NODE':<16} {'STATE':<12} {'LIFECYCLE':<11} {'SINCE':<9} {'LAST SEEN':<10} {'GPUS':>4} {'NICS':>4} "
+        f"{'EVENTS':>6}  {'ACCELERATORS':<24} WHY"
+    )
+    for n in resp.nodes:
+        since = age(n.lifecycle_since_ms) if n.lifecycle_since_ms else "-"
+        why = n.lifecycle_reason + (f" [by {n.drained_by}]" if n.drained_by else "")
+        chips = f"{n.accelerator_vendor} {n.accelerator_model}".strip()
+        print(
+            f"{n.node_id:<16} {n.state:<12} {n.lifecycle_state or 'in_service':<11} {since:<9} "
+            f"{age(n.last_seen_ms):<10} {n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}  "
+            f"{chips:<24} {why}".rstrip()
+        )
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``nodes`` to the top-level subparsers."""
+    n = sub.add_parser("nodes", help="list nodes: presence, lifecycle state (since when, why), GPUs, events")
+    n.add_argument("--controller", default=DEFAULT_CONTROLLER)
+    add_client_auth_flags(n)
+    n.add_argument("--json", action="store_true")
+    n.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        metavar="STATE[,STATE]",
+        help=f"only nodes in these lifecycle states ({', '.join(LIFECYCLE_STATES)}); repeatable",
+    )
+    n.set_defaults(func=cmd_nodes)
