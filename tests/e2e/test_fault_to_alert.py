@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller.fabric import generate_fabric
+from controller.stages import STAGES
 from controller.outputs.notify import parse_notify_config
 from controller.service import Controller, ControllerConfig
 from tests.e2e.test_alerting import Receiver, receiving
@@ -48,6 +49,51 @@ class TestFaultToAlert:
                 incidents = ctl.detection.incidents.list_incidents(active_only=True)
                 assert [(i.kind, i.root_cause) for i in incidents] == [("gpu_fault", "node-001/gpu-2")]
                 assert receiver.refused == []  # the signature verified
+            finally:
+                for a in agents:
+                    await a.halt()
+                await ctl.stop()
+
+    async def test_an_xid_is_traced_stage_by_stage_and_opens_without_waiting_for_settle(self, tmp_path: Path) -> None:
+        """Production grouping (settle_s 15 s, the cap): the Xid's incident and webhook come well
+        inside it; every stage from buffered to delivered is on /metrics once, adding up to the trace."""
+        fabric = generate_fabric(nodes=2, gpus_per_node=8, rails=8, nodes_per_block=2, spines=1)
+        receiver = Receiver(port=free_port(), secret="s3cret")
+        notify = parse_notify_config(
+            {"receivers": [{"name": "ops", "type": "webhook", "url": receiver.url, "secret": "s3cret"}]}
+        )
+        port = free_port()
+        ctl = Controller(
+            ControllerConfig(
+                listen=f"127.0.0.1:{port}",
+                http="127.0.0.1:0",
+                db_path=tmp_path / "c.db",
+                fabric=fabric,
+                allowed_nodes=[*fabric.nodes(), *fabric.switches()],
+                sweep_interval_s=60.0,  # no tick helps: grouping is woken by the condition itself
+                notify=notify,
+            )
+        )
+        assert ctl.detection.correlator.config.settle_s == 15.0
+        async with receiving(receiver):
+            await ctl.start()
+            agents = [make_sim_agent(n, tmp_path, [f"127.0.0.1:{port}"], seed=i) for i, n in enumerate(fabric.nodes())]
+            try:
+                for a in agents:
+                    a.start()
+                await wait_for(lambda: len(ctl.registry.nodes) == 2, what="registration")
+                agents[1].sim.inject("gpu_xid", "gpu-2", xid=79)
+                await wait_for(lambda: len(receiver.hits) >= 1, 10, "the webhook notice, before settle_s")
+                await wait_for(lambda: len(ctl.stages.done) >= 1, 5, "the finished trace")
+                (trace,) = ctl.stages.done
+                assert trace.node == "node-001" and trace.kind == "xid"
+                assert list(trace.marks) == list(STAGES)  # every stage stamped, agent and controller
+                sample = ctl.metrics.registry.get_sample_value
+                label = "starpulse_event_stage_seconds"
+                counts = [sample(f"{label}_count", {"stage": s}) for s in STAGES[1:]]
+                assert counts == [1.0] * (len(STAGES) - 1)
+                summed = sum(sample(f"{label}_sum", {"stage": s}) or 0.0 for s in STAGES[1:])
+                assert abs(summed - trace.total_s()) < 1e-6
             finally:
                 for a in agents:
                     await a.halt()
