@@ -106,6 +106,12 @@ class CorrelationConfig:
         "could explain (NIC, switch port, heartbeat) is grouped: transit and decision",
         ge=0,
     )
+    event_window_s: float = setting(
+        0.5,
+        "Seconds such a condition waits when an event raised it (a port down, sent at once by the agents' "
+        "link watch): its siblings' events arrive as fast (a 0.1 s poll, transit, decision)",
+        ge=0,
+    )
     min_nodes_for_switch: int = setting(
         2, "Distinct nodes whose NICs on one leaf must fail together to blame the leaf", ge=1
     )

@@ -11,6 +11,8 @@ nodes take to arrive, which depends on how they are observed:
 - seen in reports (link state, error rates): every sibling's next report is at most one
   report interval away, so the window is the siblings' report interval (as measured from
   their reports, not configured) plus ``sibling_slack_s`` for transit and decision;
+- raised by an event (a port's state change, which the agents' link watches send at once):
+  the siblings' events are as quick, so the window is ``event_window_s``;
 - a lost heartbeat: siblings' last reports were spread over one report interval, and the
   heartbeat sweep notices each within one sweep, so the interval plus the sweep (plus slack).
 
@@ -134,6 +136,7 @@ class WindowSettings(Protocol):
     settle_s: float
     node_window_s: float
     sibling_slack_s: float
+    event_window_s: float
 
 
 class GroupingWindows:
@@ -148,11 +151,17 @@ class GroupingWindows:
         self.settings = settings
         self._interval = report_interval_s
         self.sweep_s = sweep_s
+        # Conditions just raised by an event (detection marks them before the correlator asks).
+        self.by_event: set[Key] = set()
 
     def window_s(self, condition: Condition) -> float:
         cfg = self.settings
+        by_event = condition.key in self.by_event
+        self.by_event.discard(condition.key)  # asked once, when the condition starts waiting
         if is_node_local(condition):
             return min(cfg.node_window_s, cfg.settle_s)
+        if by_event and condition.category not in PRESENCE:
+            return min(cfg.event_window_s, cfg.settle_s)
         interval = self._interval()
         if interval is None:
             return cfg.settle_s

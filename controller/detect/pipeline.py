@@ -215,10 +215,12 @@ class Detection:
             self.shards.submit_events(node, events)  # the engine that holds the node's conditions
             return
         changes = self.engine.on_events(node, events)
+        opened = [ch.condition.key for ch in changes if ch.kind == "opened"]
+        self.windows.by_event.update(opened)  # their siblings are events too: the short window
         if self.stages is not None:
-            opened = [ch.condition.key for ch in changes if ch.kind == "opened"]
             self.stages.conditions_opened(node.node_id, [ev.seq for ev in events], opened)
         self._feed(changes)
+        self.windows.by_event.clear()  # asked for during the feed; an owned condition was not asked
 
     def feed_shard_changes(self, changes: list[ConditionChange]) -> None:
         """Condition changes from a shard's engine, completed with what only the fabric knows."""

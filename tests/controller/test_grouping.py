@@ -181,3 +181,29 @@ class TestGroupingTask:
             assert len(calls) == 3
         finally:
             runner.cancel()
+
+
+class TestEventBorneWindows:
+    def test_a_nic_down_raised_by_an_event_waits_the_event_window_at_any_interval(self, clock) -> None:
+        """A port-down event's condition: 0.5 s at a 5 s interval; the same condition from a report: 5.25 s."""
+        windows = GroupingWindows(CorrelationConfig(settle_s=15.0), cadence_of(5.0).interval_s)
+        cond = nic_down(1, 3, clock)
+        windows.by_event.add(cond.key)
+        assert windows.window_s(cond) == 0.5
+        assert windows.window_s(cond) == pytest.approx(5.25)  # marked once: the next ask is a report's
+
+    def test_leaf_down_by_events_is_one_switch_incident_within_the_event_window(self, fabric, clock) -> None:
+        """Sixteen port-down events within 0.2 s at a 5 s interval: one switch_fault 0.5 s after the first."""
+        config = CorrelationConfig(settle_s=15.0, resolve_hold_s=60.0)
+        windows = GroupingWindows(config, cadence_of(5.0).interval_s)
+        store = IncidentStore(sqlite3.connect(":memory:", isolation_level=None))
+        corr = Correlator(fabric, store, config, clock=clock, window_ms=windows.window_ms)
+        for i in range(16):
+            cond = nic_down(i, 3, clock)
+            windows.by_event.add(cond.key)
+            corr.on_changes(opened(cond))
+            clock.advance(0.0125)
+        assert corr.tick() == []
+        clock.advance(0.3)
+        out = corr.tick()
+        assert [(c, i.kind, i.root_cause) for c, i in out] == [("opened", "switch_fault", "leaf-b0-r3")]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller.fabric import generate_fabric
-from controller.stages import STAGES
 from controller.outputs.notify import parse_notify_config
 from controller.service import Controller, ControllerConfig
+from controller.stages import STAGES
 from tests.e2e.test_alerting import Receiver, receiving
 from tests.helpers import free_port, make_sim_agent, wait_for
 
