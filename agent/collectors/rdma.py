@@ -170,6 +170,7 @@ class RdmaSysfsCollector:
         # each port's last state: one lock, so a change is reported once.
         self._lock = threading.Lock()
         self._watch: LinkWatch | None = None
+        self._link_texts: dict[str, tuple[str | None, str | None]] = {}  # the watch's last texts per port
         weakref.finalize(self, _release_port_files, self._port_files, budget)  # dropped without close()
 
     # -- discovery ------------------------------------------------------------------
@@ -270,10 +271,15 @@ class RdmaSysfsCollector:
         """Only each listed port's link state (a stat and two preads on kept files): its changes as findings."""
         with self._lock:
             findings: list[Finding] = []
+            seen = self._link_texts
             for pp in self._layout or ():
-                state_txt, phys_txt = self._link_attrs(pp.path)
-                if state_txt is None:
+                texts = self._link_attrs(pp.path)
+                if texts[0] is None:
                     continue  # the cycle says why (rdma_port_failed)
+                if seen.get(pp.key) == texts:
+                    continue  # the common case: the same two texts as the last poll
+                seen[pp.key] = texts
+                state_txt, phys_txt = texts
                 s = tpb.NicSample(rdma_device=pp.dev, port=pp.port, link_layer=pp.link_layer, netdev=pp.netdev)
                 s.state_code, s.state = parse_state(state_txt)
                 s.phys_state_code, s.phys_state = parse_state(phys_txt or "")
