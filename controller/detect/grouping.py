@@ -77,16 +77,23 @@ def standing_apart(
     ``incidents``: id -> (kind, member keys). Two NIC faults on one leaf minutes apart are two
     faults: the leaf is blamed when its nodes fail together, within one grouping window, so an
     incident whose every condition began more than a window before the batch's first is left
-    as it is instead of being regrouped with it (and merged under a switch). Fabric-wide
+    as it is instead of being regrouped with it (and merged under a switch), unless the batch
+    has news from the incident's own node. Fabric-wide
     incidents (switch, partition) stay in the regrouping: they grow as more of it fails.
     """
     fresh = [conds[k] for k in batch if k in conds]
     if not fresh:
         return set()
     cutoff = min(c.first_seen_ms for c in fresh) - max(window_ms(c) for c in fresh)
+    batch_nodes = {c.node for c in fresh}
     apart = set()
     for iid, (kind, members) in incidents.items():
-        if kind in _ONE_NODE_KINDS and all(conds[k].first_seen_ms < cutoff for k in members if k in conds):
+        if kind not in _ONE_NODE_KINDS:
+            continue
+        mine = [conds[k] for k in members if k in conds]
+        if any(c.node in batch_nodes for c in mine):
+            continue  # news from the incident's own node joins it (or grows it into a node fault)
+        if all(c.first_seen_ms < cutoff for c in mine):
             apart.add(iid)
     return apart
 

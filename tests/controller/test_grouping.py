@@ -207,3 +207,22 @@ class TestEventBorneWindows:
         clock.advance(0.3)
         out = corr.tick()
         assert [(c, i.kind, i.root_cause) for c, i in out] == [("opened", "switch_fault", "leaf-b0-r3")]
+
+
+class TestStandingApart:
+    def test_a_later_condition_on_the_same_gpu_joins_its_open_incident(self, fabric, clock) -> None:
+        """A DBE's event opens gpu_fault; the report's condition on that GPU 1 s later joins it: one incident."""
+        corr = correlator(fabric, clock, 1.0)
+        corr.on_changes(opened(gpu_xid(2, 1, clock)))
+        clock.advance(0.05)
+        first = corr.tick()
+        clock.advance(1.0)
+        later = gpu_xid(2, 1, clock)
+        later.rule = "gpu.ecc_dbe"
+        corr.on_changes(opened(later))
+        clock.advance(0.05)
+        out = first + corr.tick()
+        assert [(c, i.kind, i.root_cause) for c, i in out] == [
+            ("opened", "gpu_fault", "node-002/gpu-1"),
+            ("updated", "gpu_fault", "node-002/gpu-1"),
+        ]
