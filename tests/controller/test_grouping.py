@@ -11,20 +11,12 @@ from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.grouping import GroupingWindows, ReportCadence, ripe_batch
 from controller.detect.grouping_task import GroupingTask
 from controller.detect.incidents import IncidentStore
-from controller.fabric import Fabric, generate_fabric
+from controller.fabric import Fabric
 from starpulse.core.clock import FakeClock
 from starpulse.core.vocab import EVICTABLE_KINDS
-from tests.controller.test_correlate import gpu_xid, heartbeat, nic_down, opened
+from tests.controller.test_correlate import clock, fabric, gpu_xid, heartbeat, nic_down, opened
 
-
-@pytest.fixture(scope="module")
-def fabric() -> Fabric:
-    return generate_fabric(nodes=32, rails=8, nodes_per_block=16, spines=8)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1_000_000)
+__all__ = ["clock", "fabric"]  # the correlator tests' fixtures, used here by name
 
 
 def cadence_of(interval_s: float, nodes: int = 32) -> ReportCadence:
@@ -36,10 +28,15 @@ def cadence_of(interval_s: float, nodes: int = 32) -> ReportCadence:
 
 
 def correlator(fabric: Fabric, clock: FakeClock, interval_s: float) -> Correlator:
+    return correlator_and_windows(fabric, clock, interval_s)[0]
+
+
+def correlator_and_windows(fabric: Fabric, clock: FakeClock, interval_s: float) -> tuple[Correlator, GroupingWindows]:
+    """A correlator on production windows (settle_s 15 s as the cap) over a fleet reporting every interval_s."""
     config = CorrelationConfig(settle_s=15.0, resolve_hold_s=60.0)
     windows = GroupingWindows(config, cadence_of(interval_s).interval_s, sweep_s=1.0)
     store = IncidentStore(sqlite3.connect(":memory:", isolation_level=None))
-    return Correlator(fabric, store, config, clock=clock, window_ms=windows.window_ms)
+    return Correlator(fabric, store, config, clock=clock, window_ms=windows.window_ms), windows
 
 
 class TestReportCadence:
@@ -194,10 +191,7 @@ class TestEventBorneWindows:
 
     def test_leaf_down_by_events_is_one_switch_incident_within_the_event_window(self, fabric, clock) -> None:
         """Sixteen port-down events within 0.2 s at a 5 s interval: one switch_fault 0.5 s after the first."""
-        config = CorrelationConfig(settle_s=15.0, resolve_hold_s=60.0)
-        windows = GroupingWindows(config, cadence_of(5.0).interval_s)
-        store = IncidentStore(sqlite3.connect(":memory:", isolation_level=None))
-        corr = Correlator(fabric, store, config, clock=clock, window_ms=windows.window_ms)
+        corr, windows = correlator_and_windows(fabric, clock, 5.0)
         for i in range(16):
             cond = nic_down(i, 3, clock)
             windows.by_event.add(cond.key)
