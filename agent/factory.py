@@ -114,7 +114,8 @@ def build_collectors(
     collectors: list[Collector] = [gpu, rdma]
     starters: list[Callable[[], object]] = [gpu.start_events]
     if sink is not None:  # a port going down is an event at once, not news in the next report
-        starters.append(functools.partial(rdma.start_link_watch, sink))
+        hook = sim.sync_real_netdevs if sim is not None else None
+        starters.append(functools.partial(rdma.start_link_watch, sink, on_netdev_change=hook))
     if ethtool:
         collectors.append(EthtoolCollector(stats_dir=ethtool_dir))
     collectors.append(HostCollector(mounts=mounts))

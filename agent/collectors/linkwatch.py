@@ -1,21 +1,25 @@
-"""Port state changes between cycles: a cheap fast poll of each RDMA port's state files.
+"""Port state changes between cycles: netlink link notifications and a cheap fast poll.
 
 A port that goes down must reach the controller as an event, not with the next report
 (which may be a minute away). ``LinkWatch`` asks its collector every ``poll_s`` for link
-state changes only (``poll_links``: a stat and two preads per port on files kept open) and
-hands each resulting finding to the agent's sink at once. The collector keeps one view of
+state changes only (``poll_links``: a stat and two preads per port on files kept open),
+and at once when rtnetlink says a netdev changed (``agent.collectors.netlink``: a carrier
+lost, a cable pulled), and hands each resulting finding to the agent's sink at once. The collector keeps one view of
 each port's state under a lock, so a change is reported once, by whichever of the cycle or
 the watch sees it first.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import threading
 from collections.abc import Callable
 from typing import Protocol
 
 import structlog
 
+from agent.collectors.netlink import LinkNotifier
 from starpulse.core.findings import Finding
 
 log = structlog.get_logger(__name__)
@@ -28,12 +32,26 @@ class LinkSource(Protocol):
 class LinkWatch:
     """A daemon thread polling ``source.poll_links`` every ``poll_s`` until ``close``."""
 
-    def __init__(self, source: LinkSource, sink: Callable[[Finding], None], poll_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        source: LinkSource,
+        sink: Callable[[Finding], None],
+        poll_s: float = 0.1,
+        notifier: LinkNotifier | None = None,
+        on_netdev_change: Callable[[], None] | None = None,
+    ) -> None:
+        """``notifier``: netlink link notifications (None: polling only); ``on_netdev_change``: run
+        before the poll a notification triggers (the simulator's driver part: its RDMA ports follow
+        the real netdevs, agent.sim.real_netdev)."""
         if poll_s <= 0:
             raise ValueError("poll_s must be > 0")
         self._source = source
         self._sink = sink
         self.poll_s = poll_s
+        self._notifier = notifier
+        self._on_netdev_change = on_netdev_change
+        self.notifications = 0
+        self._wake_r, self._wake_w = os.pipe() if notifier is not None else (-1, -1)  # close() ends the select
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.polls = 0
@@ -45,12 +63,39 @@ class LinkWatch:
 
     def close(self) -> None:
         self._stop.set()
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"x")
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, 5 * self.poll_s))
             self._thread = None
+        if self._notifier is not None:
+            self._notifier.close()
+            self._notifier = None
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+
+    def _wait(self) -> bool:
+        """Until the next poll is due or netlink has news; False once stopped."""
+        notifier = self._notifier
+        if notifier is None:
+            return not self._stop.wait(self.poll_s)
+        readable, _, _ = select.select([notifier.fileno(), self._wake_r], [], [], self.poll_s)
+        if self._stop.is_set():
+            return False
+        if readable:
+            changed = notifier.read()
+            if changed:
+                self.notifications += len(changed)
+                if self._on_netdev_change is not None:
+                    try:
+                        self._on_netdev_change()
+                    except Exception:
+                        log.exception("linkwatch_netdev_hook_failed")
+        return not self._stop.is_set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while self._wait():
             try:
                 findings = self._source.poll_links()
             except Exception:  # a broken poll must not end the watch: the cycle still reports the port

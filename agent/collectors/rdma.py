@@ -23,6 +23,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from agent.collectors.counterfiles import PROCESS_BUDGET, CounterFiles, FileBudget
 from agent.collectors.linkwatch import LinkWatch
+from agent.collectors.netlink import LinkNotifier
 from agent.collectors.pci import PCI_ADDR_RE
 from starpulse.core import vocab
 from starpulse.core.findings import Finding
@@ -261,10 +262,15 @@ class RdmaSysfsCollector:
             )
 
     # -- samples ----------------------------------------------------------------------
-    def start_link_watch(self, sink: Callable[[Finding], None], poll_s: float = 0.1) -> None:
-        """Report link state changes between cycles, within ``poll_s`` (stopped by close)."""
+    def start_link_watch(
+        self,
+        sink: Callable[[Finding], None],
+        poll_s: float = 0.1,
+        on_netdev_change: Callable[[], None] | None = None,
+    ) -> None:
+        """Report link state changes between cycles: at a netlink notification, else within ``poll_s``."""
         if self._watch is None:
-            self._watch = LinkWatch(self, sink, poll_s)
+            self._watch = LinkWatch(self, sink, poll_s, LinkNotifier.open(), on_netdev_change)
             self._watch.start()
 
     def poll_links(self) -> list[Finding]:

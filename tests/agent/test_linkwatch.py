@@ -90,3 +90,61 @@ class TestLinkWatch:
     def test_poll_interval_must_be_positive(self) -> None:
         with pytest.raises(ValueError, match="poll_s"):
             LinkWatch(RdmaSysfsCollector("/nonexistent"), lambda f: None, poll_s=0)
+
+
+def newlink(name: str, operstate: int, kind: int = 16) -> bytes:
+    """One rtnetlink RTM_NEWLINK (or DELLINK) message as the kernel lays it out."""
+    import struct
+
+    ifname = name.encode() + b"\0"
+    attrs = b""
+    for atype, value in ((3, ifname), (16, bytes([operstate]))):
+        length = 4 + len(value)
+        attrs += struct.pack("=HH", length, atype) + value + b"\0" * ((4 - length % 4) % 4)
+    body = struct.pack("=BxHiII", 0, 1, 7, 0, 0) + attrs
+    return struct.pack("=LHHLL", 16 + len(body), kind, 0, 0, 0) + body
+
+
+class TestNetlinkParsing:
+    def test_link_messages_give_name_and_operstate(self) -> None:
+        """Two messages in one datagram: (name, operstate) each; DELLINK is 'gone'."""
+        from agent.collectors.netlink import parse_link_messages
+
+        data = newlink("ens1f0np0", 2) + newlink("ens2f0np0", 6) + newlink("veth9", 6, kind=17)
+        assert parse_link_messages(data) == [("ens1f0np0", "down"), ("ens2f0np0", "up"), ("veth9", "gone")]
+
+    def test_a_truncated_datagram_keeps_what_was_whole(self) -> None:
+        from agent.collectors.netlink import parse_link_messages
+
+        data = newlink("ens1f0np0", 2) + newlink("ens2f0np0", 6)[:20]
+        assert parse_link_messages(data) == [("ens1f0np0", "down")]
+
+    def test_a_notification_runs_the_hook_and_polls_at_once(self) -> None:
+        """With a 60 s poll, a netlink message alone makes the watch run the hook and poll."""
+        import socket
+
+        from agent.collectors.netlink import LinkNotifier
+
+        ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        ours.setblocking(False)
+        hooked = threading.Event()
+        polled = threading.Event()
+
+        class Source:
+            def poll_links(self) -> list[Finding]:
+                if hooked.is_set():
+                    polled.set()
+                return []
+
+        watch = LinkWatch(
+            Source(), lambda f: None, poll_s=60.0, notifier=LinkNotifier(ours), on_netdev_change=hooked.set
+        )
+        watch.start()
+        try:
+            kernel.send(newlink("ens1f0np0", 2))
+            assert polled.wait(5.0) and watch.notifications == 1
+        finally:
+            started = time.monotonic()
+            watch.close()  # wakes the select: no waiting out the 60 s poll
+            assert time.monotonic() - started < 5
+            kernel.close()
