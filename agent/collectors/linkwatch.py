@@ -51,7 +51,13 @@ class LinkWatch:
         self._notifier = notifier
         self._on_netdev_change = on_netdev_change
         self.notifications = 0
-        self._wake_r, self._wake_w = os.pipe() if notifier is not None else (-1, -1)  # close() ends the select
+        self._wake_r, self._wake_w = os.pipe() if notifier is not None else (-1, -1)  # close() ends the wait
+        # poll(2), not select(2): an agent process (or a scenario's 66 agents in one) may hold
+        # descriptors past select's 1024.
+        self._poller = select.poll()
+        if notifier is not None:
+            self._poller.register(notifier.fileno(), select.POLLIN)
+            self._poller.register(self._wake_r, select.POLLIN)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.polls = 0
@@ -71,6 +77,7 @@ class LinkWatch:
         if self._notifier is not None:
             self._notifier.close()
             self._notifier = None
+        if self._wake_r >= 0:
             os.close(self._wake_r)
             os.close(self._wake_w)
             self._wake_r = self._wake_w = -1
@@ -80,10 +87,16 @@ class LinkWatch:
         notifier = self._notifier
         if notifier is None:
             return not self._stop.wait(self.poll_s)
-        readable, _, _ = select.select([notifier.fileno(), self._wake_r], [], [], self.poll_s)
+        try:
+            ready = self._poller.poll(self.poll_s * 1000)
+        except OSError:
+            log.exception("linkwatch_wait_failed")  # polling alone from here on
+            self._notifier = None
+            notifier.close()
+            return not self._stop.wait(self.poll_s)
         if self._stop.is_set():
             return False
-        if readable:
+        if any(fd == notifier.fileno() for fd, _ in ready):
             changed = notifier.read()
             if changed:
                 self.notifications += len(changed)

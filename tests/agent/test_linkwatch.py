@@ -148,3 +148,37 @@ class TestNetlinkParsing:
             watch.close()  # wakes the select: no waiting out the 60 s poll
             assert time.monotonic() - started < 5
             kernel.close()
+
+    def test_a_notifier_past_select_s_fd_limit_still_wakes_the_watch(self) -> None:
+        """A scenario's 66 agents in one process hold descriptors past 1024: the watch waits with poll(2)."""
+        import os
+        import resource
+        import socket
+
+        from agent.collectors.netlink import LinkNotifier
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard < 1600:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} leaves no room past 1024")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
+        ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        high = socket.socket(fileno=os.dup2(ours.fileno(), 1500))
+        ours.close()
+        high.setblocking(False)
+        hooked = threading.Event()
+
+        class Source:
+            def poll_links(self) -> list[Finding]:
+                return []
+
+        watch = LinkWatch(
+            Source(), lambda f: None, poll_s=60.0, notifier=LinkNotifier(high), on_netdev_change=hooked.set
+        )
+        watch.start()
+        try:
+            kernel.send(newlink("ens1f0np0", 2))
+            assert hooked.wait(5.0)
+        finally:
+            watch.close()
+            kernel.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
