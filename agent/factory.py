@@ -8,6 +8,7 @@ whose driver or library is not there is an error the operator sees, in one line.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,8 +110,12 @@ def build_collectors(
         # a real lldpd beside each simulated node) or a runner (the scenario cluster's fabric).
         lldp = lldp and (lldpcli_socket is not None or lldp_runner is not None)
         gpu = sim_accelerator(sim, sink)
-    collectors: list[Collector] = [gpu, RdmaSysfsCollector(sysfs_root)]
+    rdma = RdmaSysfsCollector(sysfs_root)
+    collectors: list[Collector] = [gpu, rdma]
     starters: list[Callable[[], object]] = [gpu.start_events]
+    if sink is not None:  # a port going down is an event at once, not news in the next report
+        hook = sim.sync_real_netdevs if sim is not None else None
+        starters.append(functools.partial(rdma.start_link_watch, sink, on_netdev_change=hook))
     if ethtool:
         collectors.append(EthtoolCollector(stats_dir=ethtool_dir))
     collectors.append(HostCollector(mounts=mounts))

@@ -202,7 +202,8 @@ class Agent:
                 c.slow_every_s = config.counters_every_s
         self.buffer = EventBuffer(config.buffer_path, max_events=config.buffer_max_events)
         self.storms = StormSuppressor(window_s=config.storm_window_s, burst=config.storm_burst)
-        self._findings: queue.SimpleQueue[Finding] = queue.SimpleQueue()
+        # (finding, when the collector handed it over): the event's read_us stage stamp.
+        self._findings: queue.SimpleQueue[tuple[Finding, float]] = queue.SimpleQueue()
         self._before_collect = before_collect
         self._starters = starters
         self._kmsg = kmsg
@@ -224,7 +225,7 @@ class Agent:
 
     # Thread-safe: event-driven collectors call this from their own threads.
     def sink(self, finding: Finding) -> None:
-        self._findings.put(finding)
+        self._findings.put((finding, time.time()))
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
@@ -239,15 +240,21 @@ class Agent:
             boot_id=self.boot_id,  # a changed one after a reboot is how the controller confirms it
         )
 
-    def emit(self, finding: Finding) -> None:
-        """Suppress storms, number durably, and tell the link."""
+    def emit(self, finding: Finding, read_s: float | None = None) -> None:
+        """Suppress storms, number durably, and tell the link.
+
+        ``read_s``: when the collector read it (wall clock; None: now), the event's first stage stamp.
+        """
         admitted = self.storms.admit(self.collectors.localise(finding))
         if admitted is None:
             return
         meta = None
         if admitted.source == "kmsg" and "kmsg_seq" in admitted.attributes:
             meta = {KMSG_CURSOR: f"{self.boot_id}:{admitted.attributes['kmsg_seq']}"}
-        event = self.buffer.append(admitted.to_event(), meta=meta)
+        wire = admitted.to_event()
+        wire.read_us = int((time.time() if read_s is None else read_s) * 1e6)
+        event = self.buffer.append(wire, meta=meta)
+        self.link.note_buffered(event.seq)
         self.events_emitted += 1
         log.info(
             "event",
@@ -257,16 +264,16 @@ class Agent:
             severity=admitted.severity,
             action=admitted.action,
             message=admitted.message,
+            read_to_buffered_ms=round(time.time() * 1000 - wire.read_us / 1000, 2),
         )
-        self.link.wake()
 
     def _drain_findings(self) -> None:
         while True:
             try:
-                finding = self._findings.get_nowait()
+                finding, read_s = self._findings.get_nowait()
             except queue.Empty:
                 break
-            self.emit(finding)
+            self.emit(finding, read_s)
         for summary in self.storms.flush():
             event = self.buffer.append(summary.to_event())
             self.events_emitted += 1

@@ -120,6 +120,17 @@ class ControllerMetrics:
             buckets=(0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
             registry=r,
         )
+        # controller.stages: one event's way from the agent's read to the delivered webhook,
+        # each stage's share measured from the stage before it (the shares add up).
+        self.event_stage_seconds = Histogram(
+            "starpulse_event_stage_seconds",
+            "Seconds an event spent reaching each stage from the one before it: read (agent) -> "
+            "buffered -> sent -> received (controller) -> condition -> incident -> outbox -> delivered. "
+            "Stages across the agent and the controller compare their wall clocks.",
+            ["stage"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
         self.command_queue = Gauge(
             "starpulse_command_queue_depth", "Commands waiting to be sent to agents.", registry=r
         )

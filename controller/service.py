@@ -15,6 +15,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller import gcpolicy
+from controller.detect.grouping_task import GroupingTask
 from controller.detect.model import ConditionChange
 from controller.detect.pipeline import Detection, DetectionConfig
 from controller.detect.rules import load_rules
@@ -40,6 +41,7 @@ from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, NotifyConfig, Outbox
 from controller.outputs.query import QueryServicer
 from controller.outputs.web.api import breaker_json
+from controller.stages import StageTracker
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthConfig, AuthInterceptor
@@ -183,6 +185,9 @@ class Controller:
         )
         self.metrics.set_outbox_depth_source(self.notifier.outbox_depth)
         self.detection.listeners.append(self.notifier)
+        # One trace per event from the agent's read to the delivered webhook (controller.stages).
+        self.stages = StageTracker(lambda stage, s: self.metrics.event_stage_seconds.labels(stage).observe(s))
+        self.registry.stages = self.detection.stages = self.notifier.stages = self.stages
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
@@ -217,6 +222,11 @@ class Controller:
         self._server: grpc.aio.Server | None = None
         self._runner: web.AppRunner | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        # Incidents open when their conditions' grouping windows close, not on the next sweep.
+        self.detection.windows.sweep_s = config.sweep_interval_s
+        self.grouping = GroupingTask(self.detection.correlator.next_due_ms, self.detection.group, self.clock)
+        self.detection.on_pending = self.grouping.wake
+        self._grouper: asyncio.Task[None] | None = None
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self.detection.failslow_stepwise = True  # _sweep_loop runs it in steps
         self._periodic: list[tuple[str, Callable[[], object]]] = [
@@ -366,6 +376,7 @@ class Controller:
         await site.start()
         self.http_port = int(self._runner.addresses[0][1]) if self._runner.addresses else port
         self._sweeper = asyncio.create_task(self._sweep_loop())
+        self._grouper = asyncio.create_task(self.grouping.run())
         self._notify_task = asyncio.create_task(self.notifier.run(self._notify_stop))
         if self.healer is not None:
             self._heal_task = asyncio.create_task(self.healer.run(self._notify_stop))
@@ -435,10 +446,11 @@ class Controller:
         sdnotify.stopping("flushing and closing")
         self._serving = False
         self.health.enter_graceful_shutdown()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._grouper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._notify_stop.set()
         if self._notify_task is not None:
             await self._notify_task  # in-flight deliveries finish; the rest waits in the outbox

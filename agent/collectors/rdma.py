@@ -12,14 +12,18 @@ import functools
 import math
 import os
 import re
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from agent.collectors.counterfiles import PROCESS_BUDGET, CounterFiles, FileBudget
+from agent.collectors.linkwatch import LinkWatch
+from agent.collectors.netlink import LinkNotifier
 from agent.collectors.pci import PCI_ADDR_RE
 from starpulse.core import vocab
 from starpulse.core.findings import Finding
@@ -163,6 +167,11 @@ class RdmaSysfsCollector:
         self._layout_at = 0.0
         self._port_files: dict[str, _PortFiles] = {}  # by port path
         self._counters = CounterFiles(budget)  # counter directories and files kept open, closed with the collector
+        # The cycle and the link watch (poll_links, another thread) share the port files and
+        # each port's last state: one lock, so a change is reported once.
+        self._lock = threading.Lock()
+        self._watch: LinkWatch | None = None
+        self._link_texts: dict[str, tuple[str | None, str | None]] = {}  # the watch's last texts per port
         weakref.finalize(self, _release_port_files, self._port_files, budget)  # dropped without close()
 
     # -- discovery ------------------------------------------------------------------
@@ -253,8 +262,44 @@ class RdmaSysfsCollector:
             )
 
     # -- samples ----------------------------------------------------------------------
+    def start_link_watch(
+        self,
+        sink: Callable[[Finding], None],
+        poll_s: float = 0.1,
+        on_netdev_change: Callable[[], None] | None = None,
+    ) -> None:
+        """Report link state changes between cycles: at a netlink notification, else within ``poll_s``."""
+        if self._watch is None:
+            self._watch = LinkWatch(self, sink, poll_s, LinkNotifier.open(), on_netdev_change)
+            self._watch.start()
+
+    def poll_links(self) -> list[Finding]:
+        """Only each listed port's link state (a stat and two preads on kept files): its changes as findings."""
+        with self._lock:
+            findings: list[Finding] = []
+            seen = self._link_texts
+            for pp in self._layout or ():
+                texts = self._link_attrs(pp.path)
+                if texts[0] is None:
+                    continue  # the cycle says why (rdma_port_failed)
+                if seen.get(pp.key) == texts:
+                    continue  # the common case: the same two texts as the last poll
+                seen[pp.key] = texts
+                state_txt, phys_txt = texts
+                s = tpb.NicSample(rdma_device=pp.dev, port=pp.port, link_layer=pp.link_layer, netdev=pp.netdev)
+                s.state_code, s.state = parse_state(state_txt)
+                s.phys_state_code, s.phys_state = parse_state(phys_txt or "")
+                f = self._transition(pp.key, s)
+                if f is not None:
+                    findings.append(f)
+            return findings
+
     def collect(self, report: tpb.Report) -> list[Finding]:
         """One NicSample per port; findings when a port leaves or returns to ACTIVE/LinkUp."""
+        with self._lock:
+            return self._collect(report)
+
+    def _collect(self, report: tpb.Report) -> list[Finding]:
         findings: list[Finding] = []
         now = time.monotonic()
         layout = self._layout
@@ -319,18 +364,32 @@ class RdmaSysfsCollector:
 
     def _port_attrs(self, p: str) -> tuple[str | None, str | None, str | None]:
         """The port's state, phys_state and rate texts (None: unreadable), from kept files."""
+        kept = self._kept(p)
+        if kept is None:
+            return None, None, None
+        return self._attr(kept, p, "state"), self._attr(kept, p, "phys_state"), self._attr(kept, p, "rate")
+
+    def _link_attrs(self, p: str) -> tuple[str | None, str | None]:
+        """The port's state and phys_state texts only (the link watch's poll)."""
+        kept = self._kept(p)
+        if kept is None:
+            return None, None
+        return self._attr(kept, p, "state"), self._attr(kept, p, "phys_state")
+
+    def _kept(self, p: str) -> _PortFiles | None:
+        """The port's kept files, dropped and started over when its directory is gone or another one."""
         try:
             ino = os.stat(p).st_ino
         except OSError:
             self._drop_port_files(p)
-            return None, None, None
+            return None
         kept = self._port_files.get(p)
         if kept is not None and kept.ino != ino:
             self._drop_port_files(p)
             kept = None
         if kept is None:
             kept = self._port_files[p] = _PortFiles(ino, {})
-        return self._attr(kept, p, "state"), self._attr(kept, p, "phys_state"), self._attr(kept, p, "rate")
+        return kept
 
     def _attr(self, kept: _PortFiles, p: str, name: str) -> str | None:
         fd = kept.fds.get(name)
@@ -444,6 +503,9 @@ class RdmaSysfsCollector:
         return None
 
     def close(self) -> None:
-        """Close every file this collector keeps open: port attributes and counter directories."""
+        """Stop the link watch; close every file this collector keeps open: port attributes and counter directories."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         _release_port_files(self._port_files, self._budget)
         self._counters.close()

@@ -68,6 +68,7 @@ class SimNode:
         self._degraded: dict[int, list[float]] = {}  # NIC -> rates of the degradations held, oldest first
         self._lock = threading.Lock()
         self.real_netdevs: RealNetdevs | None = None
+        self._net_lock = threading.Lock()  # real_netdevs.sync: the cycle and the link watch
 
     def follow_real_netdevs(self, net_root: str = "/sys/class/net") -> list[int]:
         """NICs whose netdev is a real interface here: their port state follows its carrier from now on."""
@@ -88,12 +89,20 @@ class SimNode:
     def kmsg_path(self) -> str:
         return self.kmsg.path
 
+    def sync_real_netdevs(self) -> None:
+        """The driver's part: RDMA ports follow their real netdevs now (before each collect, and
+        when netlink says a netdev changed: the agent's link watch calls it from its thread)."""
+        if self.real_netdevs is None:
+            return
+        with self._net_lock:
+            changed = self.real_netdevs.sync()
+        for i, up in changed.items():
+            with self._lock:
+                self._throughput[i] = self.base_throughput_gbps if up else 0.0
+
     def advance(self, dt_s: float) -> None:
         """Move counters forward by dt_s of simulated traffic (called before each collect)."""
-        if self.real_netdevs is not None:
-            for i, up in self.real_netdevs.sync().items():
-                with self._lock:
-                    self._throughput[i] = self.base_throughput_gbps if up else 0.0
+        self.sync_real_netdevs()
         with self._lock:
             throughput = list(self._throughput)
         self.sysfs.advance(max(dt_s, 0.0), throughput_gbps=throughput)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
@@ -54,6 +55,9 @@ class ControllerLink:
         self._rng = random.Random(seed)
         self._wake = asyncio.Event()
         self._latest_report: tpb.Report | None = None
+        # seq -> when the buffer held it (wall-clock us): the event's buffered_us stamp. Only
+        # this process's events; one replayed after a restart goes without it.
+        self._buffered_us: dict[int, int] = {}
         self.delta = ReportDelta()  # delta reports, when the controller accepts them
         self._stopping = False
         self._blocked = False
@@ -71,6 +75,14 @@ class ControllerLink:
     # -- producer side -------------------------------------------------------------
     def wake(self) -> None:
         """New events are in the buffer."""
+        self._wake.set()
+
+    def note_buffered(self, seq: int) -> None:
+        """The buffer committed event ``seq`` now (its buffered stage stamp); the link is woken too."""
+        self._buffered_us[seq] = int(time.time() * 1e6)
+        if len(self._buffered_us) > 2 * self.max_in_flight:  # the controller is away: keep the newest
+            for old in sorted(self._buffered_us)[: len(self._buffered_us) - self.max_in_flight]:
+                del self._buffered_us[old]
         self._wake.set()
 
     def offer_report(self, report: tpb.Report) -> None:
@@ -235,6 +247,8 @@ class ControllerLink:
             room = self.max_in_flight - (sent_upto - self.acked_event_seq)
             if room > 0:
                 for event in self.buffer.pending(sent_upto, limit=min(room, 500)):
+                    event.buffered_us = self._buffered_us.pop(event.seq, 0)
+                    event.sent_us = int(time.time() * 1e6)
                     await call.write(spb.AgentMessage(event=event))
                     sent_upto = event.seq
                     progressed = True

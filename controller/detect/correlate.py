@@ -54,6 +54,7 @@ from typing import Any, cast
 
 import structlog
 
+from controller.detect.grouping import ripe_batch, standing_apart
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ComponentType, Condition, ConditionChange, Incident
 from controller.fabric.model import LINK_SEPARATOR, Fabric
@@ -88,9 +89,27 @@ class CorrelationConfig:
     """How long to wait, how many make a pattern, how long to hold. Times in seconds."""
 
     settle_s: float = setting(
-        2.0,
-        "Seconds to wait after the first new condition before grouping the batch, so that siblings "
-        "from other nodes (one report interval away) land in the same grouping",
+        15.0,
+        "Seconds: the longest a new condition waits for its siblings before it is grouped, and the wait "
+        "while the fleet's report interval is not measured yet (controller.detect.grouping derives the rest)",
+        ge=0,
+    )
+    node_window_s: float = setting(
+        0.05,
+        "Seconds a node-local condition (a GPU's Xid, lost GPU, DBE, a disk) waits for the same node's "
+        "other devices, whose events arrive together: several GPUs failing at once are one node fault",
+        ge=0,
+    )
+    sibling_slack_s: float = setting(
+        0.25,
+        "Seconds added to the siblings' measured report interval before a condition a shared component "
+        "could explain (NIC, switch port, heartbeat) is grouped: transit and decision",
+        ge=0,
+    )
+    event_window_s: float = setting(
+        0.5,
+        "Seconds such a condition waits when an event raised it (a port down, sent at once by the agents' "
+        "link watch): its siblings' events arrive as fast (a 0.1 s poll, transit, decision)",
         ge=0,
     )
     min_nodes_for_switch: int = setting(
@@ -543,15 +562,19 @@ class Correlator:
         jobs_of: Callable[[str], list[str]] = lambda node: [],
         fleet_size: Callable[[], int] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        window_ms: Callable[[Condition], int] | None = None,
     ) -> None:
+        """``window_ms``: how long a new condition waits for its siblings (controller.detect.grouping);
+        None: ``settle_s`` for every condition."""
         self.config = config or CorrelationConfig()
+        self._window_ms = window_ms or (lambda _c: int(self.config.settle_s * 1000))
         self.store = store
         self.grouper = Grouper(fabric, self.config, fleet_size)
         self._jobs_of = jobs_of
         self.clock = clock
         self._clock_ms = clock.time_ms
         self._conds: dict[Key, Condition] = {}
-        self._pending: dict[Key, int] = {}  # key -> arrival ms, not yet grouped
+        self._pending: dict[Key, int] = {}  # key -> ms when its grouping window closes, not yet grouped
         self._owner: dict[Key, str] = {}  # key -> open incident id
         self._open: dict[str, Incident] = {}
         self._groups: dict[str, Group] = {}  # open incident id -> the group it was built from
@@ -580,19 +603,23 @@ class Correlator:
             elif ch.kind == "resolved" or not c.active:
                 self._pending.pop(key, None)  # a blip shorter than settle_s opens nothing
                 del self._conds[key]
-            else:
-                self._pending.setdefault(key, now)
+            elif key not in self._pending:
+                self._pending[key] = now + self._window_ms(c)
+
+    def next_due_ms(self) -> int | None:
+        """When the first pending condition's grouping window closes (None: nothing waits)."""
+        return min(self._pending.values()) if self._pending else None
 
     def tick(self) -> list[tuple[str, Incident]]:
         """Group settled conditions, refresh and expire incidents; returns (change, incident) pairs."""
         now = self._clock_ms()
-        settle_ms = int(self.config.settle_s * 1000)
-        if self._pending and min(self._pending.values()) + settle_ms <= now:
-            batch = [k for k in sorted(self._pending) if self._conds[k].active]
-            for k in self._pending:
+        due = ripe_batch(self._pending, self._conds, now)
+        if due:
+            batch = [k for k in due if self._conds[k].active]
+            for k in due:
+                del self._pending[k]
                 if not self._conds[k].active:
                     del self._conds[k]
-            self._pending.clear()
             if batch:
                 self._regroup(batch, now)
         for iid in sorted(self._touched):
@@ -667,9 +694,11 @@ class Correlator:
         return None
 
     def _regroup(self, batch: list[Key], now: int) -> None:
-        pool = set(self._owner) | set(batch)
+        groups_of = {iid: (g.kind, g.members) for iid, g in self._groups.items() if iid in self._open}
+        apart = standing_apart(groups_of, self._conds, batch, self._window_ms)
+        pool = {k for k, iid in self._owner.items() if iid not in apart} | set(batch)
         groups = self.grouper.group(self._conds[k] for k in sorted(pool))
-        matched: dict[str, Group] = {}
+        matched: dict[str, Group] = {iid: self._groups[iid] for iid in apart}  # left as they are
         created: set[str] = set()
         fresh: list[Group] = []
         by_sig = {og.signature: iid for iid, og in sorted(self._groups.items())}

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from controller.detect.conditions import ConditionEngine, nic_fabric_evidence
 from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.grouping import GroupingWindows, ReportCadence
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
 from controller.detect.rules import RuleSet
@@ -31,6 +32,7 @@ from controller.ingest.registry import NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_report
 from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
+from controller.stages import StageTracker
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.schema import setting
 from starpulse.v1 import inventory_pb2 as ipb
@@ -96,11 +98,24 @@ class Detection:
         self.engine = ConditionEngine(rules, fabric, clock=clock)
         self.failslow = FailSlowDetector(self.config.failslow, group_of=self._peer_group, clock=clock)
         self.incidents = IncidentStore(conn)
+        corr = self.config.correlation
+        self.cadence = ReportCadence()  # the fleet's measured report interval: shared conditions' window
+        self.windows = GroupingWindows(corr, self.cadence.interval_s)
         self.correlator = Correlator(
-            fabric, self.incidents, self.config.correlation, jobs_of=jobs_of, fleet_size=fleet_size, clock=clock
+            fabric,
+            self.incidents,
+            corr,
+            jobs_of=jobs_of,
+            fleet_size=fleet_size,
+            clock=clock,
+            window_ms=self.windows.window_ms,
         )
+        # Called when a condition starts waiting for its grouping window: the controller's
+        # grouping task wakes and groups it when the window closes, not on the next tick.
+        self.on_pending: Callable[[], None] | None = None
         self.topology = TopologyTracker(fabric, clock=clock)
         self.listeners: list[IncidentListener] = []
+        self.stages: StageTracker | None = None  # per-stage latency: condition and incident marks
         self._last_failslow = clock.monotonic()  # the fail-slow cadence (failslow_due)
         # With detection shards (controller.detect.shards) compute nodes' reports and events are
         # evaluated there; this engine keeps presence (heartbeats) and switches.
@@ -190,6 +205,8 @@ class Detection:
     def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
         """A decided report (here or in a shard): its fail-slow signals join the peer comparison here."""
         self.failslow.append(node.node_id, verdict.signals, verdict.job)
+        if verdict.timestamp_ms:
+            self.cadence.saw(node.node_id, verdict.timestamp_ms)
         if verdict.lldp is not None:
             self.topology.update(node)
 
@@ -197,7 +214,13 @@ class Detection:
         if self.shards is not None and node.role == _COMPUTE:
             self.shards.submit_events(node, events)  # the engine that holds the node's conditions
             return
-        self._feed(self.engine.on_events(node, events))
+        changes = self.engine.on_events(node, events)
+        opened = [ch.condition.key for ch in changes if ch.kind == "opened"]
+        self.windows.by_event.update(opened)  # their siblings are events too: the short window
+        if self.stages is not None:
+            self.stages.conditions_opened(node.node_id, [ev.seq for ev in events], opened)
+        self._feed(changes)
+        self.windows.by_event.clear()  # asked for during the feed; an owned condition was not asked
 
     def feed_shard_changes(self, changes: list[ConditionChange]) -> None:
         """Condition changes from a shard's engine, completed with what only the fabric knows."""
@@ -229,6 +252,8 @@ class Detection:
                 message=c.message,
             )
         self.correlator.on_changes(changes)
+        if self.on_pending is not None and self.correlator.next_due_ms() is not None:
+            self.on_pending()
 
     # -- periodic -------------------------------------------------------------------------
     def tick(self) -> list[tuple[str, Incident]]:
@@ -238,6 +263,10 @@ class Detection:
             changes += self.failslow.evaluate()
         self._feed(changes)
         self.topology.tick()
+        return self.group()
+
+    def group(self) -> list[tuple[str, Incident]]:
+        """Group the conditions whose windows closed and publish incident changes (tick, or the grouping task)."""
         published = self.correlator.tick()
         for change, incident in published:
             log.warning(
@@ -250,6 +279,8 @@ class Detection:
                 severity=incident.severity,
                 action=incident.action,
             )
+            if change == "opened" and self.stages is not None:
+                self.stages.incident_opened(incident.id, incident.condition_keys)
             if change == "opened" and incident.condition_keys:
                 first = min((e.get("first_seen_ms", incident.opened_ms) for e in incident.evidence), default=0)
                 if first:
@@ -287,6 +318,7 @@ class Detection:
         if self.shards is not None:
             self.shards.forget(node_id)  # what the shard resolves comes back through feed_shard_changes
         self._full_seen.pop(node_id, None)
+        self.cadence.forget(node_id)
         self._feed(self.engine.forget(node_id))
         change = self.failslow.forget(node_id)
         if change is not None:

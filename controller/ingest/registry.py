@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from controller.metrics import ControllerMetrics
+from controller.stages import StageTracker
 from controller.store import Store, StoredNode
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import inventory_pb2 as ipb
@@ -105,6 +106,7 @@ class NodeRegistry:
         self._clock_ms = clock.time_ms
         self.nodes: dict[str, NodeRecord] = {}
         self.listeners: list[IngestListener] = []
+        self.stages: StageTracker | None = None  # per-stage latency: events' received mark
         self._stream_counter = 0
         self._started_ms = clock.time_ms()
         self._presence_dirty: set[str] = set()
@@ -238,6 +240,10 @@ class NodeRegistry:
             fresh.append(ev)
         if not fresh:
             return []
+        if self.stages is not None:
+            for ev in fresh:
+                kind = tpb.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower()
+                self.stages.received(node.node_id, ev.seq, kind, ev.component, (ev.read_us, ev.buffered_us, ev.sent_us))
         self.store.insert_events(node.node_id, node.epoch, fresh, self._clock_ms(), acked)
         node.acked_event_seq = acked
         for ev in fresh:

@@ -398,7 +398,7 @@ class LldpUpdate(_message.Message):
     def __init__(self, neighbors: _Optional[_Iterable[_Union[_inventory_pb2.LldpNeighbor, _Mapping]]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "kind", "component", "severity", "message", "source", "xid", "pci", "action", "attributes", "vendor", "vendor_code")
+    __slots__ = ("seq", "timestamp_ms", "kind", "component", "severity", "message", "source", "xid", "pci", "action", "attributes", "vendor", "vendor_code", "read_us", "buffered_us", "sent_us")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -419,6 +419,9 @@ class Event(_message.Message):
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
     VENDOR_CODE_FIELD_NUMBER: _ClassVar[int]
+    READ_US_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_US_FIELD_NUMBER: _ClassVar[int]
+    SENT_US_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     kind: EventKind
@@ -432,4 +435,7 @@ class Event(_message.Message):
     attributes: _containers.ScalarMap[str, str]
     vendor: str
     vendor_code: str
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., component: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., xid: _Optional[int] = ..., pci: _Optional[str] = ..., action: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., vendor: _Optional[str] = ..., vendor_code: _Optional[str] = ...) -> None: ...
+    read_us: int
+    buffered_us: int
+    sent_us: int
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., component: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., xid: _Optional[int] = ..., pci: _Optional[str] = ..., action: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., vendor: _Optional[str] = ..., vendor_code: _Optional[str] = ..., read_us: _Optional[int] = ..., buffered_us: _Optional[int] = ..., sent_us: _Optional[int] = ...) -> None: ...

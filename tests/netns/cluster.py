@@ -236,7 +236,7 @@ class MultiHostCluster:
     def query_socket(self) -> Path:
         return self.socket_dir() / "controller-grpc.sock"
 
-    def _start_agent(self, node: str, seed: int) -> None:
+    def _start_agent(self, node: str, seed: int, interval_s: float = AGENT_INTERVAL_S) -> None:
         state = self.workdir / node
         argv = [
             sys.executable,
@@ -261,7 +261,7 @@ class MultiHostCluster:
             "--lldp-interval-s",
             "0.5",
             "--interval-s",
-            str(AGENT_INTERVAL_S),
+            str(interval_s),
             "--state-dir",
             str(state),
         ]
@@ -270,12 +270,12 @@ class MultiHostCluster:
         if node not in self._kmsg:  # one writer per node: its kernel-log seqs keep growing across restarts
             self._kmsg[node] = FakeKmsg(str(state / "sim" / "kmsg"))
 
-    def restart_agent(self, node: str) -> None:
-        """Stop the node's agent (SIGTERM) and start it again on the same state folder."""
+    def restart_agent(self, node: str, interval_s: float = AGENT_INTERVAL_S) -> None:
+        """Stop the node's agent (SIGTERM) and start it again on the same state folder (at ``interval_s``)."""
         old = self.agents.pop(node)
         self.lab.stop(old)
         self.lab.procs.remove(old)
-        self._start_agent(node, seed=self.node_ids.index(node))
+        self._start_agent(node, seed=self.node_ids.index(node), interval_s=interval_s)
 
     # -- the controller's view -------------------------------------------------------------
     def query(self) -> sgrpc.QueryStub:

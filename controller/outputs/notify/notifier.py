@@ -44,6 +44,7 @@ from controller.outputs.notify import payloads
 from controller.outputs.notify.config import NotifyConfig, ReceiverConfig
 from controller.outputs.notify.outbox import ActiveAlert, Outbox, OutboxItem, delivery_id
 from controller.outputs.notify.signing import signed_headers
+from controller.stages import StageTracker
 from starpulse.core.clock import Clock
 
 log = structlog.get_logger(__name__)
@@ -100,6 +101,7 @@ class Notifier:
         self._resending: dict[str, asyncio.Task[None]] = {}
         self._last_resend: dict[str, float] = {}  # receiver -> monotonic time of the last re-send
         self._last_purge = 0.0
+        self.stages: StageTracker | None = None  # per-stage latency: outbox and delivered marks
 
     # -- IncidentListener ------------------------------------------------------------------
 
@@ -114,6 +116,8 @@ class Notifier:
                 log.exception("notify_enqueue_failed", receiver=r.name, incident=incident.id, change=change)
         if queued:
             self._wake.set()
+            if change == "opened" and self.stages is not None:
+                self.stages.queued(incident.id)
 
     def outbox_depth(self) -> int:
         """Notices waiting for delivery (the queue-depth gauge)."""
@@ -324,6 +328,8 @@ class Notifier:
         }
         if outcome.ok:
             self.outbox.mark_delivered(item.id)
+            if self.stages is not None and item.status == "firing":
+                self.stages.delivered(item.group)
             self._count("sent", r.name)
             log.info("notify_delivered", outcome="delivered", **fields)
             return
