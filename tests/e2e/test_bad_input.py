@@ -177,3 +177,132 @@ class TestBadSettings:
         ]
         out = _starpulse("config", "check", str(path))
         assert out.returncode == 2 and len(out.stdout.splitlines()) == 2 and out.stderr == ""
+
+
+def _one_line(out: subprocess.CompletedProcess[str]) -> str:
+    """The one stderr line of a refused start (exit 2, no traceback)."""
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("starpulse ")]
+    return line
+
+
+class TestAddressesAndFolders:
+    """A port another process serves, or a state folder another agent holds, is refused with one line."""
+
+    async def test_second_controller_on_a_served_grpc_port(self, controller: Controller, tmp_path: Path) -> None:
+        """No SO_REUSEPORT sharing: the second controller exits 2 naming --listen and the address."""
+        address = f"127.0.0.1:{controller.grpc_port}"
+        out = _starpulse("controller", "--db", str(tmp_path / "b.db"), "--listen", address, "--http", "127.0.0.1:0")
+        line = _one_line(out)
+        assert (
+            line
+            == f"starpulse controller: --listen {address}: address already in use (another process serves this port)"
+        )
+
+    async def test_second_controller_on_a_served_http_port(self, controller: Controller, tmp_path: Path) -> None:
+        """--http in use: one line, and no 'Event loop is closed' from a half-started gRPC server."""
+        address = f"127.0.0.1:{controller.http_port}"
+        out = _starpulse("controller", "--db", str(tmp_path / "b.db"), "--listen", "127.0.0.1:0", "--http", address)
+        assert _one_line(out).startswith(f"starpulse controller: --http {address}: address already in use")
+        assert "Event loop is closed" not in out.stderr + out.stdout
+
+    def test_grpc_servers_of_ours_never_share_a_port(self) -> None:
+        """Past the probe (a race), gRPC's own bind also refuses: the options turn SO_REUSEPORT off."""
+        from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port
+
+        first = grpc.server(futures_pool(), options=GRPC_SERVER_OPTIONS)
+        port = first.add_insecure_port("127.0.0.1:0")
+        first.start()
+        try:
+            second = grpc.server(futures_pool(), options=GRPC_SERVER_OPTIONS)
+            with pytest.raises(RuntimeError):
+                second.add_insecure_port(f"127.0.0.1:{port}")
+            with pytest.raises(ListenError, match="address already in use"):
+                add_grpc_port("server.listen", second, f"127.0.0.1:{port}")
+        finally:
+            first.stop(0)
+
+    def test_second_agent_on_a_state_folder_in_use(self, tmp_path: Path) -> None:
+        """The lock names the folder and its holder; once released the folder is free again."""
+        from agent.transport.statelock import lock_state_dir
+
+        held = lock_state_dir(tmp_path / "state")
+        out = _starpulse(
+            "agent", "--controller", "127.0.0.1:1", "--node-id", "node-001", "--backend", "sim",
+            "--state-dir", str(tmp_path / "state"),
+        )  # fmt: skip
+        assert _one_line(out) == (
+            f"starpulse agent: --state-dir {tmp_path / 'state'}: already in use by agent pid {os.getpid()} "
+            "(one agent per state folder)"
+        )
+        held.release()
+        lock_state_dir(tmp_path / "state").release()  # free again: no stale lock once the holder is gone
+
+    def test_agent_metrics_port_in_use(self, controller: Controller, tmp_path: Path) -> None:
+        address = f"127.0.0.1:{controller.http_port}"
+        out = _starpulse(
+            "agent", "--controller", "127.0.0.1:1", "--node-id", "node-001", "--backend", "sim",
+            "--state-dir", str(tmp_path / "state"), "--metrics", address,
+        )  # fmt: skip
+        assert _one_line(out).startswith(f"starpulse agent: --metrics {address}: address already in use")
+
+
+def futures_pool() -> object:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1)
+
+
+class TestCommandLine:
+    """Flags a user mistypes: one line naming the flag, exit 2, nothing run."""
+
+    @pytest.mark.parametrize(
+        ("argv", "line"),
+        [
+            (["events", "--limit", "-5"], "starpulse events: argument --limit: must be a whole number >= 1, got -5"),
+            (
+                ["incidents", "--limit", "x"],
+                "starpulse incidents: argument --limit: must be a whole number >= 1, got 'x'",
+            ),
+            (
+                ["topology", "generate", "--nodes", "8", "--out", "/missing/dir/f.json"],
+                "starpulse topology generate: argument --out: folder '/missing/dir' does not exist",
+            ),
+            (["demo", "--nodes", "0"], "starpulse demo: argument --nodes: must be a whole number >= 1, got 0"),
+            (["scan", "--window", "0"], "starpulse scan: argument --window: must be a number of seconds > 0, got 0"),
+        ],
+    )
+    def test_bad_flag_values(self, argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+        from starpulse.app import cli
+
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.splitlines() == [
+            f"{line} (see starpulse {' '.join(argv[:2] if argv[0] == 'topology' else argv[:1])} --help)"
+        ]
+
+    def test_unwritable_out_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """The folder exists but the file cannot be written (a folder of that name): one line, exit 2."""
+        from starpulse.app import cli
+
+        (tmp_path / "f.json").mkdir()
+        assert cli.main(["topology", "generate", "--nodes", "8", "--out", str(tmp_path / "f.json")]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"starpulse topology generate: --out {tmp_path / 'f.json'}: ")
+
+    def test_a_bug_keeps_its_traceback_and_its_own_exit_code(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """No catch-all hiding bugs: the traceback is logged and the exit code is EXIT_BUG, not 2."""
+        from starpulse.app import cli
+
+        def broken(args: object) -> int:
+            raise ZeroDivisionError("a bug")
+
+        monkeypatch.setattr(cli.query, "cmd_events", broken)
+        assert cli.main(["events"]) == cli.EXIT_BUG != 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and "ZeroDivisionError: a bug" in err
+        assert err.splitlines()[-1] == "starpulse events: internal error (a bug: its traceback is in the log above)"

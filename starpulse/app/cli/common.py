@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import sys
 import time
@@ -139,3 +140,50 @@ def message_dict(message: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
     return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def whole(minimum: int = 0) -> Any:
+    """An argparse type: a whole number >= minimum (``--limit -5`` is an error naming the flag, not a traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def seconds(minimum: float = 0.0, *, above: bool = False) -> Any:
+    """An argparse type: seconds >= minimum (or > minimum with ``above``)."""
+    sign = ">" if above else ">="
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {sign} {minimum:g}, got {text!r}") from None
+        if math.isnan(value) or value < minimum or (above and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {sign} {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+def writable_file(text: str) -> Path:
+    """An argparse type: a file path whose folder exists (the write itself may still fail, with one line)."""
+    path = Path(text)
+    folder = path.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} does not exist")
+    return path
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the command and the flag, like every other error; --help has the rest."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")

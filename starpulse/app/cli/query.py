@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, admin_call, age, query_stub, rpc
+from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, admin_call, age, query_stub, rpc, whole
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -170,7 +170,7 @@ def register(sub: Any) -> None:
     e.add_argument("--controller", default=DEFAULT_CONTROLLER)
     add_client_auth_flags(e)
     e.add_argument("--node", default=None)
-    e.add_argument("--limit", type=int, default=50)
+    e.add_argument("--limit", type=whole(1), default=50, metavar="N", help="newest events to show (default: 50)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_events)
 
@@ -178,7 +178,7 @@ def register(sub: Any) -> None:
     i.add_argument("--controller", default=DEFAULT_CONTROLLER)
     add_client_auth_flags(i)
     i.add_argument("--all", action="store_true", help="include resolved incidents")
-    i.add_argument("--limit", type=int, default=100)
+    i.add_argument("--limit", type=whole(1), default=100, metavar="N", help="newest incidents to show (default: 100)")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_incidents)
 

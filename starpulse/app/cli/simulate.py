@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from starpulse.app.cli.common import seconds, whole
+
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
     from starpulse.app.scenario.runner import run_scenario
@@ -58,8 +60,14 @@ def register(sub: Any) -> None:
     scr.set_defaults(func=cmd_scenario_run)
 
     d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")
-    d.add_argument("--nodes", type=int, default=16)
-    d.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
-    d.add_argument("--listen", default="127.0.0.1:0")
-    d.add_argument("--http", default="127.0.0.1:8080")
+    d.add_argument("--nodes", type=whole(1), default=16, metavar="N", help="simulated nodes (default: 16)")
+    d.add_argument(
+        "--duration", type=seconds(0.0), default=0.0, metavar="S", help="seconds to run (default: 0, until Ctrl-C)"
+    )
+    d.add_argument(
+        "--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="controller gRPC address (default: a free port)"
+    )
+    d.add_argument(
+        "--http", default="127.0.0.1:8080", metavar="HOST:PORT", help="dashboard address (default: 127.0.0.1:8080)"
+    )
     d.set_defaults(func=cmd_demo)

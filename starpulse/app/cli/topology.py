@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, query_stub, rpc
+from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, query_stub, rpc, whole, writable_file
 
 
 def cmd_topology_generate(args: argparse.Namespace) -> int:
@@ -21,7 +21,11 @@ def cmd_topology_generate(args: argparse.Namespace) -> int:
         print(f"starpulse topology generate: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        save_fabric(fabric, args.out)
+        try:
+            save_fabric(fabric, args.out)
+        except OSError as exc:
+            print(f"starpulse topology generate: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.out}: {json.dumps(fabric.summary(), sort_keys=True)}")
     else:
         from controller.fabric import fabric_to_dict
@@ -71,13 +75,23 @@ def register(sub: Any) -> None:
     t = sub.add_parser("topology", help="fabric topology: generate a fabric file, show the live graph")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tg = tsub.add_parser("generate", help="a Xingmai-style multi-rail Clos")
-    tg.add_argument("--nodes", type=int, required=True)
-    tg.add_argument("--gpus-per-node", type=int, default=8)
-    tg.add_argument("--rails", type=int, default=8)
-    tg.add_argument("--nodes-per-block", type=int, default=16)
-    tg.add_argument("--spines", type=int, default=8)
-    tg.add_argument("--spares", type=int, default=0)
-    tg.add_argument("--out", default=None, help="file to write (JSON, or YAML for .yaml); default stdout")
+    tg.add_argument("--nodes", type=whole(1), required=True, metavar="N", help="compute nodes in the fabric")
+    tg.add_argument("--gpus-per-node", type=whole(1), default=8, metavar="N", help="GPUs per node (default: 8)")
+    tg.add_argument("--rails", type=whole(1), default=8, metavar="N", help="rails, a leaf each per block (default: 8)")
+    tg.add_argument(
+        "--nodes-per-block", type=whole(1), default=16, metavar="N", help="nodes under one block's leaves (default: 16)"
+    )
+    tg.add_argument("--spines", type=whole(1), default=8, metavar="N", help="spine switches (default: 8)")
+    tg.add_argument(
+        "--spares", type=whole(0), default=0, metavar="N", help="of the nodes, spares held idle (default: 0)"
+    )
+    tg.add_argument(
+        "--out",
+        type=writable_file,
+        default=None,
+        metavar="FILE",
+        help="file to write (JSON, or YAML for .yaml; its folder must exist); default: stdout",
+    )
     tg.set_defaults(func=cmd_topology_generate)
     ts = tsub.add_parser("show", help="summarise the live graph (or a fabric file)")
     ts.add_argument("--controller", default=DEFAULT_CONTROLLER)
