@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+import structlog
 
 from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
@@ -256,6 +258,12 @@ def futures_pool() -> object:
 class TestCommandLine:
     """Flags a user mistypes: one line naming the flag, exit 2, nothing run."""
 
+    @pytest.fixture(autouse=True)
+    def _logging_back(self) -> Iterator[None]:
+        """main() logs onto pytest's captured stderr; later tests must not write to it once closed."""
+        yield
+        structlog.reset_defaults()
+
     @pytest.mark.parametrize(
         ("argv", "line"),
         [
@@ -306,3 +314,89 @@ class TestCommandLine:
         err = capsys.readouterr().err
         assert "Traceback" in err and "ZeroDivisionError: a bug" in err
         assert err.splitlines()[-1] == "starpulse events: internal error (a bug: its traceback is in the log above)"
+
+
+class TestQuietlyWrong:
+    """What used to print nothing or a false all-clear now says what is missing, exit 2."""
+
+    async def test_events_of_an_unknown_node(self, controller: Controller) -> None:
+        address = f"127.0.0.1:{controller.grpc_port}"
+        await _still_serving(controller)  # node-001 is known (and quiet)
+        out = await asyncio.to_thread(_starpulse, "events", "--controller", address, "--node", "nosuch")
+        assert _one_line(out) == (
+            f"starpulse events: --node nosuch: no such node at the controller {address} (1 known; see starpulse nodes)"
+        )
+        out = await asyncio.to_thread(_starpulse, "events", "--controller", address, "--node", "node-001")
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+
+    async def test_topology_without_a_fabric_is_no_all_clear(self, controller: Controller) -> None:
+        address = f"127.0.0.1:{controller.grpc_port}"
+        out = await asyncio.to_thread(_starpulse, "topology", "show", "--controller", address)
+        assert _one_line(out).startswith(f"starpulse topology show: the controller at {address} has no declared fabric")
+        assert "wiring matches" not in out.stdout
+
+
+class TestConfigCheckReferences:
+    """`config check` loads the files a controller's settings name and looks for the tools they need."""
+
+    def test_missing_and_broken_files(self, tmp_path: Path) -> None:
+        (tmp_path / "rules.yaml").write_text("rules: [\n")
+        path = tmp_path / "controller.yaml"
+        path.write_text("fabric:\n  path: nosuch.json\ndetection:\n  rules_path: rules.yaml\n")
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 2 and out.stderr == "", out.stderr
+        fabric, rules = out.stdout.splitlines()
+        assert fabric == f"{path}: fabric.path: {tmp_path / 'nosuch.json'}: cannot read: No such file or directory"
+        assert rules.startswith(f"{path}: detection.rules_path: {tmp_path / 'rules.yaml'}: not valid YAML")
+
+    def test_missing_policy_file(self, tmp_path: Path) -> None:
+        path = tmp_path / "controller.yaml"
+        path.write_text(
+            "heal:\n  enabled: true\n  policy_path: policy.yaml\n  scheduler:\n    type: sim\n    sim:\n"
+            "      nodes: [node-001]\n"
+        )
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 2, out.stdout
+        assert out.stdout.splitlines() == [
+            f"{path}: heal.policy_path: {tmp_path / 'policy.yaml'}: cannot read policy file: No such file or directory"
+        ]
+
+    def test_slurm_healing_without_its_commands(self, tmp_path: Path) -> None:
+        """Both `config check` and the controller itself refuse Slurm healing where scontrol is absent."""
+        (tmp_path / "bin").mkdir()
+        path = tmp_path / "controller.yaml"
+        path.write_text(
+            f"heal:\n  enabled: true\n  scheduler:\n    type: slurm\n    slurm:\n      bin_dir: {tmp_path / 'bin'}\n"
+        )
+        line = (
+            f"{path}: heal.scheduler.slurm: scontrol, sinfo, squeue, scancel not found in {tmp_path / 'bin'}: "
+            "Slurm healing needs its client commands"
+        )
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 2 and out.stdout.splitlines() == [line]
+        out = _starpulse("controller", "--config", str(path), "--db", str(tmp_path / "c.db"))
+        assert _one_line(out) == f"starpulse controller: {line}"
+
+    def test_slurm_commands_on_path_are_found(self, tmp_path: Path) -> None:
+        """The same check passes when the four commands are executables in bin_dir (not the quiet default)."""
+        (tmp_path / "bin").mkdir()
+        for tool in ("scontrol", "sinfo", "squeue", "scancel"):
+            exe = tmp_path / "bin" / tool
+            exe.write_text("#!/bin/sh\nexit 0\n")
+            exe.chmod(0o755)
+        path = tmp_path / "controller.yaml"
+        path.write_text(
+            f"heal:\n  enabled: true\n  scheduler:\n    type: slurm\n    slurm:\n      bin_dir: {tmp_path / 'bin'}\n"
+        )
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 0 and out.stdout.startswith("ok: controller:"), out.stdout
+
+    def test_reach_asks_etcd(self, tmp_path: Path) -> None:
+        """--reach connects to the etcd endpoints; without it the file alone is checked."""
+        port = free_port()
+        path = tmp_path / "controller.yaml"
+        path.write_text(f"ha:\n  enabled: true\n  etcd: ['127.0.0.1:{port}']\n")
+        assert _starpulse("config", "check", str(path)).returncode == 0
+        out = _starpulse("config", "check", "--reach", str(path))
+        assert out.returncode == 2
+        assert out.stdout.splitlines() == [f"{path}: ha.etcd: 127.0.0.1:{port}: unreachable (Connection refused)"]

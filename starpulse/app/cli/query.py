@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -16,8 +17,11 @@ def cmd_events(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
     request = spb.ListEventsRequest(node_id=args.node or "", limit=args.limit)
-    resp = rpc("events", args, query_stub(args), "ListEvents", request, 10)
+    stub = query_stub(args)
+    resp = rpc("events", args, stub, "ListEvents", request, 10)
     if resp is None:
+        return 2
+    if args.node and not resp.events and not _known_node(args, stub, args.node):
         return 2
     rows = [
         {
@@ -43,6 +47,23 @@ def cmd_events(args: argparse.Namespace) -> int:
             f"{r['action']:<14} {r['message']}"
         )
     return 0
+
+
+def _known_node(args: argparse.Namespace, stub: Any, node: str) -> bool:
+    """Whether the controller knows ``node``; False after one line (a typo must not look like a quiet node)."""
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = rpc("events", args, stub, "ListNodes", spb.ListNodesRequest(), 10)
+    if resp is None:
+        return False
+    if any(n.node_id == node for n in resp.nodes):
+        return True
+    print(
+        f"starpulse events: --node {node}: no such node at the controller {args.controller} "
+        f"({len(resp.nodes)} known; see starpulse nodes)",
+        file=sys.stderr,
+    )
+    return False
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:

@@ -51,6 +51,13 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
     resp = rpc("topology show", args, query_stub(args), "GetTopology", spb.TopologyRequest(), 10)
     if resp is None:
         return 2
+    if not json.loads(resp.summary_json or "{}"):  # no declared fabric: nothing to compare the wiring with
+        print(
+            f"starpulse topology show: the controller at {args.controller} has no declared fabric "
+            "(start it with --fabric FILE; see starpulse topology generate)",
+            file=sys.stderr,
+        )
+        return 2
     out = {
         "summary": json.loads(resp.summary_json or "{}"),
         "nodes_reporting_lldp": resp.nodes_reporting_lldp,
