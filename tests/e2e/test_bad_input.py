@@ -278,6 +278,10 @@ class TestCommandLine:
             ),
             (["demo", "--nodes", "0"], "starpulse demo: argument --nodes: must be a whole number >= 1, got 0"),
             (["scan", "--window", "0"], "starpulse scan: argument --window: must be a number of seconds > 0, got 0"),
+            (
+                ["demo", "--http", "127.0.0.1:notaport"],
+                "starpulse demo: argument --http: must be HOST:PORT, got '127.0.0.1:notaport'",
+            ),
         ],
     )
     def test_bad_flag_values(self, argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -290,6 +294,28 @@ class TestCommandLine:
         assert err.splitlines() == [
             f"{line} (see starpulse {' '.join(argv[:2] if argv[0] == 'topology' else argv[:1])} --help)"
         ]
+
+    def test_client_tls_flags_go_together(self, capsys: pytest.CaptureFixture[str]) -> None:
+        from starpulse.app import cli
+
+        assert cli.main(["nodes", "--tls-ca", "ca.pem"]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            "starpulse nodes: --tls-ca, --tls-cert and --tls-key go together"
+        ]
+
+    def test_demo_dashboard_port_in_use(self) -> None:
+        """The demo's --http default (8080) is often taken: one line naming the flag that moves it."""
+        import socket
+
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            address = f"127.0.0.1:{held.getsockname()[1]}"
+            out = _starpulse("demo", "--http", address, "--duration", "1")
+        assert (
+            _one_line(out)
+            == f"starpulse demo: --http {address}: address already in use (another process serves this port)"
+        )
 
     def test_unwritable_out_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """The folder exists but the file cannot be written (a folder of that name): one line, exit 2."""

@@ -68,7 +68,12 @@ def client_channel(args: argparse.Namespace) -> Any:
     """A channel to args.controller: mutual TLS when --tls-* are given, the admin token on every call."""
     import grpc
 
-    tls = tls_settings(args)
+    from starpulse.core.schema import ConfigError
+
+    try:
+        tls = tls_settings(args)
+    except ValueError as exc:  # the flags' combination: one line from main(), like a bad file
+        raise ConfigError([str(exc)]) from None
     if tls is not None:
         from starpulse.core.tls import load_channel_credentials
 
@@ -180,6 +185,14 @@ def writable_file(text: str) -> Path:
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"folder {str(folder)!r} does not exist")
     return path
+
+
+def address(text: str) -> str:
+    """An argparse type: HOST:PORT with a port 0..65535 (0: any free port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
+    return text
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import seconds, whole
+from starpulse.app.cli.common import address, seconds, whole
 
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
@@ -46,8 +46,14 @@ def _print_verdict(verdict: dict[str, Any]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from starpulse.app.demo import run_demo
+    from starpulse.core.listen import ListenError
 
-    return run_demo(nodes=args.nodes, duration_s=args.duration, http=args.http, listen=args.listen)
+    try:
+        return run_demo(nodes=args.nodes, duration_s=args.duration, http=args.http, listen=args.listen)
+    except ListenError as exc:  # the dashboard's port taken (8080 often is): say which flag moves it
+        flag = {"server.http": "--http", "server.listen": "--listen"}.get(exc.what, exc.what)
+        print(f"starpulse demo: {flag} {exc.address}: {exc.reason}", file=sys.stderr)
+        return 2
 
 
 def register(sub: Any) -> None:
@@ -65,9 +71,17 @@ def register(sub: Any) -> None:
         "--duration", type=seconds(0.0), default=0.0, metavar="S", help="seconds to run (default: 0, until Ctrl-C)"
     )
     d.add_argument(
-        "--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="controller gRPC address (default: a free port)"
+        "--listen",
+        type=address,
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="controller gRPC address (default: a free port)",
     )
     d.add_argument(
-        "--http", default="127.0.0.1:8080", metavar="HOST:PORT", help="dashboard address (default: 127.0.0.1:8080)"
+        "--http",
+        type=address,
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="dashboard address (default: 127.0.0.1:8080)",
     )
     d.set_defaults(func=cmd_demo)
