@@ -31,7 +31,21 @@ def add_tls_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="this side's private key")
 
 
-def add_client_auth_flags(parser: argparse.ArgumentParser) -> None:
+CONTROLLER_ENV = "STARPULSE_CONTROLLER"
+JSON_HELP = "print JSON instead of the table"
+
+
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    """--controller (default: $STARPULSE_CONTROLLER, else the local controller), TLS and the admin token."""
+    import os
+
+    parser.add_argument(
+        "--controller",
+        default=os.environ.get(CONTROLLER_ENV, "").strip() or DEFAULT_CONTROLLER,
+        type=address,
+        metavar="HOST:PORT",
+        help=f"the controller's gRPC address (default: ${CONTROLLER_ENV}, else {DEFAULT_CONTROLLER})",
+    )
     add_tls_flags(parser)
     parser.add_argument(
         "--admin-token-file",

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, admin_call, age, query_stub, rpc, whole
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, query_stub, rpc, whole
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -188,29 +188,25 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add this group's commands to the top-level subparsers."""
     e = sub.add_parser("events", help="list recent events")
-    e.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(e)
-    e.add_argument("--node", default=None)
+    add_client_flags(e)
+    e.add_argument("--node", default=None, help="only this node's events (default: every node)")
     e.add_argument("--limit", type=whole(1), default=50, metavar="N", help="newest events to show (default: 50)")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help=JSON_HELP)
     e.set_defaults(func=cmd_events)
 
     i = sub.add_parser("incidents", help="list incidents (root causes on the fabric)")
-    i.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(i)
+    add_client_flags(i)
     i.add_argument("--all", action="store_true", help="include resolved incidents")
     i.add_argument("--limit", type=whole(1), default=100, metavar="N", help="newest incidents to show (default: 100)")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help=JSON_HELP)
     i.set_defaults(func=cmd_incidents)
 
     sp = sub.add_parser("spares", help="hot spares: health, block, allocation")
-    sp.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(sp)
-    sp.add_argument("--json", action="store_true")
+    add_client_flags(sp)
+    sp.add_argument("--json", action="store_true", help=JSON_HELP)
     sp.set_defaults(func=cmd_spares)
 
     jb = sub.add_parser("jobs", help="training jobs: restarts, steps lost, downtime, last complete checkpoint")
-    jb.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(jb)
-    jb.add_argument("--json", action="store_true")
+    add_client_flags(jb)
+    jb.add_argument("--json", action="store_true", help=JSON_HELP)
     jb.set_defaults(func=cmd_jobs)

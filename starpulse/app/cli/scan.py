@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import seconds, whole
+from starpulse.app.cli.common import JSON_HELP, seconds, whole
 
 NONE_BACKEND = "none"
 
@@ -189,7 +189,10 @@ def register(sub: Any) -> None:
     """Add this group's commands to the top-level subparsers."""
     s = sub.add_parser("scan", help="this node's health verdict by the controller's rules (exit 0/1/2)")
     s.add_argument(
-        "--backend", choices=_backends(), default="nvml", help="accelerator backend; 'none' scans without a driver"
+        "--backend",
+        choices=_backends(),
+        default="nvml",
+        help="accelerator backend; 'none' scans without a driver (default: nvml)",
     )
     s.add_argument("--sysfs-root", default=None, help="root of the sysfs tree to read NICs from (default /sys)")
     s.add_argument("--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)")
@@ -206,7 +209,7 @@ def register(sub: Any) -> None:
     s.add_argument(
         "--sim-fault", action="append", metavar="KIND[:INDEX]", help="with --backend sim: inject a node fault first"
     )
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     from starpulse.app.cli.preflight import add_flags
 
     add_flags(s)

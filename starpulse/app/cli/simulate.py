@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import address, seconds, whole
+from starpulse.app.cli.common import JSON_HELP, address, seconds, whole
 
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
     scsub = sc.add_subparsers(dest="scenario_command", required=True)
     scr = scsub.add_parser("run", help="run one scenario file and print its verdict")
     scr.add_argument("file")
-    scr.add_argument("--json", action="store_true")
+    scr.add_argument("--json", action="store_true", help=JSON_HELP)
     scr.set_defaults(func=cmd_scenario_run)
 
     d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")

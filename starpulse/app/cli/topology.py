@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, query_stub, rpc, whole, writable_file
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, query_stub, rpc, whole, writable_file
 
 
 def cmd_topology_generate(args: argparse.Namespace) -> int:
@@ -101,8 +101,9 @@ def register(sub: Any) -> None:
     )
     tg.set_defaults(func=cmd_topology_generate)
     ts = tsub.add_parser("show", help="summarise the live graph (or a fabric file)")
-    ts.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(ts)
-    ts.add_argument("--file", default=None)
-    ts.add_argument("--json", action="store_true")
+    add_client_flags(ts)
+    ts.add_argument(
+        "--file", default=None, metavar="FILE", help="summarise this fabric file instead of asking the controller"
+    )
+    ts.add_argument("--json", action="store_true", help=JSON_HELP)
     ts.set_defaults(func=cmd_topology_show)
