@@ -51,6 +51,8 @@ def test_controller_address_from_the_environment(monkeypatch: pytest.MonkeyPatch
     for argv in (["nodes"], ["events"], ["incident", "show", "INC-1"], ["breaker", "status"], ["topology", "show"]):
         assert parser.parse_args(argv).controller == "ctl.example:6000", argv
     assert parser.parse_args(["nodes", "--controller", "other:1"]).controller == "other:1"
+    monkeypatch.setenv("STARPULSE_CONTROLLER", "ctl-1:50051,ctl-2:50051")  # as the agent's .env file has it
+    assert cli.build_parser().parse_args(["nodes"]).controller == "ctl-1:50051"
     monkeypatch.delenv("STARPULSE_CONTROLLER")
     assert cli.build_parser().parse_args(["nodes"]).controller == cli.DEFAULT_CONTROLLER
 

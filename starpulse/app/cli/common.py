@@ -36,15 +36,19 @@ JSON_HELP = "print JSON instead of the table"
 
 
 def add_client_flags(parser: argparse.ArgumentParser) -> None:
-    """--controller (default: $STARPULSE_CONTROLLER, else the local controller), TLS and the admin token."""
+    """--controller (default: $STARPULSE_CONTROLLER, else the local controller), TLS and the admin token.
+
+    The agent's and relay's .env files set STARPULSE_CONTROLLER to their controllers, comma-separated:
+    a client command on that host asks the first (a standby answers reads too).
+    """
     import os
 
     parser.add_argument(
         "--controller",
-        default=os.environ.get(CONTROLLER_ENV, "").strip() or DEFAULT_CONTROLLER,
+        default=os.environ.get(CONTROLLER_ENV, "").split(",")[0].strip() or DEFAULT_CONTROLLER,
         type=address,
         metavar="HOST:PORT",
-        help=f"the controller's gRPC address (default: ${CONTROLLER_ENV}, else {DEFAULT_CONTROLLER})",
+        help=f"the controller's gRPC address (default: the first of ${CONTROLLER_ENV}, else {DEFAULT_CONTROLLER})",
     )
     add_tls_flags(parser)
     parser.add_argument(
