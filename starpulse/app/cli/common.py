@@ -160,9 +160,45 @@ def admin_call(command: str, args: argparse.Namespace, method: str, request: Any
 
 
 def message_dict(message: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
+    """A reply as `--json` prints it: plain values a script can use without knowing protobuf's JSON mapping.
 
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    Numbers stay numbers (protobuf's JSON writes 64-bit integers as strings), enums are their short
+    lower-case names (``compute``, not ``NODE_ROLE_COMPUTE``), zero values are present (``index: 0``),
+    and an optional field that is not set is null: absent means unsupported, never 0.
+    """
+    return {
+        field.name: _plain_field(field, getattr(message, field.name), message) for field in message.DESCRIPTOR.fields
+    }
+
+
+def _plain_field(field: Any, value: Any, message: Any) -> Any:
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        inner = field.message_type.fields_by_name["value"]
+        return {str(k): _plain_value(inner, v) for k, v in value.items()}
+    if field.is_repeated:
+        return [_plain_value(field, v) for v in value]
+    if field.has_presence and not message.HasField(field.name):
+        return None
+    return _plain_value(field, value)
+
+
+def _plain_value(field: Any, value: Any) -> Any:
+    if field.message_type is not None:
+        return message_dict(value)
+    if field.enum_type is not None:
+        return enum_short_name(field.enum_type, value)
+    return value
+
+
+def enum_short_name(enum_type: Any, number: int) -> str | int:
+    """``NODE_ROLE_COMPUTE`` of enum NodeRole as ``compute``; an unknown number stays a number."""
+    import re
+
+    known = enum_type.values_by_number.get(number)
+    if known is None:
+        return number
+    prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum_type.name).upper() + "_"
+    return str(known.name).removeprefix(prefix).lower()
 
 
 def whole(minimum: int = 0) -> Any:
