@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -426,3 +427,23 @@ class TestConfigCheckReferences:
         out = _starpulse("config", "check", "--reach", str(path))
         assert out.returncode == 2
         assert out.stdout.splitlines() == [f"{path}: ha.etcd: 127.0.0.1:{port}: unreachable (Connection refused)"]
+
+
+class TestTables:
+    """The text tables have a header row, so a reader knows which column is which."""
+
+    async def test_incidents_table_has_a_header(self, controller: Controller) -> None:
+        from controller.detect.model import Incident
+
+        controller.detection.incidents.open(
+            Incident(
+                id="", kind="gpu_fault", root_cause="node-000/gpu-3", component_type="gpu",
+                affected_nodes=["node-000"], affected_jobs=[], severity="critical", action="drain",
+                evidence=[], opened_ms=int(time.time() * 1000),
+            )
+        )  # fmt: skip
+        out = await asyncio.to_thread(_starpulse, "incidents", "--controller", f"127.0.0.1:{controller.grpc_port}")
+        assert out.returncode == 0, out.stderr
+        header, row = out.stdout.splitlines()
+        assert header.split() == ["INCIDENT", "STATE", "SEVERITY", "KIND", "ROOT", "CAUSE", "ACTION", "OPENED", "NODES"]
+        assert row.split()[1:5] == ["open", "critical", "gpu_fault", "node-000/gpu-3"]

@@ -40,6 +40,10 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"events": rows}, indent=2))
         return 0
+    if rows:
+        print(f"{'TIME':<8} {'NODE':<14} {'SEVERITY':>8} {'KIND':<18} {'COMPONENT':<12} {'ACTION':<14} MESSAGE")
+    elif args.node:
+        print(f"no events for {args.node}")
     for r in rows:
         when = time.strftime("%H:%M:%S", time.localtime(r["timestamp_ms"] / 1000))
         print(
@@ -95,6 +99,11 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print("no open incidents" if not args.all else "no incidents")
+        return 0
+    print(
+        f"{'INCIDENT':<11} {'STATE':<8} {'SEVERITY':>8} {'KIND':<13} {'ROOT CAUSE':<30} {'ACTION':<20} "
+        f"{'OPENED':<9} NODES"
+    )
     for r in rows:
         state = "open" if r["resolved_ms"] is None else "resolved"
         nodes = r["affected_nodes"]
