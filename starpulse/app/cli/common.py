@@ -232,6 +232,19 @@ def seconds(minimum: float = 0.0, *, above: bool = False) -> Any:
     return parse
 
 
+def count_flag(parser: Any, name: str, default: int | None, help: str, minimum: int = 1, **kw: Any) -> None:
+    """A whole-number flag >= minimum whose help ends with its default (written once, here)."""
+    shown = "" if default is None else " (default: %(default)s)"
+    parser.add_argument(name, type=whole(minimum), default=default, metavar="N", help=help + shown, **kw)
+
+
+def seconds_flag(parser: Any, name: str, default: float, help: str, minimum: float = 0.0, above: bool = True) -> None:
+    """A seconds flag (> minimum, or >= with above=False) whose help ends with its default and unit."""
+    parser.add_argument(
+        name, type=seconds(minimum, above=above), default=default, metavar="S", help=f"{help} (default: %(default)g s)"
+    )
+
+
 def writable_file(text: str) -> Path:
     """An argparse type: a file path whose folder exists (the write itself may still fail, with one line)."""
     path = Path(text)

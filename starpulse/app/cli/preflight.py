@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import seconds
+from starpulse.app.cli.common import seconds_flag
 
 PROLOG_WINDOW_S = 0.5  # the quick subset: one short sampling window
 MAX_REASON = 200
@@ -111,13 +111,7 @@ def add_flags(s: argparse.ArgumentParser) -> None:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--prolog", action="store_true", help="run as a Slurm prolog: refuse the job and drain if unhealthy")
     g.add_argument("--epilog", action="store_true", help="run as a Slurm epilog: drain if unhealthy")
-    s.add_argument(
-        "--timeout",
-        type=seconds(0.0, above=True),
-        default=10.0,
-        metavar="S",
-        help="with --prolog/--epilog: seconds before failing open (default: 10)",
-    )
+    seconds_flag(s, "--timeout", 10.0, "with --prolog/--epilog: seconds before failing open")
     s.add_argument(
         "--max-fleet-share",
         type=float,

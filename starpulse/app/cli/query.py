@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, query_stub, rpc, whole
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, count_flag, query_stub, rpc
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -199,14 +199,14 @@ def register(sub: Any) -> None:
     e = sub.add_parser("events", help="list recent events")
     add_client_flags(e)
     e.add_argument("--node", default=None, help="only this node's events (default: every node)")
-    e.add_argument("--limit", type=whole(1), default=50, metavar="N", help="newest events to show (default: 50)")
+    count_flag(e, "--limit", 50, "newest events to show")
     e.add_argument("--json", action="store_true", help=JSON_HELP)
     e.set_defaults(func=cmd_events)
 
     i = sub.add_parser("incidents", help="list incidents (root causes on the fabric)")
     add_client_flags(i)
     i.add_argument("--all", action="store_true", help="include resolved incidents")
-    i.add_argument("--limit", type=whole(1), default=100, metavar="N", help="newest incidents to show (default: 100)")
+    count_flag(i, "--limit", 100, "newest incidents to show")
     i.add_argument("--json", action="store_true", help=JSON_HELP)
     i.set_defaults(func=cmd_incidents)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, seconds, whole
+from starpulse.app.cli.common import JSON_HELP, count_flag, seconds_flag
 
 NONE_BACKEND = "none"
 
@@ -197,15 +197,9 @@ def register(sub: Any) -> None:
     s.add_argument("--sysfs-root", default=None, help="root of the sysfs tree to read NICs from (default /sys)")
     s.add_argument("--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)")
     s.add_argument("--expect", default=None, metavar="FILE", help="expected inventory (YAML: gpus: 8, nics: [...])")
-    s.add_argument(
-        "--window",
-        type=seconds(0.0, above=True),
-        default=2.0,
-        metavar="S",
-        help="seconds between the two samples, for counter rates (default: 2)",
-    )
+    seconds_flag(s, "--window", 2.0, "seconds between the two samples, for counter rates")
     s.add_argument("--node", default=None, help="node name in the verdict (default: the host name)")
-    s.add_argument("--seed", type=whole(0), default=0, help="with --backend sim: the node's seed (default: 0)")
+    count_flag(s, "--seed", 0, "with --backend sim: the node's seed", minimum=0)
     s.add_argument(
         "--sim-fault", action="append", metavar="KIND[:INDEX]", help="with --backend sim: inject a node fault first"
     )

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, address, seconds, whole
+from starpulse.app.cli.common import JSON_HELP, address, count_flag, seconds_flag
 
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
@@ -66,10 +66,8 @@ def register(sub: Any) -> None:
     scr.set_defaults(func=cmd_scenario_run)
 
     d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")
-    d.add_argument("--nodes", type=whole(1), default=16, metavar="N", help="simulated nodes (default: 16)")
-    d.add_argument(
-        "--duration", type=seconds(0.0), default=0.0, metavar="S", help="seconds to run (default: 0, until Ctrl-C)"
-    )
+    count_flag(d, "--nodes", 16, "simulated nodes")
+    seconds_flag(d, "--duration", 0.0, "seconds to run, 0: until Ctrl-C", above=False)
     d.add_argument(
         "--listen",
         type=address,

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, query_stub, rpc, whole, writable_file
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, query_stub, rpc, writable_file
 
 
 def cmd_topology_generate(args: argparse.Namespace) -> int:
@@ -82,16 +82,12 @@ def register(sub: Any) -> None:
     t = sub.add_parser("topology", help="fabric topology: generate a fabric file, show the live graph")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tg = tsub.add_parser("generate", help="a Xingmai-style multi-rail Clos")
-    tg.add_argument("--nodes", type=whole(1), required=True, metavar="N", help="compute nodes in the fabric")
-    tg.add_argument("--gpus-per-node", type=whole(1), default=8, metavar="N", help="GPUs per node (default: 8)")
-    tg.add_argument("--rails", type=whole(1), default=8, metavar="N", help="rails, a leaf each per block (default: 8)")
-    tg.add_argument(
-        "--nodes-per-block", type=whole(1), default=16, metavar="N", help="nodes under one block's leaves (default: 16)"
-    )
-    tg.add_argument("--spines", type=whole(1), default=8, metavar="N", help="spine switches (default: 8)")
-    tg.add_argument(
-        "--spares", type=whole(0), default=0, metavar="N", help="of the nodes, spares held idle (default: 0)"
-    )
+    count_flag(tg, "--nodes", None, "compute nodes in the fabric", required=True)
+    count_flag(tg, "--gpus-per-node", 8, "GPUs per node")
+    count_flag(tg, "--rails", 8, "rails, a leaf each per block")
+    count_flag(tg, "--nodes-per-block", 16, "nodes under one block's leaves")
+    count_flag(tg, "--spines", 8, "spine switches")
+    count_flag(tg, "--spares", 0, "of the nodes, spares held idle", minimum=0)
     tg.add_argument(
         "--out",
         type=writable_file,
