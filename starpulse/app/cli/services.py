@@ -57,7 +57,8 @@ def _settings(args: argparse.Namespace) -> Any:
     if errors:
         return None
     log = built[1].log if isinstance(built, tuple) else built.log
-    configure_logging(log.level, fmt=log.format)
+    node = {"node": built[0].node_id} if isinstance(built, tuple) else None  # the agent's (config, options)
+    configure_logging(log.level, fmt=log.format, fields=node)
     return built
 
 
