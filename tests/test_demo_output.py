@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from starpulse.app.demo import counted
 
 
@@ -37,3 +39,26 @@ def test_first_line_is_the_dashboard_and_the_logs_go_to_a_named_file() -> None:
 
 def test_counts_read_as_words() -> None:
     assert (counted(1, "event"), counted(0, "event"), counted(3, "restart")) == ("1 event", "0 events", "3 restarts")
+
+
+def test_scenario_text_verdict_names_evictions_and_resumes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The text verdict said which faults were found but not what healing did; now it says both."""
+    from starpulse.app.cli.simulate import _print_verdict
+
+    verdict = {
+        "scenario": "heal-gpu",
+        "duration_s": 30.0,
+        "faults": [],
+        "incidents": [],
+        "evictions": [
+            {"node": "node-001", "at_s": 7.25, "replacement": "node-009", "incident": "inc-000001", "dry_run": False}
+        ],
+        "jobs": [{"name": "train", "restarts": 1, "steps_lost": 40, "downtime_s": 12.5, "resumed_from_step": 1200}],
+        "breaker_open": False,
+        "expectations": {"checked": False, "passed": True, "failures": []},
+    }
+    _print_verdict(verdict)
+    out = capsys.readouterr().out.splitlines()
+    assert "  evicted node-001 at 7.2 s for inc-000001, node-009 stands in" in out
+    assert "  job train: 1 restart, 40 steps lost, 12.5 s down, resumed from step 1200" in out
+    assert not any("breaker" in line for line in out)

@@ -39,6 +39,18 @@ def _print_verdict(verdict: dict[str, Any]) -> None:
             f"  {i['id']} {i['kind']:<13} {i['root_cause'] or '(network)':<30} {i['severity']:>8} "
             f"{len(i['affected_nodes']):>3} nodes  opened {i['opened_at_s']:.1f} s, {resolved}"
         )
+    for e in verdict.get("evictions", []):
+        instead = f", {e['replacement']} stands in" if e["replacement"] else ", no spare stood in"
+        dry = " (dry run: nothing moved)" if e["dry_run"] else ""
+        print(f"  evicted {e['node']} at {e['at_s']:.1f} s for {e['incident']}{instead}{dry}")
+    for j in verdict.get("jobs", []):
+        resumed = f"resumed from step {j['resumed_from_step']}" if j["resumed_from_step"] else "not resumed"
+        print(
+            f"  job {j['name']}: {j['restarts']} restart{'' if j['restarts'] == 1 else 's'}, "
+            f"{j['steps_lost']} steps lost, {j['downtime_s']:.1f} s down, {resumed}"
+        )
+    if verdict.get("breaker_open"):
+        print("  circuit breaker OPEN: automatic remediation stopped (starpulse breaker status)")
     exp = verdict["expectations"]
     if exp["checked"]:
         print("expectations: " + ("passed" if exp["passed"] else "FAILED: " + "; ".join(exp["failures"])))
