@@ -362,7 +362,13 @@ def run_demo(
     if nodes < 1:
         raise SystemExit("--nodes must be at least 1")
     fd, log_name = tempfile.mkstemp(prefix="starpulse-demo-", suffix=".log")
-    with os.fdopen(fd, "w", encoding="utf-8") as log_file, tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
-        configure_logging("info", fmt="json", stream=log_file)
-        asyncio.run(_demo(nodes, duration_s, http, listen, Path(tmp), log_path=Path(log_name)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as log, tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
+            configure_logging("info", fmt="json", stream=log)
+            asyncio.run(_demo(nodes, duration_s, http, listen, Path(tmp), log_path=Path(log_name)))
+    except BaseException:  # it never ran (a taken port) or broke: the error goes to the terminal, no stray file
+        Path(log_name).unlink(missing_ok=True)
+        raise
+    finally:  # whatever logs next (the CLI's own error handling) must not write to the closed file
+        configure_logging("warning", fmt="console", stream=sys.stderr)
     return 0

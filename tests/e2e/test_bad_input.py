@@ -304,7 +304,7 @@ class TestCommandLine:
             "starpulse nodes: --tls-ca, --tls-cert and --tls-key go together"
         ]
 
-    def test_demo_dashboard_port_in_use(self) -> None:
+    def test_demo_dashboard_port_in_use(self, tmp_path: Path) -> None:
         """The demo's --http default (8080) is often taken: one line naming the flag that moves it."""
         import socket
 
@@ -312,7 +312,8 @@ class TestCommandLine:
             held.bind(("127.0.0.1", 0))
             held.listen()
             address = f"127.0.0.1:{held.getsockname()[1]}"
-            out = _starpulse("demo", "--http", address, "--duration", "1")
+            out = _starpulse("demo", "--http", address, "--duration", "1", env={"TMPDIR": str(tmp_path)})
+        assert not list(tmp_path.glob("starpulse-demo-*.log"))  # no log file left of a demo that never ran
         assert (
             _one_line(out)
             == f"starpulse demo: --http {address}: address already in use (another process serves this port)"
