@@ -338,7 +338,7 @@ class Agent:
         await asyncio.to_thread(self.start_collectors)
         metrics_server = None
         if self.config.metrics_listen:
-            metrics_server = serve_collector(self.metrics_collector(), self.config.metrics_listen)
+            metrics_server = serve_collector(self.metrics_collector(), self.config.metrics_listen, "metrics.listen")
             self.metrics_port = metrics_server.port
         if self.jobs is not None:
             try:

@@ -46,6 +46,7 @@ from controller.service import (
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthInterceptor
+from starpulse.core.listen import GRPC_SERVER_OPTIONS, add_grpc_port, ensure_free
 from starpulse.core.tls import load_server_credentials
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -131,7 +132,9 @@ class Replica:
         def leader() -> str:
             return elector.current_leader
 
-        server = grpc.aio.server(interceptors=[AuthInterceptor(cfg.auth)])
+        ensure_free("server.listen", cfg.listen)
+        ensure_free("server.http", cfg.http)
+        server = grpc.aio.server(interceptors=[AuthInterceptor(cfg.auth)], options=GRPC_SERVER_OPTIONS)
         sgrpc.add_TelemetryServicer_to_server(StandbyTelemetry(leader), server)
         sgrpc.add_RelayServicer_to_server(StandbyRelay(leader), server)
         sgrpc.add_QueryServicer_to_server(StandbyQuery(store, leader), server)
@@ -141,12 +144,8 @@ class Replica:
         for svc, ok in (("", True), (QUERY_SERVICE, True), (TELEMETRY_SERVICE, False), (ADMIN_SERVICE, False)):
             status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
             checks.set(svc, status)
-        if cfg.tls is not None:
-            port = server.add_secure_port(cfg.listen, load_server_credentials(cfg.tls))
-        else:
-            port = server.add_insecure_port(cfg.listen)
-        if port == 0:
-            raise OSError(f"cannot listen on {cfg.listen}")
+        credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
+        add_grpc_port("server.listen", server, cfg.listen, credentials)
         await server.start()
         runner = web.AppRunner(standby_http(leader), access_log=None)
         await runner.setup()

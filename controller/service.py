@@ -46,6 +46,7 @@ from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthConfig, AuthInterceptor
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port, ensure_free
 from starpulse.core.schema import setting
 from starpulse.core.tls import TLSSettings, load_server_credentials, peer_node_id
 from starpulse.v1 import inventory_pb2 as ipb
@@ -327,6 +328,8 @@ class Controller:
 
     async def start(self) -> None:
         cfg = self.config
+        ensure_free("server.listen", cfg.listen)  # both before anything opens: no half-started controller
+        ensure_free("server.http", cfg.http)
         if self.shards is not None:
             await self.shards.start()  # before the port opens: no report may bypass them
         self.store.start_checkpointer()
@@ -334,6 +337,7 @@ class Controller:
         server = grpc.aio.server(
             interceptors=[AuthInterceptor(cfg.auth)],
             options=[
+                *GRPC_SERVER_OPTIONS,
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", 16 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 60_000),
@@ -348,12 +352,7 @@ class Controller:
         sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store, self.detection), server)
         sgrpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        if credentials is not None:
-            self.grpc_port = server.add_secure_port(cfg.listen, credentials)
-        else:
-            self.grpc_port = server.add_insecure_port(cfg.listen)
-        if self.grpc_port == 0:
-            raise OSError(f"cannot listen on {cfg.listen}")
+        self.grpc_port = add_grpc_port("server.listen", server, cfg.listen, credentials)
         await server.start()
         self._server = server
         for svc in ("", TELEMETRY_SERVICE, RELAY_SERVICE, QUERY_SERVICE, ADMIN_SERVICE):
@@ -373,7 +372,12 @@ class Controller:
         await self._runner.setup()
         host, port = split_host_port(cfg.http)
         site = web.TCPSite(self._runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # taken since the probe: close what opened, then say which address
+            await server.stop(0)
+            await self._runner.cleanup()
+            raise ListenError("server.http", cfg.http, exc.strerror or str(exc)) from None
         self.http_port = int(self._runner.addresses[0][1]) if self._runner.addresses else port
         self._sweeper = asyncio.create_task(self._sweep_loop())
         self._grouper = asyncio.create_task(self.grouping.run())

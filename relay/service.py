@@ -28,6 +28,7 @@ from relay.metrics import RelayCollector
 from relay.upstream import Upstream
 from starpulse import __version__
 from starpulse.core import sdnotify
+from starpulse.core.listen import GRPC_SERVER_OPTIONS, add_grpc_port
 from starpulse.core.metrics_http import MetricsServer, serve_collector
 from starpulse.core.schema import meta, setting
 from starpulse.core.tls import TLSSettings, load_channel_credentials, load_server_credentials, peer_node_id
@@ -200,6 +201,7 @@ class Relay:
         cfg = self.config
         server = grpc.aio.server(
             options=[
+                *GRPC_SERVER_OPTIONS,
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.keepalive_time_ms", 60_000),
                 ("grpc.keepalive_timeout_ms", 20_000),
@@ -216,9 +218,7 @@ class Relay:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
         for address in [cfg.listen, *cfg.extra_listen]:
-            port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
-            if port == 0:
-                raise OSError(f"cannot listen on {address}")
+            port = add_grpc_port("relay.listen", server, address, credentials)
             self.port = self.port or port
         await server.start()
         self._server = server
@@ -227,7 +227,7 @@ class Relay:
             collector = RelayCollector(
                 cfg.relay_id, self.upstream, lambda: len(self.agent_streams()), lambda: self.refused
             )
-            self._metrics = serve_collector(collector, cfg.metrics_listen)
+            self._metrics = serve_collector(collector, cfg.metrics_listen, "metrics.listen")
             self.metrics_port = self._metrics.port
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info(

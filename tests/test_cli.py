@@ -353,7 +353,7 @@ class TestSwitchAgent:
             # Both sets of tables have queues in PFC-watchdog "stormed" state: the switch agent reports them.
             assert any(e["kind"] == "pfc_storm" for e in events), events
             nodes = json.loads(run("nodes", "--controller", f"127.0.0.1:{grpc_port}", "--json").stdout)["nodes"]
-            assert nodes[0]["node_id"] == "leaf-b0-r0" and nodes[0]["role"] == "NODE_ROLE_SWITCH"
+            assert nodes[0]["node_id"] == "leaf-b0-r0" and nodes[0]["role"] == "switch"
         finally:
             for proc in reversed(procs):
                 proc.send_signal(signal.SIGTERM)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import sys
@@ -69,9 +70,10 @@ class DemoPrinter:
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         for ev in events:
             self.events += 1
-            xid = f" xid {ev.xid}" if ev.xid else ""
+            kind = event_kind_name(ev.kind)
+            what = f"Xid {ev.xid}" if ev.xid and kind == "xid" else kind + (f" (Xid {ev.xid})" if ev.xid else "")
             print(
-                f"{self.stamp()} controller <- {node.node_id} {ev.component}: {event_kind_name(ev.kind)}{xid}"
+                f"{self.stamp()} controller <- {node.node_id} {ev.component}: {what}"
                 f" [{severity_name(ev.severity)}] -> {ev.action}: {ev.message}",
                 flush=True,
             )
@@ -126,6 +128,11 @@ FAULT_EVERY_S = (20.0, 30.0)
 default guards (5 % of the fleet) allow in a 17-node fleet."""
 
 
+def counted(n: int, word: str) -> str:
+    """``1 event``, ``2 events``: an SRE's words, not ``1 events`` or ``event(s)``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def demo_policy(workdir: Path) -> Path:
     """The packaged policy with the demo's repair section, written where the controller reads it."""
     doc = yaml.safe_load(default_policy_path().read_text())
@@ -163,6 +170,7 @@ async def _demo(
     listen: str,
     workdir: Path,
     max_faults: int = 0,
+    log_path: Path | None = None,
 ) -> None:
     """``max_faults`` (0: no limit) ends the demo once that many faults were injected and the
     cluster settled (every node repaired or retired, the pool at its target)."""
@@ -192,6 +200,8 @@ async def _demo(
     target = f"127.0.0.1:{controller.grpc_port}"
     dashboard = dashboard_url(http, controller.http_port)
     print(f"dashboard: {dashboard}", flush=True)
+    if log_path is not None:
+        print(f"  logs:     {log_path} (the controller's and the agents' JSON lines)")
     summary = fabric.summary()
     print(
         f"starpulse demo: controller on {target}; fabric {summary['node']} nodes, {summary['blocks']} blocks,"
@@ -201,7 +211,7 @@ async def _demo(
     print(f"  nodes:    starpulse nodes --controller {target}")
     print(f"  events:   starpulse events --controller {target}")
     print(
-        f"starting {nodes} simulated nodes + 1 hot spare (8 GPUs, 8 RoCE rails + 1 bond each) in {workdir};"
+        f"starting {counted(nodes, 'simulated node')} + 1 hot spare (8 GPUs, 8 RoCE rails + 1 bond each) in {workdir};"
         " self-healing on the in-memory scheduler",
         flush=True,
     )
@@ -296,7 +306,10 @@ async def _demo(
         stored = controller.store.count_events()
         summary_lines = demo_summary(controller, injected, time.monotonic() - t0)
         await controller.stop()
-        print(f"demo over: {online}/{len(fabric.nodes())} nodes online, {stored} events stored, {printer.events} shown")
+        print(
+            f"demo over: {online}/{len(fabric.nodes())} nodes online, {counted(stored, 'event')} stored, "
+            f"{printer.events} shown"
+        )
         for line in summary_lines:
             print(f"  {line}")
 
@@ -325,12 +338,14 @@ def demo_summary(controller: Controller, injected: int, ran_s: float) -> list[st
     ]
     for job in controller.jobs.jobs():
         if job.step == 0:  # nothing trains yet: no step was ever reported, so no ETTR to give
-            lines.append(f"job {job.job}: {job.restarts} requeue(s); no training process reports steps in this demo")
+            lines.append(
+                f"job {job.job}: {counted(job.restarts, 'requeue')}; no training process reports steps in this demo"
+            )
             continue
         down = job.downtime_s
         ettr = max(0.0, 1.0 - down / ran_s) if ran_s > 0 else 0.0
         lines.append(
-            f"job {job.job}: {job.state}, {job.restarts} restart(s), {job.steps_lost} step(s) lost, "
+            f"job {job.job}: {job.state}, {counted(job.restarts, 'restart')}, {counted(job.steps_lost, 'step')} lost, "
             f"{down:.0f}s down (ETTR {ettr:.0%} of {ran_s:.0f}s)"
         )
     return lines
@@ -339,9 +354,21 @@ def demo_summary(controller: Controller, injected: int, ran_s: float) -> list[st
 def run_demo(
     nodes: int = 16, duration_s: float = 0.0, http: str = "127.0.0.1:8080", listen: str = "127.0.0.1:0"
 ) -> int:
+    """Run the demo; its stdout is one readable stream, the structured logs go to a file it names.
+
+    The file outlives the demo (the simulated nodes' folder does not): the logs are what an
+    operator reads after the story on screen, to see the same events as the controller logged them.
+    """
     if nodes < 1:
         raise SystemExit("--nodes must be at least 1")
-    configure_logging("warning", fmt="console")
-    with tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
-        asyncio.run(_demo(nodes, duration_s, http, listen, Path(tmp)))
+    fd, log_name = tempfile.mkstemp(prefix="starpulse-demo-", suffix=".log")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as log, tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
+            configure_logging("info", fmt="json", stream=log)
+            asyncio.run(_demo(nodes, duration_s, http, listen, Path(tmp), log_path=Path(log_name)))
+    except BaseException:  # it never ran (a taken port) or broke: the error goes to the terminal, no stray file
+        Path(log_name).unlink(missing_ok=True)
+        raise
+    finally:  # whatever logs next (the CLI's own error handling) must not write to the closed file
+        configure_logging("warning", fmt="console", stream=sys.stderr)
     return 0

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.registry import Collector
 
+from starpulse.core.listen import ListenError, ensure_free
+
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
@@ -36,10 +38,17 @@ class MetricsServer:
         self._server.server_close()
 
 
-def serve_collector(collector: Collector, listen: str) -> MetricsServer:
-    """/metrics of one collector on `listen`, on a registry of its own (the agent's, a relay's)."""
+def serve_collector(collector: Collector, listen: str, what: str = "metrics_listen") -> MetricsServer:
+    """/metrics of one collector on `listen`, on a registry of its own (the agent's, a relay's).
+
+    ``what`` names the setting in the ListenError raised when the address cannot be served.
+    """
     registry = CollectorRegistry()
     registry.register(collector)
     host, port = split_listen(listen)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    ensure_free(what, listen)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:  # taken since the probe
+        raise ListenError(what, listen, exc.strerror or str(exc)) from None
     return MetricsServer(server, registry)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+import structlog
 
 from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
@@ -177,3 +180,271 @@ class TestBadSettings:
         ]
         out = _starpulse("config", "check", str(path))
         assert out.returncode == 2 and len(out.stdout.splitlines()) == 2 and out.stderr == ""
+
+
+def _one_line(out: subprocess.CompletedProcess[str]) -> str:
+    """The one stderr line of a refused start (exit 2, no traceback)."""
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("starpulse ")]
+    return line
+
+
+class TestAddressesAndFolders:
+    """A port another process serves, or a state folder another agent holds, is refused with one line."""
+
+    async def test_second_controller_on_a_served_grpc_port(self, controller: Controller, tmp_path: Path) -> None:
+        """No SO_REUSEPORT sharing: the second controller exits 2 naming --listen and the address."""
+        address = f"127.0.0.1:{controller.grpc_port}"
+        out = _starpulse("controller", "--db", str(tmp_path / "b.db"), "--listen", address, "--http", "127.0.0.1:0")
+        line = _one_line(out)
+        assert (
+            line
+            == f"starpulse controller: --listen {address}: address already in use (another process serves this port)"
+        )
+
+    async def test_second_controller_on_a_served_http_port(self, controller: Controller, tmp_path: Path) -> None:
+        """--http in use: one line, and no 'Event loop is closed' from a half-started gRPC server."""
+        address = f"127.0.0.1:{controller.http_port}"
+        out = _starpulse("controller", "--db", str(tmp_path / "b.db"), "--listen", "127.0.0.1:0", "--http", address)
+        assert _one_line(out).startswith(f"starpulse controller: --http {address}: address already in use")
+        assert "Event loop is closed" not in out.stderr + out.stdout
+
+    def test_grpc_servers_of_ours_never_share_a_port(self) -> None:
+        """Past the probe (a race), gRPC's own bind also refuses: the options turn SO_REUSEPORT off."""
+        from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port
+
+        first = grpc.server(futures_pool(), options=GRPC_SERVER_OPTIONS)
+        port = first.add_insecure_port("127.0.0.1:0")
+        first.start()
+        try:
+            second = grpc.server(futures_pool(), options=GRPC_SERVER_OPTIONS)
+            with pytest.raises(RuntimeError):
+                second.add_insecure_port(f"127.0.0.1:{port}")
+            with pytest.raises(ListenError, match="address already in use"):
+                add_grpc_port("server.listen", second, f"127.0.0.1:{port}")
+        finally:
+            first.stop(0)
+
+    def test_second_agent_on_a_state_folder_in_use(self, tmp_path: Path) -> None:
+        """The lock names the folder and its holder; once released the folder is free again."""
+        from agent.transport.statelock import lock_state_dir
+
+        held = lock_state_dir(tmp_path / "state")
+        out = _starpulse(
+            "agent", "--controller", "127.0.0.1:1", "--node-id", "node-001", "--backend", "sim",
+            "--state-dir", str(tmp_path / "state"),
+        )  # fmt: skip
+        assert _one_line(out) == (
+            f"starpulse agent: --state-dir {tmp_path / 'state'}: already in use by agent pid {os.getpid()} "
+            "(one agent per state folder)"
+        )
+        held.release()
+        lock_state_dir(tmp_path / "state").release()  # free again: no stale lock once the holder is gone
+
+    def test_agent_metrics_port_in_use(self, controller: Controller, tmp_path: Path) -> None:
+        address = f"127.0.0.1:{controller.http_port}"
+        out = _starpulse(
+            "agent", "--controller", "127.0.0.1:1", "--node-id", "node-001", "--backend", "sim",
+            "--state-dir", str(tmp_path / "state"), "--metrics", address,
+        )  # fmt: skip
+        assert _one_line(out).startswith(f"starpulse agent: --metrics {address}: address already in use")
+
+
+def futures_pool() -> object:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1)
+
+
+class TestCommandLine:
+    """Flags a user mistypes: one line naming the flag, exit 2, nothing run."""
+
+    @pytest.fixture(autouse=True)
+    def _logging_back(self) -> Iterator[None]:
+        """main() logs onto pytest's captured stderr; later tests must not write to it once closed."""
+        yield
+        structlog.reset_defaults()
+
+    @pytest.mark.parametrize(
+        ("argv", "line"),
+        [
+            (["events", "--limit", "-5"], "starpulse events: argument --limit: must be a whole number >= 1, got -5"),
+            (
+                ["incidents", "--limit", "x"],
+                "starpulse incidents: argument --limit: must be a whole number >= 1, got 'x'",
+            ),
+            (
+                ["topology", "generate", "--nodes", "8", "--out", "/missing/dir/f.json"],
+                "starpulse topology generate: argument --out: folder '/missing/dir' does not exist",
+            ),
+            (["demo", "--nodes", "0"], "starpulse demo: argument --nodes: must be a whole number >= 1, got 0"),
+            (["scan", "--window", "0"], "starpulse scan: argument --window: must be a number of seconds > 0, got 0"),
+            (
+                ["demo", "--http", "127.0.0.1:notaport"],
+                "starpulse demo: argument --http: must be HOST:PORT, got '127.0.0.1:notaport'",
+            ),
+        ],
+    )
+    def test_bad_flag_values(self, argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+        from starpulse.app import cli
+
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.splitlines() == [
+            f"{line} (see starpulse {' '.join(argv[:2] if argv[0] == 'topology' else argv[:1])} --help)"
+        ]
+
+    def test_client_tls_flags_go_together(self, capsys: pytest.CaptureFixture[str]) -> None:
+        from starpulse.app import cli
+
+        assert cli.main(["nodes", "--tls-ca", "ca.pem"]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            "starpulse nodes: --tls-ca, --tls-cert and --tls-key go together"
+        ]
+
+    def test_demo_dashboard_port_in_use(self, tmp_path: Path) -> None:
+        """The demo's --http default (8080) is often taken: one line naming the flag that moves it."""
+        import socket
+
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            address = f"127.0.0.1:{held.getsockname()[1]}"
+            out = _starpulse("demo", "--http", address, "--duration", "1", env={"TMPDIR": str(tmp_path)})
+        assert not list(tmp_path.glob("starpulse-demo-*.log"))  # no log file left of a demo that never ran
+        assert (
+            _one_line(out)
+            == f"starpulse demo: --http {address}: address already in use (another process serves this port)"
+        )
+
+    def test_unwritable_out_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """The folder exists but the file cannot be written (a folder of that name): one line, exit 2."""
+        from starpulse.app import cli
+
+        (tmp_path / "f.json").mkdir()
+        assert cli.main(["topology", "generate", "--nodes", "8", "--out", str(tmp_path / "f.json")]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"starpulse topology generate: --out {tmp_path / 'f.json'}: ")
+
+    def test_a_bug_keeps_its_traceback_and_its_own_exit_code(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """No catch-all hiding bugs: the traceback is logged and the exit code is EXIT_BUG, not 2."""
+        from starpulse.app import cli
+
+        def broken(args: object) -> int:
+            raise ZeroDivisionError("a bug")
+
+        monkeypatch.setattr(cli.query, "cmd_events", broken)
+        assert cli.main(["events"]) == cli.EXIT_BUG != 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and "ZeroDivisionError: a bug" in err
+        assert err.splitlines()[-1] == "starpulse events: internal error (a bug: its traceback is in the log above)"
+
+
+class TestQuietlyWrong:
+    """What used to print nothing or a false all-clear now says what is missing, exit 2."""
+
+    async def test_events_of_an_unknown_node(self, controller: Controller) -> None:
+        address = f"127.0.0.1:{controller.grpc_port}"
+        await _still_serving(controller)  # node-001 is known (and quiet)
+        out = await asyncio.to_thread(_starpulse, "events", "--controller", address, "--node", "nosuch")
+        assert _one_line(out) == (
+            f"starpulse events: --node nosuch: no such node at the controller {address} (1 known; see starpulse nodes)"
+        )
+        out = await asyncio.to_thread(_starpulse, "events", "--controller", address, "--node", "node-001")
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+
+    async def test_topology_without_a_fabric_is_no_all_clear(self, controller: Controller) -> None:
+        address = f"127.0.0.1:{controller.grpc_port}"
+        out = await asyncio.to_thread(_starpulse, "topology", "show", "--controller", address)
+        assert _one_line(out).startswith(f"starpulse topology show: the controller at {address} has no declared fabric")
+        assert "wiring matches" not in out.stdout
+
+
+class TestConfigCheckReferences:
+    """`config check` loads the files a controller's settings name and looks for the tools they need."""
+
+    def test_missing_and_broken_files(self, tmp_path: Path) -> None:
+        (tmp_path / "rules.yaml").write_text("rules: [\n")
+        path = tmp_path / "controller.yaml"
+        path.write_text("fabric:\n  path: nosuch.json\ndetection:\n  rules_path: rules.yaml\n")
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 2 and out.stderr == "", out.stderr
+        fabric, rules = out.stdout.splitlines()
+        assert fabric == f"{path}: fabric.path: {tmp_path / 'nosuch.json'}: cannot read: No such file or directory"
+        assert rules.startswith(f"{path}: detection.rules_path: {tmp_path / 'rules.yaml'}: not valid YAML")
+
+    def test_missing_policy_file(self, tmp_path: Path) -> None:
+        path = tmp_path / "controller.yaml"
+        path.write_text(
+            "heal:\n  enabled: true\n  policy_path: policy.yaml\n  scheduler:\n    type: sim\n    sim:\n"
+            "      nodes: [node-001]\n"
+        )
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 2, out.stdout
+        assert out.stdout.splitlines() == [
+            f"{path}: heal.policy_path: {tmp_path / 'policy.yaml'}: cannot read policy file: No such file or directory"
+        ]
+
+    def test_slurm_healing_without_its_commands(self, tmp_path: Path) -> None:
+        """Both `config check` and the controller itself refuse Slurm healing where scontrol is absent."""
+        (tmp_path / "bin").mkdir()
+        path = tmp_path / "controller.yaml"
+        path.write_text(
+            f"heal:\n  enabled: true\n  scheduler:\n    type: slurm\n    slurm:\n      bin_dir: {tmp_path / 'bin'}\n"
+        )
+        line = (
+            f"{path}: heal.scheduler.slurm: scontrol, sinfo, squeue, scancel not found in {tmp_path / 'bin'}: "
+            "Slurm healing needs its client commands"
+        )
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 2 and out.stdout.splitlines() == [line]
+        out = _starpulse("controller", "--config", str(path), "--db", str(tmp_path / "c.db"))
+        assert _one_line(out) == f"starpulse controller: {line}"
+
+    def test_slurm_commands_on_path_are_found(self, tmp_path: Path) -> None:
+        """The same check passes when the four commands are executables in bin_dir (not the quiet default)."""
+        (tmp_path / "bin").mkdir()
+        for tool in ("scontrol", "sinfo", "squeue", "scancel"):
+            exe = tmp_path / "bin" / tool
+            exe.write_text("#!/bin/sh\nexit 0\n")
+            exe.chmod(0o755)
+        path = tmp_path / "controller.yaml"
+        path.write_text(
+            f"heal:\n  enabled: true\n  scheduler:\n    type: slurm\n    slurm:\n      bin_dir: {tmp_path / 'bin'}\n"
+        )
+        out = _starpulse("config", "check", str(path))
+        assert out.returncode == 0 and out.stdout.startswith("ok: controller:"), out.stdout
+
+    def test_reach_asks_etcd(self, tmp_path: Path) -> None:
+        """--reach connects to the etcd endpoints; without it the file alone is checked."""
+        port = free_port()
+        path = tmp_path / "controller.yaml"
+        path.write_text(f"ha:\n  enabled: true\n  etcd: ['127.0.0.1:{port}']\n")
+        assert _starpulse("config", "check", str(path)).returncode == 0
+        out = _starpulse("config", "check", "--reach", str(path))
+        assert out.returncode == 2
+        assert out.stdout.splitlines() == [f"{path}: ha.etcd: 127.0.0.1:{port}: unreachable (Connection refused)"]
+
+
+class TestTables:
+    """The text tables have a header row, so a reader knows which column is which."""
+
+    async def test_incidents_table_has_a_header(self, controller: Controller) -> None:
+        from controller.detect.model import Incident
+
+        controller.detection.incidents.open(
+            Incident(
+                id="", kind="gpu_fault", root_cause="node-000/gpu-3", component_type="gpu",
+                affected_nodes=["node-000"], affected_jobs=[], severity="critical", action="drain",
+                evidence=[], opened_ms=int(time.time() * 1000),
+            )
+        )  # fmt: skip
+        out = await asyncio.to_thread(_starpulse, "incidents", "--controller", f"127.0.0.1:{controller.grpc_port}")
+        assert out.returncode == 0, out.stderr
+        header, row = out.stdout.splitlines()
+        assert header.split() == ["INCIDENT", "STATE", "SEVERITY", "KIND", "ROOT", "CAUSE", "ACTION", "OPENED", "NODES"]
+        assert row.split()[1:5] == ["open", "critical", "gpu_fault", "node-000/gpu-3"]

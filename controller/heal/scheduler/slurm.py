@@ -164,6 +164,18 @@ class SlurmScheduler:
         self.signal_scope = signal_scope
         self.poll_s = poll_s
 
+    TOOLS = ("scontrol", "sinfo", "squeue", "scancel")
+
+    def missing_tools(self) -> list[str]:
+        """The Slurm client commands this scheduler cannot find (bin_dir, else PATH): a controller without
+        them would start, then fail every drain, so its settings refuse it up front."""
+        import os
+        import shutil
+
+        if self.bin_dir is not None:
+            return [t for t in self.TOOLS if not os.access(self.bin_dir / t, os.X_OK)]
+        return [t for t in self.TOOLS if shutil.which(t) is None]
+
     # -- plumbing ------------------------------------------------------------------
     async def _run(self, tool: str, *args: str) -> CommandResult:
         exe = str(self.bin_dir / tool) if self.bin_dir else tool

@@ -14,12 +14,13 @@ from typing import Any
 
 from starpulse import __version__
 from starpulse.app.cli import admin, files, incident, nodes, query, scan, services, simulate, topology
-from starpulse.app.cli.common import ADMIN_TOKEN_ENV, DEFAULT_CONTROLLER, client_token, tls_settings
+from starpulse.app.cli.common import ADMIN_TOKEN_ENV, DEFAULT_CONTROLLER, OneLineParser, client_token, tls_settings
 from starpulse.app.cli.services import cmd_agent, cmd_controller, cmd_relay, overrides
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
     "DEFAULT_CONTROLLER",
+    "EXIT_BUG",
     "build_parser",
     "client_token",
     "cmd_agent",
@@ -30,6 +31,9 @@ __all__ = [
     "overrides",
     "tls_settings",
 ]
+
+# An unexpected error (a bug) exits with this, never with 2 (a user's bad input) nor 1 (unhealthy).
+EXIT_BUG = 70  # EX_SOFTWARE in sysexits.h
 
 _GROUPS = (scan, nodes, query, incident, admin, topology, simulate, files)
 
@@ -46,7 +50,7 @@ def subparsers(parser: argparse.ArgumentParser) -> Any:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only``, the service commands other than that one get no flags."""
-    p = argparse.ArgumentParser(prog="starpulse", description=__doc__.split("\n", 1)[0])
+    p = OneLineParser(prog="starpulse", description=__doc__.split("\n", 1)[0])
     p.add_argument("--version", action="version", version=f"starpulse {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     services.register(sub, only)
@@ -77,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in exc.errors:
             print(f"starpulse {args.command}: {line}", file=sys.stderr)
         return 2
+    except Exception:  # nothing a user can cause gets here: a bug keeps its traceback, in the log, and its own code
+        import structlog
+
+        structlog.get_logger("starpulse.cli").exception("unexpected_error", command=args.command)
+        print(f"starpulse {args.command}: internal error (a bug: its traceback is in the log above)", file=sys.stderr)
+        return EXIT_BUG
 
 
 def entrypoint() -> int:

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, admin_call, age, message_dict
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, message_dict
 
 
 def default_actor() -> str | None:
@@ -123,31 +123,27 @@ def register(sub: Any) -> None:
         na.add_argument("--actor", default=None, help="who is acting (default: $USER)")
         if verb == "uncordon":
             na.add_argument("--force", action="store_true", help="return a node someone else drained")
-        na.add_argument("--controller", default=DEFAULT_CONTROLLER)
-        add_client_auth_flags(na)
-        na.add_argument("--json", action="store_true")
+        add_client_flags(na)
+        na.add_argument("--json", action="store_true", help=JSON_HELP)
         na.set_defaults(func=cmd_node_action)
 
     ap = sub.add_parser("approve", help="approve a remediation waiting for a person (manual mode), and run it")
     ap.add_argument("incident")
     ap.add_argument("--node", default=None, help="approve only this node's request (default: all of the incident)")
     ap.add_argument("--actor", default=None, help="who approves (default: $USER)")
-    ap.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(ap)
-    ap.add_argument("--json", action="store_true")
+    add_client_flags(ap)
+    ap.add_argument("--json", action="store_true", help=JSON_HELP)
     ap.set_defaults(func=cmd_approve)
 
     br = sub.add_parser("breaker", help="the self-healing circuit breaker: status, or reset by a person")
     brsub = br.add_subparsers(dest="breaker_command", required=True)
     brs = brsub.add_parser("status", help="is automatic remediation stopped, and why")
-    brs.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(brs)
-    brs.add_argument("--json", action="store_true")
+    add_client_flags(brs)
+    brs.add_argument("--json", action="store_true", help=JSON_HELP)
     brs.set_defaults(func=cmd_breaker_status)
     brr = brsub.add_parser("reset", help="close the breaker (only a named person may)")
     brr.add_argument("--actor", default=None, help="who closes it (default: $USER)")
     brr.add_argument("--reason", default="", help="why it is safe to act again")
-    brr.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(brr)
-    brr.add_argument("--json", action="store_true")
+    add_client_flags(brr)
+    brr.add_argument("--json", action="store_true", help=JSON_HELP)
     brr.set_defaults(func=cmd_breaker_reset)

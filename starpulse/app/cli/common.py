@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import sys
 import time
@@ -30,7 +31,25 @@ def add_tls_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="this side's private key")
 
 
-def add_client_auth_flags(parser: argparse.ArgumentParser) -> None:
+CONTROLLER_ENV = "STARPULSE_CONTROLLER"
+JSON_HELP = "print JSON instead of the table"
+
+
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    """--controller (default: $STARPULSE_CONTROLLER, else the local controller), TLS and the admin token.
+
+    The agent's and relay's .env files set STARPULSE_CONTROLLER to their controllers, comma-separated:
+    a client command on that host asks the first (a standby answers reads too).
+    """
+    import os
+
+    parser.add_argument(
+        "--controller",
+        default=os.environ.get(CONTROLLER_ENV, "").split(",")[0].strip() or DEFAULT_CONTROLLER,
+        type=address,
+        metavar="HOST:PORT",
+        help=f"the controller's gRPC address (default: the first of ${CONTROLLER_ENV}, else {DEFAULT_CONTROLLER})",
+    )
     add_tls_flags(parser)
     parser.add_argument(
         "--admin-token-file",
@@ -67,7 +86,12 @@ def client_channel(args: argparse.Namespace) -> Any:
     """A channel to args.controller: mutual TLS when --tls-* are given, the admin token on every call."""
     import grpc
 
-    tls = tls_settings(args)
+    from starpulse.core.schema import ConfigError
+
+    try:
+        tls = tls_settings(args)
+    except ValueError as exc:  # the flags' combination: one line from main(), like a bad file
+        raise ConfigError([str(exc)]) from None
     if tls is not None:
         from starpulse.core.tls import load_channel_credentials
 
@@ -136,6 +160,110 @@ def admin_call(command: str, args: argparse.Namespace, method: str, request: Any
 
 
 def message_dict(message: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
+    """A reply as `--json` prints it: plain values a script can use without knowing protobuf's JSON mapping.
 
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    Numbers stay numbers (protobuf's JSON writes 64-bit integers as strings), enums are their short
+    lower-case names (``compute``, not ``NODE_ROLE_COMPUTE``), zero values are present (``index: 0``),
+    and an optional field that is not set is null: absent means unsupported, never 0.
+    """
+    return {
+        field.name: _plain_field(field, getattr(message, field.name), message) for field in message.DESCRIPTOR.fields
+    }
+
+
+def _plain_field(field: Any, value: Any, message: Any) -> Any:
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        inner = field.message_type.fields_by_name["value"]
+        return {str(k): _plain_value(inner, v) for k, v in value.items()}
+    if field.is_repeated:
+        return [_plain_value(field, v) for v in value]
+    if field.has_presence and not message.HasField(field.name):
+        return None
+    return _plain_value(field, value)
+
+
+def _plain_value(field: Any, value: Any) -> Any:
+    if field.message_type is not None:
+        return message_dict(value)
+    if field.enum_type is not None:
+        return enum_short_name(field.enum_type, value)
+    return value
+
+
+def enum_short_name(enum_type: Any, number: int) -> str | int:
+    """``NODE_ROLE_COMPUTE`` of enum NodeRole as ``compute``; an unknown number stays a number."""
+    import re
+
+    known = enum_type.values_by_number.get(number)
+    if known is None:
+        return number
+    prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum_type.name).upper() + "_"
+    return str(known.name).removeprefix(prefix).lower()
+
+
+def whole(minimum: int = 0) -> Any:
+    """An argparse type: a whole number >= minimum (``--limit -5`` is an error naming the flag, not a traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def seconds(minimum: float = 0.0, *, above: bool = False) -> Any:
+    """An argparse type: seconds >= minimum (or > minimum with ``above``)."""
+    sign = ">" if above else ">="
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {sign} {minimum:g}, got {text!r}") from None
+        if math.isnan(value) or value < minimum or (above and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {sign} {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+def count_flag(parser: Any, name: str, default: int | None, help: str, minimum: int = 1, **kw: Any) -> None:
+    """A whole-number flag >= minimum whose help ends with its default (written once, here)."""
+    shown = "" if default is None else " (default: %(default)s)"
+    parser.add_argument(name, type=whole(minimum), default=default, metavar="N", help=help + shown, **kw)
+
+
+def seconds_flag(parser: Any, name: str, default: float, help: str, minimum: float = 0.0, above: bool = True) -> None:
+    """A seconds flag (> minimum, or >= with above=False) whose help ends with its default and unit."""
+    parser.add_argument(
+        name, type=seconds(minimum, above=above), default=default, metavar="S", help=f"{help} (default: %(default)g s)"
+    )
+
+
+def writable_file(text: str) -> Path:
+    """An argparse type: a file path whose folder exists (the write itself may still fail, with one line)."""
+    path = Path(text)
+    folder = path.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} does not exist")
+    return path
+
+
+def address(text: str) -> str:
+    """An argparse type: HOST:PORT with a port 0..65535 (0: any free port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
+    return text
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the command and the flag, like every other error; --help has the rest."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")

@@ -34,7 +34,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     from starpulse.app.config import ConfigError, check_file
 
     try:
-        summary = check_file(args.file, args.kind)
+        summary = check_file(args.file, args.kind, reach=args.reach)
     except ConfigError as exc:
         for line in exc.errors:
             print(line)
@@ -79,6 +79,11 @@ def register(sub: Any) -> None:
         choices=("controller", "agent", "relay"),
         default=None,
         help="default: by the sections in the file (agent/hardware: agent, relay: relay)",
+    )
+    cfc.add_argument(
+        "--reach",
+        action="store_true",
+        help="also connect to the services the file names (etcd endpoints of ha.etcd), 2 s each",
     )
     cfc.set_defaults(func=cmd_config_check)
     cfe = cfsub.add_parser(

@@ -10,8 +10,8 @@ from typing import Any
 
 from starpulse.app.cli.admin import actor_of
 from starpulse.app.cli.common import (
-    DEFAULT_CONTROLLER,
-    add_client_auth_flags,
+    JSON_HELP,
+    add_client_flags,
     admin_call,
     age,
     message_dict,
@@ -96,9 +96,8 @@ def cmd_approvals(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(p)
-    p.add_argument("--json", action="store_true")
+    add_client_flags(p)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def register(sub: Any) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from controller.heal.states import NodeHealState
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, age, message_dict, query_stub, rpc
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, age, message_dict, query_stub, rpc
 
 LIFECYCLE_STATES = tuple(str(s) for s in NodeHealState)
 """Checked before calling (one clear line for a typo); the controller checks again."""
@@ -59,9 +59,8 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``nodes`` to the top-level subparsers."""
     n = sub.add_parser("nodes", help="list nodes: presence, lifecycle state (since when, why), GPUs, events")
-    n.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(n)
-    n.add_argument("--json", action="store_true")
+    add_client_flags(n)
+    n.add_argument("--json", action="store_true", help=JSON_HELP)
     n.add_argument(
         "--state",
         action="append",

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from typing import Any
 
+from starpulse.app.cli.common import seconds_flag
+
 PROLOG_WINDOW_S = 0.5  # the quick subset: one short sampling window
 MAX_REASON = 200
 
@@ -109,7 +111,7 @@ def add_flags(s: argparse.ArgumentParser) -> None:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--prolog", action="store_true", help="run as a Slurm prolog: refuse the job and drain if unhealthy")
     g.add_argument("--epilog", action="store_true", help="run as a Slurm epilog: drain if unhealthy")
-    s.add_argument("--timeout", type=float, default=10.0, help="with --prolog/--epilog: seconds before failing open")
+    seconds_flag(s, "--timeout", 10.0, "with --prolog/--epilog: seconds before failing open")
     s.add_argument(
         "--max-fleet-share",
         type=float,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, admin_call, age, query_stub, rpc
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, count_flag, query_stub, rpc
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -16,8 +17,11 @@ def cmd_events(args: argparse.Namespace) -> int:
     from starpulse.v1 import service_pb2 as spb
 
     request = spb.ListEventsRequest(node_id=args.node or "", limit=args.limit)
-    resp = rpc("events", args, query_stub(args), "ListEvents", request, 10)
+    stub = query_stub(args)
+    resp = rpc("events", args, stub, "ListEvents", request, 10)
     if resp is None:
+        return 2
+    if args.node and not resp.events and not _known_node(args, stub, args.node):
         return 2
     rows = [
         {
@@ -36,6 +40,10 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"events": rows}, indent=2))
         return 0
+    if rows:
+        print(f"{'TIME':<8} {'NODE':<14} {'SEVERITY':>8} {'KIND':<18} {'COMPONENT':<12} {'ACTION':<14} MESSAGE")
+    elif args.node:
+        print(f"no events for {args.node}")
     for r in rows:
         when = time.strftime("%H:%M:%S", time.localtime(r["timestamp_ms"] / 1000))
         print(
@@ -43,6 +51,23 @@ def cmd_events(args: argparse.Namespace) -> int:
             f"{r['action']:<14} {r['message']}"
         )
     return 0
+
+
+def _known_node(args: argparse.Namespace, stub: Any, node: str) -> bool:
+    """Whether the controller knows ``node``; False after one line (a typo must not look like a quiet node)."""
+    from starpulse.v1 import service_pb2 as spb
+
+    resp = rpc("events", args, stub, "ListNodes", spb.ListNodesRequest(), 10)
+    if resp is None:
+        return False
+    if any(n.node_id == node for n in resp.nodes):
+        return True
+    print(
+        f"starpulse events: --node {node}: no such node at the controller {args.controller} "
+        f"({len(resp.nodes)} known; see starpulse nodes)",
+        file=sys.stderr,
+    )
+    return False
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
@@ -74,6 +99,11 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print("no open incidents" if not args.all else "no incidents")
+        return 0
+    print(
+        f"{'INCIDENT':<11} {'STATE':<8} {'SEVERITY':>8} {'KIND':<13} {'ROOT CAUSE':<30} {'ACTION':<20} "
+        f"{'OPENED':<9} NODES"
+    )
     for r in rows:
         state = "open" if r["resolved_ms"] is None else "resolved"
         nodes = r["affected_nodes"]
@@ -167,29 +197,25 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add this group's commands to the top-level subparsers."""
     e = sub.add_parser("events", help="list recent events")
-    e.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(e)
-    e.add_argument("--node", default=None)
-    e.add_argument("--limit", type=int, default=50)
-    e.add_argument("--json", action="store_true")
+    add_client_flags(e)
+    e.add_argument("--node", default=None, help="only this node's events (default: every node)")
+    count_flag(e, "--limit", 50, "newest events to show")
+    e.add_argument("--json", action="store_true", help=JSON_HELP)
     e.set_defaults(func=cmd_events)
 
     i = sub.add_parser("incidents", help="list incidents (root causes on the fabric)")
-    i.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(i)
+    add_client_flags(i)
     i.add_argument("--all", action="store_true", help="include resolved incidents")
-    i.add_argument("--limit", type=int, default=100)
-    i.add_argument("--json", action="store_true")
+    count_flag(i, "--limit", 100, "newest incidents to show")
+    i.add_argument("--json", action="store_true", help=JSON_HELP)
     i.set_defaults(func=cmd_incidents)
 
     sp = sub.add_parser("spares", help="hot spares: health, block, allocation")
-    sp.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(sp)
-    sp.add_argument("--json", action="store_true")
+    add_client_flags(sp)
+    sp.add_argument("--json", action="store_true", help=JSON_HELP)
     sp.set_defaults(func=cmd_spares)
 
     jb = sub.add_parser("jobs", help="training jobs: restarts, steps lost, downtime, last complete checkpoint")
-    jb.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(jb)
-    jb.add_argument("--json", action="store_true")
+    add_client_flags(jb)
+    jb.add_argument("--json", action="store_true", help=JSON_HELP)
     jb.set_defaults(func=cmd_jobs)

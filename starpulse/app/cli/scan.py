@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from starpulse.app.cli.common import JSON_HELP, count_flag, seconds_flag
+
 NONE_BACKEND = "none"
 
 
@@ -187,18 +189,21 @@ def register(sub: Any) -> None:
     """Add this group's commands to the top-level subparsers."""
     s = sub.add_parser("scan", help="this node's health verdict by the controller's rules (exit 0/1/2)")
     s.add_argument(
-        "--backend", choices=_backends(), default="nvml", help="accelerator backend; 'none' scans without a driver"
+        "--backend",
+        choices=_backends(),
+        default="nvml",
+        help="accelerator backend; 'none' scans without a driver (default: nvml)",
     )
     s.add_argument("--sysfs-root", default=None, help="root of the sysfs tree to read NICs from (default /sys)")
     s.add_argument("--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)")
     s.add_argument("--expect", default=None, metavar="FILE", help="expected inventory (YAML: gpus: 8, nics: [...])")
-    s.add_argument("--window", type=float, default=2.0, help="seconds between the two samples (counter rates)")
+    seconds_flag(s, "--window", 2.0, "seconds between the two samples, for counter rates")
     s.add_argument("--node", default=None, help="node name in the verdict (default: the host name)")
-    s.add_argument("--seed", type=int, default=0)
+    count_flag(s, "--seed", 0, "with --backend sim: the node's seed", minimum=0)
     s.add_argument(
         "--sim-fault", action="append", metavar="KIND[:INDEX]", help="with --backend sim: inject a node fault first"
     )
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     from starpulse.app.cli.preflight import add_flags
 
     add_flags(s)

@@ -57,8 +57,18 @@ def _settings(args: argparse.Namespace) -> Any:
     if errors:
         return None
     log = built[1].log if isinstance(built, tuple) else built.log
-    configure_logging(log.level, fmt=log.format)
+    node = {"node": built[0].node_id} if isinstance(built, tuple) else None  # the agent's (config, options)
+    configure_logging(log.level, fmt=log.format, fields=node)
     return built
+
+
+def _listen_line(command: str, exc: Any) -> str:
+    """A ListenError as the service's one line, naming the flag that sets the address."""
+    from starpulse.app.config import service
+
+    flags = {f.key: f.name for f in service(command).FLAGS}
+    what = flags.get(exc.what, exc.what)
+    return f"starpulse {command}: {what} {exc.address}: {exc.reason}"
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
@@ -83,8 +93,13 @@ def _serve_controller(config: Any) -> int:
         else:
             await Controller(config).serve_forever(stop)
 
+    from starpulse.core.listen import ListenError
+
     try:
         asyncio.run(main())
+    except ListenError as exc:
+        print(_listen_line("controller", exc), file=sys.stderr)
+        return 2
     except Exception as exc:
         from controller.detect.shards import ShardLost
         from controller.ha.etcd import EtcdUnavailable
@@ -102,7 +117,8 @@ def _serve_controller(config: Any) -> int:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run the node agent on its backend (or on a SONiC switch with --role switch)."""
-    from agent.factory import BackendUnavailable, build_agent, build_switch_agent
+    from agent.transport.statelock import lock_state_dir
+    from starpulse.core.listen import ListenError
     from starpulse.core.tls import load_material
 
     settings = _settings(args)
@@ -111,6 +127,24 @@ def cmd_agent(args: argparse.Namespace) -> int:
     config, opt = settings
     if config.tls is not None:
         load_material(config.tls)  # a bad file is one line now, not a traceback in the link
+    try:
+        held = lock_state_dir(opt.state_dir)  # held for the process's life; the kernel frees it at exit
+    except OSError as exc:  # in use by another agent, or a folder this user cannot write
+        print(f"starpulse agent: --state-dir {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _agent_on(config, opt)
+    except ListenError as exc:  # its --metrics address
+        print(_listen_line("agent", exc), file=sys.stderr)
+        return 2
+    finally:
+        held.release()
+
+
+def _agent_on(config: Any, opt: Any) -> int:
+    """Build and run the agent of the settings (its state folder is locked by the caller)."""
+    from agent.factory import BackendUnavailable, build_agent, build_switch_agent
+
     if opt.role == "switch":
         asyncio.run(_run_agent(build_switch_agent(config, _redis_factory(opt.redis) if opt.redis else None)))
         return 0
@@ -184,7 +218,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
         install_stop(stop)
         await relay.serve_forever(stop)
 
-    asyncio.run(main())
+    from starpulse.core.listen import ListenError
+
+    try:
+        asyncio.run(main())
+    except ListenError as exc:
+        print(_listen_line("relay", exc), file=sys.stderr)
+        return 2
     return 0
 
 

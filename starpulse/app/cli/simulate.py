@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from starpulse.app.cli.common import JSON_HELP, address, count_flag, seconds_flag
+
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
     from starpulse.app.scenario.runner import run_scenario
@@ -37,6 +39,18 @@ def _print_verdict(verdict: dict[str, Any]) -> None:
             f"  {i['id']} {i['kind']:<13} {i['root_cause'] or '(network)':<30} {i['severity']:>8} "
             f"{len(i['affected_nodes']):>3} nodes  opened {i['opened_at_s']:.1f} s, {resolved}"
         )
+    for e in verdict.get("evictions", []):
+        instead = f", {e['replacement']} stands in" if e["replacement"] else ", no spare stood in"
+        dry = " (dry run: nothing moved)" if e["dry_run"] else ""
+        print(f"  evicted {e['node']} at {e['at_s']:.1f} s for {e['incident']}{instead}{dry}")
+    for j in verdict.get("jobs", []):
+        resumed = f"resumed from step {j['resumed_from_step']}" if j["resumed_from_step"] else "not resumed"
+        print(
+            f"  job {j['name']}: {j['restarts']} restart{'' if j['restarts'] == 1 else 's'}, "
+            f"{j['steps_lost']} steps lost, {j['downtime_s']:.1f} s down, {resumed}"
+        )
+    if verdict.get("breaker_open"):
+        print("  circuit breaker OPEN: automatic remediation stopped (starpulse breaker status)")
     exp = verdict["expectations"]
     if exp["checked"]:
         print("expectations: " + ("passed" if exp["passed"] else "FAILED: " + "; ".join(exp["failures"])))
@@ -44,8 +58,14 @@ def _print_verdict(verdict: dict[str, Any]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from starpulse.app.demo import run_demo
+    from starpulse.core.listen import ListenError
 
-    return run_demo(nodes=args.nodes, duration_s=args.duration, http=args.http, listen=args.listen)
+    try:
+        return run_demo(nodes=args.nodes, duration_s=args.duration, http=args.http, listen=args.listen)
+    except ListenError as exc:  # the dashboard's port taken (8080 often is): say which flag moves it
+        flag = {"server.http": "--http", "server.listen": "--listen"}.get(exc.what, exc.what)
+        print(f"starpulse demo: {flag} {exc.address}: {exc.reason}", file=sys.stderr)
+        return 2
 
 
 def register(sub: Any) -> None:
@@ -54,12 +74,24 @@ def register(sub: Any) -> None:
     scsub = sc.add_subparsers(dest="scenario_command", required=True)
     scr = scsub.add_parser("run", help="run one scenario file and print its verdict")
     scr.add_argument("file")
-    scr.add_argument("--json", action="store_true")
+    scr.add_argument("--json", action="store_true", help=JSON_HELP)
     scr.set_defaults(func=cmd_scenario_run)
 
     d = sub.add_parser("demo", help="a controller and simulated agents on loopback, with faults")
-    d.add_argument("--nodes", type=int, default=16)
-    d.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
-    d.add_argument("--listen", default="127.0.0.1:0")
-    d.add_argument("--http", default="127.0.0.1:8080")
+    count_flag(d, "--nodes", 16, "simulated nodes")
+    seconds_flag(d, "--duration", 0.0, "seconds to run, 0: until Ctrl-C", above=False)
+    d.add_argument(
+        "--listen",
+        type=address,
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="controller gRPC address (default: a free port)",
+    )
+    d.add_argument(
+        "--http",
+        type=address,
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="dashboard address (default: 127.0.0.1:8080)",
+    )
     d.set_defaults(func=cmd_demo)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import DEFAULT_CONTROLLER, add_client_auth_flags, query_stub, rpc
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, query_stub, rpc, writable_file
 
 
 def cmd_topology_generate(args: argparse.Namespace) -> int:
@@ -21,7 +21,11 @@ def cmd_topology_generate(args: argparse.Namespace) -> int:
         print(f"starpulse topology generate: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        save_fabric(fabric, args.out)
+        try:
+            save_fabric(fabric, args.out)
+        except OSError as exc:
+            print(f"starpulse topology generate: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.out}: {json.dumps(fabric.summary(), sort_keys=True)}")
     else:
         from controller.fabric import fabric_to_dict
@@ -47,6 +51,13 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
     resp = rpc("topology show", args, query_stub(args), "GetTopology", spb.TopologyRequest(), 10)
     if resp is None:
         return 2
+    if not json.loads(resp.summary_json or "{}"):  # no declared fabric: nothing to compare the wiring with
+        print(
+            f"starpulse topology show: the controller at {args.controller} has no declared fabric "
+            "(start it with --fabric FILE; see starpulse topology generate)",
+            file=sys.stderr,
+        )
+        return 2
     out = {
         "summary": json.loads(resp.summary_json or "{}"),
         "nodes_reporting_lldp": resp.nodes_reporting_lldp,
@@ -71,17 +82,24 @@ def register(sub: Any) -> None:
     t = sub.add_parser("topology", help="fabric topology: generate a fabric file, show the live graph")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tg = tsub.add_parser("generate", help="a Xingmai-style multi-rail Clos")
-    tg.add_argument("--nodes", type=int, required=True)
-    tg.add_argument("--gpus-per-node", type=int, default=8)
-    tg.add_argument("--rails", type=int, default=8)
-    tg.add_argument("--nodes-per-block", type=int, default=16)
-    tg.add_argument("--spines", type=int, default=8)
-    tg.add_argument("--spares", type=int, default=0)
-    tg.add_argument("--out", default=None, help="file to write (JSON, or YAML for .yaml); default stdout")
+    count_flag(tg, "--nodes", None, "compute nodes in the fabric", required=True)
+    count_flag(tg, "--gpus-per-node", 8, "GPUs per node")
+    count_flag(tg, "--rails", 8, "rails, a leaf each per block")
+    count_flag(tg, "--nodes-per-block", 16, "nodes under one block's leaves")
+    count_flag(tg, "--spines", 8, "spine switches")
+    count_flag(tg, "--spares", 0, "of the nodes, spares held idle", minimum=0)
+    tg.add_argument(
+        "--out",
+        type=writable_file,
+        default=None,
+        metavar="FILE",
+        help="file to write (JSON, or YAML for .yaml; its folder must exist); default: stdout",
+    )
     tg.set_defaults(func=cmd_topology_generate)
     ts = tsub.add_parser("show", help="summarise the live graph (or a fabric file)")
-    ts.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    add_client_auth_flags(ts)
-    ts.add_argument("--file", default=None)
-    ts.add_argument("--json", action="store_true")
+    add_client_flags(ts)
+    ts.add_argument(
+        "--file", default=None, metavar="FILE", help="summarise this fabric file instead of asking the controller"
+    )
+    ts.add_argument("--json", action="store_true", help=JSON_HELP)
     ts.set_defaults(func=cmd_topology_show)

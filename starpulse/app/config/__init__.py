@@ -61,11 +61,22 @@ def guess_kind(raw: dict[str, Any], path: str | Path) -> str:
     return next((k for k in ("agent", "relay") if k in name), "controller")
 
 
-def check_file(path: str | Path, kind: str | None = None, env: dict[str, str] | None = None) -> str:
-    """Check a file as `starpulse config check` does: its one-line summary, or ConfigError."""
+def check_file(
+    path: str | Path, kind: str | None = None, env: dict[str, str] | None = None, reach: bool = False
+) -> str:
+    """Check a file as `starpulse config check` does: its one-line summary, or ConfigError.
+
+    Beyond the settings themselves: the files a controller's settings name must load (fabric,
+    rules, policy), the tools they need must be there (Slurm's commands), and with ``reach`` the
+    services they name must answer (etcd).
+    """
     kind = kind or guess_kind(read_file(path), path)
     mod = service(kind)
     built = mod.load(path, env, connect=False) if kind == "controller" else mod.load(path, env)
+    if kind == "controller":
+        problems = mod.check_references(built, reach=reach)
+        if problems:
+            raise ConfigError([f"{path}: {line}" for line in problems])
     return str(mod.summary(built))
 
 

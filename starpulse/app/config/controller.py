@@ -223,9 +223,11 @@ FLAGS = (
     Flag(
         "--scheduler",
         "heal.scheduler.type",
-        choices=("none", "sim"),
+        choices=("none", "slurm", "kubernetes", "exec", "sim"),
         default="none",
-        help="self-healing scheduler; sim: an in-memory scheduler over the --fabric nodes (none: detect and alert)",
+        help="self-healing scheduler (default: none, detect and alert only): slurm (its client commands), "
+        "kubernetes (cordon and evict through the API server), exec (your hooks, heal.scheduler.exec), "
+        "sim (in memory, over the --fabric nodes)",
         to=_scheduler_flag,
     ),
     Flag("--heal-mode", "heal.guards.mode", help="with --scheduler: act, only log, or act on a person's approval"),
@@ -375,7 +377,14 @@ def _scheduler(kind: str, o: Any, fabric: Fabric | None, connect: bool) -> Sched
     if kind == "slurm":
         from controller.heal.scheduler.slurm import SlurmScheduler
 
-        return SlurmScheduler(**vars(o))
+        slurm = SlurmScheduler(**vars(o))
+        missing = slurm.missing_tools()
+        if missing:
+            where = f"in {o.bin_dir}" if o.bin_dir is not None else "on PATH (or set heal.scheduler.slurm.bin_dir)"
+            raise ValueError(f"{', '.join(missing)} not found {where}: Slurm healing needs its client commands")
+        if o.conf_path is not None and not Path(o.conf_path).is_file():
+            raise ValueError(f"conf_path {o.conf_path}: no such file")
+        return slurm
     if kind == "kubernetes":
         if not connect:
             return None
@@ -390,6 +399,46 @@ def _scheduler(kind: str, o: Any, fabric: Fabric | None, connect: bool) -> Sched
 
     nodes = list(o.nodes) or (fabric.nodes() if fabric is not None else [])
     return SimScheduler(nodes, reason_prefix=o.reason_prefix)
+
+
+def check_references(st: ControllerSettings, *, reach: bool = False) -> list[str]:
+    """What `config check` adds to the settings' own checks: the files they name load; with ``reach``,
+    the etcd endpoints they name answer. One line per problem, naming the setting."""
+    from controller.detect.rules import load_rules
+    from controller.heal.policy import load_policy
+    from starpulse.core.schema import ConfigError
+
+    c = st.controller
+    files: list[tuple[str, Path | None, Any]] = [
+        ("fabric.path", c.fabric_path, load_fabric),
+        ("detection.rules_path", c.rules_path, load_rules),
+        ("heal.policy_path", c.heal.policy_path if c.heal is not None else None, load_policy),
+    ]
+    problems: list[str] = []
+    for key, path, load in files:
+        if path is None:
+            continue
+        try:
+            load(path)
+        except ConfigError as exc:
+            problems.extend(f"{key}: {line}" for line in exc.errors)
+    if reach and c.ha is not None:
+        problems.extend(f"ha.etcd: {line}" for line in _unreachable(c.ha.etcd))
+    return problems
+
+
+def _unreachable(endpoints: list[str], timeout_s: float = 2.0) -> list[str]:
+    """The endpoints no TCP connection reaches within timeout_s (etcd's own health needs a client)."""
+    import socket
+
+    out = []
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except OSError as exc:
+            out.append(f"{endpoint}: unreachable ({exc.strerror or exc})")
+    return out
 
 
 def summary(st: ControllerSettings) -> str:
