@@ -4,11 +4,12 @@
 in tests and the simulator. Both raise pynvml's own exception classes.
 
 Rules this module keeps:
-- A failed read means what ``nvml_errors`` says: a metric the device or driver does not
-  support stays UNSET in the sample (absent, never 0), a lost GPU marks the sample
-  ``lost``, one that needs a reset ``reset_required``; one GPU failing never stops the others.
-- Findings are returned only on transitions (on the first cycle any already-bad state
-  counts as one), so a steady fault is reported once, and again only after it clears.
+- A failed read means what ``nvml_errors`` says (``nvml_reader.DeviceReader``): a metric
+  the device or driver does not support stays UNSET in the sample (absent, never 0), a lost
+  GPU marks the sample ``lost``, one that needs a reset ``reset_required``; one GPU failing
+  never stops the others.
+- Findings are returned only on transitions (``gpu_transitions``), so a steady fault is
+  reported once, and again only after it clears.
 - Findings the event thread already delivered (DBE, recovery action, lost) are not
   repeated by the next ``collect`` for the same change.
 """
@@ -19,16 +20,18 @@ import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml  # imports without a driver: the library is loaded lazily by nvmlInit
 import structlog
 
+from agent.collectors import gpu_transitions as gt
 from agent.collectors import nvml_fields as nf
 from agent.collectors.base import CollectorUnsupported, FindingSink
+from agent.collectors.gpu_transitions import GpuIdent, GpuState
 from agent.collectors.nvml_errors import Outcome, sort_code, sort_error
+from agent.collectors.nvml_reader import DeviceReader
 from starpulse.core import vocab
 from starpulse.core import xid as xidcat
 from starpulse.core.findings import Finding
@@ -36,8 +39,6 @@ from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
-
-SOURCE = "nvml"
 
 FI_MEMORY_TEMP = nf.FI_MEMORY_TEMP
 FI_RECOVERY_ACTION = nf.FI_RECOVERY_ACTION
@@ -54,10 +55,6 @@ _RETIRED_CAUSE = {
     "retired_pages_dbe": pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
 }
 
-# Clock-event bits that mean the hardware is slowing the GPU down (not idle / power cap).
-SLOWDOWN_BITS = vocab.slowdown_bits("nvidia")
-_SLOWDOWN_NAMES = {r.bit: r.name for r in vocab.CLOCK_EVENT_REASONS["nvidia"] if r.slowdown}
-
 # Event bits the thread registers for (each device: only those it supports).
 EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
 EVENT_DBE = 0x2  # nvmlEventTypeDoubleBitEccError
@@ -66,9 +63,6 @@ WANTED_EVENTS = EVENT_XID | EVENT_DBE | EVENT_RECOVERY_ACTION
 
 _BACKOFF_INITIAL_S = 0.2
 _BACKOFF_MAX_S = 5.0
-
-# (GpuSample NvLinkSample field, NVML_NVLINK_ERROR_DL_* counter)
-_NVLINK_COUNTERS = tuple((name, counter) for counter, name in enumerate(vocab.NVLINK_ERROR_COUNTERS))
 
 _INIT_HINTS = {
     "NVMLError_LibraryNotFound": "is the NVIDIA driver installed?",
@@ -111,19 +105,6 @@ def _handle_key(handle: Any) -> Any:
 
 
 @dataclass
-class _Ident:
-    """What identifies a GPU in findings; cached so a lost GPU can still be named."""
-
-    index: int
-    uuid: str = ""
-    pci: str = ""
-
-    @property
-    def key(self) -> str:
-        return self.uuid or f"index-{self.index}"
-
-
-@dataclass
 class _FieldPlan:
     """One GPU's nvmlDeviceGetFieldValues request and where each group's answers sit in it."""
 
@@ -133,82 +114,6 @@ class _FieldPlan:
     single: list[nf.FieldGroup]  # groups read with their single call on this GPU
     link_at: list[tuple[int, int]]  # (link, index); empty when link state uses the single call
     nvlink_single: bool
-
-
-@dataclass
-class _GpuState:
-    """Last-seen values of one GPU, for transition detection (guarded by the collector lock)."""
-
-    seen: bool = False
-    lost: bool = False
-    reset_required: bool = False
-    dbe_volatile: int | None = None
-    dbe_aggregate: int | None = None
-    remap_failure: bool = False
-    links_up: dict[int, bool] = field(default_factory=dict)
-    links_from: tpb.GpuSample | None = None  # the kept nvlinks message links_up was last set from
-    slowdown_bits: int = 0
-    recovery_action: int = 0
-    # Shared with the event thread so one change is reported once.
-    lost_announced: bool = False
-    dbe_events_unconsumed: int = 0
-    missing_announced: bool = False
-
-
-class _Reader:
-    """Calls NVML for one device; a failed read is absent and sets the flags nvml_errors gives it."""
-
-    def __init__(self, nvml: Any, handle: Any, index: int, warn: Callable[[int, str, BaseException], None]) -> None:
-        self._nvml = nvml
-        self._handle = handle
-        self.index = index
-        self._warn = warn
-        self.lost = False
-        self.reset_required = False
-
-    def call(self, fn_name: str, *args: Any, link: bool = False) -> Any:
-        """Result of ``nvml.<fn_name>(handle, *args)``, or None when the value is absent."""
-        if self.lost:
-            return None
-        fn = getattr(self._nvml, fn_name, None)
-        if fn is None:  # older bindings
-            return None
-        try:
-            return fn(self._handle, *args)
-        except self._nvml.NVMLError as err:
-            self.failed(sort_error(err, link=link), fn_name, err)
-        return None
-
-    def failed(self, outcome: Outcome, what: str, err: BaseException) -> None:
-        """Record one failed read: lost and reset-required flag the sample, other errors are logged."""
-        if outcome is Outcome.LOST:
-            self.lost = True
-        elif outcome is Outcome.RESET_REQUIRED:
-            self.reset_required = True
-        elif outcome is Outcome.OTHER:
-            self._warn(self.index, what, err)
-
-    def link_counters(self, link: int) -> dict[str, Any]:
-        """One link's _NVLINK_COUNTERS that NVML gives (NvLinkSample keyword arguments), as call() reads each.
-
-        One loop over the function instead of a call() per counter: a full read asks for
-        90 counters per GPU, and call()'s lookup per value was a measurable share of them.
-        """
-        out: dict[str, Any] = {}
-        fn = getattr(self._nvml, "nvmlDeviceGetNvLinkErrorCounter", None)
-        if fn is None:  # older bindings
-            return out
-        for attr, counter in _NVLINK_COUNTERS:
-            if self.lost:
-                break
-            try:
-                value = fn(self._handle, link, counter)
-            except self._nvml.NVMLError as err:
-                self.failed(sort_error(err, link=True), "nvmlDeviceGetNvLinkErrorCounter", err)
-                continue
-            if value is not None:
-                out[attr] = int(value)
-        return out
 
 
 class NvmlGpuCollector:
@@ -233,10 +138,10 @@ class NvmlGpuCollector:
         self._initialized = False
         self._closed = False
         self._lock = threading.Lock()  # guards state shared with the event thread
-        self._idents: dict[int, _Ident] = {}  # by NVML index
-        self._inventory: dict[str, _Ident] = {}  # by key, as described
+        self._idents: dict[int, GpuIdent] = {}  # by NVML index
+        self._inventory: dict[str, GpuIdent] = {}  # by key, as described
         self._inventory_links: dict[str, set[int]] = {}
-        self._state: dict[str, _GpuState] = {}
+        self._state: dict[str, GpuState] = {}
         self._pending: list[Finding] = []  # event findings when there is no sink
         self._warned: set[tuple[int, str, int]] = set()
         self._stop = threading.Event()
@@ -299,8 +204,8 @@ class NvmlGpuCollector:
             except nvml.NVMLError as err:
                 log.warning("nvml_gpu_describe_failed", gpu=index, error=str(err))
                 continue
-            reader = _Reader(nvml, handle, index, self._warn_once)
-            ident = _Ident(index, reader.call("nvmlDeviceGetUUID") or "", self._pci(reader))
+            reader = DeviceReader(nvml, handle, index, self._warn_once)
+            ident = GpuIdent(index, reader.call("nvmlDeviceGetUUID") or "", self._pci(reader))
             info.uuid = ident.uuid
             info.pci_bus_id = ident.pci
             info.serial = reader.call("nvmlDeviceGetSerial") or ""
@@ -448,7 +353,7 @@ class NvmlGpuCollector:
         if event_type & EVENT_XID:
             info = xidcat.lookup(event_data)
             self._emit(
-                self._finding(
+                gt.gpu_finding(
                     "xid",
                     ident,
                     info.severity,
@@ -462,7 +367,7 @@ class NvmlGpuCollector:
         if event_type & EVENT_DBE:
             with self._lock:
                 self._state_for(ident).dbe_events_unconsumed += 1
-            self._emit(self._dbe_finding(ident, "NVML double-bit ECC event"))
+            self._emit(gt.dbe_finding(ident, "NVML double-bit ECC event"))
         if event_type & EVENT_RECOVERY_ACTION:
             value = self._recovery_action_now(data.device)
             if value is None:
@@ -472,19 +377,19 @@ class NvmlGpuCollector:
                 changed = value != state.recovery_action
                 state.recovery_action = value
             if changed and value:
-                self._emit(self._recovery_finding(ident, value))
+                self._emit(gt.recovery_finding(ident, value))
 
     def _on_event_gpu_lost(self) -> None:
         """nvmlEventSetWait said a GPU is lost: find which, report each once."""
         nvml = self._nvml
-        lost: list[_Ident] = []
+        lost: list[GpuIdent] = []
         for index in sorted(set(self._event_handles.values())):
             try:
                 nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
             except nvml.NVMLError as err:
                 if sort_error(err) is Outcome.LOST:
                     with self._lock:
-                        lost.append(self._idents.get(index) or _Ident(index))
+                        lost.append(self._idents.get(index) or GpuIdent(index))
         if not lost:
             with self._lock:
                 if self._event_lost_unknown_announced:
@@ -498,7 +403,7 @@ class NvmlGpuCollector:
                     severity="fatal",
                     action=vocab.ACTION_REBOOT,
                     message="NVML event wait reports a GPU is lost (device not identified)",
-                    source=SOURCE,
+                    source=gt.SOURCE,
                     xid=79,
                     attributes={"xid": "79", "nvml_error": "GPU is lost"},
                 )
@@ -510,17 +415,17 @@ class NvmlGpuCollector:
                 if state.lost_announced:
                     continue
                 state.lost_announced = True
-            self._emit(self._lost_finding(ident, "NVML event wait: GPU is lost"))
+            self._emit(gt.lost_finding(ident, "NVML event wait: GPU is lost"))
 
-    def _event_ident(self, device: Any) -> _Ident:
+    def _event_ident(self, device: Any) -> GpuIdent:
         index = self._event_handles.get(_handle_key(device))
         if index is None:
             try:
                 index = int(self._nvml.nvmlDeviceGetIndex(device))
             except self._nvml.NVMLError:
-                return _Ident(-1)
+                return GpuIdent(-1)
         with self._lock:
-            return self._idents.get(index) or _Ident(index)
+            return self._idents.get(index) or GpuIdent(index)
 
     def _recovery_action_now(self, handle: Any) -> int | None:
         try:
@@ -547,22 +452,22 @@ class NvmlGpuCollector:
 
     # ---- sampling -----------------------------------------------------------------------
 
-    def _sample(self, index: int, sample: tpb.GpuSample) -> _Ident:
+    def _sample(self, index: int, sample: tpb.GpuSample) -> GpuIdent:
         """Read every GpuSample field of one GPU into ``sample``, leaving unsupported ones unset."""
         nvml = self._nvml
         with self._lock:
-            ident = self._idents.get(index) or _Ident(index)
+            ident = self._idents.get(index) or GpuIdent(index)
         sample.uuid = ident.uuid
         handle = self._handle(index, sample)
         if handle is None:
             return ident
 
-        r = _Reader(nvml, handle, index, self._warn_once)
+        r = DeviceReader(nvml, handle, index, self._warn_once)
         uuid = r.call("nvmlDeviceGetUUID")
         if uuid:
             # The PCI address belongs to the UUID: asked again only when the UUID is new here.
             if uuid != ident.uuid or not ident.pci:
-                ident = _Ident(index, uuid, self._pci(r) or ident.pci)
+                ident = GpuIdent(index, uuid, self._pci(r) or ident.pci)
                 with self._lock:
                     self._idents[index] = ident
             sample.uuid = uuid
@@ -607,7 +512,7 @@ class NvmlGpuCollector:
         sample.reset_required = r.reset_required
         return ident
 
-    def _read_pcie_link(self, r: _Reader, sample: tpb.GpuSample, ident: _Ident) -> None:
+    def _read_pcie_link(self, r: DeviceReader, sample: tpb.GpuSample, ident: GpuIdent) -> None:
         """PCIe link width and generation, now (every cycle) and at most (once per GPU).
 
         The current generation follows the load (a GPU drops it when idle), so it is read
@@ -646,14 +551,14 @@ class NvmlGpuCollector:
                 raise
         return None
 
-    def _read_ecc(self, r: _Reader, sample: tpb.GpuSample) -> None:
+    def _read_ecc(self, r: DeviceReader, sample: tpb.GpuSample) -> None:
         """ECC counters, row remapping, page retirement, PCIe replays: one NVML call per value."""
         for group in nf.GROUPS:
             if group.single:
                 self._read_single(r, sample, group)
 
     @staticmethod
-    def _read_single(r: _Reader, sample: tpb.GpuSample, group: nf.FieldGroup) -> None:
+    def _read_single(r: DeviceReader, sample: tpb.GpuSample, group: nf.FieldGroup) -> None:
         """One group of nvml_fields.GROUPS through its single-value NVML call."""
         kind = group.single
         if kind == "ecc":
@@ -683,7 +588,7 @@ class NvmlGpuCollector:
 
     # ---- batched: one nvmlDeviceGetFieldValues call per GPU ---------------------------------
 
-    def _links(self, ident: _Ident) -> tuple[int, ...]:
+    def _links(self, ident: GpuIdent) -> tuple[int, ...]:
         """NVLinks to read: the inventory's, else every index NVML allows."""
         with self._lock:
             known = self._inventory_links.get(ident.key)
@@ -713,7 +618,7 @@ class NvmlGpuCollector:
         self._field_plans[key] = plan
         return plan
 
-    def _read_batched(self, r: _Reader, handle: Any, sample: tpb.GpuSample, ident: _Ident) -> bool:
+    def _read_batched(self, r: DeviceReader, handle: Any, sample: tpb.GpuSample, ident: GpuIdent) -> bool:
         """The nvml_fields values and NVLink states from one call; False: use the single calls.
 
         The sample comes out exactly as the single calls would fill it. An element that is
@@ -755,11 +660,11 @@ class NvmlGpuCollector:
         self._read_nvlinks(r, sample, ident, states)
         return True
 
-    def _element_failed(self, r: _Reader, outcome: Outcome, ret: int, fid: int) -> None:
+    def _element_failed(self, r: DeviceReader, outcome: Outcome, ret: int, fid: int) -> None:
         r.failed(outcome, f"nvmlDeviceGetFieldValues[{fid}]", self._nvml.NVMLError(ret))
 
     def _apply_fields(
-        self, r: _Reader, sample: tpb.GpuSample, key: str, plan: _FieldPlan, decoded: list[tuple[int, Any]]
+        self, r: DeviceReader, sample: tpb.GpuSample, key: str, plan: _FieldPlan, decoded: list[tuple[int, Any]]
     ) -> list[nf.FieldGroup]:
         """Set each group whose fields all succeeded; return the absent ones to check once."""
         recheck: list[nf.FieldGroup] = []
@@ -782,7 +687,7 @@ class NvmlGpuCollector:
         return recheck
 
     def _link_states(
-        self, r: _Reader, key: str, plan: _FieldPlan, decoded: list[tuple[int, Any]]
+        self, r: DeviceReader, key: str, plan: _FieldPlan, decoded: list[tuple[int, Any]]
     ) -> dict[int, int | None]:
         """Each link's state as nvmlDeviceGetNvLinkState gives it (ENABLED / DISABLED / None)."""
         nvml = self._nvml
@@ -807,7 +712,7 @@ class NvmlGpuCollector:
             states[link] = state
         return states
 
-    def _recheck(self, r: _Reader, sample: tpb.GpuSample, key: str, group: nf.FieldGroup) -> None:
+    def _recheck(self, r: DeviceReader, sample: tpb.GpuSample, key: str, group: nf.FieldGroup) -> None:
         """A group absent from the fields: ask its single call once; if it answers, keep using it."""
         self._verified.add((key, group.name, -1))
         self._read_single(r, sample, group)
@@ -820,7 +725,7 @@ class NvmlGpuCollector:
         log.info("nvml_field_fallback", gpu=index, group=group, reason="field not supported, single call answers")
 
     def _read_nvlinks(
-        self, r: _Reader, sample: tpb.GpuSample, ident: _Ident, states: dict[int, int | None] | None = None
+        self, r: DeviceReader, sample: tpb.GpuSample, ident: GpuIdent, states: dict[int, int | None] | None = None
     ) -> None:
         """State and DL error counters of each present link (the inventory's, else all probed).
 
@@ -887,7 +792,7 @@ class NvmlGpuCollector:
         self._nvlink_merge[key] = (read_at, links, now_states, merged)
         return merged
 
-    def _read_fields(self, r: _Reader, sample: tpb.GpuSample) -> None:
+    def _read_fields(self, r: DeviceReader, sample: tpb.GpuSample) -> None:
         """Recovery action and memory temperature via the field-values API (per-element status)."""
         values = r.call("nvmlDeviceGetFieldValues", [FI_RECOVERY_ACTION, FI_MEMORY_TEMP])
         if values is None:
@@ -905,205 +810,17 @@ class NvmlGpuCollector:
 
     # ---- transitions ----------------------------------------------------------------------
 
-    def _transitions(self, s: tpb.GpuSample, ident: _Ident) -> list[Finding]:
-        """Findings for what got worse since this GPU's previous sample (or, first time, is bad)."""
-        out: list[Finding] = []
-        merged = self._merged_into.pop(ident.key, None)  # this cycle's, whatever returns early below
+    def _transitions(self, s: tpb.GpuSample, ident: GpuIdent) -> list[Finding]:
+        """Findings for what got worse since this GPU's previous sample (see gpu_transitions)."""
+        merged = self._merged_into.pop(ident.key, None)  # this cycle's, whatever the sample holds
         with self._lock:
-            st = self._state_for(ident)
-            first = not st.seen
-            st.seen = True
-            st.missing_announced = False
-
-            if s.lost and not st.lost_announced:
-                out.append(self._lost_finding(ident, "NVML: GPU is lost"))
-            st.lost_announced = s.lost
-            st.lost = s.lost
-            if s.lost:
-                return out  # nothing else was readable
-
-            if s.reset_required and not st.reset_required:
-                out.append(
-                    self._finding(
-                        "gpu_reset_required",
-                        ident,
-                        "critical",
-                        vocab.ACTION_RESET_GPU,
-                        "NVML: GPU requires reset",
-                        nvml_error="GPU requires restart",
-                    )
-                )
-            st.reset_required = s.reset_required
-
-            dbe_new = self._dbe_increase(st, s, first)
-            if dbe_new:
-                if st.dbe_events_unconsumed > 0:
-                    st.dbe_events_unconsumed = 0  # the event thread already reported it
-                else:
-                    out.append(
-                        self._dbe_finding(
-                            ident,
-                            "ECC double-bit error count rose",
-                            dbe_volatile=str(s.ecc_dbe_volatile) if s.HasField("ecc_dbe_volatile") else "",
-                            dbe_aggregate=str(s.ecc_dbe_aggregate) if s.HasField("ecc_dbe_aggregate") else "",
-                        )
-                    )
-
-            if s.HasField("remap_failure"):
-                if s.remap_failure and not st.remap_failure:
-                    out.append(
-                        self._finding(
-                            "row_remap_failure",
-                            ident,
-                            "critical",
-                            vocab.ACTION_CONTACT_SUPPORT,
-                            "Row remapping failed: no spare rows left for an uncorrectable error",
-                            remapped_rows_uncorrectable=str(s.remapped_rows_uncorrectable),
-                        )
-                    )
-                st.remap_failure = s.remap_failure
-
-            # The same kept nvlinks message as the cycle that last set links_up: no link changed.
-            same_links = merged is not None and merged is st.links_from
-            st.links_from = merged
             inventory_links = self._inventory_links.get(ident.key, set())
-            for nl in () if same_links else s.nvlinks:
-                was_up = st.links_up.get(nl.link, first and nl.link in inventory_links)
-                if was_up and not nl.up:
-                    out.append(
-                        self._finding(
-                            "nvlink_down",
-                            ident,
-                            "critical",
-                            vocab.ACTION_RESET_GPU,
-                            f"NVLink {nl.link} is down",
-                            link=str(nl.link),
-                        )
-                    )
-                st.links_up[nl.link] = nl.up
-
-            if s.HasField("clock_event_reasons"):
-                bits = s.clock_event_reasons & SLOWDOWN_BITS
-                appeared = bits & ~st.slowdown_bits
-                if appeared:
-                    names = ",".join(n for b, n in _SLOWDOWN_NAMES.items() if bits & b)
-                    out.append(
-                        self._finding(
-                            "thermal_slowdown",
-                            ident,
-                            "warning",
-                            vocab.ACTION_INVESTIGATE,
-                            f"Hardware clock slowdown: {names}",
-                            clock_event_reasons=hex(s.clock_event_reasons),
-                            reasons=names,
-                        )
-                    )
-                st.slowdown_bits = bits
-
-            if s.HasField("recovery_action"):
-                value = s.recovery_action
-                if value and value != st.recovery_action:
-                    out.append(self._recovery_finding(ident, value))
-                st.recovery_action = value
-        return out
-
-    @staticmethod
-    def _dbe_increase(st: _GpuState, s: tpb.GpuSample, first: bool) -> bool:
-        """True when a DBE counter rose (first sample: when it is non-zero); updates baselines."""
-        rose = False
-        for attr in ("dbe_volatile", "dbe_aggregate"):
-            pb_attr = "ecc_" + attr
-            if not s.HasField(pb_attr):
-                continue
-            now = int(getattr(s, pb_attr))
-            prev = getattr(st, attr)
-            if (prev is None and first and now > 0) or (prev is not None and now > prev):
-                rose = True
-            setattr(st, attr, now)
-        return rose
+            return gt.transitions(self._state_for(ident), s, ident, merged, inventory_links)
 
     def _missing(self, count: int, seen: set[str]) -> list[Finding]:
         """gpu_lost for inventory GPUs NVML no longer enumerates."""
-        out: list[Finding] = []
         with self._lock:
-            if count >= len(self._inventory):
-                return out
-            for key, ident in self._inventory.items():
-                if key in seen:
-                    continue
-                st = self._state_for(ident)
-                if st.missing_announced or st.lost_announced:
-                    continue
-                st.missing_announced = True
-                st.lost_announced = True
-                out.append(
-                    self._lost_finding(
-                        ident,
-                        f"GPU no longer enumerated: NVML reports {count} devices, inventory has {len(self._inventory)}",
-                        device_count=str(count),
-                        inventory_count=str(len(self._inventory)),
-                    )
-                )
-        return out
-
-    # ---- finding builders -------------------------------------------------------------
-
-    def _finding(
-        self,
-        kind: str,
-        ident: _Ident,
-        severity: str,
-        action: str,
-        message: str,
-        *,
-        xid: int | None = None,
-        **attributes: str,
-    ) -> Finding:
-        attrs = {k: v for k, v in attributes.items() if v}
-        if ident.uuid:
-            attrs["uuid"] = ident.uuid
-        return Finding(
-            kind=kind,
-            component=f"gpu-{ident.index}" if ident.index >= 0 else "gpu",
-            severity=severity,
-            action=action,
-            message=message,
-            source=SOURCE,
-            xid=xid,
-            pci=ident.pci or None,
-            attributes=attrs,
-        )
-
-    def _lost_finding(self, ident: _Ident, message: str, **attributes: str) -> Finding:
-        finding = self._finding(
-            "gpu_lost",
-            ident,
-            "fatal",
-            vocab.ACTION_REBOOT,
-            message,
-            xid=79,
-            xid_mnemonic=xidcat.lookup(79).mnemonic,
-            nvml_error="GPU is lost",
-        )
-        finding.attributes.update(attributes)
-        return finding
-
-    def _dbe_finding(self, ident: _Ident, message: str, **attributes: str) -> Finding:
-        finding = self._finding("ecc_dbe", ident, "critical", vocab.ACTION_RESET_GPU, message)
-        finding.attributes.update({k: v for k, v in attributes.items() if v})
-        return finding
-
-    def _recovery_finding(self, ident: _Ident, value: int) -> Finding:
-        name, action = xidcat.recovery_action(value)
-        return self._finding(
-            "gpu_recovery_action",
-            ident,
-            vocab.severity_for_action(action),
-            action,
-            f"NVML recovery action {value} ({name})",
-            recovery_action=str(value),
-            recovery_action_name=name,
-        )
+            return gt.missing(count, seen, self._inventory, self._state_for)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -1113,19 +830,19 @@ class NvmlGpuCollector:
         if self._closed:
             raise CollectorUnsupported("GPU collector is closed")
 
-    def _state_for(self, ident: _Ident) -> _GpuState:
+    def _state_for(self, ident: GpuIdent) -> GpuState:
         """Transition state of one GPU (lock held)."""
-        return self._state.setdefault(ident.key, _GpuState())
+        return self._state.setdefault(ident.key, GpuState())
 
     def _remember_ident(self, index: int, handle: Any) -> None:
-        r = _Reader(self._nvml, handle, index, self._warn_once)
+        r = DeviceReader(self._nvml, handle, index, self._warn_once)
         uuid = r.call("nvmlDeviceGetUUID")
         if uuid:
             with self._lock:
-                self._idents[index] = _Ident(index, uuid, self._pci(r))
+                self._idents[index] = GpuIdent(index, uuid, self._pci(r))
 
     @staticmethod
-    def _pci(r: _Reader) -> str:
+    def _pci(r: DeviceReader) -> str:
         info = r.call("nvmlDeviceGetPciInfo")
         if info is None:
             return ""
