@@ -158,7 +158,9 @@ async def stream_session(channel: Any, *messages: Any) -> Any:
     """Send AgentMessages on one Telemetry stream while reading; return the status it ended with.
 
     Reading concurrently matters: a server that ends the call mid-write must be seen by its
-    status, not by the client's failed write.
+    status, not by the client's failed write. As the agent does, the messages after the first
+    (the Hello) wait for the server's first answer: a write racing a rejection makes gRPC's
+    client core end the call as INTERNAL ("Internal error from Core"), hiding the server's code.
     """
     import grpc
 
@@ -166,18 +168,25 @@ async def stream_session(channel: Any, *messages: Any) -> Any:
 
     async with channel as ch:
         call = sgrpc.TelemetryStub(ch).Connect()
+        answered = asyncio.Event()
 
         async def read_all() -> grpc.StatusCode:
             try:
                 while await call.read() is not grpc.aio.EOF:
-                    pass
+                    answered.set()
             except grpc.aio.AioRpcError as err:
                 return err.code()
             return await call.code()
 
         reader = asyncio.create_task(read_all())
         try:
-            for m in messages:
+            for i, m in enumerate(messages):
+                if i == 1:
+                    waiter = asyncio.create_task(answered.wait())
+                    await asyncio.wait({reader, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    if reader.done():
+                        break  # rejected before any answer: the rest would only race the status
                 await call.write(m)
             await call.done_writing()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
