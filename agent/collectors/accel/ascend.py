@@ -5,7 +5,9 @@ node, ``agent.sim.fake_npu_smi.FakeNpuSmi`` in tests and the simulator, which re
 text). Every cycle reads ``npu-smi info`` (one call for all chips); a chip whose health is not
 OK is asked ``npu-smi info -t health -i N -c C`` for its DCMI error codes, and each new code is
 one ``accel_fault`` finding with the action its MindCluster level maps to
-(``ascend_faults``). HCCS links and the NPUs' own RoCE ports (``hccn_tool``) are not read yet.
+(``ascend_faults``). With ``hccn`` (a runner for ``hccn_tool``) the backend also has
+``nic_ports``, the collector of the NPUs' own RoCE ports (``accel.hccn``), which the factory
+runs after the host's LLDP collector.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import structlog
 from agent.collectors.accel import ascend_faults as faults
 from agent.collectors.accel.ascend_parse import NpuChip, parse_npu_health, parse_npu_smi_info
 from agent.collectors.accel.base import BackendUnavailable
+from agent.collectors.accel.hccn import TOOL as HCCN_TOOL
+from agent.collectors.accel.hccn import HccnPortCollector, find_hccn_tool
 from agent.collectors.accel.watch import DeviceWatch
 from agent.collectors.base import CollectorUnsupported, FindingSink
 from starpulse.core import vocab
@@ -53,6 +57,14 @@ def load_npu_smi() -> Run:
     return run_tool
 
 
+def load_hccn_tool() -> str | None:
+    """The hccn_tool of this node, or None (an inference card without RoCE ports has none)."""
+    found = find_hccn_tool()
+    if found is None:
+        log.info("hccn_tool_absent", detail="no NPU RoCE ports are reported")
+    return found
+
+
 class AscendNpuCollector:
     """Collector for Ascend NPUs through npu-smi (name "gpu", vendor "ascend"); one chip is one GpuInfo."""
 
@@ -60,16 +72,37 @@ class AscendNpuCollector:
     vendor = VENDOR
     interconnect = "hccs"
 
-    def __init__(self, run: Run, sink: FindingSink | None = None, fault_codes: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        sink: FindingSink | None = None,
+        fault_codes: str | Path | None = None,
+        *,
+        hccn: Run | None = None,
+        hccn_tool: str = HCCN_TOOL,
+    ) -> None:
         self._run = run
         self._sink = sink
         self._levels = faults.load_fault_levels(fault_codes) if fault_codes is not None else {}
         self._watch = DeviceWatch(VENDOR, SOURCE)
         self._codes: dict[tuple[int, int], set[str]] = {}  # codes already reported, per (npu, chip)
+        self._chip_count: int | None = None
+        self.nic_ports = HccnPortCollector(hccn, self.device_ids, tool=hccn_tool) if hccn is not None else None
+
+    def device_ids(self) -> range:
+        """The chips' logical ids (hccn_tool's -i), in npu-smi's order: as many as the last table had."""
+        if self._chip_count is None:
+            self._info()
+        return range(self._chip_count or 0)
+
+    def _info(self) -> list[NpuChip]:
+        chips = parse_npu_smi_info(self._run(["npu-smi", "info"]))
+        self._chip_count = len(chips)
+        return chips
 
     def supported(self) -> bool:
         try:
-            return bool(parse_npu_smi_info(self._run(["npu-smi", "info"])))
+            return bool(self._info())
         except CollectorUnsupported:
             return False
 
@@ -77,7 +110,7 @@ class AscendNpuCollector:
         """npu-smi has no event stream: faults come with each cycle's health reads."""
 
     def describe(self, inventory: ipb.Inventory) -> None:
-        for index, chip in enumerate(parse_npu_smi_info(self._run(["npu-smi", "info"]))):
+        for index, chip in enumerate(self._info()):
             inventory.gpus.add(
                 index=index,
                 vendor=VENDOR,
@@ -90,7 +123,7 @@ class AscendNpuCollector:
 
     def collect(self, report: tpb.Report) -> list[Finding]:
         out: list[Finding] = []
-        for index, chip in enumerate(parse_npu_smi_info(self._run(["npu-smi", "info"]))):
+        for index, chip in enumerate(self._info()):
             gpu = report.gpus.add(index=index, vendor_health=chip.health_raw)
             _fill(gpu, chip)
             pci = vocab.canonical_pci(chip.bus_id)
