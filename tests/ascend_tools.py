@@ -67,6 +67,7 @@ class AscendTools:
         self._write(self.npu_dir / "info.txt", self.npu_smi.render_info())
         for n in self.npu_smi.npus:
             self._write(self.npu_dir / f"health.{n.npu_id}.txt", self.npu_smi.render_health(n.npu_id))
+            self._write(self.npu_dir / f"hccs.{n.npu_id}.txt", self.npu_smi.render_hccs(n.npu_id))
 
     def set_link(self, device: int, up: bool) -> None:
         self._write(self.hccn_dir / str(device) / "link.txt", f"link status: {'UP' if up else 'DOWN'}\n")

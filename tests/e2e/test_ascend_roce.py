@@ -51,6 +51,7 @@ async def test_npu_ports_on_the_fabric_and_judged_as_nics(tmp_path: Path) -> Non
         )
         inv = ctl.registry.nodes["node-001"].inventory
         assert [(n.rdma_device, n.owner) for n in inv.nics] == [(f"npu{d}", "ascend-npu") for d in range(8)]
+        assert {(g.vendor, g.interconnect, g.link_count) for g in inv.gpus} == {("ascend", "hccs", 7)}
         assert len([n for n in ctl.registry.nodes["node-001"].lldp if n.local_interface.startswith("npu")]) == 8
 
         def placed() -> bool:

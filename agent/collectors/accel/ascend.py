@@ -5,7 +5,10 @@ node, ``agent.sim.fake_npu_smi.FakeNpuSmi`` in tests and the simulator, which re
 text). Every cycle reads ``npu-smi info`` (one call for all chips); a chip whose health is not
 OK is asked ``npu-smi info -t health -i N -c C`` for its DCMI error codes, and each new code is
 one ``accel_fault`` finding with the action its MindCluster level maps to
-(``ascend_faults``). With ``hccn`` (a runner for ``hccn_tool``) the backend also has
+(``ascend_faults``). Each chip's HCCS links (``npu-smi info -t hccs``) fill the same
+interconnect-link fields as AMD's XGMI (``links``, ``links_down``, ``link_count``), so the
+rule gpu.link_down judges them; a chip whose npu-smi has no HCCS query is not asked again.
+With ``hccn`` (a runner for ``hccn_tool``) the backend also has
 ``nic_ports``, the collector of the NPUs' own RoCE ports (``accel.hccn``), which the factory
 runs after the host's LLDP collector.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 import structlog
 
 from agent.collectors.accel import ascend_faults as faults
-from agent.collectors.accel.ascend_parse import NpuChip, parse_npu_health, parse_npu_smi_info
+from agent.collectors.accel.ascend_parse import HccsStatus, NpuChip, parse_hccs, parse_npu_health, parse_npu_smi_info
 from agent.collectors.accel.base import BackendUnavailable
 from agent.collectors.accel.hccn import TOOL as HCCN_TOOL
 from agent.collectors.accel.hccn import HccnPortCollector, find_hccn_tool
@@ -87,6 +90,7 @@ class AscendNpuCollector:
         self._watch = DeviceWatch(VENDOR, SOURCE)
         self._codes: dict[tuple[int, int], set[str]] = {}  # codes already reported, per (npu, chip)
         self._chip_count: int | None = None
+        self._no_hccs: set[tuple[int, int]] = set()  # chips whose npu-smi answers no HCCS query
         self.nic_ports = HccnPortCollector(hccn, self.device_ids, tool=hccn_tool) if hccn is not None else None
 
     def device_ids(self) -> range:
@@ -119,6 +123,7 @@ class AscendNpuCollector:
                 model=f"Ascend {chip.model}" if not chip.model.startswith("Ascend") else chip.model,
                 serial=f"npu{chip.npu_id}-chip{chip.chip_id}",
                 memory_total_bytes=chip.hbm_total_mb * 1024 * 1024,
+                link_count=len(hccs.links) if (hccs := self._hccs(chip)) is not None else 0,
             )
 
     def collect(self, report: tpb.Report) -> list[Finding]:
@@ -126,6 +131,12 @@ class AscendNpuCollector:
         for index, chip in enumerate(self._info()):
             gpu = report.gpus.add(index=index, vendor_health=chip.health_raw)
             _fill(gpu, chip)
+            if not gpu.lost and (hccs := self._hccs(chip)) is not None and hccs.links:
+                for link in hccs.links:
+                    sample = gpu.links.add(link=link.link, up=link.up)
+                    if link.errors is not None:
+                        sample.errors = link.errors
+                gpu.links_down = hccs.links_down
             pci = vocab.canonical_pci(chip.bus_id)
             out.extend(self._watch.judge(gpu, pci))
             out.extend(self._health_findings(index, chip, pci))
@@ -133,6 +144,19 @@ class AscendNpuCollector:
 
     def close(self) -> None:
         """Nothing held open between cycles."""
+
+    def _hccs(self, chip: NpuChip) -> HccsStatus | None:
+        """The chip's HCCS links; None where this npu-smi (or chip) has no HCCS query."""
+        key = (chip.npu_id, chip.chip_id)
+        if key in self._no_hccs:
+            return None
+        argv = ["npu-smi", "info", "-t", "hccs", "-i", str(chip.npu_id), "-c", str(chip.chip_id)]
+        try:
+            return parse_hccs(self._run(argv))
+        except CollectorUnsupported as exc:
+            log.info("ascend_hccs_unsupported", npu=chip.npu_id, chip=chip.chip_id, error=str(exc))
+            self._no_hccs.add(key)
+            return None
 
     def _health_findings(self, index: int, chip: NpuChip, pci: str) -> list[Finding]:
         key = (chip.npu_id, chip.chip_id)
