@@ -217,28 +217,20 @@ class HccnPortCollector:
         if before == up or (before is None and up):
             return None
         key = f"{port_names(device)[0]}/1"
-        attrs = {"device": str(device), "link": link or "unknown", "owner": OWNER}
-        if not up:
+        if up:
+            log.info("hccn_link_up", port=key)
+            kind, severity, action, state = "nic_link_up", "info", vocab.ACTION_NONE, "UP again"
+        else:
             log.warning("hccn_link_down", port=key, link=link)
-            return Finding(
-                kind="nic_link_down",
-                component=key,
-                severity="critical",
-                action=vocab.ACTION_CHECK_LINK,
-                message=f"NPU {device} RoCE port ({key}) is {link or 'not reported'}",
-                source=SOURCE,
-                attributes=attrs,
-                vendor="ascend",
-            )
-        log.info("hccn_link_up", port=key)
+            kind, severity, action, state = "nic_link_down", "critical", vocab.ACTION_CHECK_LINK, link or "not reported"
         return Finding(
-            kind="nic_link_up",
+            kind=kind,
             component=key,
-            severity="info",
-            action=vocab.ACTION_NONE,
-            message=f"NPU {device} RoCE port ({key}) is UP again",
+            severity=severity,
+            action=action,
+            message=f"NPU {device} RoCE port ({key}) is {state}",
             source=SOURCE,
-            attributes=attrs,
+            attributes={"device": str(device), "link": link or "unknown", "owner": OWNER},
             vendor="ascend",
         )
 
