@@ -128,12 +128,36 @@ class TestCollector:
             "check_link",
             "ascend",
         )
+        assert down.attributes | {} == {
+            "device": "2",
+            "link": "DOWN",
+            "owner": OWNER,
+            "optical": "present",
+            "rx_los": "0x0",
+            "net_health": "Success",
+            "ip": "29.1.112.213",
+        }
         state = {s.rdma_device: (s.state_code, s.rate_gbps) for s in report.nics}
         assert state["npu2"] == (1, 0.0) and state["npu1"] == (4, 200.0)
         assert collector.collect(tpb.Report()) == []  # a steady fault is reported once
         tools.set_link(2, True)
         (up,) = collector.collect(tpb.Report())
         assert (up.kind, up.component) == ("nic_link_up", "npu2/1")
+
+    def test_a_port_down_says_what_its_module_sees(self, tools: AscendTools) -> None:
+        collector = ports(tools)
+        collector.collect(tpb.Report())
+        tools.set_file(1, "optical", fixture("optical.not-present.txt"))
+        tools.set_file(1, "net_health", fixture("net_health.fault.txt"))
+        tools.set_link(1, False)
+        (down,) = collector.collect(tpb.Report())
+        assert down.message == "NPU 1 RoCE port (npu1/1) is DOWN, optical module not present"
+        assert (down.attributes["optical"], down.attributes["net_health"]) == ("not present", "Fault")
+        tools.set_file(2, "optical", fixture("optical.txt").replace("Rx Los Flag          : 0x0", "Rx Los Flag : 0xff"))
+        (tools.hccn_dir / "ip.txt").unlink()  # a diagnosis read failing still sends the finding
+        tools.set_link(2, False)
+        (dark,) = collector.collect(tpb.Report())
+        assert dark.message == "NPU 2 RoCE port (npu2/1) is DOWN, no light received (Rx LoS 0xff)"
 
     def test_a_port_already_down_at_start_is_a_finding(self, tools: AscendTools) -> None:
         tools.set_link(0, False)

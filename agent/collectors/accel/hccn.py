@@ -10,7 +10,8 @@ rules: the link state as an ACTIVE/DOWN port state, ``-link_stat``'s down count 
 
 Cost: one ``-link -g`` per port every cycle (a port down is news at once); the counters
 (``-stat``, ``-link_stat``) every ``counter_interval_s``, the LLDP peer and speed every
-``slow_interval_s``; between reads the last values are sent again.
+``slow_interval_s``; between reads the last values are sent again. A port going down is
+also asked its optical module, network health and address, once, for the finding.
 """
 
 from __future__ import annotations
@@ -217,12 +218,18 @@ class HccnPortCollector:
         if before == up or (before is None and up):
             return None
         key = f"{port_names(device)[0]}/1"
+        attrs = {"device": str(device), "link": link or "unknown", "owner": OWNER}
         if up:
             log.info("hccn_link_up", port=key)
             kind, severity, action, state = "nic_link_up", "info", vocab.ACTION_NONE, "UP again"
         else:
-            log.warning("hccn_link_down", port=key, link=link)
+            attrs |= self._diagnose(device)
+            log.warning("hccn_link_down", port=key, **attrs)
             kind, severity, action, state = "nic_link_down", "critical", vocab.ACTION_CHECK_LINK, link or "not reported"
+            if attrs.get("optical") == "not present":
+                state += ", optical module not present"
+            elif attrs.get("rx_los", "0x0") != "0x0":
+                state += f", no light received (Rx LoS {attrs['rx_los']})"
         return Finding(
             kind=kind,
             component=key,
@@ -230,9 +237,35 @@ class HccnPortCollector:
             action=action,
             message=f"NPU {device} RoCE port ({key}) is {state}",
             source=SOURCE,
-            attributes={"device": str(device), "link": link or "unknown", "owner": OWNER},
+            attributes=attrs,
             vendor="ascend",
         )
+
+    def _diagnose(self, device: int) -> dict[str, str]:
+        """What an operator asks first about a port gone down, asked once at the change: the optical
+        module (seated, light received), the network health word, and the port's address (the
+        ``deviceIp`` HCCL's errors name)."""
+        texts: dict[str, str] = {}
+        for what in ("optical", "net_health", "ip"):
+            try:
+                texts[what] = self._ask(device, what)
+            except CollectorUnsupported as exc:  # the finding still goes out, with what was read
+                log.info("hccn_diagnose_failed", device=device, error=str(exc))
+        optical = parse.parse_optical(texts.get("optical", ""))
+        out = {
+            "net_health": parse.parse_net_health(texts.get("net_health", "")),
+            "ip": parse.parse_ip(texts.get("ip", ""))[0],
+        }
+        if optical.present is not None:
+            out["optical"] = "present" if optical.present else "not present"
+        if optical.rx_los is not None:
+            out["rx_los"] = f"{optical.rx_los:#x}"
+        return {k: v for k, v in out.items() if v}
+        if optical.present is not None:
+            out["optical"] = "present" if optical.present else "not present"
+        if optical.rx_los is not None:
+            out["rx_los"] = f"{optical.rx_los:#x}"
+        return {k: v for k, v in out.items() if v}
 
     def _peers(self) -> list[ipb.LldpNeighbor]:
         return [p.peer for _, p in sorted(self._ports.items()) if p.peer is not None]
