@@ -124,10 +124,15 @@ def build_collectors(
         kmsg = KmsgCollector(kmsg_path, sink, from_start=kmsg_from_start)
         collectors.append(kmsg)
         starters.append(kmsg.start)
+    host_lldp: LldpCollector | None = None
     if lldp:
-        collectors.append(
-            LldpCollector(lldpcli_command(lldpcli_socket), runner=lldp_runner, min_interval_s=lldp_interval_s)
-        )
+        host_lldp = LldpCollector(lldpcli_command(lldpcli_socket), runner=lldp_runner, min_interval_s=lldp_interval_s)
+        collectors.append(host_lldp)
+    nic_ports = getattr(gpu, "nic_ports", None)  # an accelerator's own NIC ports (Ascend: hccn_tool)
+    if nic_ports is not None:
+        # After the host's LLDP collector: it keeps the report's neighbour list whole.
+        nic_ports.host_neighbours = host_lldp.neighbors if host_lldp is not None else None
+        collectors.append(nic_ports)
     return CollectorPlan(
         collectors=collectors,
         starters=starters,

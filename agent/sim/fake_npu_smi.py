@@ -2,8 +2,10 @@
 
 The Ascend backend runs argv and parses stdout, so this fake answers the same argv with the
 layout of the recorded outputs (``../shared/fixtures/vendors/ascend``): the two-row-per-chip
-``npu-smi info`` table and ``npu-smi info -t health``. Injecting a fault code turns the chip's
-health to the grade given and lists the code, as the real tool does.
+``npu-smi info`` table, ``npu-smi info -t health`` and ``npu-smi info -t hccs`` (the layout of
+``tests/fixtures/ascend/npu-smi/``: seven HCCS links of four lanes, as on an 8-NPU 910B node).
+Injecting a fault code turns the chip's health to the grade given and lists the code, as the
+real tool does; ``hccs_down`` takes one HCCS link's lanes down.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class FakeNpu:
     hbm_total_mb: int = 32768
     health: str = "OK"
     codes: list[str] = field(default_factory=list)
+    hccs_lanes: list[str] = field(default_factory=lambda: ["1111"] * 7)
+    hccs_errors: list[int] = field(default_factory=lambda: [0] * 7)
 
 
 class FakeNpuSmi:
@@ -48,12 +52,25 @@ class FakeNpuSmi:
         self.npus[npu].codes.clear()
         self.npus[npu].health = "OK"
 
+    def hccs_down(self, npu: int, link: int, errors: int = 0) -> None:
+        """Take HCCS link ``link`` of one NPU down (every lane off), counting ``errors`` on it."""
+        self.npus[npu].hccs_lanes[link] = "0000"
+        self.npus[npu].hccs_errors[link] += errors
+
+    def hccs_up(self, npu: int, link: int) -> None:
+        self.npus[npu].hccs_lanes[link] = "1111"
+
     def __call__(self, argv: list[str]) -> str:
         self.calls.append(list(argv))
         if argv[:2] != ["npu-smi", "info"]:
             raise ValueError(f"fake npu-smi does not answer {argv}")
-        if "-t" in argv and argv[argv.index("-t") + 1] == "health":
+        what = argv[argv.index("-t") + 1] if "-t" in argv else ""
+        if what == "health":
             return self.render_health(int(argv[argv.index("-i") + 1]))
+        if what == "hccs":
+            return self.render_hccs(int(argv[argv.index("-i") + 1]))
+        if what:
+            raise ValueError(f"fake npu-smi does not answer {argv}")
         return self.render_info()
 
     def render_info(self) -> str:
@@ -86,4 +103,24 @@ class FakeNpuSmi:
             f"\tHealth Status                  : {n.health}\n"
             f"\tError Code                     : {codes}\n"
             f"\tError Information              : {info}\n"
+        )
+
+    def render_hccs(self, npu: int) -> str:
+        n = self.npus[npu]
+        ok = all(lanes == "1111" for lanes in n.hccs_lanes)
+
+        def row(key: str, values: list[str] | str) -> str:
+            value = values if isinstance(values, str) else "[" + " ".join(values) + "]"
+            return f"\t{key:<31}: {value}\n"
+
+        links = len(n.hccs_lanes)
+        return "".join(
+            [
+                row("hccs health status", "OK" if ok else "NOK"),
+                row("hccs lane mode", ["4"] * links),
+                row("hccs link lane list", n.hccs_lanes),
+                row("hccs link speed", ["224" if lanes == "1111" else "0" for lanes in n.hccs_lanes]),
+                row("hccs retry count", ["0"] * links),
+                row("hccs error count", [str(e) for e in n.hccs_errors]),
+            ]
         )

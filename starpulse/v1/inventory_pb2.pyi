@@ -43,7 +43,7 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., model: _Optional[str] = ..., nvlink_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., vbios_version: _Optional[str] = ..., vendor: _Optional[str] = ..., interconnect: _Optional[str] = ..., link_count: _Optional[int] = ...) -> None: ...
 
 class NicInfo(_message.Message):
-    __slots__ = ("rdma_device", "port", "netdev", "link_layer", "rate_gbps", "node_guid", "mac", "pci_address", "numa_node", "paired_gpu_index", "hca_type", "fw_version", "board_id")
+    __slots__ = ("rdma_device", "port", "netdev", "link_layer", "rate_gbps", "node_guid", "mac", "pci_address", "numa_node", "paired_gpu_index", "hca_type", "fw_version", "board_id", "owner")
     RDMA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     NETDEV_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class NicInfo(_message.Message):
     HCA_TYPE_FIELD_NUMBER: _ClassVar[int]
     FW_VERSION_FIELD_NUMBER: _ClassVar[int]
     BOARD_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     rdma_device: str
     port: int
     netdev: str
@@ -70,7 +71,8 @@ class NicInfo(_message.Message):
     hca_type: str
     fw_version: str
     board_id: str
-    def __init__(self, rdma_device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., link_layer: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., node_guid: _Optional[str] = ..., mac: _Optional[str] = ..., pci_address: _Optional[str] = ..., numa_node: _Optional[int] = ..., paired_gpu_index: _Optional[int] = ..., hca_type: _Optional[str] = ..., fw_version: _Optional[str] = ..., board_id: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, rdma_device: _Optional[str] = ..., port: _Optional[int] = ..., netdev: _Optional[str] = ..., link_layer: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., node_guid: _Optional[str] = ..., mac: _Optional[str] = ..., pci_address: _Optional[str] = ..., numa_node: _Optional[int] = ..., paired_gpu_index: _Optional[int] = ..., hca_type: _Optional[str] = ..., fw_version: _Optional[str] = ..., board_id: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class LldpNeighbor(_message.Message):
     __slots__ = ("local_interface", "chassis_name", "chassis_id", "port_id", "port_description", "management_address")

@@ -131,3 +131,90 @@ class TestGenerated:
         assert collector.collect(tpb.Report()) == []
         fake.inject(2, "80E18005")
         assert [f.vendor_code for f in collector.collect(tpb.Report())] == ["80E18005"]  # back: a new fault
+
+
+# -- HCCS links (npu-smi info -t hccs), judged like any vendor's interconnect links -----------------
+
+HCCS = Path(__file__).resolve().parents[1] / "fixtures" / "ascend" / "npu-smi"
+
+
+def test_hccs_fixtures_parse_into_links() -> None:
+    from agent.collectors.accel.ascend_parse import parse_hccs
+
+    ok = parse_hccs((HCCS / "hccs.910B3-ok.txt").read_text())
+    assert (ok.health_raw, len(ok.links), ok.links_down) == ("OK", 7, 0)
+    assert {(link.lanes, link.errors, link.retries) for link in ok.links} == {("1111", 0, 0)}
+    bad = parse_hccs((HCCS / "hccs.910B3-lane-down.txt").read_text())
+    assert (bad.health_raw, bad.links_down) == ("NOK", 1)
+    (down,) = [link for link in bad.links if not link.up]
+    assert (down.link, down.lanes, down.errors, down.retries) == (2, "0000", 41, 17)
+    assert not parse_hccs("").links
+
+
+def test_hccs_links_fill_the_interconnect_fields() -> None:
+    """Link state and errors in links/links_down, as AMD's XGMI: NVIDIA's nvlinks stay NVIDIA's."""
+    fake = FakeNpuSmi(npu_count=4)
+    collector = AscendNpuCollector(fake)
+    inv = ipb.Inventory()
+    collector.describe(inv)
+    assert {(g.interconnect, g.link_count) for g in inv.gpus} == {("hccs", 7)}
+    healthy = tpb.Report()
+    collector.collect(healthy)
+    assert {(len(g.links), g.links_down, len(g.nvlinks)) for g in healthy.gpus} == {(7, 0, 0)}
+    fake.hccs_down(3, 4, errors=9)
+    report = tpb.Report()
+    assert collector.collect(report) == []  # a state the controller judges from every report, not an event
+    gpu = report.gpus[3]
+    assert gpu.links_down == 1 and [(lk.link, lk.errors) for lk in gpu.links if not lk.up] == [(4, 9)]
+    assert report.gpus[2].links_down == 0
+
+
+def test_hccs_link_down_opens_gpu_link_down_on_the_controller() -> None:
+    """The report of a real collector, judged by the real condition engine with the default rules."""
+    from controller.detect.conditions import ConditionEngine
+    from controller.detect.rules import load_rules
+    from controller.ingest.registry import NodeRecord
+    from starpulse.core.clock import FakeClock
+
+    fake = FakeNpuSmi(npu_count=4)
+    collector = AscendNpuCollector(fake)
+    inv = ipb.Inventory()
+    collector.describe(inv)
+    node = NodeRecord(node_id="node-004", role=ipb.NODE_ROLE_COMPUTE, state="online", first_seen_ms=0, last_seen_ms=0)
+    node.inventory = inv
+    clock = FakeClock(1_000_000)
+    engine = ConditionEngine(load_rules(), clock=clock)
+
+    def judged(seq: int) -> list[tuple[str, str]]:
+        report = tpb.Report(seq=seq, timestamp_ms=clock.time_ms())
+        collector.collect(report)
+        changes = engine.on_report(node, report)
+        clock.advance(1)
+        return [(c.kind, *c.condition.key) for c in changes]
+
+    assert judged(1) == []
+    fake.hccs_down(1, 0)
+    assert ("opened", "gpu.link_down", "node-004/gpu-1") in judged(2)
+    fake.hccs_up(1, 0)
+    assert ("resolved", "gpu.link_down", "node-004/gpu-1") in judged(3)
+
+
+def test_an_npu_smi_without_hccs_is_asked_once() -> None:
+    """An npu-smi (or chip) that has no HCCS query: no links, and not asked again every cycle."""
+    fake = FakeNpuSmi(npu_count=2)
+    asked: list[list[str]] = []
+
+    def run(argv: list[str]) -> str:
+        if "hccs" in argv:
+            asked.append(argv)
+            from agent.collectors.base import CollectorUnsupported
+
+            raise CollectorUnsupported("npu-smi info -t hccs: exit 1: not supported")
+        return fake(argv)
+
+    collector = AscendNpuCollector(run)
+    for _ in range(3):
+        report = tpb.Report()
+        collector.collect(report)
+        assert {(len(g.links), g.HasField("links_down")) for g in report.gpus} == {(0, False)}
+    assert len(asked) == 2

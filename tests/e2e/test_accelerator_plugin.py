@@ -9,7 +9,6 @@ nothing else down.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from controller.fabric import generate_fabric
 from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
+from tests.e2e.agent_process import agent_process
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,31 +134,21 @@ class TestThroughAgentAndController:
         await ctl.start()
         state = tmp_path / "acme.json"
         write_state(state)
-        log = (tmp_path / "agent.log").open("w")
-        agent = await asyncio.create_subprocess_exec(
-            *starpulse(plugins, "agent", "--controller", f"127.0.0.1:{ctl.grpc_port}", "--node-id", "node-001"),
-            *("--backend", "acme", "--interval-s", "0.3", "--kmsg", "", "--state-dir", str(tmp_path / "agent")),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env=plugin_env(plugins, ACME_STATE=str(state)),
-        )
+        env = plugin_env(plugins, ACME_STATE=str(state))
         try:
-            await wait_for(
-                lambda: (n := ctl.registry.nodes.get("node-001")) is not None and n.latest_report is not None,
-                30,
-                "the Acme node registered with a report",
-            )
-            inv = ctl.registry.nodes["node-001"].inventory
-            assert [g.vendor for g in inv.gpus] == ["acme"] * 4
-            write_state(state, ["E42"])
-            await wait_for(lambda: bool(ctl.detection.incidents.list_incidents(active_only=True)), 30, "the incident")
-            (incident,) = ctl.detection.incidents.list_incidents(active_only=True)
-            assert (incident.kind, incident.root_cause, incident.action) == ("gpu_fault", "node-001/gpu-2", "reset_gpu")
-            await wait_for(lambda: any(a[:2] == ("drain", "node-001") for a in sched.actions), 30, "the drain")
+            async with agent_process(ctl, tmp_path, "acme", env, "the Acme node registered with a report"):
+                inv = ctl.registry.nodes["node-001"].inventory
+                assert [g.vendor for g in inv.gpus] == ["acme"] * 4
+                write_state(state, ["E42"])
+                await wait_for(
+                    lambda: bool(ctl.detection.incidents.list_incidents(active_only=True)), 30, "the incident"
+                )
+                (incident,) = ctl.detection.incidents.list_incidents(active_only=True)
+                assert (incident.kind, incident.root_cause, incident.action) == (
+                    "gpu_fault",
+                    "node-001/gpu-2",
+                    "reset_gpu",
+                )
+                await wait_for(lambda: any(a[:2] == ("drain", "node-001") for a in sched.actions), 30, "the drain")
         finally:
-            agent.terminate()
-            await asyncio.wait_for(agent.wait(), 20)
-            log.close()
             await ctl.stop()
-        assert "Traceback" not in (tmp_path / "agent.log").read_text()

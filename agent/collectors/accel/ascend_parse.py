@@ -6,6 +6,8 @@ Memory-Usage(MB) HBM-Usage(MB) |``. An Atlas A3 node prints two chips per NPU, t
 with ``-`` for power (the NPU's power is on its first chip). A process table follows; it is
 skipped. ``npu-smi info -t health -i N -c C`` prints ``Health Status``, ``Error Code`` (several
 codes, space separated, or ``NA``) and ``Error Information`` continued on later lines.
+``npu-smi info -t hccs -i N -c C`` prints ``hccs <what> : value`` lines, the per-link ones as
+bracketed lists with one entry per HCCS link (``hccs link lane list : [1111 1111 …]``).
 """
 
 from __future__ import annotations
@@ -119,3 +121,55 @@ def parse_npu_health(text: str) -> NpuHealth:
         elif key == "" and in_info and value:
             health.error_information.append(value)
     return health
+
+
+@dataclass
+class HccsLink:
+    """One HCCS link of a chip, as position i of ``npu-smi info -t hccs``'s bracketed lists."""
+
+    link: int
+    lanes: str  # "1111": one digit per lane, 1 active
+    errors: int | None = None
+    retries: int | None = None
+
+    @property
+    def up(self) -> bool:
+        # A link missing a lane runs at a fraction of its bandwidth and stalls every collective
+        # that spans it: it counts as down, as npu-smi's health turns NOK with it.
+        return bool(self.lanes) and set(self.lanes) == {"1"}
+
+
+@dataclass
+class HccsStatus:
+    """``npu-smi info -t hccs -i N -c C``: the health word and one entry per HCCS link."""
+
+    health_raw: str = ""
+    links: list[HccsLink] = field(default_factory=list)
+
+    @property
+    def links_down(self) -> int:
+        return sum(not link.up for link in self.links)
+
+
+def _bracketed(value: str) -> list[str]:
+    """ "[1111 1111 0000]" -> ["1111", "1111", "0000"]; a bare value is a list of one."""
+    return value.strip().strip("[]").split()
+
+
+def _counts(values: list[str], n: int) -> list[int | None]:
+    out: list[int | None] = [int(v) if v.isdigit() else None for v in values[:n]]
+    return out + [None] * (n - len(out))
+
+
+def parse_hccs(text: str) -> HccsStatus:
+    """The HCCS links of one chip; no links where npu-smi printed no lane list."""
+    fields: dict[str, str] = {}
+    for raw in text.splitlines():
+        key, sep, value = raw.partition(":")
+        if sep:
+            fields[key.strip().lower()] = value.strip()
+    lanes = _bracketed(fields.get("hccs link lane list", ""))
+    errors = _counts(_bracketed(fields.get("hccs error count", "")), len(lanes))
+    retries = _counts(_bracketed(fields.get("hccs retry count", "")), len(lanes))
+    links = [HccsLink(i, lane, errors[i], retries[i]) for i, lane in enumerate(lanes)]
+    return HccsStatus(fields.get("hccs health status", ""), links)

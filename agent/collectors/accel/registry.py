@@ -59,9 +59,13 @@ def _amd(sink: FindingSink | None) -> AcceleratorBackend:
 
 
 def _ascend(sink: FindingSink | None) -> AcceleratorBackend:
-    from agent.collectors.accel.ascend import AscendNpuCollector, load_npu_smi
+    from agent.collectors.accel.ascend import AscendNpuCollector, load_hccn_tool, load_npu_smi, run_tool
 
-    return AscendNpuCollector(load_npu_smi(), sink)
+    run = load_npu_smi()
+    hccn = load_hccn_tool()
+    if hccn is None:
+        return AscendNpuCollector(run, sink)
+    return AscendNpuCollector(run, sink, hccn=run_tool, hccn_tool=hccn)
 
 
 BUILTIN: dict[str, BackendSpec] = {
