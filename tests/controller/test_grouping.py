@@ -202,6 +202,25 @@ class TestEventBorneWindows:
         out = corr.tick()
         assert [(c, i.kind, i.root_cause) for c, i in out] == [("opened", "switch_fault", "leaf-b0-r3")]
 
+    def test_two_port_down_events_seconds_apart_are_two_nic_incidents(self, fabric, clock) -> None:
+        """At a 5 s report interval, two nodes of one leaf lose a port 2 s apart, each by an event:
+        each waited 0.5 s, so the second is no sibling of the first (a report's 5.25 s window,
+        asked again while grouping, would have merged both under the leaf)."""
+        corr, windows = correlator_and_windows(fabric, clock, 5.0)
+        seen = []
+        for node in (1, 2):
+            cond = nic_down(node, 3, clock)
+            windows.by_event.add(cond.key)
+            corr.on_changes(opened(cond))
+            clock.advance(0.5)
+            seen += corr.tick()
+            clock.advance(1.5)
+        seen += corr.tick()
+        assert [(c, i.kind, i.root_cause) for c, i in seen] == [
+            ("opened", "nic_fault", "node-001/nic-3"),
+            ("opened", "nic_fault", "node-002/nic-3"),
+        ]
+
 
 class TestStandingApart:
     def test_a_later_condition_on_the_same_gpu_joins_its_open_incident(self, fabric, clock) -> None:
