@@ -40,6 +40,7 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 if TYPE_CHECKING:
+    from controller.detect.shard_worker import EventsOpened
     from controller.detect.shards import DetectShards
 
 log = structlog.get_logger(__name__)
@@ -216,20 +217,35 @@ class Detection:
             return
         changes = self.engine.on_events(node, events)
         opened = [ch.condition.key for ch in changes if ch.kind == "opened"]
-        self.windows.by_event.update(opened)  # their siblings are events too: the short window
         if self.stages is not None:
             self.stages.conditions_opened(node.node_id, [ev.seq for ev in events], opened)
-        self._feed(changes)
-        self.windows.by_event.clear()  # asked for during the feed; an owned condition was not asked
+        self._feed_after_events(changes, opened)
 
-    def feed_shard_changes(self, changes: list[ConditionChange]) -> None:
-        """Condition changes from a shard's engine, completed with what only the fabric knows."""
+    def feed_shard_changes(self, changes: list[ConditionChange], opened: list[EventsOpened] | None = None) -> None:
+        """Condition changes from a shard's engine, completed with what only the fabric knows.
+
+        ``opened``: what the frame's batches of events opened, and when (in the shard): traced
+        and given the event window exactly as events this engine takes (on_events).
+        """
         if self.fabric is not None:
             for change in changes:
                 cond = change.condition
                 if cond.component_type == "nic":
                     cond.evidence.update(nic_fabric_evidence(self.fabric, cond.component))
-        self._feed(changes)
+        keys = []
+        for batch in opened or ():
+            keys += batch.keys
+            if self.stages is not None:
+                self.stages.conditions_opened(batch.node, batch.seqs, batch.keys, at=batch.at)
+        self._feed_after_events(changes, keys)
+
+    def _feed_after_events(self, changes: list[ConditionChange], by_event: list[tuple[str, str]]) -> None:
+        """Feed changes among which ``by_event`` were opened by events: their siblings are events too."""
+        self.windows.by_event.update(by_event)  # the short window, asked for during the feed
+        try:
+            self._feed(changes)
+        finally:
+            self.windows.by_event.clear()  # an owned condition was not asked: no stale mark stays
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         if old_state == new_state:
