@@ -135,13 +135,15 @@ class Correlator:
         fleet_size: Callable[[], int] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         window_ms: Callable[[Condition], int] | None = None,
+        port_clean: Callable[[str, str, int], bool] | None = None,
     ) -> None:
         """``window_ms``: how long a new condition waits for its siblings (controller.detect.grouping);
-        None: ``settle_s`` for every condition."""
+        None: ``settle_s`` for every condition. ``port_clean``: the switches' own word on their
+        ports (controller.detect.switch_witness), so a leaf that reports them clean is not blamed."""
         self.config = config or CorrelationConfig()
         self._window_ms = window_ms or (lambda _c: int(self.config.settle_s * 1000))
         self.store = store
-        self.grouper = Grouper(fabric, self.config, fleet_size)
+        self.grouper = Grouper(fabric, self.config, fleet_size, port_clean)
         self._jobs_of = jobs_of
         self.clock = clock
         self._clock_ms = clock.time_ms

@@ -26,6 +26,7 @@ from controller.detect.grouping import GroupingWindows, ReportCadence
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
 from controller.detect.rules import RuleSet
+from controller.detect.switch_witness import SwitchPortWitness
 from controller.fabric import Fabric
 from controller.fabric.topology import TopologyTracker
 from controller.ingest.registry import NodeRecord
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 _COMPUTE = ipb.NODE_ROLE_COMPUTE
+_SWITCH = ipb.NODE_ROLE_SWITCH
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Detection:
         corr = self.config.correlation
         self.cadence = ReportCadence()  # the fleet's measured report interval: shared conditions' window
         self.windows = GroupingWindows(corr, self.cadence.interval_s)
+        self.switch_ports = SwitchPortWitness()  # switches' own word on their ports: a clean leaf is not blamed
         self.correlator = Correlator(
             fabric,
             self.incidents,
@@ -110,6 +113,7 @@ class Detection:
             fleet_size=fleet_size,
             clock=clock,
             window_ms=self.windows.window_ms,
+            port_clean=self.switch_ports.clean_since,
         )
         # Called when a condition starts waiting for its grouping window: the controller's
         # grouping task wakes and groups it when the window closes, not on the next tick.
@@ -157,6 +161,8 @@ class Detection:
         else:
             full_needed = self._full_seen.get(nid) != token  # still used: absent counters read as unchanged
         try:
+            if node.role == _SWITCH and report.switch_ports:
+                self.switch_ports.saw(nid, report.switch_ports, self.clock.time_ms())
             self._feed(self.engine.on_report(node, report))
             signals, job = self.failslow.extract(nid, report) if node.role == _COMPUTE else ({}, None)
         except Exception:
@@ -335,6 +341,7 @@ class Detection:
             self.shards.forget(node_id)  # what the shard resolves comes back through feed_shard_changes
         self._full_seen.pop(node_id, None)
         self.cadence.forget(node_id)
+        self.switch_ports.forget(node_id)
         self._feed(self.engine.forget(node_id))
         change = self.failslow.forget(node_id)
         if change is not None:
