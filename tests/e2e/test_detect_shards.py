@@ -24,14 +24,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.detect.model import Condition
 from controller.detect.pipeline import DetectionConfig
 from controller.detect.shards import DetectShards, ShardLost
-from controller.fabric import generate_fabric
-from controller.outputs.notify import parse_notify_config
 from controller.service import Controller, ControllerConfig
 from controller.stages import STAGES
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.e2e.test_alerting import Receiver, receiving
+from tests.e2e.test_alerting import receiving
+from tests.e2e.test_fault_to_alert import two_nodes_and_a_webhook
 from tests.helpers import free_port, halt_agents, make_relay, make_sim_agent, wait_for
 
 
@@ -149,24 +148,8 @@ class TestOneBehaviourShardedOrNot:
         """nic-3 of node-001 goes down (the agent's link watch sends it as an event; reports come
         only every 5 s): every stage from buffered to delivered is on /metrics once, adding up to
         the trace, and the port's condition waited the event window, not the reports' cadence."""
-        fabric = generate_fabric(nodes=2, gpus_per_node=8, rails=8, nodes_per_block=2, spines=1)
-        receiver = Receiver(port=free_port(), secret="s3cret")
-        notify = parse_notify_config(
-            {"receivers": [{"name": "ops", "type": "webhook", "url": receiver.url, "secret": "s3cret"}]}
-        )
-        port = free_port()
-        ctl = Controller(
-            ControllerConfig(
-                listen=f"127.0.0.1:{port}",
-                http="127.0.0.1:0",
-                db_path=tmp_path / "c.db",
-                fabric=fabric,
-                allowed_nodes=[*fabric.nodes(), *fabric.switches()],
-                sweep_interval_s=60.0,  # no detection tick helps: grouping is the window's own task
-                notify=notify,
-                detection=DetectionConfig(workers=workers),
-            )
-        )
+        # a 60 s sweep: no detection tick helps, grouping is the window's own task
+        ctl, receiver, fabric, port = two_nodes_and_a_webhook(tmp_path, 60.0, DetectionConfig(workers=workers))
         windows = ctl.detection.windows
         chosen: dict[tuple[str, str], float] = {}
         ask = windows.window_s
