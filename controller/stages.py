@@ -89,8 +89,12 @@ class StageTracker:
         self._mark(trace, "received")
         self._put(self._events, (node, seq), trace)
 
-    def conditions_opened(self, node: str, seqs: Iterable[int], keys: Iterable[Key]) -> None:
-        """Conditions a batch of the node's events opened: each follows the batch's first traced event."""
+    def conditions_opened(self, node: str, seqs: Iterable[int], keys: Iterable[Key], at: float | None = None) -> None:
+        """Conditions a batch of the node's events opened: each follows the batch's first traced event.
+
+        ``at``: when they opened (wall-clock seconds), where that was elsewhere (a detection
+        shard's process); None: now.
+        """
         trace = None
         for seq in seqs:
             found = self._events.pop((node, seq), None)
@@ -101,7 +105,7 @@ class StageTracker:
         keys = list(keys)
         if not keys:
             return
-        self._mark(trace, "condition")
+        self._mark(trace, "condition", at)
         for key in keys:
             self._put(self._conditions, key, trace)
 
@@ -144,8 +148,8 @@ class StageTracker:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _mark(self, trace: Trace, stage: str) -> None:
-        trace.marks[stage] = self._now()
+    def _mark(self, trace: Trace, stage: str, at: float | None = None) -> None:
+        trace.marks[stage] = self._now() if at is None else at
         if stage == "received":
             shares = trace.shares()
             for agent_stage in AGENT_STAGES[1:]:  # the agent's own shares arrive with the event

@@ -135,18 +135,23 @@ class Correlator:
         fleet_size: Callable[[], int] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         window_ms: Callable[[Condition], int] | None = None,
+        port_clean: Callable[[str, str, int], bool] | None = None,
     ) -> None:
         """``window_ms``: how long a new condition waits for its siblings (controller.detect.grouping);
-        None: ``settle_s`` for every condition."""
+        None: ``settle_s`` for every condition. ``port_clean``: the switches' own word on their
+        ports (controller.detect.switch_witness), so a leaf that reports them clean is not blamed."""
         self.config = config or CorrelationConfig()
         self._window_ms = window_ms or (lambda _c: int(self.config.settle_s * 1000))
         self.store = store
-        self.grouper = Grouper(fabric, self.config, fleet_size)
+        self.grouper = Grouper(fabric, self.config, fleet_size, port_clean)
         self._jobs_of = jobs_of
         self.clock = clock
         self._clock_ms = clock.time_ms
         self._conds: dict[Key, Condition] = {}
         self._pending: dict[Key, int] = {}  # key -> ms when its grouping window closes, not yet grouped
+        # key -> the window (ms) it waited: asked once, so that standing_apart judges a batch by
+        # the windows its conditions waited (an event's is shorter than a report's), not a new answer
+        self._waited: dict[Key, int] = {}
         self._owner: dict[Key, str] = {}  # key -> open incident id
         self._open: dict[str, Incident] = {}
         self._groups: dict[str, Group] = {}  # open incident id -> the group it was built from
@@ -174,9 +179,11 @@ class Correlator:
                 self._touched.add(owner)
             elif ch.kind == "resolved" or not c.active:
                 self._pending.pop(key, None)  # a blip shorter than settle_s opens nothing
+                self._waited.pop(key, None)
                 del self._conds[key]
             elif key not in self._pending:
-                self._pending[key] = now + self._window_ms(c)
+                self._waited[key] = wait = self._window_ms(c)
+                self._pending[key] = now + wait
 
     def next_due_ms(self) -> int | None:
         """When the first pending condition's grouping window closes (None: nothing waits)."""
@@ -194,6 +201,8 @@ class Correlator:
                     del self._conds[k]
             if batch:
                 self._regroup(batch, now)
+            for k in due:
+                self._waited.pop(k, None)
         for iid in sorted(self._touched):
             inc = self._open.get(iid)
             if inc is not None and self._apply(inc, self._groups[iid], now):
@@ -265,9 +274,14 @@ class Correlator:
                 return best[1]
         return None
 
+    def _waited_ms(self, c: Condition) -> int:
+        """The window ``c`` waited before it was grouped (asked now only if it never waited)."""
+        waited = self._waited.get(c.key)
+        return self._window_ms(c) if waited is None else waited
+
     def _regroup(self, batch: list[Key], now: int) -> None:
         groups_of = {iid: (g.kind, g.members) for iid, g in self._groups.items() if iid in self._open}
-        apart = standing_apart(groups_of, self._conds, batch, self._window_ms)
+        apart = standing_apart(groups_of, self._conds, batch, self._waited_ms)
         pool = {k for k, iid in self._owner.items() if iid not in apart} | set(batch)
         groups = self.grouper.group(self._conds[k] for k in sorted(pool))
         matched: dict[str, Group] = {iid: self._groups[iid] for iid in apart}  # left as they are

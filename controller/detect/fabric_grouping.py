@@ -1,9 +1,16 @@
 """Grouping on the fabric: which conditions are one fault, and what its root cause is.
 
-Pure and stateless between calls: a set of active conditions in, groups out, following the
+Stateless between calls: a set of active conditions in, groups out, following the
 precedence the correlator's docstring gives (a switch over its NICs, a partition over lost
 heartbeats, a node over its GPUs). The correlator (controller.detect.correlate) owns the
 incidents' lifecycle around it.
+
+A leaf is blamed when host links of several of its nodes fail together, unless the leaf's own
+agent says otherwise: ``port_clean(switch, port, since_ms)`` (controller.detect.switch_witness)
+tells whether the switch's latest report, taken after ``since_ms``, has that port up and clean.
+When every one of those links' leaf ports is clean after its condition began, and the switch
+raised nothing about them itself, the nodes' conditions stay their own (NIC, link or node
+faults): a switch that says its ports are clean is not blamed for them.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from controller.fabric.model import LINK_SEPARATOR, Fabric
 Key = tuple[str, str]
 Signature = tuple[str, str]
 NETWORK_CATEGORIES = frozenset({"nic_link", "nic_errors", "switch", "switch_port"})
+HOST_LINK_CATEGORIES = frozenset({"nic_link", "nic_errors"})  # what a node says about its own NICs
 _NIC_RE = re.compile(r"/nic-\d+$")
 _OPTIC_WORDS = ("optic", "transceiver", "dom")
 _SILENT_WORDS = ("silent", "stale", "unreachable")
@@ -67,10 +75,13 @@ class Grouper:
         fabric: Fabric | None,
         config: CorrelationConfig,
         fleet_size: Callable[[], int] | None = None,
+        port_clean: Callable[[str, str, int], bool] | None = None,
     ) -> None:
+        """``port_clean``: the switches' own word on their ports (see the module docstring); None: never asked."""
         self.fabric = fabric
         self.config = config
         self._fleet_size = fleet_size
+        self._port_clean = port_clean
 
     # -- names ---------------------------------------------------------------------------
 
@@ -272,6 +283,7 @@ class Grouper:
             if f.nic and f.leaf and f.cond.key not in used:
                 by_leaf.setdefault(f.leaf, []).append(f)
         leaf_groups: list[tuple[str, list[_Net]]] = []
+        cleared: dict[Key, str] = {}  # host link condition -> the leaf whose agent reports its port clean
         for leaf in sorted(by_leaf):
             fs = by_leaf[leaf]
             nodes = {f.node for f in fs if f.node}
@@ -279,6 +291,9 @@ class Grouper:
                 # The leaf's own conditions, and its uplinks as the spines see them: a dead
                 # leaf is one incident, not one plus a link fault per spine cable.
                 own = [f for f in facts if leaf in (f.switch, f.uplink_leaf) and f.cond.key not in used]
+                if self._leaf_says_clean(leaf, fs, own):
+                    cleared.update((f.cond.key, leaf) for f in fs)  # the NICs' own faults (step 5)
+                    continue
                 leaf_groups.append((leaf, fs + own))
         fab = self.fabric
         spine_fold: str | None = None
@@ -348,12 +363,30 @@ class Grouper:
                 self._add(out, "node_fault", node, "node", take(fs_all), [node], note={"nics": len(items)})
             else:
                 for nic, fs in items:
-                    self._add(out, "nic_fault", nic, "nic", take(fs), [node])
+                    leaf_word = next((cleared[f.cond.key] for f in fs if f.cond.key in cleared), None)
+                    note = {"switch_reports_clean": leaf_word} if leaf_word else None
+                    self._add(out, "nic_fault", nic, "nic", take(fs), [node], note=note)
         for f in facts:  # e.g. a node-level NIC condition naming no port
             if f.cond.key not in used:
                 c = f.cond
                 kind = "nic_fault" if c.category in ("nic_link", "nic_errors") else "switch_fault"
                 self._add(out, kind, c.component, c.component_type, take([f]), [c.node])
+
+    def _leaf_says_clean(self, leaf: str, fs: list[_Net], own: list[_Net]) -> bool:
+        """True when ``leaf``'s agent reports every leaf port of these host links clean, each in a
+        report taken after that link's condition began, and raised nothing about them itself."""
+        fab = self.fabric
+        if self._port_clean is None or fab is None:
+            return False
+        ports: set[str] = set()
+        for f in fs:
+            if f.cond.category not in HOST_LINK_CATEGORIES or f.nic is None or f.nic not in fab:
+                return False  # the switch's own word on the link (a port down), or a NIC off the fabric
+            port = fab.port_of(f.nic)
+            if port is None or not self._port_clean(leaf, port, f.cond.first_seen_ms):
+                return False
+            ports.add(port)
+        return not any(f.switch == leaf and (f.port is None or f.port in ports) for f in own)
 
     def _gpus(self, conds: list[Condition], out: dict[Signature, Group]) -> None:
         by_node: dict[str, list[Condition]] = {}

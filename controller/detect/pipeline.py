@@ -26,6 +26,7 @@ from controller.detect.grouping import GroupingWindows, ReportCadence
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
 from controller.detect.rules import RuleSet
+from controller.detect.switch_witness import SwitchPortWitness
 from controller.fabric import Fabric
 from controller.fabric.topology import TopologyTracker
 from controller.ingest.registry import NodeRecord
@@ -40,10 +41,12 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 if TYPE_CHECKING:
+    from controller.detect.shard_worker import EventsOpened
     from controller.detect.shards import DetectShards
 
 log = structlog.get_logger(__name__)
 _COMPUTE = ipb.NODE_ROLE_COMPUTE
+_SWITCH = ipb.NODE_ROLE_SWITCH
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Detection:
         corr = self.config.correlation
         self.cadence = ReportCadence()  # the fleet's measured report interval: shared conditions' window
         self.windows = GroupingWindows(corr, self.cadence.interval_s)
+        self.switch_ports = SwitchPortWitness()  # switches' own word on their ports: a clean leaf is not blamed
         self.correlator = Correlator(
             fabric,
             self.incidents,
@@ -109,6 +113,7 @@ class Detection:
             fleet_size=fleet_size,
             clock=clock,
             window_ms=self.windows.window_ms,
+            port_clean=self.switch_ports.clean_since,
         )
         # Called when a condition starts waiting for its grouping window: the controller's
         # grouping task wakes and groups it when the window closes, not on the next tick.
@@ -156,6 +161,8 @@ class Detection:
         else:
             full_needed = self._full_seen.get(nid) != token  # still used: absent counters read as unchanged
         try:
+            if node.role == _SWITCH and report.switch_ports:
+                self.switch_ports.saw(nid, report.switch_ports, self.clock.time_ms())
             self._feed(self.engine.on_report(node, report))
             signals, job = self.failslow.extract(nid, report) if node.role == _COMPUTE else ({}, None)
         except Exception:
@@ -216,20 +223,35 @@ class Detection:
             return
         changes = self.engine.on_events(node, events)
         opened = [ch.condition.key for ch in changes if ch.kind == "opened"]
-        self.windows.by_event.update(opened)  # their siblings are events too: the short window
         if self.stages is not None:
             self.stages.conditions_opened(node.node_id, [ev.seq for ev in events], opened)
-        self._feed(changes)
-        self.windows.by_event.clear()  # asked for during the feed; an owned condition was not asked
+        self._feed_after_events(changes, opened)
 
-    def feed_shard_changes(self, changes: list[ConditionChange]) -> None:
-        """Condition changes from a shard's engine, completed with what only the fabric knows."""
+    def feed_shard_changes(self, changes: list[ConditionChange], opened: list[EventsOpened] | None = None) -> None:
+        """Condition changes from a shard's engine, completed with what only the fabric knows.
+
+        ``opened``: what the frame's batches of events opened, and when (in the shard): traced
+        and given the event window exactly as events this engine takes (on_events).
+        """
         if self.fabric is not None:
             for change in changes:
                 cond = change.condition
                 if cond.component_type == "nic":
                     cond.evidence.update(nic_fabric_evidence(self.fabric, cond.component))
-        self._feed(changes)
+        keys = []
+        for batch in opened or ():
+            keys += batch.keys
+            if self.stages is not None:
+                self.stages.conditions_opened(batch.node, batch.seqs, batch.keys, at=batch.at)
+        self._feed_after_events(changes, keys)
+
+    def _feed_after_events(self, changes: list[ConditionChange], by_event: list[tuple[str, str]]) -> None:
+        """Feed changes among which ``by_event`` were opened by events: their siblings are events too."""
+        self.windows.by_event.update(by_event)  # the short window, asked for during the feed
+        try:
+            self._feed(changes)
+        finally:
+            self.windows.by_event.clear()  # an owned condition was not asked: no stale mark stays
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         if old_state == new_state:
@@ -319,6 +341,7 @@ class Detection:
             self.shards.forget(node_id)  # what the shard resolves comes back through feed_shard_changes
         self._full_seen.pop(node_id, None)
         self.cadence.forget(node_id)
+        self.switch_ports.forget(node_id)
         self._feed(self.engine.forget(node_id))
         change = self.failslow.forget(node_id)
         if change is not None:

@@ -8,15 +8,18 @@ hands each compute node's reports and events, as the bytes that arrived, to one 
 chosen by node id; the shard runs the same ``ConditionEngine`` as an unsharded controller
 would and answers with what the controller needs: the report's sequence number (for the
 ack), whether it was valid, a handful of fail-slow numbers, the job steps, a changed LLDP
-list and the condition changes. Correlation, incidents, healing, presence, switches and
-the store stay in the controller, which sees one stream of condition changes as before.
+list, the condition changes, and for each batch of events what it opened and when
+(``EventsOpened``: the controller's stage trace and grouping windows need both, so that a
+sharded fault is traced and grouped exactly as an unsharded one). Correlation, incidents,
+healing, presence, switches and the store stay in the controller, which sees one stream of
+condition changes as before.
 
 One node's reports and events reach one shard in the order they arrived, so its engine
 state is exactly what the controller's own engine would hold.
 
 Protocol (controller.detect.shardwire frames): stdin carries the settings, then batches of
-operations; stdout carries ``("ready", pid)``, then one ``(results, changes)`` per batch
-or tick. Logs go to stderr.
+operations; stdout carries ``("ready", pid)``, then one ``(results, changes, opened)`` per
+batch or tick. Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -55,6 +58,26 @@ OP_EVENTS = "events"  # (OP_EVENTS, node_id, [Event bytes])
 OP_FORGET = "forget"  # (OP_FORGET, node_id)
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 
+Key = tuple[str, str]
+Answer = tuple[list[ReportResult], list[ConditionChange], list["EventsOpened"]]
+
+
+@dataclass
+class EventsOpened:
+    """One batch of a node's events, as the shard's engine took it: the conditions it opened, and when.
+
+    The controller marks its traced events' ``condition`` stage at ``at`` (wall-clock seconds,
+    the shard's own ``time.time()``: the stage is when a rule opened the condition, not when
+    the answer came back) and gives ``keys`` the event grouping window, as it does for events
+    its own engine takes. Sent for every batch, also one that opened nothing, so that the
+    controller stops following its events at once.
+    """
+
+    node: str
+    seqs: list[int]
+    keys: list[Key]
+    at: float
+
 
 @dataclass
 class ShardSettings:
@@ -73,16 +96,17 @@ class Shard:
         self.nodes: dict[str, NodeRecord] = {}
         self._full_seen: set[str] = set()  # nodes whose current stream sent a full report
 
-    def handle(self, ops: list[tuple[Any, ...]]) -> tuple[list[ReportResult], list[ConditionChange]]:
+    def handle(self, ops: list[tuple[Any, ...]]) -> Answer:
         results: list[ReportResult] = []
         changes: list[ConditionChange] = []
+        opened: list[EventsOpened] = []
         for op in ops:
             kind = op[0]
             try:
                 if kind == OP_REPORT:
                     results.append(self._report(op[1], op[2], op[3], op[4], op[5], changes))
                 elif kind == OP_EVENTS:
-                    self._events(op[1], op[2], changes)
+                    opened += self._events(op[1], op[2], changes)
                 elif kind == OP_NODE:
                     self._node(op[1], op[2], op[3], op[4])
                 elif kind == OP_FORGET:
@@ -95,7 +119,7 @@ class Shard:
                 log.exception("shard_op_failed", op=kind, node=op[1] if len(op) > 1 else None)
                 if kind == OP_REPORT:
                     results.append(ReportResult(op[1], op[2], op[5]))
-        return results, changes
+        return results, changes, opened
 
     def tick(self) -> list[ConditionChange]:
         return self.engine.tick()
@@ -152,15 +176,19 @@ class Shard:
             result.job_steps = list(report.job_steps)
         return result
 
-    def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> None:
+    def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> list[EventsOpened]:
         node = self.nodes.get(node_id)
         if node is None:
             log.error("shard_events_unknown_node", node=node_id)
-            return
+            return []
         events = [tpb.Event.FromString(b) for b in raw]
         for ev in events:
             validate_event(ev)  # the controller stored them valid; this guards the wire only
-        changes += self.engine.on_events(node, events)
+        found = self.engine.on_events(node, events)
+        at = time.time()
+        changes += found
+        keys = [ch.condition.key for ch in found if ch.kind == "opened"]
+        return [EventsOpened(node_id, [ev.seq for ev in events], keys, at)]
 
     def _forget(self, node_id: str) -> list[ConditionChange]:
         self.nodes.pop(node_id, None)
@@ -188,11 +216,12 @@ def serve(fd_in: int, fd_out: int) -> None:
         readable, _, _ = select.select([fd_in], [], [], wait)
         results: list[ReportResult] = []
         changes: list[ConditionChange] = []
+        opened: list[EventsOpened] = []
         if readable:
             ops = read_frame_fd(fd_in)
             if ops is None:
                 return  # the controller closed our stdin: it is stopping
-            results, changes = shard.handle(ops)
+            results, changes, opened = shard.handle(ops)
         if time.monotonic() >= next_tick:
             next_tick = time.monotonic() + settings.tick_s
             try:
@@ -202,8 +231,8 @@ def serve(fd_in: int, fd_out: int) -> None:
             if next_tick >= next_collection:
                 next_collection = next_tick + settings.full_collection_s
                 gc.collect()
-        if results or changes:
-            write_frame_fd(fd_out, (results, changes))
+        if results or changes or opened:
+            write_frame_fd(fd_out, (results, changes, opened))
 
 
 def _widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:

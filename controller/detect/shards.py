@@ -6,8 +6,10 @@ controller hands over the bytes that arrived, batched: everything submitted duri
 turn of the event loop goes out as one frame per shard. Answers come back on the shards'
 stdout and are applied on the event loop: each report's verdict to ingest's sink (this is
 the sharded ``ReportDecider`` of controller.ingest.decider), the condition changes to
-``on_changes``. Switches' reports are not sharded: they go to the ``local`` decider (the
-controller's own Detection), whose engine also keeps presence.
+``on_changes`` together with what each batch of events opened and when (``EventsOpened``:
+the stage trace's ``condition`` mark and the event grouping window). Switches' reports are
+not sharded: they go to the ``local`` decider (the controller's own Detection), whose engine
+also keeps presence.
 
 Flow control: at most ``max_in_flight`` reports may be with the shards; past that, the
 streams feeding them wait in ``room()`` (and gRPC's flow control holds the rest at the
@@ -32,6 +34,7 @@ from controller.detect.shard_worker import (
     OP_FORGET,
     OP_NODE,
     OP_REPORT,
+    EventsOpened,
     ShardSettings,
 )
 from controller.detect.shardwire import encode_frame, frame_parts, read_frame
@@ -77,7 +80,7 @@ class DetectShards:
         workers: int,
         settings: ShardSettings,
         local: ReportDecider,
-        on_changes: Callable[[list[ConditionChange]], None],
+        on_changes: Callable[[list[ConditionChange], list[EventsOpened]], None],
         on_lost: Callable[[int], None],
         max_in_flight: int = 4096,
     ) -> None:
@@ -236,7 +239,7 @@ class DetectShards:
                 frame = await read_frame(shard.proc.stdout)
                 if frame is None:
                     break
-                results, changes = frame
+                results, changes, opened = frame
                 shard.in_flight -= len(results)
                 self._in_flight -= len(results)
                 if not self._room.is_set() and self._in_flight < self.max_in_flight // 2:
@@ -246,9 +249,9 @@ class DetectShards:
                         self._on_verdict(result)
                     except Exception:
                         log.exception("shard_result_failed", node=result.node_id)
-                if changes:
+                if changes or opened:
                     try:
-                        self._on_changes(changes)
+                        self._on_changes(changes, opened)
                     except Exception:  # a bug downstream must not read as a lost shard
                         log.exception("shard_changes_failed", shard=shard.index, changes=len(changes))
         except asyncio.CancelledError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) 
     expected += engine.forget("node-007")
     ops.append((OP_FORGET, "node-007"))
 
-    results, changes = shard.handle(ops)
+    results, changes, opened_by_events = shard.handle(ops)
 
     assert [r.seq for r in results] == list(range(1, 11))
     assert not any(r.error for r in results)
@@ -86,6 +87,33 @@ def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) 
     opened = {(rule, comp) for kind, rule, comp in _keys(changes) if kind == "opened"}
     assert any(comp == "node-007/gpu-1" for _, comp in opened)
     assert any(comp == "node-007/gpu-4" for _, comp in opened)
+    # The one batch of events comes back with what it opened (the Xid's condition), for the trace.
+    ((batch,),) = [opened_by_events]
+    assert batch.node == "node-007" and batch.seqs == [1]
+    assert [k[1] for k in batch.keys] == ["node-007/gpu-4"]
+
+
+def test_each_batch_of_events_says_what_it_opened_and_when() -> None:
+    """The controller traces a sharded event and picks its grouping window from this answer.
+
+    A batch that opens a condition names it with the batch's seqs and the shard's wall-clock
+    time; a batch that opens nothing still comes back (empty keys), so its trace is let go.
+    """
+    shard = Shard(ShardSettings())
+    down = tpb.Event(seq=4, kind=tpb.EVENT_KIND_NIC_LINK_DOWN, severity=tpb.SEVERITY_CRITICAL, component="mlx5_3/1")
+    info = tpb.Event(seq=5, kind=tpb.EVENT_KIND_NIC_LINK_UP, severity=tpb.SEVERITY_INFO, component="mlx5_1/1")
+    before = time.time()
+    _, changes, opened = shard.handle(
+        [
+            (OP_NODE, "node-001", ipb.NODE_ROLE_COMPUTE, 1, b""),
+            (OP_EVENTS, "node-001", [down.SerializeToString()]),
+            (OP_EVENTS, "node-001", [info.SerializeToString()]),
+        ]
+    )
+    assert [(c.kind, c.condition.rule) for c in changes] == [("opened", "nic.port_down")]
+    assert [(o.node, o.seqs) for o in opened] == [("node-001", [4]), ("node-001", [5])]
+    assert opened[0].keys == [changes[0].condition.key] and opened[1].keys == []
+    assert before <= opened[0].at <= time.time()
 
 
 def test_every_report_gets_an_answer_even_a_bad_one() -> None:
@@ -94,7 +122,7 @@ def test_every_report_gets_an_answer_even_a_bad_one() -> None:
     ok = spb.AgentMessage(report=tpb.Report(seq=1)).SerializeToString()
     nan = spb.AgentMessage(report=tpb.Report(seq=2, gpus=[tpb.GpuSample(temperature_c=math.nan)])).SerializeToString()
     hello = spb.AgentMessage(hello=spb.Hello(node_id="node-001")).SerializeToString()
-    results, _ = shard.handle(
+    results, _, _ = shard.handle(
         [
             (OP_REPORT, "node-001", 1, ok, False, 0.0),  # before the shard was told about the node
             (OP_NODE, "node-001", ipb.NODE_ROLE_COMPUTE, 1, b""),
@@ -124,9 +152,9 @@ def test_every_report_gets_an_answer_even_a_bad_one() -> None:
 def test_a_delta_before_any_full_report_asks_for_one() -> None:
     shard = Shard(ShardSettings())
     delta = spb.AgentMessage(report=tpb.Report(seq=1, counters_delta=True)).SerializeToString()
-    results, _ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""), (OP_REPORT, "n", 1, delta, False, 0.0)])
+    results, *_ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""), (OP_REPORT, "n", 1, delta, False, 0.0)])
     assert results[0].full_report_needed
-    results, _ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 2, b""), (OP_REPORT, "n", 2, delta, False, 0.0)])
+    results, *_ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 2, b""), (OP_REPORT, "n", 2, delta, False, 0.0)])
     assert results[0].full_report_needed  # a new stream starts over
 
 

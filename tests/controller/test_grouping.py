@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 
 import pytest
@@ -131,6 +132,30 @@ class TestWindowsInTheCorrelator:
         assert [(c, i.kind) for c, i in seen] == [("opened", "switch_fault")]
         assert seen[0][1].kind not in EVICTABLE_KINDS
 
+    @pytest.mark.parametrize("seen_by", ["reports", "events"])
+    @pytest.mark.parametrize("interval_s", [1.0, 5.0])
+    def test_a_dying_leaf_opens_no_nic_incident_to_merge_away(self, fabric, clock, interval_s, seen_by) -> None:
+        """No churn, counted: a leaf's 16 NICs go down at random moments of one report interval
+        (seen in reports) or of one 0.5 s link-watch poll (seen as events), grouped as the grouping
+        task would (every 10 ms): one switch_fault, and not one NIC incident opened, merged or stored."""
+        rng = random.Random(f"{interval_s}-{seen_by}")
+        corr, windows = correlator_and_windows(fabric, clock, interval_s)
+        spread_ms = int((interval_s if seen_by == "reports" else 0.5) * 1000)
+        arrive = sorted((rng.randrange(spread_ms), i) for i in range(16))
+        seen = []
+        for t_ms in range(0, spread_ms + int(interval_s * 1000) + 1000, 10):
+            while arrive and arrive[0][0] <= t_ms:
+                cond = nic_down(arrive.pop(0)[1], 3, clock)
+                if seen_by == "events":
+                    windows.by_event.add(cond.key)
+                corr.on_changes(opened(cond))
+            seen += corr.tick()
+            clock.advance(0.01)
+        assert [(c, i.kind, i.root_cause) for c, i in seen] == [("opened", "switch_fault", "leaf-b0-r3")]
+        stored = corr.store.list_incidents(active_only=False)
+        assert [i.kind for i in stored] == ["switch_fault"]  # no NIC incident ever opened, so none merged
+        assert corr.store.merged_into(stored[0].id) is None
+
     def test_two_nic_faults_minutes_apart_are_two_nic_incidents(self, fabric, clock) -> None:
         """Independent NIC faults on two nodes of one leaf, 3 minutes apart: two nic_fault, no switch."""
         corr = correlator(fabric, clock, 5.0)
@@ -201,6 +226,25 @@ class TestEventBorneWindows:
         clock.advance(0.3)
         out = corr.tick()
         assert [(c, i.kind, i.root_cause) for c, i in out] == [("opened", "switch_fault", "leaf-b0-r3")]
+
+    def test_two_port_down_events_seconds_apart_are_two_nic_incidents(self, fabric, clock) -> None:
+        """At a 5 s report interval, two nodes of one leaf lose a port 2 s apart, each by an event:
+        each waited 0.5 s, so the second is no sibling of the first (a report's 5.25 s window,
+        asked again while grouping, would have merged both under the leaf)."""
+        corr, windows = correlator_and_windows(fabric, clock, 5.0)
+        seen = []
+        for node in (1, 2):
+            cond = nic_down(node, 3, clock)
+            windows.by_event.add(cond.key)
+            corr.on_changes(opened(cond))
+            clock.advance(0.5)
+            seen += corr.tick()
+            clock.advance(1.5)
+        seen += corr.tick()
+        assert [(c, i.kind, i.root_cause) for c, i in seen] == [
+            ("opened", "nic_fault", "node-001/nic-3"),
+            ("opened", "nic_fault", "node-002/nic-3"),
+        ]
 
 
 class TestStandingApart:

@@ -16,15 +16,21 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from controller.detect.model import Condition
 from controller.detect.pipeline import DetectionConfig
 from controller.detect.shards import DetectShards, ShardLost
 from controller.service import Controller, ControllerConfig
+from controller.stages import STAGES
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.e2e.test_alerting import receiving
+from tests.e2e.test_fault_to_alert import two_nodes_and_a_webhook
 from tests.helpers import free_port, halt_agents, make_relay, make_sim_agent, wait_for
 
 
@@ -117,6 +123,71 @@ class TestShardedDetection:
             await halt_agents(agents)
             await relay.stop()
             await ctl.stop()
+
+
+async def _stage_samples(http_port: int) -> dict[tuple[str, str], float]:
+    """``starpulse_event_stage_seconds`` as scraped from the controller's /metrics: (sample, stage) -> value."""
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{http_port}/metrics") as r:
+        text = await r.text()
+    return {
+        (sample.name, sample.labels["stage"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "starpulse_event_stage_seconds"
+        for sample in family.samples
+        if sample.name.endswith(("_count", "_sum"))
+    }
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["unsharded", "two-shards"])
+class TestOneBehaviourShardedOrNot:
+    """A fault's trace and its grouping window do not depend on where detection runs."""
+
+    async def test_a_port_down_event_is_traced_to_the_webhook_and_grouped_in_the_event_window(
+        self, tmp_path: Path, workers: int
+    ) -> None:
+        """nic-3 of node-001 goes down (the agent's link watch sends it as an event; reports come
+        only every 5 s): every stage from buffered to delivered is on /metrics once, adding up to
+        the trace, and the port's condition waited the event window, not the reports' cadence."""
+        # a 60 s sweep: no detection tick helps, grouping is the window's own task
+        ctl, receiver, fabric, port = two_nodes_and_a_webhook(tmp_path, 60.0, DetectionConfig(workers=workers))
+        windows = ctl.detection.windows
+        chosen: dict[tuple[str, str], float] = {}
+        ask = windows.window_s
+
+        def window_s(cond: Condition) -> float:
+            chosen[cond.key] = seconds = ask(cond)
+            return seconds
+
+        windows.window_s = window_s  # type: ignore[method-assign]
+        agents = [
+            make_sim_agent(n, tmp_path, [f"127.0.0.1:{port}"], interval_s=5.0, seed=i)
+            for i, n in enumerate(fabric.nodes())
+        ]
+        async with receiving(receiver):
+            await ctl.start()
+            try:
+                assert (ctl.shards is not None) == (workers > 0)
+                for a in agents:
+                    a.start()
+                await wait_for(lambda: len(ctl.registry.nodes) == 2, what="registration")
+                agents[1].sim.inject("nic_down", "nic-3")
+                await wait_for(lambda: len(ctl.stages.done) >= 1, 30, "the finished trace")
+                (trace,) = ctl.stages.done
+                assert (trace.node, trace.kind) == ("node-001", "nic_link_down")
+                assert list(trace.marks) == list(STAGES)  # every stage stamped, agent, shard and controller
+                incidents = ctl.detection.incidents.list_incidents(active_only=True)
+                assert [(i.kind, i.root_cause) for i in incidents] == [("nic_fault", "node-001/nic-3")]
+                (key,) = incidents[0].condition_keys
+                assert chosen[key] == windows.settings.event_window_s  # not the reports' interval + slack
+                samples = await _stage_samples(ctl.http_port)
+                assert [samples[("starpulse_event_stage_seconds_count", s)] for s in STAGES[1:]] == [1.0] * 7
+                summed = sum(samples[("starpulse_event_stage_seconds_sum", s)] for s in STAGES[1:])
+                assert summed == pytest.approx(trace.total_s(), abs=1e-6)
+                if workers:  # the conditions were the shards' own, not the controller's engine's
+                    assert not [c for c in ctl.detection.engine.active() if c.node == "node-001"]
+            finally:
+                await halt_agents(agents)
+                await ctl.stop()
 
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["decided-as-read", "one-shard"])

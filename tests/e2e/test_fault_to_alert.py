@@ -7,7 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from controller.fabric import generate_fabric
+from controller.detect.pipeline import DetectionConfig
+from controller.fabric import Fabric, generate_fabric
 from controller.outputs.notify import parse_notify_config
 from controller.service import Controller, ControllerConfig
 from controller.stages import STAGES
@@ -15,11 +16,10 @@ from tests.e2e.test_alerting import Receiver, receiving
 from tests.helpers import free_port, make_sim_agent, wait_for
 
 
-@contextlib.asynccontextmanager
-async def xid79_delivered(
-    tmp_path: Path, sweep_interval_s: float, settle_s: float | None, within_s: float
-) -> AsyncIterator[tuple[Controller, Receiver]]:
-    """Two simulated nodes and a signed webhook: Xid 79 on node-001/gpu-2, yielded once the notice arrived."""
+def two_nodes_and_a_webhook(
+    tmp_path: Path, sweep_interval_s: float, detection: DetectionConfig | None = None
+) -> tuple[Controller, Receiver, Fabric, int]:
+    """A controller (not started) for a two-node fabric, notifying one signed webhook; and its gRPC port."""
     fabric = generate_fabric(nodes=2, gpus_per_node=8, rails=8, nodes_per_block=2, spines=1)
     receiver = Receiver(port=free_port(), secret="s3cret")
     notify = parse_notify_config(
@@ -35,8 +35,18 @@ async def xid79_delivered(
             allowed_nodes=[*fabric.nodes(), *fabric.switches()],
             sweep_interval_s=sweep_interval_s,
             notify=notify,
+            detection=detection or DetectionConfig(),
         )
     )
+    return ctl, receiver, fabric, port
+
+
+@contextlib.asynccontextmanager
+async def xid79_delivered(
+    tmp_path: Path, sweep_interval_s: float, settle_s: float | None, within_s: float
+) -> AsyncIterator[tuple[Controller, Receiver]]:
+    """Two simulated nodes and a signed webhook: Xid 79 on node-001/gpu-2, yielded once the notice arrived."""
+    ctl, receiver, fabric, port = two_nodes_and_a_webhook(tmp_path, sweep_interval_s)
     if settle_s is not None:
         ctl.detection.correlator.config.settle_s = settle_s
     async with receiving(receiver):
