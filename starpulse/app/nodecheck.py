@@ -29,9 +29,9 @@ from starpulse.v1 import telemetry_pb2 as tpb
 
 HEALTHY, UNHEALTHY, UNKNOWN = "healthy", "unhealthy", "unknown"
 EXIT_CODES = {HEALTHY: 0, UNHEALTHY: 1, UNKNOWN: 2}
-# A warning that asks for nothing of the node (an application to restart, a person to look)
-# leaves it in service, as the default self-healing policy does.
-_BENIGN_ACTIONS = frozenset({vocab.ACTION_NONE, vocab.ACTION_RESTART_APP, vocab.ACTION_INVESTIGATE})
+# A warning that asks for nothing of the node (an application to restart, a person to look, a
+# degraded part to see to at a service window) leaves it in service.
+_BENIGN_ACTIONS = frozenset({vocab.ACTION_NONE, vocab.ACTION_RESTART_APP, vocab.ACTION_INVESTIGATE, "check_hardware"})
 
 
 class ExpectError(ValueError):
