@@ -65,6 +65,8 @@ class SxidInfo:
     fatal: bool
     description: str
     source: str
+    klass: str = ""  # the guide's table: non_fatal, fatal, always_fatal or notable
+    action: str = ""  # a non-fatal code's recovery where the guide asks for more than a look
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,14 @@ def _catalog() -> _Catalog:
     )
     recovery = {str(k): _check_action(str(v), f"recovery_actions.{k}") for k, v in raw["recovery_actions"].items()}
     sxids = {
-        int(r["code"]): SxidInfo(int(r["code"]), bool(r["fatal"]), str(r["meaning"]), str(r["source"]))
+        int(r["code"]): SxidInfo(
+            int(r["code"]),
+            bool(r["fatal"]),
+            str(r["meaning"]),
+            str(r["source"]),
+            str(r.get("class", "")),
+            _check_action(str(r["action"]), f"sxid {r['code']}") if r.get("action") else "",
+        )
         for r in raw["sxids"]
     }
     return _Catalog(buckets, xids, nvlink5, recovery, sxids, str(raw["source"]), str(raw["date"]))

@@ -176,17 +176,22 @@ def match_sxid(message: str, state: State) -> MatchResult:
     attrs = {"pci": pci, "fatal": "unknown" if fatal is None else str(fatal).lower()}
     if info is not None:
         attrs["meaning"] = info.description
+        if info.klass:
+            attrs["sxid_class"] = info.klass
     sw = _NVSWITCH_RE.search(message)
     if sw:
         attrs["nvswitch"] = sw.group(1)
     lm = _LINK_RE.search(rest)
     if lm:
         attrs["link"] = lm.group(1)
+    # fatal: the fabric must be reset (reboot); non-fatal: the guide's recovery for the code
+    # where it names one (a restart for traffic it stalls), else a person looks
+    action = vocab.ACTION_REBOOT if fatal else ((info.action if info is not None else "") or vocab.ACTION_INVESTIGATE)
     return Finding(
         kind="sxid",
         component=f"nvswitch@{pci}",
         severity="fatal" if fatal else "warning",
-        action=vocab.ACTION_REBOOT if fatal else vocab.ACTION_INVESTIGATE,
+        action=action,
         message=message,
         source=SOURCE,
         xid=num,
