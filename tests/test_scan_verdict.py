@@ -133,6 +133,19 @@ def test_missing_nic_against_the_expected_inventory(recorded_root: Path, tmp_pat
     expect.write_text("nics: [mlx5_0/1, mlx5_2/1]\n")
     code, data, _err = scan("--backend", "none", "--sysfs-root", str(recorded_root), "--expect", str(expect))
     assert data["verdict"]["missing"] == ["nic mlx5_2/1"] and code == 1
+    # the controller's own rule says it, not a comparison of scan's
+    missing = [c for c in data["verdict"]["conditions"] if c["rule"] == "nic.missing"]
+    assert len(missing) == 1 and "(mlx5_2/1): in the inventory but not in the report" in missing[0]["message"]
+    assert missing[0]["severity"] == "critical"
+
+
+def test_expected_nic_on_a_machine_without_an_rdma_tree_is_missing(tmp_path: Path) -> None:
+    """No /sys/class/infiniband at all: an expected port is missing, not 'could not check'."""
+    expect = tmp_path / "expect.yaml"
+    expect.write_text("nics: [mlx5_0/1]\n")
+    code, data, err = scan("--backend", "none", "--sysfs-root", str(tmp_path), "--expect", str(expect))
+    assert data, err
+    assert data["verdict"]["missing"] == ["nic mlx5_0/1"] and code == 1
 
 
 def test_sim_backend_honours_sysfs_root_and_finds_a_missing_gpu(recorded_root: Path, tmp_path: Path) -> None:

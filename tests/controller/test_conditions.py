@@ -194,6 +194,10 @@ def _nic_down(r: tpb.Report) -> None:
     n.state_code, n.state, n.phys_state_code, n.phys_state = 1, "DOWN", 3, "Disabled"
 
 
+def _drop_nic(r: tpb.Report) -> None:
+    del r.nics[5]
+
+
 def _disk(r: tpb.Report) -> None:
     r.host.disks.add(mount="/data", total_bytes=1000, used_bytes=980)
 
@@ -232,6 +236,7 @@ REPORT_CASES = [
     ReportCase("gpu.lost", _set(_gpu(), "lost", True), f"{NODE}/gpu-5", "gpu"),
     ReportCase("gpu.reset_required", _set(_gpu(), "reset_required", True), f"{NODE}/gpu-5", "gpu"),
     ReportCase("gpu.missing", _drop_gpu, f"{NODE}/gpu-5", "gpu", evidence={"reported_gpus": 7, "inventory_gpus": 8}),
+    ReportCase("nic.missing", _drop_nic, f"{NODE}/nic-5", "nic", evidence={"port": "mlx5_5/1", "inventory_ports": 8}),
     ReportCase(
         "gpu.recovery_action",
         _set(_gpu(), "recovery_action", 2),

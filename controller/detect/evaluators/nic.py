@@ -1,4 +1,5 @@
-"""NIC rule kinds: a port's state, its counter rates, and a rail slower than the others."""
+"""NIC rule kinds: a port's state, its counter rates, a rail slower than the others, and a
+port of the inventory absent from the report."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from controller.detect.evaluators.base import (
     NicCounterEvaluator,
     NicEvaluator,
     NicPort,
+    NicSetEvaluator,
     Owned,
     Setup,
 )
@@ -214,6 +216,41 @@ class NicRate(NicEvaluator):
                             max_rail_gbps=top if compare else None,
                             unit="Gb/s",
                         ),
+                        now,
+                    )
+                elif owned:
+                    self.judge.good(owned, rule, comp, now)
+
+
+class NicMissing(NicSetEvaluator):
+    """An RDMA port of the node's inventory absent from the report (the NIC or its driver gone).
+
+    The inventory is what the node registered with; ``starpulse scan --expect`` adds the ports
+    it is expected to have, so one rule says "missing" for both."""
+
+    kind = "nic_missing"
+
+    def nic_set(self, nid: str, inventory: Mapping[str, str], report: tpb.Report, now: int, owned: Owned) -> None:
+        status = next((c for c in report.collectors if c.name == "nic"), None)
+        if status is not None and status.supported and not status.ok:
+            return  # the collector failed: absent ports are unknown, not missing (no RDMA tree at all: missing)
+        if not report.nics and status is None:
+            return  # a report without NIC data says nothing about NICs
+        reported = {f"{n.rdma_device}/{n.port}" for n in report.nics}
+        if not owned and inventory.keys() <= reported:
+            return  # every port reported and nothing open to resolve: no verdict can change
+        present = len(inventory.keys() & reported)
+        for rule in self.rules:
+            for local, comp in inventory.items():
+                if local not in reported:
+                    self.bad_on(
+                        nid,
+                        rule,
+                        comp,
+                        "nic",
+                        f"{comp} ({local}): in the inventory but not in the report "
+                        f"({present} of {len(inventory)} ports)",
+                        {"port": local, "reported_ports": present, "inventory_ports": len(inventory)},
                         now,
                     )
                 elif owned:
