@@ -49,6 +49,7 @@ from controller.detect.evaluators.base import (
     NicCounterEvaluator,
     NicEvaluator,
     NicPort,
+    NicSetEvaluator,
     PresenceEvaluator,
     Setup,
     SwitchPortEvaluator,
@@ -136,6 +137,7 @@ class _NodeCtx:
     nic_by_pci: dict[str, str]
     gpu_indices: frozenset[int]
     gpu_comp: dict[int, str]  # inventory GPU index -> "node/gpu-<i>", built once, not per report
+    nic_inventory: dict[str, str]  # inventory port "mlx5_0/1" -> its component, for nic_set kinds
     # (rdma_device, port) -> ("dev/port", component name, on a rail): the NIC naming of every report
     nic_ports: dict[tuple[str, int], tuple[str, str, bool]]
 
@@ -244,6 +246,7 @@ class ConditionEngine:
         self._link_counter = tuple(e for e in evs if isinstance(e, LinkCounterEvaluator))
         self._gpu_sets = tuple(e for e in evs if isinstance(e, GpuSetEvaluator))
         self._nic_ports = tuple(e for e in evs if isinstance(e, NicEvaluator))
+        self._nic_sets = tuple(e for e in evs if isinstance(e, NicSetEvaluator))
         self._nic_counter = tuple(e for e in evs if isinstance(e, NicCounterEvaluator))
         self._switch_port = tuple(e for e in evs if isinstance(e, SwitchPortEvaluator))
         self._host = tuple(e for e in evs if isinstance(e, HostEvaluator))
@@ -305,6 +308,10 @@ class ConditionEngine:
             nics = report.nics
             if nics:
                 self._nics(nid, ctx, nics, ts, now)
+        if self._nic_sets and ctx.nic_inventory:
+            owned = self._by_owner.get(nid)
+            for nic_set in self._nic_sets:
+                nic_set.nic_set(nid, ctx.nic_inventory, report, now, owned)
         if self._host and report.HasField("host"):
             h = report.host
             owned = self._by_owner.get(nid)
@@ -825,11 +832,14 @@ class ConditionEngine:
             nic_by_pci={},
             gpu_indices=frozenset(g.index for g in inv.gpus),
             gpu_comp={},
+            nic_inventory={},
             nic_ports={},
         )
         ctx.gpu_comp = {i: gpu_name(node.node_id, f"gpu-{i}") for i in ctx.gpu_indices}
         for n in inv.nics:
-            name = ctx.namer.nic(f"{n.rdma_device}/{n.port}")
+            local = f"{n.rdma_device}/{n.port}"
+            name = ctx.namer.nic(local)
+            ctx.nic_inventory[local] = name or f"{node.node_id}/{local}"  # as _nics names a port
             if name is not None and n.pci_address:
                 ctx.nic_by_pci[vocab.pci_key(n.pci_address)] = name
         self._ctx[node.node_id] = ctx

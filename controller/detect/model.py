@@ -74,7 +74,7 @@ class Defaults:
     flap_window_s: float = 600.0
     resolve_after: int = 2
     update_interval_s: float = 1.0
-    saturated_fires: bool = True
+    saturated_fires: bool = True  # a counter that reaches its maximum inside the window fires (see evaluators.counters)
     counter_interval_s: float = 0.0  # read a node's cumulative counters at most this often (0: every report)
 
 

@@ -62,7 +62,9 @@ DEFAULT_RULES_FILE = "default_rules.yaml"
 SUPPORTED_VERSION = 1
 
 # Actions rules may recommend beyond the Xid vocabulary.
-EXTRA_ACTIONS = ("replace_optic", "free_disk", "check_pfc", "check_host")
+# check_hardware: degraded but working (a narrowed PCIe link, a retraining port): a person sees
+# to the part at a service window; the default policy alerts only.
+EXTRA_ACTIONS = ("replace_optic", "free_disk", "check_pfc", "check_host", "check_hardware")
 ALL_ACTIONS = (*vocab.ACTIONS, *EXTRA_ACTIONS)
 
 # kind -> its parameters, from the registry of evaluators (one per kind).

@@ -10,6 +10,7 @@ the controller's 15 s. What opens is what the controller would open for this nod
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +29,14 @@ from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 HEALTHY, UNHEALTHY, UNKNOWN = "healthy", "unhealthy", "unknown"
+NIC_MISSING_RULE = "nic.missing"  # its conditions are the verdict's "missing" list, for tools
 EXIT_CODES = {HEALTHY: 0, UNHEALTHY: 1, UNKNOWN: 2}
-# A warning that asks for nothing of the node (an application to restart, a person to look)
-# leaves it in service, as the default self-healing policy does.
-_BENIGN_ACTIONS = frozenset({vocab.ACTION_NONE, vocab.ACTION_RESTART_APP, vocab.ACTION_INVESTIGATE})
+# A warning that asks for nothing of the node (an application to restart, a person to look, a
+# degraded part to see to at a service window) leaves it in service.
+_BENIGN_ACTIONS = frozenset({vocab.ACTION_NONE, vocab.ACTION_RESTART_APP, vocab.ACTION_INVESTIGATE, "check_hardware"})
+
+
+_PORT_RE = re.compile(r"[^/\s]+/\d+")
 
 
 class ExpectError(ValueError):
@@ -63,7 +68,7 @@ def load_expected(path: str) -> Expected:
     if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0):
         raise ExpectError(f"{path}: 'gpus' must be a whole number, got {gpus!r}")
     nics = raw.get("nics", [])
-    if not isinstance(nics, list) or not all(isinstance(n, str) and "/" in n for n in nics):
+    if not isinstance(nics, list) or not all(isinstance(n, str) and _PORT_RE.fullmatch(n) for n in nics):
         raise ExpectError(f"{path}: 'nics' must be a list of RDMA ports like 'mlx5_0/1'")
     return Expected(gpus, tuple(nics))
 
@@ -108,14 +113,23 @@ def unhealthy(c: Condition) -> bool:
 
 
 def _expected_inventory(actual: ipb.Inventory, expected: Expected | None) -> ipb.Inventory:
-    """The inventory the rules judge against: the actual one, with the expected GPUs where given."""
+    """The inventory the rules judge against: the actual one, with the expected GPUs and RDMA
+    ports added where it lacks them, so the controller's gpu.missing / nic.missing rules say
+    what is missing (one definition, not a comparison of scan's own)."""
     inv = ipb.Inventory()
     inv.CopyFrom(actual)
-    if expected is not None and expected.gpus is not None and expected.gpus > len(inv.gpus):
+    if expected is None:
+        return inv
+    if expected.gpus is not None and expected.gpus > len(inv.gpus):
         have = {g.index for g in inv.gpus}
         for index in range(expected.gpus):
             if index not in have:
                 inv.gpus.add(index=index, uuid=f"expected-gpu-{index}")
+    present = {f"{n.rdma_device}/{n.port}" for n in inv.nics}
+    for port in expected.nics:
+        if port not in present:
+            device, _, number = port.rpartition("/")
+            inv.nics.add(rdma_device=device, port=int(number))
     return inv
 
 
@@ -155,10 +169,7 @@ def judge(
     if events:
         engine.on_events(node, events)
     conditions = sorted(engine.active(), key=lambda c: (-vocab.SEVERITY_ORDER.get(c.severity, 0), c.rule, c.component))
-    missing = []
-    if expected is not None:
-        present = {f"{n.rdma_device}/{n.port}" for n in inventory.nics}
-        missing = [f"nic {p}" for p in expected.nics if p not in present]
-    bad = missing or any(unhealthy(c) for c in conditions)
+    missing = [f"nic {c.evidence['port']}" for c in conditions if c.rule == NIC_MISSING_RULE]
+    bad = any(unhealthy(c) for c in conditions)
     status = UNHEALTHY if bad else (UNKNOWN if problems and not reports[-1].nics else HEALTHY)
     return Verdict(status, conditions, missing, problems)

@@ -3,8 +3,9 @@
 One table, used by the agent's local findings, ``starpulse scan`` and the controller's
 rules, so an Xid means the same everywhere. The data file names its source and date; this
 module only gives it types and the three decodes a message needs beyond its number:
-Xids 144-150 (sub-code and error status), Xid 154 (the recovery action it names) and SXids
-(fatal or not when the line does not say).
+Xids 144-150 (sub-code and error status; for Xid 149's link events the link-down reason in
+IntrInfo), Xid 154 (the recovery action it names) and SXids (fatal or not when the line does
+not say).
 """
 
 from __future__ import annotations
@@ -58,6 +59,20 @@ class Nvlink5Decode:
 
 
 @dataclass(frozen=True)
+class LinkDownDecode:
+    """One Xid 149 NETIR_LINK_EVT row of the decode sheet, by its link-down reason."""
+
+    reason: int  # IntrInfo bits 25:20
+    bucket: str
+    severity: str  # as the sheet writes it ("Link Fatal", "Fatal", "Link Fatal?")
+    investigate: str  # the sheet's Investigatory column
+
+    @property
+    def fatal(self) -> bool:
+        return self.severity.lower().startswith(("fatal", "link fatal"))
+
+
+@dataclass(frozen=True)
 class SxidInfo:
     """An NVSwitch SXid's class, as far as a public source gives it."""
 
@@ -65,6 +80,8 @@ class SxidInfo:
     fatal: bool
     description: str
     source: str
+    klass: str = ""  # the guide's table: non_fatal, fatal, always_fatal or notable
+    action: str = ""  # a non-fatal code's recovery where the guide asks for more than a look
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,7 @@ class _Catalog:
     nvlink5: tuple[Nvlink5Decode, ...]
     recovery: dict[str, str]
     sxids: dict[int, SxidInfo]
+    link_down: dict[int, LinkDownDecode]
     source: str
     date: str
 
@@ -123,10 +141,21 @@ def _catalog() -> _Catalog:
     )
     recovery = {str(k): _check_action(str(v), f"recovery_actions.{k}") for k, v in raw["recovery_actions"].items()}
     sxids = {
-        int(r["code"]): SxidInfo(int(r["code"]), bool(r["fatal"]), str(r["meaning"]), str(r["source"]))
+        int(r["code"]): SxidInfo(
+            int(r["code"]),
+            bool(r["fatal"]),
+            str(r["meaning"]),
+            str(r["source"]),
+            str(r.get("class", "")),
+            _check_action(str(r["action"]), f"sxid {r['code']}") if r.get("action") else "",
+        )
         for r in raw["sxids"]
     }
-    return _Catalog(buckets, xids, nvlink5, recovery, sxids, str(raw["source"]), str(raw["date"]))
+    link_down = {
+        int(r["reason"]): LinkDownDecode(int(r["reason"]), str(r["bucket"]), str(r["severity"]), str(r["investigate"]))
+        for r in raw["nvlink5_link_down"]
+    }
+    return _Catalog(buckets, xids, nvlink5, recovery, sxids, link_down, str(raw["source"]), str(raw["date"]))
 
 
 CATALOG: dict[int, XidInfo] = _catalog().xids
@@ -168,6 +197,20 @@ def decode_nvlink5(xid: int, subcode: str, status: int | None) -> Nvlink5Decode 
         if row.status is None or row.status == status:
             return row
     return None
+
+
+# Xid 149's link-event sub-codes (V1 and V2 names), decoded by the link-down reason.
+LINK_DOWN_SUBCODES = frozenset({"NETIR_LINK_EVT", "NETIR_LINK_DOWN"})
+
+
+def link_down_reason(intr_info: int) -> int:
+    """The link-down reason an Xid 149 link event carries: IntrInfo bits 25:20."""
+    return (intr_info >> 20) & 0x3F
+
+
+def decode_link_down(reason: int) -> LinkDownDecode | None:
+    """The decode-sheet row for a link-down reason, or None where the sheet lists none."""
+    return _catalog().link_down.get(reason)
 
 
 def named_recovery_action(words: str) -> str | None:

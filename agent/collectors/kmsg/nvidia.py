@@ -71,6 +71,8 @@ def _nvlink5(num: int, tail: str) -> tuple[str, str, dict[str, str]]:
     attrs = {"subcode": sub, "intr_info": m.group("intr"), "error_status": f"0x{status:08x}"}
     if m.group("link") is not None:
         attrs["link"] = m.group("link")
+    if num == 149 and sub in xidcat.LINK_DOWN_SUBCODES:
+        return _link_down(int(m.group("intr"), 16), says_fatal, attrs)
     row = xidcat.decode_nvlink5(num, sub, status)
     if row is None:
         # Not in any public decode: say so, and never ask for a reset on a non-fatal one.
@@ -83,6 +85,21 @@ def _nvlink5(num: int, tail: str) -> tuple[str, str, dict[str, str]]:
     attrs.update(decode=row.bucket, fatal=str(row.fatal).lower(), decode_severity=row.severity)
     severity = vocab.severity_for_action(action)
     return action, severity, attrs
+
+
+def _link_down(intr: int, says_fatal: bool, attrs: dict[str, str]) -> tuple[str, str, dict[str, str]]:
+    """Xid 149 NETIR_LINK_EVT by its link-down reason (IntrInfo bits 25:20), as the sheet
+    decodes it; a reason the sheet does not list is "decode unknown", never a guessed reset."""
+    reason = xidcat.link_down_reason(intr)
+    attrs["link_down_reason"] = str(reason)
+    row = xidcat.decode_link_down(reason)
+    if row is None:
+        attrs.update(decode="unknown", fatal=str(says_fatal).lower())
+        return vocab.ACTION_INVESTIGATE, "critical" if says_fatal else "warning", attrs
+    action = xidcat.bucket_action(row.bucket)
+    attrs.update(decode=row.bucket, fatal=str(row.fatal).lower(), decode_severity=row.severity)
+    attrs["investigate"] = row.investigate
+    return action, vocab.severity_for_action(action), attrs
 
 
 def _xid154(tail: str) -> tuple[str, str, dict[str, str]]:
@@ -176,17 +193,22 @@ def match_sxid(message: str, state: State) -> MatchResult:
     attrs = {"pci": pci, "fatal": "unknown" if fatal is None else str(fatal).lower()}
     if info is not None:
         attrs["meaning"] = info.description
+        if info.klass:
+            attrs["sxid_class"] = info.klass
     sw = _NVSWITCH_RE.search(message)
     if sw:
         attrs["nvswitch"] = sw.group(1)
     lm = _LINK_RE.search(rest)
     if lm:
         attrs["link"] = lm.group(1)
+    # fatal: the fabric must be reset (reboot); non-fatal: the guide's recovery for the code
+    # where it names one (a restart for traffic it stalls), else a person looks
+    action = vocab.ACTION_REBOOT if fatal else ((info.action if info is not None else "") or vocab.ACTION_INVESTIGATE)
     return Finding(
         kind="sxid",
         component=f"nvswitch@{pci}",
         severity="fatal" if fatal else "warning",
-        action=vocab.ACTION_REBOOT if fatal else vocab.ACTION_INVESTIGATE,
+        action=action,
         message=message,
         source=SOURCE,
         xid=num,

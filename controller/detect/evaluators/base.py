@@ -18,6 +18,7 @@ Families (where and how often the engine asks):
   (``controller.detect.view``): states when a link is down or a condition is open on the
   GPU, counters when the GPU's counters are due (``defaults.counter_interval``);
 - ``GpuSetEvaluator``: the report's GPUs against the inventory, once per report;
+  ``NicSetEvaluator``: the report's RDMA ports against the inventory, once per report;
 - ``NicEvaluator``: the report's NIC ports, named and read, once per report;
   ``NicCounterEvaluator``: each port's counter rates when due;
 - ``SwitchPortEvaluator``, ``HostEvaluator``: each switch port, the host sample;
@@ -202,6 +203,15 @@ class GpuSetEvaluator(Evaluator, ABC):
         indices in the report (None: not gathered, read ``report.gpus``)."""
 
 
+class NicSetEvaluator(Evaluator, ABC):
+    """Judges a report's RDMA ports together against the node's inventory, once per report."""
+
+    @abstractmethod
+    def nic_set(self, nid: str, inventory: Mapping[str, str], report: tpb.Report, now: int, owned: Owned) -> None:
+        """``inventory``: the inventory's ports ("mlx5_0/1") and their components; the report's
+        ports are ``report.nics`` (a delta report carries every port, only its counters sparse)."""
+
+
 class NicEvaluator(Evaluator, ABC):
     """Judges a report's NIC ports, once per report (``state`` in each port is the engine's
     one read of the port's fields, ``setup.nic_fields`` their positions)."""
@@ -270,6 +280,7 @@ FAMILIES: tuple[type[Evaluator], ...] = (
     LinkStateEvaluator,
     LinkCounterEvaluator,
     GpuSetEvaluator,
+    NicSetEvaluator,
     NicEvaluator,
     NicCounterEvaluator,
     SwitchPortEvaluator,

@@ -36,6 +36,8 @@ from starpulse.v1 import telemetry_pb2 as tpb
 
 GPU_FLAGS = ("lost", "reset_required", "remap_pending", "remap_failure", "retired_pages_pending")
 _FIELDS = tpb.GpuSample.DESCRIPTOR.fields_by_name
+# How an operator lets a saturated NVLink error counter count again (the driver zeroes them).
+_CLEAR_NVLINK = "clear its error counters (a GPU reset or driver reload zeroes them)"
 
 
 class GpuFlag(GpuEvaluator):
@@ -247,7 +249,8 @@ class NvLinkErrors(LinkCounterEvaluator):
             return  # nothing moved and nothing open: no verdict can change
         numbers = view.numbers
         for rule in self.rules:
-            worst: tuple[float, bool, int, str] | None = None
+            worst: tuple[float, bool, bool, int, str] | None = None
+            stuck: tuple[int, str, str] | None = None  # (link, counter, key)
             keys: list[str] = []
             for pos, link in enumerate(numbers):
                 for counter in rule.counter_keys:
@@ -255,10 +258,15 @@ class NvLinkErrors(LinkCounterEvaluator):
                     keys.append(key)
                     sample = samples.get(key) if samples else None
                     measured = counters.measure(self._rates, rule, comp, key, sample, now)
-                    if measured is not None and (worst is None or counters.worse(measured, worst)):
-                        worst = (measured[0], measured[1], link, counter)
-            if worst is not None and counters.exceeds(rule, self._defaults, worst[0], worst[1]):
-                value, saturated, link, counter = worst
+                    if measured is None:
+                        continue
+                    if worst is None or counters.worse(measured, worst):
+                        worst = (*measured, link, counter)
+                    if measured[2] and stuck is None:
+                        stuck = (link, counter, key)
+            window = None if rule.threshold_is_rate else (comp, tuple(keys))
+            if worst is not None and counters.exceeds(rule, self._defaults, worst[:3]):
+                value, saturated, _, link, counter = worst
                 self.bad_on(
                     nid,
                     rule,
@@ -267,7 +275,22 @@ class NvLinkErrors(LinkCounterEvaluator):
                     counters.threshold_message(rule, f"{comp} NVLink {link} {counter}", value, saturated),
                     counters.threshold_evidence(rule, counter, value, saturated, link=link),
                     now,
-                    window=None if rule.threshold_is_rate else (comp, tuple(keys)),
+                    window=window,
+                )
+            elif stuck is not None:
+                link, counter, key = stuck
+                saturation = self._rates.saturation_of(key)
+                self.bad_on(
+                    nid,
+                    rule,
+                    comp,
+                    "gpu",
+                    counters.stuck_message(f"{comp} NVLink {link} {counter}", saturation, _CLEAR_NVLINK),
+                    counters.stuck_evidence(counter, self._rates.last(comp, key), saturation, link=link),
+                    now,
+                    severity=counters.STUCK_SEVERITY,
+                    action=counters.STUCK_ACTION,
+                    window=window,
                 )
             elif owned and (rule.id, comp) in owned and rule.threshold_is_rate:
                 self.judge.good(owned, rule, comp, now)

@@ -1,4 +1,5 @@
-"""NIC rule kinds: a port's state, its counter rates, and a rail slower than the others."""
+"""NIC rule kinds: a port's state, its counter rates, a rail slower than the others, and a
+port of the inventory absent from the report."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from controller.detect.evaluators.base import (
     NicCounterEvaluator,
     NicEvaluator,
     NicPort,
+    NicSetEvaluator,
     Owned,
     Setup,
 )
@@ -32,6 +34,8 @@ from starpulse.v1 import telemetry_pb2 as tpb
 NIC_SOURCES = ("counters", "hw_counters", "ethtool_stats", "netdev_stats")
 PORT_STATES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
 _ACTIVE = PORT_STATES["ACTIVE"]
+# How an operator lets a saturated IBA port counter count again.
+_CLEAR_PORT = "clear the port counters (perfquery -R / reset)"
 
 
 class NicState(NicEvaluator):
@@ -98,14 +102,20 @@ class NicCounter(NicCounterEvaluator):
         if samples is None and not (owned and any((r.id, comp) in owned for r in self.rules)):
             return  # nothing moved and nothing open: no verdict can change
         for rule in self.rules:
-            worst: tuple[float, bool, str] | None = None
+            worst: tuple[float, bool, bool, str] | None = None
+            stuck: str | None = None
             for key in rule.counter_keys:
                 sample = samples.get(key) if samples else None
                 measured = counters.measure(self._rates, rule, comp, key, sample, now)
-                if measured is not None and (worst is None or counters.worse(measured, worst)):
-                    worst = (measured[0], measured[1], key)
-            if worst is not None and counters.exceeds(rule, self._defaults, worst[0], worst[1]):
-                value, saturated, counter = worst
+                if measured is None:
+                    continue
+                if worst is None or counters.worse(measured, worst):
+                    worst = (*measured, key)
+                if measured[2] and stuck is None:
+                    stuck = key
+            window = None if rule.threshold_is_rate else (comp, rule.counter_keys)
+            if worst is not None and counters.exceeds(rule, self._defaults, worst[:3]):
+                value, saturated, _, counter = worst
                 self.bad_on(
                     nid,
                     rule,
@@ -114,11 +124,40 @@ class NicCounter(NicCounterEvaluator):
                     counters.threshold_message(rule, f"{comp} {counter}", value, saturated),
                     self.judge.nic_evidence(comp, s, **counters.threshold_evidence(rule, counter, value, saturated)),
                     now,
-                    window=None if rule.threshold_is_rate else (comp, rule.counter_keys),
+                    window=window,
                 )
+            elif stuck is not None:
+                self._stuck(nid, rule, comp, s, stuck, now, window)
             elif owned and (rule.id, comp) in owned and rule.threshold_is_rate:
                 self.judge.good(owned, rule, comp, now)
             # count rules resolve when their window empties (tick), not on one quiet report
+
+    def _stuck(
+        self,
+        nid: str,
+        rule: Rule,
+        comp: str,
+        s: tpb.NicSample,
+        counter: str,
+        now: int,
+        window: tuple[str, tuple[str, ...]] | None,
+    ) -> None:
+        """A counter at its maximum since before the window: the info note, not the rule's verdict."""
+        saturation = self._rates.saturation_of(counter)
+        self.bad_on(
+            nid,
+            rule,
+            comp,
+            "nic",
+            counters.stuck_message(f"{comp} {counter}", saturation, _CLEAR_PORT),
+            self.judge.nic_evidence(
+                comp, s, **counters.stuck_evidence(counter, self._rates.last(comp, counter), saturation)
+            ),
+            now,
+            severity=counters.STUCK_SEVERITY,
+            action=counters.STUCK_ACTION,
+            window=window,
+        )
 
 
 class NicRate(NicEvaluator):
@@ -177,6 +216,41 @@ class NicRate(NicEvaluator):
                             max_rail_gbps=top if compare else None,
                             unit="Gb/s",
                         ),
+                        now,
+                    )
+                elif owned:
+                    self.judge.good(owned, rule, comp, now)
+
+
+class NicMissing(NicSetEvaluator):
+    """An RDMA port of the node's inventory absent from the report (the NIC or its driver gone).
+
+    The inventory is what the node registered with; ``starpulse scan --expect`` adds the ports
+    it is expected to have, so one rule says "missing" for both."""
+
+    kind = "nic_missing"
+
+    def nic_set(self, nid: str, inventory: Mapping[str, str], report: tpb.Report, now: int, owned: Owned) -> None:
+        status = next((c for c in report.collectors if c.name == "nic"), None)
+        if status is not None and status.supported and not status.ok:
+            return  # the collector failed: absent ports are unknown, not missing (no RDMA tree at all: missing)
+        if not report.nics and status is None:
+            return  # a report without NIC data says nothing about NICs
+        reported = {f"{n.rdma_device}/{n.port}" for n in report.nics}
+        if not owned and inventory.keys() <= reported:
+            return  # every port reported and nothing open to resolve: no verdict can change
+        present = len(inventory.keys() & reported)
+        for rule in self.rules:
+            for local, comp in inventory.items():
+                if local not in reported:
+                    self.bad_on(
+                        nid,
+                        rule,
+                        comp,
+                        "nic",
+                        f"{comp} ({local}): in the inventory but not in the report "
+                        f"({present} of {len(inventory)} ports)",
+                        {"port": local, "reported_ports": present, "inventory_ports": len(inventory)},
                         now,
                     )
                 elif owned:

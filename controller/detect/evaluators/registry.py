@@ -20,7 +20,7 @@ from controller.detect.evaluators.gpu import (
     NvLinkErrors,
 )
 from controller.detect.evaluators.host import HostDisk, HostMemory
-from controller.detect.evaluators.nic import NicCounter, NicRate, NicState
+from controller.detect.evaluators.nic import NicCounter, NicMissing, NicRate, NicState
 from controller.detect.evaluators.presence import Heartbeat, SwitchSilent
 from controller.detect.evaluators.switch import PfcWatchdog, SwitchOptics, SwitchPortState
 
@@ -38,6 +38,7 @@ REGISTRY = Registry(
         NicField,
         NicCounter,
         NicRate,
+        NicMissing,
         SwitchPortState,
         PfcWatchdog,
         SwitchOptics,

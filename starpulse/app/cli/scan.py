@@ -178,8 +178,6 @@ def _print_scan(out: dict[str, Any]) -> None:
         print(f"{'SEVERITY':<9} {'RULE':<26} {'COMPONENT':<22} {'ACTION':<16} MESSAGE")
     for c in verdict["conditions"]:
         print(f"{c['severity']:<9} {c['rule']:<26} {c['component']:<22} {c['action']:<16} {c['message']}")
-    for m in verdict["missing"]:
-        print(f"{'critical':<9} {'expected':<26} {m:<22} {'investigate':<16} expected but not found")
     for p in verdict["problems"]:
         print(f"could not check: {p}")
     print(f"verdict: {verdict['status']}")
