@@ -597,7 +597,9 @@ class ConditionEngine:
             "last_event_ts_ms": ev.timestamp_ms,
             "count": count,
         }
-        if ev.xid:
+        if ev.xid and ev.kind == tpb.EVENT_KIND_SXID:
+            evidence["sxid"] = ev.xid  # an NVSwitch code, never to be read (or escalated) as a GPU Xid
+        elif ev.xid:
             evidence["xid"] = ev.xid
             if ev.kind == tpb.EVENT_KIND_XID:
                 info = xidcat.lookup(ev.xid)

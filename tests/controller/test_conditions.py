@@ -413,7 +413,22 @@ EVENT_CASES = [
     ("gpu.xid.ignore", event(X, "gpu-5", xid=92), f"{NODE}/gpu-5", "info", "none"),
     ("gpu.xid.investigate", event(X, "gpu-5", xid=154), f"{NODE}/gpu-5", "warning", "investigate"),
     ("gpu.xid.investigate", event(X, "gpu-5", xid=4242), f"{NODE}/gpu-5", "warning", "investigate"),
-    ("gpu.sxid", event(tpb.EVENT_KIND_SXID, "nvswitch@0000:05:00.0", xid=12028), NODE, "critical", "investigate"),
+    # An SXid's own action (its class, from the kmsg parser) picks the rule; one without says investigate.
+    ("gpu.sxid", event(tpb.EVENT_KIND_SXID, "nvswitch@0000:05:00.0", xid=22013), NODE, "warning", "check_hardware"),
+    (
+        "gpu.sxid",
+        event(tpb.EVENT_KIND_SXID, "nvswitch@0000:05:00.0", xid=22013, action="investigate"),
+        NODE,
+        "warning",
+        "check_hardware",
+    ),
+    (
+        "gpu.sxid.reboot",
+        event(tpb.EVENT_KIND_SXID, "nvswitch@0000:05:00.0", xid=12022, action="reboot"),
+        NODE,
+        "critical",
+        "reboot",
+    ),
     ("gpu.ecc_dbe", event(tpb.EVENT_KIND_ECC_DBE, "gpu-5"), f"{NODE}/gpu-5", "critical", "reset_gpu"),
     ("nic.driver_error", event(tpb.EVENT_KIND_NIC_DRIVER_ERROR, "ibp5"), f"{NODE}/nic-5", "warning", "investigate"),
     ("host.kernel", event(tpb.EVENT_KIND_KERNEL, "nvidia-peermem"), NODE, "warning", "investigate"),

@@ -56,4 +56,5 @@ class EventRule(EventEvaluator):
         if floor is not None and severity < SEVERITY_ORDER[floor]:
             return False
         actions = rule.params.get("event_actions")
-        return not actions or action in actions
+        # An event that names no action of its own (an older agent's) is one to investigate.
+        return not actions or (action or vocab.ACTION_INVESTIGATE) in actions
