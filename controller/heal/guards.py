@@ -371,7 +371,8 @@ class Guards:
         flaps = sum(
             1
             for t in self.store.history(node, since_ms=flap_since)
-            if t.to_state == NodeHealState.IN_SERVICE and t.from_state != NodeHealState.IN_SERVICE
+            # A spare put to work is not a flap: it was healthy all along.
+            if t.to_state == NodeHealState.IN_SERVICE and t.from_state not in _NOT_A_FLAP
         )
         if flaps > cfg.flap_max:
             return Verdict(
@@ -384,7 +385,11 @@ class Guards:
         last = self._db.execute(
             "SELECT MAX(at_ms) FROM heal_grants WHERE node = ? AND mode = ?", (node, granted_mode)
         ).fetchone()[0]
-        if last is not None and now - last < cfg.cooldown_s * 1000:
+        record = self.store.record(node)
+        # The cool-down counts from the last action only while that action's node is still
+        # out: repaired, validated and back (spare or service) since, its clock starts afresh
+        # at the return, and a node that keeps failing is the lemon score's to retire.
+        if last is not None and not _returned_since(record, last) and now - last < cfg.cooldown_s * 1000:
             return Verdict(
                 False,
                 f"{node} cooling down: last action {format_duration((now - last) / 1000)} ago "
@@ -421,9 +426,11 @@ class Guards:
                 (granted_mode, since),
             ).fetchall()
         )
-        # Nodes in repair count (they are out); a node repaired and back (spare or in service
-        # since after its grant) frees its share, or a 16-node demo wedges after one fault.
-        out |= {n for n, at in granted.items() if not _returned_since(records.get(n), at)}
+        # Nodes in repair count (they are out), and so do nodes granted but not yet moved (an
+        # action in flight); a node repaired and back (spare or in service since its grant)
+        # frees its share, or a 16-node demo wedges after one fault, and so does a retired
+        # one: it has left the fleet for RMA, it is not automation's capacity held out.
+        out |= {n for n, at in granted.items() if _in_flight(records.get(n), at)}
         refusal = fleet_share_refusal(node, out, fleet_size, cfg.max_fleet_share)
         if refusal is not None:
             return Verdict(False, refusal, mode, "fleet_share")
@@ -536,3 +543,18 @@ RETURNED = frozenset({NodeHealState.SPARE, NodeHealState.IN_SERVICE})
 def _returned_since(record: NodeRecord | None, at_ms: int) -> bool:
     """The node went back to work (spare pool or service) after the grant at ``at_ms``."""
     return record is not None and record.state in RETURNED and record.since_ms > at_ms
+
+
+_NOT_A_FLAP = frozenset({NodeHealState.IN_SERVICE, NodeHealState.SPARE})
+
+
+def _in_flight(record: NodeRecord | None, at_ms: int) -> bool:
+    """A node granted an action at ``at_ms`` that still holds its share of the fleet: out of
+    service now, or not yet moved (granted, the action under way); not back, not retired."""
+    if record is None:
+        return True
+    if record.state in OUT_OF_SERVICE:
+        return True
+    if record.state == NodeHealState.RETIRED or _returned_since(record, at_ms):
+        return False
+    return record.since_ms <= at_ms or record.state == NodeHealState.SUSPECT

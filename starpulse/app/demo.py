@@ -280,11 +280,7 @@ async def _demo(
                     )
                 shown_decisions = len(healer.decisions)
                 for eviction in healer.evictions[shown_evictions:]:
-                    print(
-                        f"{printer.stamp()} healer: evicted {eviction.node}, jobs {eviction.jobs} requeued "
-                        f"onto spare {eviction.replacement}" + (" (dry run)" if eviction.dry_run else ""),
-                        flush=True,
-                    )
+                    print(f"{printer.stamp()} healer: {eviction.describe()}", flush=True)
                 shown_evictions = len(healer.evictions)
                 outcomes = healer.repairs.outcomes if healer.repairs is not None else []
                 for outcome in outcomes[shown_repairs:]:
