@@ -9,12 +9,14 @@ address. It prints what happens as it happens.
 The repair loop runs too (issue 19): each evicted node is repaired (the simulated GPU reset
 or reboot, ``agent.sim.repairs``), validated (its conditions clear, nothing new for a few
 seconds, a burn-in diagnostic run by its agent as a real subprocess) and returned to the
-spare pool, or retired. Faults come at a pace the guards let the cluster absorb (one node
-out at a time in a 17-node fleet) and ``demo over`` ends with a summary: faults, evictions,
-nodes repaired and retired, the pool against its target, the job's restarts and downtime.
-
-Not done yet: real training processes (``examples/train.py`` through each node's job
-socket); the demo's job lives in the in-memory scheduler only.
+spare pool, or retired. The job trains for real: one ``examples/train.py`` per rank on the
+nodes the in-memory scheduler gives it, each through its node's agent job socket
+(``starpulse.app.demo_training``), so it checkpoints, is stopped by a requeue and resumes
+from its last complete checkpoint. Faults come at a pace the guards let the cluster absorb
+(``DEMO_GUARDS``), every fourth one a leaf switch going down (one switch incident, no
+node evicted), and ``demo over`` ends with a summary: faults, evictions, nodes repaired
+and retired, the pool against its target, the job's time to resume per fault, steps lost
+and its ETTR.
 """
 
 from __future__ import annotations
@@ -38,12 +40,15 @@ from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric, generate_fabric
-from controller.heal.healer import HealConfig
+from controller.heal.guards import GuardConfig
+from controller.heal.healer import HealConfig, Healer
 from controller.heal.policy import default_policy_path
 from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
+from controller.jobs.registry import JobRecord
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.app.demo_training import TRAIN_PY, DemoTraining
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -123,9 +128,20 @@ DEMO_REPAIR: dict[str, Any] = {
 BURN_IN = [sys.executable, "-c", "import time; time.sleep(1.0); print('burn-in: 0 errors')"]
 """The demo nodes' burn-in diagnostic: a real subprocess the agent runs under its limit."""
 
-FAULT_EVERY_S = (20.0, 30.0)
-"""Seconds between faults: a repair takes ~15 s here, so one node is out at a time, as the
-default guards (5 % of the fleet) allow in a 17-node fleet."""
+FAULT_EVERY_S = (25.0, 35.0)
+"""Seconds between faults. A node is out ~30-45 s here (detection, checkpoint, eviction, the
+fault's own 20 s, validation), so about one node is out at a time, two when faults overlap:
+what ``DEMO_GUARDS`` allow."""
+
+LEAF_FAULT_EVERY = 4
+"""Every fourth fault is a leaf switch going down: one switch incident, never an eviction."""
+
+DEMO_GUARDS = GuardConfig(max_fleet_share=0.12, max_evictions_per_window=4)
+"""The demo's guards: the packaged defaults are for a fleet (5 % of it out at once, 2
+evictions per 10 minutes), where 17 nodes round to one node out. The demo's fault pace
+overlaps two repairs now and then, so it allows 2 of 17 out (0.12) and 4 evictions per
+window; the breaker, the cool-down (counted from a node's return) and flap protection are
+the defaults."""
 
 
 def counted(n: int, word: str) -> str:
@@ -153,11 +169,14 @@ def dashboard_url(http: str, port: int) -> str:
 
 
 def settled(controller: Controller) -> bool:
-    """No node in the repair loop, and the spare pool at its target: what a finished demo shows."""
+    """No node in the repair loop, every job running and the spare pool at its target: what a
+    finished demo shows."""
     healer = controller.healer
     if healer is None or healer.repairs is None:
         return True
     if healer.repairs.nodes_to_drive():
+        return False
+    if any(job.state != "running" for job in controller.jobs.jobs()):
         return False
     pool = healer.spares.counts()["available"] if healer.spares is not None else 0
     return pool >= healer.repairs.policy.spare_target
@@ -190,6 +209,7 @@ async def _demo(
             heal=HealSettings(
                 scheduler=scheduler,
                 policy_path=demo_policy(workdir),
+                guards=DEMO_GUARDS,
                 heal=HealConfig(checkpoint_timeout_s=3.0, repair_poke_s=2.0),
             ),
         )
@@ -234,6 +254,7 @@ async def _demo(
                 interval_s=2.0,
                 buffer_path=str(workdir / node_id / "buffer.db"),
                 allowed_commands={"diagnostic.burn_in": BURN_IN},
+                job_socket=str(workdir / node_id / "jobs.sock"),
             ),
             "sim",
             sim=sim,
@@ -241,12 +262,20 @@ async def _demo(
         sims.append(sim)
         repairs[node_id] = SimRepairs(agent, sim, reboot_s=3.0)
         tasks.append(asyncio.create_task(agent.run(stop)))
+    training = DemoTraining(scheduler, "demo-train", lambda n: str(workdir / n / "jobs.sock"), workdir)
+    if TRAIN_PY.exists():
+        tasks.append(asyncio.create_task(training.run(stop)))
+        ranks = counted(len(workers), "rank")
+        print(f"training: {ranks} of {TRAIN_PY.name}, one per node, each through its agent's job socket")
+    else:
+        print(f"training: {TRAIN_PY} is not here (an installed starpulse): the job runs in the scheduler only")
 
     rng = random.Random(7)
     menu = fault_menu()
-    active: list[tuple[float, SimNode, str, str, dict[str, object]]] = []
+    active: list[tuple[float, Any, str, str, dict[str, object]]] = []
+    by_id = {s.node_id: s for s in sims}
     next_fault = time.monotonic() + 6.0
-    shown_decisions = shown_evictions = shown_repairs = 0
+    shown = (0, 0, 0)  # decisions, evictions, repair outcomes printed so far
     injected = 0
     try:
         while not stop.is_set():
@@ -257,41 +286,33 @@ async def _demo(
             if max_faults and injected >= max_faults and not active and settled(controller):
                 break
             if now >= next_fault and not (max_faults and injected >= max_faults):
-                kind, part, params = rng.choice(menu)
-                in_service = [x for x in sims if healer is None or healer.store.state(x.node_id) == "in_service"]
-                sim = rng.choice(in_service or sims)
-                target_component = f"{part}-{rng.randrange(8)}"
-                detail = " ".join(f"{k}={v}" for k, v in params.items())
-                print(
-                    f"{printer.stamp()} inject {kind} {detail} on {sim.node_id}/{target_component}",
-                    flush=True,
-                )
-                repairs[sim.node_id].inject(kind, target_component, **params)
-                injected += 1
-                active.append((now + 20.0, sim, kind, target_component, params))
-                next_fault = now + rng.uniform(*FAULT_EVERY_S)
-            if healer is not None:
-                for decision in healer.decisions[shown_decisions:]:
+                if injected % LEAF_FAULT_EVERY == LEAF_FAULT_EVERY - 1:
+                    leaf = rng.choice(LeafFault.candidates(fabric, by_id))
+                    print(f"{printer.stamp()} inject switch_down on {leaf.leaf} ({leaf.describe()})", flush=True)
+                    leaf.inject()
+                    active.append((now + 20.0, leaf, "switch_down", leaf.leaf, {}))
+                else:
+                    kind, part, params = rng.choice(menu)
+                    sim = rng.choice(_fault_targets(controller, scheduler, sims))
+                    target_component = f"{part}-{rng.randrange(8)}"
+                    detail = " ".join(f"{k}={v}" for k, v in params.items())
                     print(
-                        f"{printer.stamp()} healer: {decision['incident']} {decision['kind']} -> "
-                        f"{decision['action']} on {decision['node'] or '-'}: {decision['outcome']} "
-                        f"({decision['reason']})",
+                        f"{printer.stamp()} inject {kind} {detail} on {sim.node_id}/{target_component}",
                         flush=True,
                     )
-                shown_decisions = len(healer.decisions)
-                for eviction in healer.evictions[shown_evictions:]:
-                    print(f"{printer.stamp()} healer: {eviction.describe()}", flush=True)
-                shown_evictions = len(healer.evictions)
-                outcomes = healer.repairs.outcomes if healer.repairs is not None else []
-                for outcome in outcomes[shown_repairs:]:
-                    took = f" after {outcome['took_ms'] / 1000:.0f}s" if "took_ms" in outcome else ""
-                    why = f": {outcome['why']}" if "why" in outcome else ""
-                    print(f"{printer.stamp()} repair: {outcome['node']} -> {outcome['outcome']}{took}{why}", flush=True)
-                shown_repairs = len(outcomes)
+                    repairs[sim.node_id].inject(kind, target_component, **params)
+                    active.append((now + 20.0, sim, kind, target_component, params))
+                injected += 1
+                next_fault = now + rng.uniform(*FAULT_EVERY_S)
+            if healer is not None:
+                shown = show_healing(printer, healer, shown)
             for item in [a for a in active if a[0] <= now]:
                 active.remove(item)
                 _, sim, kind, target_component, params = item
-                if repairs[sim.node_id].clear(kind, target_component, **params):
+                if isinstance(sim, LeafFault):
+                    sim.clear()
+                    print(f"{printer.stamp()} clear switch_down on {sim.leaf}", flush=True)
+                elif repairs[sim.node_id].clear(kind, target_component, **params):
                     print(f"{printer.stamp()} clear {kind} on {sim.node_id}/{target_component}", flush=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
@@ -300,7 +321,9 @@ async def _demo(
         await asyncio.gather(*tasks, return_exceptions=True)
         online = sum(1 for n in controller.registry.nodes.values() if n.state == "online")
         stored = controller.store.count_events()
-        summary_lines = demo_summary(controller, injected, time.monotonic() - t0)
+        summary_lines = demo_summary(
+            controller, injected, time.monotonic() - t0, leaf_faults=injected // LEAF_FAULT_EVERY
+        )
         await controller.stop()
         print(
             f"demo over: {online}/{len(fabric.nodes())} nodes online, {counted(stored, 'event')} stored, "
@@ -310,7 +333,101 @@ async def _demo(
             print(f"  {line}")
 
 
-def demo_summary(controller: Controller, injected: int, ran_s: float) -> list[str]:
+def show_healing(printer: DemoPrinter, healer: Healer, shown: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Print the healer's decisions, evictions and repair outcomes since ``shown``; the new counts."""
+    for decision in healer.decisions[shown[0] :]:
+        print(
+            f"{printer.stamp()} healer: {decision['incident']} {decision['kind']} -> "
+            f"{decision['action']} on {decision['node'] or '-'}: {decision['outcome']} "
+            f"({decision['reason']})",
+            flush=True,
+        )
+    for eviction in healer.evictions[shown[1] :]:
+        print(f"{printer.stamp()} healer: {eviction.describe()}", flush=True)
+    outcomes = healer.repairs.outcomes if healer.repairs is not None else []
+    for outcome in outcomes[shown[2] :]:
+        took = f" after {outcome['took_ms'] / 1000:.0f}s" if "took_ms" in outcome else ""
+        why = f": {outcome['why']}" if "why" in outcome else ""
+        print(f"{printer.stamp()} repair: {outcome['node']} -> {outcome['outcome']}{took}{why}", flush=True)
+    return len(healer.decisions), len(healer.evictions), len(outcomes)
+
+
+class LeafFault:
+    """A leaf switch going down in the demo: every NIC cabled to it loses its link at once.
+
+    The demo has no switch agents; what the controller sees is what a dead leaf shows its
+    hosts (their ends of its cables down, together), which the correlator must turn into
+    one switch incident on the fabric, never an eviction of the nodes behind it."""
+
+    def __init__(self, fabric: Fabric, sims: dict[str, SimNode], leaf: str) -> None:
+        self.leaf = leaf
+        self.ends = [
+            (sims[node], fabric.rail_of(nic))
+            for node in fabric.nodes()
+            if node in sims
+            for nic in fabric.nics_of(node)
+            if fabric.leaf_of(nic) == leaf
+        ]
+
+    @classmethod
+    def candidates(cls, fabric: Fabric, sims: dict[str, SimNode]) -> list[LeafFault]:
+        """Leaves that serve more than one node (the correlator blames a leaf on two at least),
+        by name; a one-node fabric falls back to any leaf."""
+        faults = [cls(fabric, sims, leaf) for leaf in fabric.leaves()]
+        return [f for f in faults if len({id(sim) for sim, _ in f.ends}) > 1] or faults
+
+    def describe(self) -> str:
+        return f"{counted(len(self.ends), 'cable')} down at once"
+
+    def inject(self) -> None:
+        for sim, rail in self.ends:
+            sim.port_down(rail)
+
+    def clear(self) -> None:
+        for sim, rail in self.ends:
+            sim.port_up(rail)
+
+
+def _fault_targets(controller: Controller, scheduler: SimScheduler, sims: list[SimNode]) -> list[SimNode]:
+    """Nodes a fault may hit next: in service, those running the job first (the story is the job's)."""
+    healer = controller.healer
+    in_service = [x for x in sims if healer is None or healer.store.state(x.node_id) == "in_service"]
+    working = {n for job in scheduler.jobs.values() for n in job.nodes}
+    return [x for x in in_service if x.node_id in working] or in_service or sims
+
+
+ETTR_DEFINITION = (
+    "ETTR = productive training time / wall time, from the job's start to the end of the demo: wall time less the "
+    "time down (fault to the first step after the resume) and the time spent redoing the steps lost"
+)
+
+
+def job_lines(job: JobRecord, now_ms: int) -> list[str]:
+    """The job's story in the summary: per fault the time to resume and steps lost, then ETTR."""
+    if job.step == 0:
+        return [f"job {job.job}: {counted(job.restarts, 'requeue')}; no training process reported a step"]
+    lines = [
+        f"job {job.job}: {job.state} at step {job.step}, {counted(job.restarts, 'restart')}, "
+        f"{counted(job.steps_lost, 'step')} lost, {job.downtime_s:.0f}s down"
+    ]
+    for i, h in enumerate(job.history, 1):
+        resumed = (
+            f"resumed after {(h.first_step_ms - h.interrupted_ms) / 1000:.1f}s"
+            if h.first_step_ms
+            else "not resumed yet"
+        )
+        frm = f" from step {h.resumed_from_step}" if h.resumed_from_step is not None else ""
+        lines.append(f"  fault {i} ({h.reason}): {resumed}{frm}, {counted(h.steps_lost, 'step')} lost")
+    step_s = [r.step_time_s for r in job.ranks.values() if r.step_time_s > 0]
+    step_time = sum(step_s) / len(step_s) if step_s else 0.0
+    wall_s = max(now_ms - job.first_seen_ms, 0) / 1000
+    productive = max(wall_s - job.downtime_s - job.steps_lost * step_time, 0.0)
+    if wall_s > 0:
+        lines.append(f"ETTR {productive / wall_s:.1%} ({productive:.0f}s productive of {wall_s:.0f}s)")
+    return lines
+
+
+def demo_summary(controller: Controller, injected: int, ran_s: float, leaf_faults: int = 0) -> list[str]:
     """What the run came to: faults, evictions, repairs, the pool, the job (printed at the end)."""
     healer = controller.healer
     if healer is None:
@@ -324,26 +441,20 @@ def demo_summary(controller: Controller, injected: int, ran_s: float) -> list[st
         states[str(rec.state)] = states.get(str(rec.state), 0) + 1
     pool = healer.spares.counts() if healer.spares is not None else {}
     target = healer.repairs.policy.spare_target if healer.repairs is not None else 0
+    refused = sum(1 for d in healer.decisions if d["outcome"] not in ("ok", "alert_only", "already_out_of_service"))
     lines = [
-        f"faults injected: {injected}; evictions: {len(healer.evictions)}",
+        f"ran {ran_s:.0f}s; faults injected: {injected} ({counted(leaf_faults, 'leaf switch fault')}); "
+        f"evictions: {len(healer.evictions)}; refused by the guards: {refused}",
         f"nodes repaired and returned: {len(returned)}"
         + (f" (eviction to back in the pool: median {took[len(took) // 2]:.0f}s)" if took else "")
         + f"; retired: {len(retired)}",
         f"spare pool: {pool.get('available', 0)} available of target {target}, {pool.get('allocated', 0)} standing in",
         "nodes by lifecycle (with a row): " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "-"),
     ]
+    now_ms = controller.clock.time_ms()
     for job in controller.jobs.jobs():
-        if job.step == 0:  # nothing trains yet: no step was ever reported, so no ETTR to give
-            lines.append(
-                f"job {job.job}: {counted(job.restarts, 'requeue')}; no training process reports steps in this demo"
-            )
-            continue
-        down = job.downtime_s
-        ettr = max(0.0, 1.0 - down / ran_s) if ran_s > 0 else 0.0
-        lines.append(
-            f"job {job.job}: {job.state}, {counted(job.restarts, 'restart')}, {counted(job.steps_lost, 'step')} lost, "
-            f"{down:.0f}s down (ETTR {ettr:.0%} of {ran_s:.0f}s)"
-        )
+        lines.extend(job_lines(job, now_ms))
+    lines.append(ETTR_DEFINITION)
     return lines
 
 
