@@ -56,6 +56,13 @@ class HealConfig:
         "takes minutes, so a few seconds' pickup costs nothing at 16 nodes or 16,000 GPUs",
         gt=0,
     )
+    repair_poll_s: float = setting(
+        2.0,
+        "Seconds between looks at a repairing node: for a reboot's new boot id, and for its conditions "
+        "to clear while it is validated. A reboot takes 5-15 minutes and reports come every few seconds, "
+        "so 2 s adds nothing to a repair and costs one query per node in repair (a handful at 16,000 GPUs)",
+        gt=0,
+    )
 
 
 @dataclass

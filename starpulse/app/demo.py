@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
 import sys
 import tempfile
@@ -36,7 +35,6 @@ import yaml
 
 from agent.factory import build_agent
 from agent.runtime import AgentConfig
-from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric, generate_fabric
@@ -48,15 +46,11 @@ from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
 from controller.jobs.registry import JobRecord
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.app.demo_faults import FaultPacer, ScriptedFault
 from starpulse.app.demo_training import TRAIN_PY, DemoTraining
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
-
-
-def fault_menu() -> list[tuple[str, str, dict[str, object]]]:
-    """What the demo draws from: (kind, part, parameters) for each demo entry of the fault table, in its order."""
-    return [(kind.name, kind.node.part, dict(params)) for kind in FAULTS if kind.node for params in kind.demo]
 
 
 class DemoPrinter:
@@ -128,20 +122,18 @@ DEMO_REPAIR: dict[str, Any] = {
 BURN_IN = [sys.executable, "-c", "import time; time.sleep(1.0); print('burn-in: 0 errors')"]
 """The demo nodes' burn-in diagnostic: a real subprocess the agent runs under its limit."""
 
-FAULT_EVERY_S = (25.0, 35.0)
-"""Seconds between faults. A node is out ~30-45 s here (detection, checkpoint, eviction, the
-fault's own 20 s, validation), so about one node is out at a time, two when faults overlap:
-what ``DEMO_GUARDS`` allow."""
+BAD_BURN_IN = [sys.executable, "-c", "import sys, time; time.sleep(1.0); print('burn-in: 3 errors'); sys.exit(1)"]
+"""A bad board's burn-in (a seeded run's retirement): it finds errors after every repair."""
 
-LEAF_FAULT_EVERY = 4
-"""Every fourth fault is a leaf switch going down: one switch incident, never an eviction."""
 
-DEMO_GUARDS = GuardConfig(max_fleet_share=0.12, max_evictions_per_window=4)
-"""The demo's guards: the packaged defaults are for a fleet (5 % of it out at once, 2
-evictions per 10 minutes), where 17 nodes round to one node out. The demo's fault pace
-overlaps two repairs now and then, so it allows 2 of 17 out (0.12) and 4 evictions per
-window; the breaker, the cool-down (counted from a node's return) and flap protection are
-the defaults."""
+def demo_guards(fleet_size: int) -> GuardConfig:
+    """The demo's guards. The packaged defaults are for a fleet (5 % of it out at once, 2
+    evictions per 10 minutes), where 17 nodes round down to one node out, and the demo's pace
+    overlaps two repairs now and then (a second fault while the first node is still being
+    validated): so two nodes may be out at once whatever the demo's size, and 4 evictions per
+    window. The breaker, the cool-down (counted from a node's return) and flap protection
+    keep their defaults."""
+    return GuardConfig(max_fleet_share=min(1.0, 2.5 / max(fleet_size, 1)), max_evictions_per_window=4)
 
 
 def counted(n: int, word: str) -> str:
@@ -179,7 +171,13 @@ def settled(controller: Controller) -> bool:
     if any(job.state != "running" for job in controller.jobs.jobs()):
         return False
     pool = healer.spares.counts()["available"] if healer.spares is not None else 0
-    return pool >= healer.repairs.policy.spare_target
+    if pool >= healer.repairs.policy.spare_target:
+        return True
+    # Short, and nothing left to refill it: every node still in the fleet is at work (a
+    # retired node is gone; the demo has no new hardware to bring).
+    working = {r.node for job in controller.jobs.jobs() for r in job.ranks.values()}
+    nodes = controller.fabric.nodes() if controller.fabric is not None else []
+    return not [n for n in nodes if healer.store.state(n) == "in_service" and n not in working]
 
 
 async def _demo(
@@ -190,9 +188,13 @@ async def _demo(
     workdir: Path,
     max_faults: int = 0,
     log_path: Path | None = None,
+    script: list[ScriptedFault] | None = None,
+    bad_boards: frozenset[str] = frozenset(),
 ) -> None:
     """``max_faults`` (0: no limit) ends the demo once that many faults were injected and the
-    cluster settled (every node repaired or retired, the pool at its target)."""
+    cluster settled (every node repaired or retired, every job running, the pool at its target
+    or no node left to refill it). ``script``: these faults in this order instead of drawn ones
+    (a seeded run); ``bad_boards``: nodes whose burn-in always fails (they climb to retirement)."""
     t0 = time.monotonic()
     fabric = demo_fabric(nodes)
     workers = [n for n in fabric.nodes() if not fabric.is_spare(n)]
@@ -209,7 +211,7 @@ async def _demo(
             heal=HealSettings(
                 scheduler=scheduler,
                 policy_path=demo_policy(workdir),
-                guards=DEMO_GUARDS,
+                guards=demo_guards(len(fabric.nodes())),
                 heal=HealConfig(checkpoint_timeout_s=3.0, repair_poke_s=2.0),
             ),
         )
@@ -253,7 +255,7 @@ async def _demo(
                 controllers=[target],
                 interval_s=2.0,
                 buffer_path=str(workdir / node_id / "buffer.db"),
-                allowed_commands={"diagnostic.burn_in": BURN_IN},
+                allowed_commands={"diagnostic.burn_in": BAD_BURN_IN if node_id in bad_boards else BURN_IN},
                 job_socket=str(workdir / node_id / "jobs.sock"),
             ),
             "sim",
@@ -270,50 +272,26 @@ async def _demo(
     else:
         print(f"training: {TRAIN_PY} is not here (an installed starpulse): the job runs in the scheduler only")
 
-    rng = random.Random(7)
-    menu = fault_menu()
-    active: list[tuple[float, Any, str, str, dict[str, object]]] = []
-    by_id = {s.node_id: s for s in sims}
-    next_fault = time.monotonic() + 6.0
+    pacer = FaultPacer(fabric, sims, repairs, controller, scheduler, printer.stamp, script=script)
     shown = (0, 0, 0)  # decisions, evictions, repair outcomes printed so far
-    injected = 0
+    pool_empty = False
+    resumes_shown: set[tuple[str, int]] = set()
     try:
         while not stop.is_set():
             now = time.monotonic()
             if duration_s and now - t0 >= duration_s:
                 break
             healer = controller.healer
-            if max_faults and injected >= max_faults and not active and settled(controller):
+            done_injecting = (max_faults and pacer.injected >= max_faults) or pacer.script_done
+            if done_injecting and not pacer.active and settled(controller):
                 break
-            if now >= next_fault and not (max_faults and injected >= max_faults):
-                if injected % LEAF_FAULT_EVERY == LEAF_FAULT_EVERY - 1:
-                    leaf = rng.choice(LeafFault.candidates(fabric, by_id))
-                    print(f"{printer.stamp()} inject switch_down on {leaf.leaf} ({leaf.describe()})", flush=True)
-                    leaf.inject()
-                    active.append((now + 20.0, leaf, "switch_down", leaf.leaf, {}))
-                else:
-                    kind, part, params = rng.choice(menu)
-                    sim = rng.choice(_fault_targets(controller, scheduler, sims))
-                    target_component = f"{part}-{rng.randrange(8)}"
-                    detail = " ".join(f"{k}={v}" for k, v in params.items())
-                    print(
-                        f"{printer.stamp()} inject {kind} {detail} on {sim.node_id}/{target_component}",
-                        flush=True,
-                    )
-                    repairs[sim.node_id].inject(kind, target_component, **params)
-                    active.append((now + 20.0, sim, kind, target_component, params))
-                injected += 1
-                next_fault = now + rng.uniform(*FAULT_EVERY_S)
+            if not done_injecting:
+                pacer.maybe_inject(now)
             if healer is not None:
                 shown = show_healing(printer, healer, shown)
-            for item in [a for a in active if a[0] <= now]:
-                active.remove(item)
-                _, sim, kind, target_component, params = item
-                if isinstance(sim, LeafFault):
-                    sim.clear()
-                    print(f"{printer.stamp()} clear switch_down on {sim.leaf}", flush=True)
-                elif repairs[sim.node_id].clear(kind, target_component, **params):
-                    print(f"{printer.stamp()} clear {kind} on {sim.node_id}/{target_component}", flush=True)
+                pool_empty = show_pool(printer, healer, pool_empty)
+                resumes_shown = show_resumes(printer, controller, resumes_shown)
+            pacer.clear_due(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
     finally:
@@ -321,9 +299,7 @@ async def _demo(
         await asyncio.gather(*tasks, return_exceptions=True)
         online = sum(1 for n in controller.registry.nodes.values() if n.state == "online")
         stored = controller.store.count_events()
-        summary_lines = demo_summary(
-            controller, injected, time.monotonic() - t0, leaf_faults=injected // LEAF_FAULT_EVERY
-        )
+        summary_lines = demo_summary(controller, pacer.injected, time.monotonic() - t0, leaf_faults=pacer.leaf_faults)
         await controller.stop()
         print(
             f"demo over: {online}/{len(fabric.nodes())} nodes online, {counted(stored, 'event')} stored, "
@@ -331,6 +307,40 @@ async def _demo(
         )
         for line in summary_lines:
             print(f"  {line}")
+
+
+def show_resumes(printer: DemoPrinter, controller: Controller, shown: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Say when a job trains again after a fault (its first step after the resume)."""
+    for job in controller.jobs.jobs():
+        for i, h in enumerate(job.history):
+            if h.first_step_ms is None or (job.job, i) in shown:
+                continue
+            shown.add((job.job, i))
+            print(
+                f"{printer.stamp()} job {job.job} resumed ({h.reason}): step {h.first_step} after "
+                f"{(h.first_step_ms - h.interrupted_ms) / 1000:.1f}s down, "
+                f"{counted(h.steps_lost, 'step')} lost",
+                flush=True,
+            )
+    return shown
+
+
+def show_pool(printer: DemoPrinter, healer: Healer, was_empty: bool) -> bool:
+    """Say when the spare pool runs dry (the StarpulseSparePoolEmpty alert's condition) and
+    when it refills; True while it is empty."""
+    if healer.spares is None or healer.repairs is None or healer.repairs.policy.spare_target <= 0:
+        return False
+    available = healer.spares.counts()["available"]
+    target = healer.repairs.policy.spare_target
+    if available == 0 and not was_empty:
+        print(
+            f"{printer.stamp()} alert: spare pool empty (0 of target {target}): StarpulseSparePoolEmpty; "
+            "a job that loses a node now waits for capacity, or runs on fewer nodes where it allows",
+            flush=True,
+        )
+    elif available > 0 and was_empty:
+        print(f"{printer.stamp()} spare pool refilled: {available} of target {target}", flush=True)
+    return available == 0
 
 
 def show_healing(printer: DemoPrinter, healer: Healer, shown: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -348,52 +358,10 @@ def show_healing(printer: DemoPrinter, healer: Healer, shown: tuple[int, int, in
     for outcome in outcomes[shown[2] :]:
         took = f" after {outcome['took_ms'] / 1000:.0f}s" if "took_ms" in outcome else ""
         why = f": {outcome['why']}" if "why" in outcome else ""
+        if outcome["outcome"] == "retired":
+            why = f" (RMA notice: out for hardware inspection){why}"
         print(f"{printer.stamp()} repair: {outcome['node']} -> {outcome['outcome']}{took}{why}", flush=True)
     return len(healer.decisions), len(healer.evictions), len(outcomes)
-
-
-class LeafFault:
-    """A leaf switch going down in the demo: every NIC cabled to it loses its link at once.
-
-    The demo has no switch agents; what the controller sees is what a dead leaf shows its
-    hosts (their ends of its cables down, together), which the correlator must turn into
-    one switch incident on the fabric, never an eviction of the nodes behind it."""
-
-    def __init__(self, fabric: Fabric, sims: dict[str, SimNode], leaf: str) -> None:
-        self.leaf = leaf
-        self.ends = [
-            (sims[node], fabric.rail_of(nic))
-            for node in fabric.nodes()
-            if node in sims
-            for nic in fabric.nics_of(node)
-            if fabric.leaf_of(nic) == leaf
-        ]
-
-    @classmethod
-    def candidates(cls, fabric: Fabric, sims: dict[str, SimNode]) -> list[LeafFault]:
-        """Leaves that serve more than one node (the correlator blames a leaf on two at least),
-        by name; a one-node fabric falls back to any leaf."""
-        faults = [cls(fabric, sims, leaf) for leaf in fabric.leaves()]
-        return [f for f in faults if len({id(sim) for sim, _ in f.ends}) > 1] or faults
-
-    def describe(self) -> str:
-        return f"{counted(len(self.ends), 'cable')} down at once"
-
-    def inject(self) -> None:
-        for sim, rail in self.ends:
-            sim.port_down(rail)
-
-    def clear(self) -> None:
-        for sim, rail in self.ends:
-            sim.port_up(rail)
-
-
-def _fault_targets(controller: Controller, scheduler: SimScheduler, sims: list[SimNode]) -> list[SimNode]:
-    """Nodes a fault may hit next: in service, those running the job first (the story is the job's)."""
-    healer = controller.healer
-    in_service = [x for x in sims if healer is None or healer.store.state(x.node_id) == "in_service"]
-    working = {n for job in scheduler.jobs.values() for n in job.nodes}
-    return [x for x in in_service if x.node_id in working] or in_service or sims
 
 
 ETTR_DEFINITION = (
