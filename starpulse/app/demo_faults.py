@@ -23,9 +23,10 @@ from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller
 
 FAULT_EVERY_S = (25.0, 35.0)
-"""Seconds between faults. A node is out ~30-45 s here (detection, checkpoint, eviction, the
-fault's own 20 s, validation), so about one node is out at a time, two when faults overlap:
-what the demo's guards allow (``starpulse.app.demo.demo_guards``)."""
+"""Seconds between faults. A node is out ~10-30 s here (evicted 1-15 s after its fault, then
+reset and validated in ~10 s; a reboot rung or a fault that outlasts its repair adds up to
+its 20 s), so one node is out at a time, two when a slow one overlaps the next: what the
+demo's guards allow (``starpulse.app.demo.demo_guards``)."""
 
 FAULT_LASTS_S = 20.0
 LEAF_FAULT_EVERY = 4
