@@ -26,7 +26,7 @@ from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
 from controller.heal.policy import SqliteHealHistory, load_policy
-from controller.heal.repair import RepairLoop
+from controller.heal.repair import RepairConfig, RepairLoop
 from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import AUTOMATIC, NodeHealState, RemediationStore, lifecycle_counts
@@ -257,6 +257,7 @@ class Controller:
             resolve=lambda incident_id, why, since: correlator.resolve_on_evidence(incident_id, why, AUTOMATIC, since),
             spares=spares,
             clock=self.clock,
+            config=RepairConfig(poll_s=settings.heal.repair_poll_s),
         )
         if spares is not None:
             self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)

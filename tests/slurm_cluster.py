@@ -43,6 +43,29 @@ def missing_binaries() -> list[str]:
     return [b for b in BINARIES if _which(b) is None]
 
 
+REBOOT_SH = r"""#!/bin/bash
+# RebootProgram of the test cluster: "reboot" the node whose slurmd runs this, i.e. stop
+# that slurmd and start a new one as after a boot. Several slurmd share this host, so the
+# node is the one named by the nearest slurmd -N among this script's parents; and the new
+# slurmd runs in its own time namespace whose boot time is now, or slurmctld (which waits
+# for the node's boot time to pass the reboot request) would never see the reboot end.
+pid=$PPID
+while [ "$pid" -gt 1 ]; do
+  args=$(tr '\0' ' ' < /proc/$pid/cmdline)
+  case "$args" in *slurmd*" -N "*) break;; esac
+  pid=$(awk '{print $4}' /proc/$pid/stat)
+done
+node=$(echo "$args" | sed -E 's/.* -N ([^ ]+).*/\1/')
+(
+  sleep 1; kill -TERM "$pid"; sleep 2
+  up=$(cut -d. -f1 /proc/uptime)
+  setsid unshare --time --boottime -$((up - 1)) $args >> "@DIR@/log/slurmd-$node-rebooted.out" 2>&1 < /dev/null &
+  echo $! > "@DIR@/rebooted-$node.pid"
+) > /dev/null 2>&1 < /dev/null &
+exit 0
+"""
+
+
 class SlurmCluster:
     """Context manager: a Slurm controller and `nodes` slurmd (gpu01..) on 127.0.0.1.
 
@@ -59,6 +82,7 @@ class SlurmCluster:
         node_names: list[str] | None = None,
         extra_conf: list[str] | None = None,
         scheduler_parameters: str = "sched_interval=1",
+        reboot_program: bool = False,
     ) -> None:
         self.requested_dir = Path(tmpdir)
         self.n = nodes
@@ -69,6 +93,7 @@ class SlurmCluster:
         self.n = len(self.node_names)
         self.extra_conf = list(extra_conf or [])  # more slurm.conf lines (Prolog=, PrologFlags=, ...)
         self.scheduler_parameters = scheduler_parameters
+        self.reboot_program = reboot_program  # RebootProgram restarts the node's slurmd as after a boot
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.dir = self.requested_dir
         self.conf = self.dir / "slurm.conf"
@@ -118,6 +143,11 @@ class SlurmCluster:
         sock = d / "munge" / "munge.socket.2"
         ctld_port, slurmd_port, *node_ports = free_ports(2 + self.n)
         self.conf = d / "slurm.conf"
+        if self.reboot_program:
+            script = d / "reboot.sh"
+            script.write_text(REBOOT_SH.replace("@DIR@", str(d)))
+            script.chmod(0o755)
+            self.extra_conf += [f"RebootProgram={script}", "ResumeTimeout=60"]
         self.conf.write_text(self._conf_text(sock, ctld_port, slurmd_port, node_ports))
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
 
@@ -195,7 +225,11 @@ class SlurmCluster:
     def _wait(self, cond: Any, what: str, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (timeout or self.start_timeout_s)
         while not cond():
-            dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+            dead = {
+                n: p.returncode
+                for n, p in self.procs.items()
+                if p.poll() is not None and not (self.dir / f"rebooted-{n.removeprefix('slurmd-')}.pid").exists()
+            }
             if dead:
                 raise RuntimeError(f"{what}: process exited early {dead}; logs in {self.dir / 'log'}\n{self.logs()}")
             if time.monotonic() > deadline:
@@ -216,6 +250,7 @@ class SlurmCluster:
             with contextlib.suppress(Exception):
                 self.run("scancel", "--full", "--partition", self.partition, check=False, timeout=10)
                 self._wait_quiet(10.0)
+        self._stop_rebooted()
         order = [n for n in self.procs if n.startswith("slurmd-")] + ["slurmctld", "munged"]
         for name in order:
             p = self.procs.get(name)
@@ -231,6 +266,25 @@ class SlurmCluster:
         if self._own_dir:
             shutil.rmtree(self._own_dir, ignore_errors=True)
             self._own_dir = None
+
+    def _stop_rebooted(self) -> None:
+        """The slurmd processes a RebootProgram started (not children of this harness): by their PID files."""
+        for pid_file in self.dir.glob("rebooted-*.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                pid = int(pid_file.read_text().split()[0])
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(50):
+                    os.kill(pid, 0)  # raises once it is gone
+                    time.sleep(0.1)
+                os.kill(pid, signal.SIGKILL)
+            pid_file.unlink(missing_ok=True)
+
+    def boot_time(self, node: str) -> str:
+        """The node's BootTime as slurmctld has it (a reboot moves it on)."""
+        fields = dict(
+            w.split("=", 1) for w in self.run("scontrol", "-o", "show", "node", node).stdout.split() if "=" in w
+        )
+        return fields.get("BootTime", "")
 
     def _wait_quiet(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

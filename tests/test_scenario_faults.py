@@ -22,7 +22,7 @@ from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from controller.fabric import Fabric
 from controller.fabric.model import LINK_SEPARATOR
-from starpulse.app.demo import fault_menu
+from starpulse.app.demo_faults import fault_menu
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import PORT_SEPARATOR, FaultSpec, ScenarioError, parse_scenario
 from tests.fault_watch import View, Watch, examples, node_view, switch_view

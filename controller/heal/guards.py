@@ -14,9 +14,11 @@ answers):
 4. A node someone else drained (``drained_by`` not starpulse) is left to them.
 5. Flap protection: a node that came back to healthy more than ``flap_max`` times within
    ``flap_window_s`` is held for a person, not evicted again.
-6. Cool-down: no new automatic action on a node within ``cooldown_s`` of the last one.
+6. Cool-down: no new automatic action on a node within ``cooldown_s`` of the last one,
+   unless the node was repaired and returned since (its clock starts afresh at the return).
 7. Eviction budget: at most ``max_evictions_per_window`` distinct nodes evicted per
-   ``window_s``; and at most ``max_fleet_share`` of the fleet out of service at once.
+   ``window_s``; and at most ``max_fleet_share`` of the fleet out of service at once
+   (returned and retired nodes free theirs).
 8. Mode: ``enforce`` allows; ``dry_run`` (shadow) answers not-allowed with mode
    ``dry_run`` so the orchestrator logs what it WOULD do; ``manual`` files an approval
    request and allows only once a person approved it (the other guards still apply).
@@ -67,20 +69,30 @@ class GuardConfig:
     """Limits on automatic remediation. Times in seconds, shares as fractions of the fleet (0..1)."""
 
     max_evictions_per_window: int = setting(
-        2, "Distinct nodes that may be evicted (evict, reset_gpu, reboot, rma) per window_s", ge=0
+        2,
+        "Distinct nodes that may be evicted (evict, reset_gpu, reboot, rma) per window_s; a node back in "
+        "service or the pool gives its place back. 2: a 16,000-GPU fleet (2,000 nodes) sees a few GPU faults "
+        "a day, so 2 in 10 minutes is already unusual; the demo, faulting every half minute, sets 4",
+        ge=0,
     )
-    window_s: float = setting(600.0, "Seconds: the sliding window of the eviction budget", gt=0)
+    window_s: float = setting(
+        600.0, "Seconds: the sliding window of the eviction budget (10 minutes: a burst, not a day's faults)", gt=0
+    )
     max_fleet_share: float = setting(
         0.05,
-        "Share of the fleet's nodes (0..1) automation may hold out of service at once (cordoned, "
-        "draining, evicted, in repair by starpulse); at least one node is always allowed",
+        "Share of the fleet's nodes (0..1) automation may hold out of service at once: cordoned, draining, "
+        "evicted, repairing or validating by starpulse (a node back in service or the pool frees its share, "
+        "a retired one has left); at least one node is always allowed. 0.05: 100 nodes of 2,000, more than "
+        "a normal day's repairs, far less than a bad driver push; 17 nodes round down to 1, so the demo, "
+        "whose faults overlap, allows 2",
         gt=0,
         le=1,
     )
     breaker_trip_share: float = setting(
         0.5,
         "Share of the fleet (0..1): the breaker opens when nodes with evictable incidents opened within "
-        "breaker_window_s reach it (and at least breaker_min_nodes)",
+        "breaker_window_s reach it (and at least breaker_min_nodes). Half the fleet at once is a shared "
+        "cause (power, a driver, a detector bug), never independent faults, at 16 nodes or 2,000",
         gt=0,
         le=1,
     )
@@ -94,10 +106,20 @@ class GuardConfig:
     mode: Mode = setting(
         "enforce", "enforce: act; dry_run: decide and log, never act; manual: act only on a person's approval"
     )
-    cooldown_s: float = setting(1800.0, "Seconds: no new automatic action on a node this long after its last", ge=0)
+    cooldown_s: float = setting(
+        1800.0,
+        "Seconds: no new automatic action on a node this long after its last, while that action's node is "
+        "still out; a node repaired, validated and back starts afresh at its return (the lemon score, not "
+        "the cool-down, retires repeat offenders). 30 minutes: longer than a reboot and validation, so "
+        "one fault is never acted on twice, at any fleet size",
+        ge=0,
+    )
     flap_window_s: float = setting(3600.0, "Seconds: the window of flap protection", gt=0)
     flap_max: int = setting(
-        3, "A node that returned to healthy more than this many times within flap_window_s is held", ge=1
+        3,
+        "A node that returned to healthy more than this many times within flap_window_s is held (a spare "
+        "put to work is not a return)",
+        ge=1,
     )
 
     def __post_init__(self) -> None:
@@ -371,7 +393,8 @@ class Guards:
         flaps = sum(
             1
             for t in self.store.history(node, since_ms=flap_since)
-            if t.to_state == NodeHealState.IN_SERVICE and t.from_state != NodeHealState.IN_SERVICE
+            # A spare put to work is not a flap: it was healthy all along.
+            if t.to_state == NodeHealState.IN_SERVICE and t.from_state not in _NOT_A_FLAP
         )
         if flaps > cfg.flap_max:
             return Verdict(
@@ -384,7 +407,11 @@ class Guards:
         last = self._db.execute(
             "SELECT MAX(at_ms) FROM heal_grants WHERE node = ? AND mode = ?", (node, granted_mode)
         ).fetchone()[0]
-        if last is not None and now - last < cfg.cooldown_s * 1000:
+        record = self.store.record(node)
+        # The cool-down counts from the last action only while that action's node is still
+        # out: repaired, validated and back (spare or service) since, its clock starts afresh
+        # at the return, and a node that keeps failing is the lemon score's to retire.
+        if last is not None and not _returned_since(record, last) and now - last < cfg.cooldown_s * 1000:
             return Verdict(
                 False,
                 f"{node} cooling down: last action {format_duration((now - last) / 1000)} ago "
@@ -421,9 +448,11 @@ class Guards:
                 (granted_mode, since),
             ).fetchall()
         )
-        # Nodes in repair count (they are out); a node repaired and back (spare or in service
-        # since after its grant) frees its share, or a 16-node demo wedges after one fault.
-        out |= {n for n, at in granted.items() if not _returned_since(records.get(n), at)}
+        # Nodes in repair count (they are out), and so do nodes granted but not yet moved (an
+        # action in flight); a node repaired and back (spare or in service since its grant)
+        # frees its share, or a 16-node demo wedges after one fault, and so does a retired
+        # one: it has left the fleet for RMA, it is not automation's capacity held out.
+        out |= {n for n, at in granted.items() if _in_flight(records.get(n), at)}
         refusal = fleet_share_refusal(node, out, fleet_size, cfg.max_fleet_share)
         if refusal is not None:
             return Verdict(False, refusal, mode, "fleet_share")
@@ -536,3 +565,18 @@ RETURNED = frozenset({NodeHealState.SPARE, NodeHealState.IN_SERVICE})
 def _returned_since(record: NodeRecord | None, at_ms: int) -> bool:
     """The node went back to work (spare pool or service) after the grant at ``at_ms``."""
     return record is not None and record.state in RETURNED and record.since_ms > at_ms
+
+
+_NOT_A_FLAP = frozenset({NodeHealState.IN_SERVICE, NodeHealState.SPARE})
+
+
+def _in_flight(record: NodeRecord | None, at_ms: int) -> bool:
+    """A node granted an action at ``at_ms`` that still holds its share of the fleet: out of
+    service now, or not yet moved (granted, the action under way); not back, not retired."""
+    if record is None:
+        return True
+    if record.state in OUT_OF_SERVICE:
+        return True
+    if record.state == NodeHealState.RETIRED or _returned_since(record, at_ms):
+        return False
+    return record.since_ms <= at_ms or record.state == NodeHealState.SUSPECT

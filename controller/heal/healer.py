@@ -56,6 +56,13 @@ class HealConfig:
         "takes minutes, so a few seconds' pickup costs nothing at 16 nodes or 16,000 GPUs",
         gt=0,
     )
+    repair_poll_s: float = setting(
+        2.0,
+        "Seconds between looks at a repairing node: for a reboot's new boot id, and for its conditions "
+        "to clear while it is validated. A reboot takes 5-15 minutes and reports come every few seconds, "
+        "so 2 s adds nothing to a repair and costs one query per node in repair (a handful at 16,000 GPUs)",
+        gt=0,
+    )
 
 
 @dataclass
@@ -68,6 +75,18 @@ class Eviction:
     replacement: str | None
     jobs: list[str] = field(default_factory=list)
     dry_run: bool = False
+    placement: str = ""  # in words: where the jobs went (the scheduler's answer), or why no spare
+
+    def describe(self) -> str:
+        """One line for the demo and the logs: never a bare ``None`` where the spare would be."""
+        if self.dry_run:
+            return f"would evict {self.node} (dry run)"
+        if not self.jobs:
+            return f"evicted {self.node}: no job ran on it, no spare needed"
+        jobs = ", ".join(self.jobs)
+        if self.replacement:
+            return f"evicted {self.node}, jobs [{jobs}] requeued onto spare {self.replacement}"
+        return f"evicted {self.node}, jobs [{jobs}]: no spare free; {self.placement or 'requeued'}"
 
 
 class Healer:
@@ -219,20 +238,29 @@ class Healer:
         performs only the steps not yet done.
         """
         await self._act(node, "drain", incident.id, lambda: self.scheduler.drain(node, self._reason(incident)))
-        spare = (self._spare_of(node) if resumed else None) or self._pick_spare(node, jobs)
+        self._leave_pool(node)
+        # A spare only for a node that ran a job: an idle node's eviction must not empty the
+        # pool that the next working node's eviction needs.
+        spare = ((self._spare_of(node) if resumed else None) or self._pick_spare(node, jobs)) if jobs else None
         prefer: list[str] = [spare] if spare else []
         now = self._clock_ms()
+        placed: list[str] = []
         for job in jobs:
             if resumed and self._done(node, "requeue", incident.id, job):
                 continue
             self.jobs.mark_interrupted(job, now, f"{incident.kind} on {node}")
-            await self._act(node, "requeue", incident.id, self._requeue_call(job, node, prefer), job=job)
+            result = await self._act(node, "requeue", incident.id, self._requeue_call(job, node, prefer), job=job)
+            placed.append(result.detail)
             record_job = self.jobs.job(job)
             resumed_from = record_job.last_complete_step if record_job is not None else 0
             self.jobs.mark_resumed(job, self._clock_ms(), resumed_from)
         self._transition(node, S.EVICTED, f"evicted: {decision.reason}", incident.id)
         self.metrics.evictions.labels(incident.kind, "incident").inc()
-        self.evictions.append(Eviction(node, incident.id, now, spare, jobs))
+        eviction = Eviction(node, incident.id, now, spare, jobs, placement="; ".join(p for p in placed if p))
+        if jobs and spare is None:
+            log.warning("eviction_without_spare", node=node, incident=incident.id, jobs=jobs,
+                        placement=eviction.placement)  # fmt: skip
+        self.evictions.append(eviction)
         if decision.action == "rma":
             self._transition(node, S.RETIRED, "marked for hardware inspection (RMA)", incident.id)
         elif self.repairs is not None:  # the repair loop takes it from here: reset/reboot, validate, return
@@ -334,6 +362,14 @@ class Healer:
         if len(gpu) == 2 and gpu[1].isdigit():
             args["gpu"] = gpu[1]
         self._command(node, kind, args, incident)
+
+    def _leave_pool(self, node: str) -> None:
+        """A node that stood in for another and is evicted itself stops standing in: its
+        allocation ends, so once repaired it can refill the pool like any other node."""
+        if self.spares is None:
+            return
+        if self.spares.allocated_to(node) is not None:
+            self.spares.release(node)
 
     def _spare_of(self, node: str) -> str | None:
         if self.spares is None:

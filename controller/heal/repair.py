@@ -103,7 +103,7 @@ class Repair:
 
 @dataclass(frozen=True)
 class RepairConfig:
-    poll_s: float = 2.0  # how often a reboot's new boot id is looked for
+    poll_s: float = 2.0  # how often a reboot's new boot id is looked for (HealConfig.repair_poll_s)
 
 
 class RepairLoop:
@@ -408,6 +408,14 @@ class RepairLoop:
             return False, f"open incident(s) on the node: {', '.join(sorted(others))}"
         return True, "no active condition, no other open incident"
 
+    async def _jobs_on(self, node: str) -> list[str]:
+        """The jobs the scheduler runs on ``node`` now ([] when it cannot say)."""
+        try:
+            return list((await self.scheduler.node_status(node)).jobs)
+        except Exception as exc:  # a scheduler that cannot answer: the node counts as idle
+            log.info("repair_node_status_unknown", node=node, detail=str(exc))
+            return []
+
     def _is_open(self, incident_id: str) -> bool:
         return any(i.id == incident_id for i in self.open_incidents())
 
@@ -428,13 +436,18 @@ class RepairLoop:
             self._evidence(rep, "resume", False, result.detail)
             log.warning("repair_resume_refused", node=node, detail=result.detail)
             return
+        # A job that waited for capacity (the pool was empty) may have started on the node the
+        # moment it was resumed: then it is at work, not a spare.
+        busy = await self._jobs_on(node)
         to_spare = (
-            self.policy.return_to == "spare"
+            not busy
+            and self.policy.return_to == "spare"
             and self.spares is not None
             and self.spares.counts()["available"] < self.policy.spare_target
         )
         target = S.SPARE if to_spare else S.IN_SERVICE
-        if not self._move(node, target, f"validated; back {'in the spare pool' if to_spare else 'in service'}", rep):
+        where = "in the spare pool" if to_spare else f"at work ({', '.join(busy)})" if busy else "in service"
+        if not self._move(node, target, f"validated; back {where}", rep):
             return
         if to_spare and self.spares is not None:
             try:

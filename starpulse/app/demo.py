@@ -9,12 +9,14 @@ address. It prints what happens as it happens.
 The repair loop runs too (issue 19): each evicted node is repaired (the simulated GPU reset
 or reboot, ``agent.sim.repairs``), validated (its conditions clear, nothing new for a few
 seconds, a burn-in diagnostic run by its agent as a real subprocess) and returned to the
-spare pool, or retired. Faults come at a pace the guards let the cluster absorb (one node
-out at a time in a 17-node fleet) and ``demo over`` ends with a summary: faults, evictions,
-nodes repaired and retired, the pool against its target, the job's restarts and downtime.
-
-Not done yet: real training processes (``examples/train.py`` through each node's job
-socket); the demo's job lives in the in-memory scheduler only.
+spare pool, or retired. The job trains for real: one ``examples/train.py`` per rank on the
+nodes the in-memory scheduler gives it, each through its node's agent job socket
+(``starpulse.app.demo_training``), so it checkpoints, is stopped by a requeue and resumes
+from its last complete checkpoint. Faults come at a pace the guards let the cluster absorb
+(``DEMO_GUARDS``), every fourth one a leaf switch going down (one switch incident, no
+node evicted), and ``demo over`` ends with a summary: faults, evictions, nodes repaired
+and retired, the pool against its target, the job's time to resume per fault, steps lost
+and its ETTR.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
 import sys
 import tempfile
@@ -34,24 +35,22 @@ import yaml
 
 from agent.factory import build_agent
 from agent.runtime import AgentConfig
-from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
 from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric, generate_fabric
-from controller.heal.healer import HealConfig
+from controller.heal.guards import GuardConfig
+from controller.heal.healer import HealConfig, Healer
 from controller.heal.policy import default_policy_path
 from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
+from controller.jobs.registry import JobRecord
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.app.demo_faults import FaultPacer, ScriptedFault
+from starpulse.app.demo_training import TRAIN_PY, DemoTraining
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
-
-
-def fault_menu() -> list[tuple[str, str, dict[str, object]]]:
-    """What the demo draws from: (kind, part, parameters) for each demo entry of the fault table, in its order."""
-    return [(kind.name, kind.node.part, dict(params)) for kind in FAULTS if kind.node for params in kind.demo]
 
 
 class DemoPrinter:
@@ -123,9 +122,18 @@ DEMO_REPAIR: dict[str, Any] = {
 BURN_IN = [sys.executable, "-c", "import time; time.sleep(1.0); print('burn-in: 0 errors')"]
 """The demo nodes' burn-in diagnostic: a real subprocess the agent runs under its limit."""
 
-FAULT_EVERY_S = (20.0, 30.0)
-"""Seconds between faults: a repair takes ~15 s here, so one node is out at a time, as the
-default guards (5 % of the fleet) allow in a 17-node fleet."""
+BAD_BURN_IN = [sys.executable, "-c", "import sys, time; time.sleep(1.0); print('burn-in: 3 errors'); sys.exit(1)"]
+"""A bad board's burn-in (a seeded run's retirement): it finds errors after every repair."""
+
+
+def demo_guards(fleet_size: int) -> GuardConfig:
+    """The demo's guards. The packaged defaults are for a fleet (5 % of it out at once, 2
+    evictions per 10 minutes), where 17 nodes round down to one node out, and the demo's pace
+    overlaps two repairs now and then (a second fault while the first node is still being
+    validated): so two nodes may be out at once whatever the demo's size, and 4 evictions per
+    window. The breaker, the cool-down (counted from a node's return) and flap protection
+    keep their defaults."""
+    return GuardConfig(max_fleet_share=min(1.0, 2.5 / max(fleet_size, 1)), max_evictions_per_window=4)
 
 
 def counted(n: int, word: str) -> str:
@@ -153,14 +161,23 @@ def dashboard_url(http: str, port: int) -> str:
 
 
 def settled(controller: Controller) -> bool:
-    """No node in the repair loop, and the spare pool at its target: what a finished demo shows."""
+    """No node in the repair loop, every job running and the spare pool at its target: what a
+    finished demo shows."""
     healer = controller.healer
     if healer is None or healer.repairs is None:
         return True
     if healer.repairs.nodes_to_drive():
         return False
+    if any(job.state != "running" for job in controller.jobs.jobs()):
+        return False
     pool = healer.spares.counts()["available"] if healer.spares is not None else 0
-    return pool >= healer.repairs.policy.spare_target
+    if pool >= healer.repairs.policy.spare_target:
+        return True
+    # Short, and nothing left to refill it: every node still in the fleet is at work (a
+    # retired node is gone; the demo has no new hardware to bring).
+    working = {r.node for job in controller.jobs.jobs() for r in job.ranks.values()}
+    nodes = controller.fabric.nodes() if controller.fabric is not None else []
+    return not [n for n in nodes if healer.store.state(n) == "in_service" and n not in working]
 
 
 async def _demo(
@@ -171,9 +188,13 @@ async def _demo(
     workdir: Path,
     max_faults: int = 0,
     log_path: Path | None = None,
+    script: list[ScriptedFault] | None = None,
+    bad_boards: frozenset[str] = frozenset(),
 ) -> None:
     """``max_faults`` (0: no limit) ends the demo once that many faults were injected and the
-    cluster settled (every node repaired or retired, the pool at its target)."""
+    cluster settled (every node repaired or retired, every job running, the pool at its target
+    or no node left to refill it). ``script``: these faults in this order instead of drawn ones
+    (a seeded run); ``bad_boards``: nodes whose burn-in always fails (they climb to retirement)."""
     t0 = time.monotonic()
     fabric = demo_fabric(nodes)
     workers = [n for n in fabric.nodes() if not fabric.is_spare(n)]
@@ -190,6 +211,7 @@ async def _demo(
             heal=HealSettings(
                 scheduler=scheduler,
                 policy_path=demo_policy(workdir),
+                guards=demo_guards(len(fabric.nodes())),
                 heal=HealConfig(checkpoint_timeout_s=3.0, repair_poke_s=2.0),
             ),
         )
@@ -233,7 +255,8 @@ async def _demo(
                 controllers=[target],
                 interval_s=2.0,
                 buffer_path=str(workdir / node_id / "buffer.db"),
-                allowed_commands={"diagnostic.burn_in": BURN_IN},
+                allowed_commands={"diagnostic.burn_in": BAD_BURN_IN if node_id in bad_boards else BURN_IN},
+                job_socket=str(workdir / node_id / "jobs.sock"),
             ),
             "sim",
             sim=sim,
@@ -241,62 +264,34 @@ async def _demo(
         sims.append(sim)
         repairs[node_id] = SimRepairs(agent, sim, reboot_s=3.0)
         tasks.append(asyncio.create_task(agent.run(stop)))
+    training = DemoTraining(scheduler, "demo-train", lambda n: str(workdir / n / "jobs.sock"), workdir)
+    if TRAIN_PY.exists():
+        tasks.append(asyncio.create_task(training.run(stop)))
+        ranks = counted(len(workers), "rank")
+        print(f"training: {ranks} of {TRAIN_PY.name}, one per node, each through its agent's job socket")
+    else:
+        print(f"training: {TRAIN_PY} is not here (an installed starpulse): the job runs in the scheduler only")
 
-    rng = random.Random(7)
-    menu = fault_menu()
-    active: list[tuple[float, SimNode, str, str, dict[str, object]]] = []
-    next_fault = time.monotonic() + 6.0
-    shown_decisions = shown_evictions = shown_repairs = 0
-    injected = 0
+    pacer = FaultPacer(fabric, sims, repairs, controller, scheduler, printer.stamp, script=script)
+    shown = (0, 0, 0)  # decisions, evictions, repair outcomes printed so far
+    pool_empty = False
+    resumes_shown: set[tuple[str, int]] = set()
     try:
         while not stop.is_set():
             now = time.monotonic()
             if duration_s and now - t0 >= duration_s:
                 break
             healer = controller.healer
-            if max_faults and injected >= max_faults and not active and settled(controller):
+            done_injecting = (max_faults and pacer.injected >= max_faults) or pacer.script_done
+            if done_injecting and not pacer.active and settled(controller):
                 break
-            if now >= next_fault and not (max_faults and injected >= max_faults):
-                kind, part, params = rng.choice(menu)
-                in_service = [x for x in sims if healer is None or healer.store.state(x.node_id) == "in_service"]
-                sim = rng.choice(in_service or sims)
-                target_component = f"{part}-{rng.randrange(8)}"
-                detail = " ".join(f"{k}={v}" for k, v in params.items())
-                print(
-                    f"{printer.stamp()} inject {kind} {detail} on {sim.node_id}/{target_component}",
-                    flush=True,
-                )
-                repairs[sim.node_id].inject(kind, target_component, **params)
-                injected += 1
-                active.append((now + 20.0, sim, kind, target_component, params))
-                next_fault = now + rng.uniform(*FAULT_EVERY_S)
+            if not done_injecting:
+                pacer.maybe_inject(now)
             if healer is not None:
-                for decision in healer.decisions[shown_decisions:]:
-                    print(
-                        f"{printer.stamp()} healer: {decision['incident']} {decision['kind']} -> "
-                        f"{decision['action']} on {decision['node'] or '-'}: {decision['outcome']} "
-                        f"({decision['reason']})",
-                        flush=True,
-                    )
-                shown_decisions = len(healer.decisions)
-                for eviction in healer.evictions[shown_evictions:]:
-                    print(
-                        f"{printer.stamp()} healer: evicted {eviction.node}, jobs {eviction.jobs} requeued "
-                        f"onto spare {eviction.replacement}" + (" (dry run)" if eviction.dry_run else ""),
-                        flush=True,
-                    )
-                shown_evictions = len(healer.evictions)
-                outcomes = healer.repairs.outcomes if healer.repairs is not None else []
-                for outcome in outcomes[shown_repairs:]:
-                    took = f" after {outcome['took_ms'] / 1000:.0f}s" if "took_ms" in outcome else ""
-                    why = f": {outcome['why']}" if "why" in outcome else ""
-                    print(f"{printer.stamp()} repair: {outcome['node']} -> {outcome['outcome']}{took}{why}", flush=True)
-                shown_repairs = len(outcomes)
-            for item in [a for a in active if a[0] <= now]:
-                active.remove(item)
-                _, sim, kind, target_component, params = item
-                if repairs[sim.node_id].clear(kind, target_component, **params):
-                    print(f"{printer.stamp()} clear {kind} on {sim.node_id}/{target_component}", flush=True)
+                shown = show_healing(printer, healer, shown)
+                pool_empty = show_pool(printer, healer, pool_empty)
+                resumes_shown = show_resumes(printer, controller, resumes_shown)
+            pacer.clear_due(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
     finally:
@@ -304,7 +299,7 @@ async def _demo(
         await asyncio.gather(*tasks, return_exceptions=True)
         online = sum(1 for n in controller.registry.nodes.values() if n.state == "online")
         stored = controller.store.count_events()
-        summary_lines = demo_summary(controller, injected, time.monotonic() - t0)
+        summary_lines = demo_summary(controller, pacer.injected, time.monotonic() - t0, leaf_faults=pacer.leaf_faults)
         await controller.stop()
         print(
             f"demo over: {online}/{len(fabric.nodes())} nodes online, {counted(stored, 'event')} stored, "
@@ -314,7 +309,93 @@ async def _demo(
             print(f"  {line}")
 
 
-def demo_summary(controller: Controller, injected: int, ran_s: float) -> list[str]:
+def show_resumes(printer: DemoPrinter, controller: Controller, shown: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Say when a job trains again after a fault (its first step after the resume)."""
+    for job in controller.jobs.jobs():
+        for i, h in enumerate(job.history):
+            if h.first_step_ms is None or (job.job, i) in shown:
+                continue
+            shown.add((job.job, i))
+            print(
+                f"{printer.stamp()} job {job.job} resumed ({h.reason}): step {h.first_step} after "
+                f"{(h.first_step_ms - h.interrupted_ms) / 1000:.1f}s down, "
+                f"{counted(h.steps_lost, 'step')} lost",
+                flush=True,
+            )
+    return shown
+
+
+def show_pool(printer: DemoPrinter, healer: Healer, was_empty: bool) -> bool:
+    """Say when the spare pool runs dry (the StarpulseSparePoolEmpty alert's condition) and
+    when it refills; True while it is empty."""
+    if healer.spares is None or healer.repairs is None or healer.repairs.policy.spare_target <= 0:
+        return False
+    available = healer.spares.counts()["available"]
+    target = healer.repairs.policy.spare_target
+    if available == 0 and not was_empty:
+        print(
+            f"{printer.stamp()} alert: spare pool empty (0 of target {target}): StarpulseSparePoolEmpty; "
+            "a job that loses a node now waits for capacity, or runs on fewer nodes where it allows",
+            flush=True,
+        )
+    elif available > 0 and was_empty:
+        print(f"{printer.stamp()} spare pool refilled: {available} of target {target}", flush=True)
+    return available == 0
+
+
+def show_healing(printer: DemoPrinter, healer: Healer, shown: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Print the healer's decisions, evictions and repair outcomes since ``shown``; the new counts."""
+    for decision in healer.decisions[shown[0] :]:
+        print(
+            f"{printer.stamp()} healer: {decision['incident']} {decision['kind']} -> "
+            f"{decision['action']} on {decision['node'] or '-'}: {decision['outcome']} "
+            f"({decision['reason']})",
+            flush=True,
+        )
+    for eviction in healer.evictions[shown[1] :]:
+        print(f"{printer.stamp()} healer: {eviction.describe()}", flush=True)
+    outcomes = healer.repairs.outcomes if healer.repairs is not None else []
+    for outcome in outcomes[shown[2] :]:
+        took = f" after {outcome['took_ms'] / 1000:.0f}s" if "took_ms" in outcome else ""
+        why = f": {outcome['why']}" if "why" in outcome else ""
+        if outcome["outcome"] == "retired":
+            why = f" (RMA notice: out for hardware inspection){why}"
+        print(f"{printer.stamp()} repair: {outcome['node']} -> {outcome['outcome']}{took}{why}", flush=True)
+    return len(healer.decisions), len(healer.evictions), len(outcomes)
+
+
+ETTR_DEFINITION = (
+    "ETTR = productive training time / wall time, from the job's start to the end of the demo: wall time less the "
+    "time down (fault to the first step after the resume) and the time spent redoing the steps lost"
+)
+
+
+def job_lines(job: JobRecord, now_ms: int) -> list[str]:
+    """The job's story in the summary: per fault the time to resume and steps lost, then ETTR."""
+    if job.step == 0:
+        return [f"job {job.job}: {counted(job.restarts, 'requeue')}; no training process reported a step"]
+    lines = [
+        f"job {job.job}: {job.state} at step {job.step}, {counted(job.restarts, 'restart')}, "
+        f"{counted(job.steps_lost, 'step')} lost, {job.downtime_s:.0f}s down"
+    ]
+    for i, h in enumerate(job.history, 1):
+        resumed = (
+            f"resumed after {(h.first_step_ms - h.interrupted_ms) / 1000:.1f}s"
+            if h.first_step_ms
+            else "not resumed yet"
+        )
+        frm = f" from step {h.resumed_from_step}" if h.resumed_from_step is not None else ""
+        lines.append(f"  fault {i} ({h.reason}): {resumed}{frm}, {counted(h.steps_lost, 'step')} lost")
+    step_s = [r.step_time_s for r in job.ranks.values() if r.step_time_s > 0]
+    step_time = sum(step_s) / len(step_s) if step_s else 0.0
+    wall_s = max(now_ms - job.first_seen_ms, 0) / 1000
+    productive = max(wall_s - job.downtime_s - job.steps_lost * step_time, 0.0)
+    if wall_s > 0:
+        lines.append(f"ETTR {productive / wall_s:.1%} ({productive:.0f}s productive of {wall_s:.0f}s)")
+    return lines
+
+
+def demo_summary(controller: Controller, injected: int, ran_s: float, leaf_faults: int = 0) -> list[str]:
     """What the run came to: faults, evictions, repairs, the pool, the job (printed at the end)."""
     healer = controller.healer
     if healer is None:
@@ -328,26 +409,20 @@ def demo_summary(controller: Controller, injected: int, ran_s: float) -> list[st
         states[str(rec.state)] = states.get(str(rec.state), 0) + 1
     pool = healer.spares.counts() if healer.spares is not None else {}
     target = healer.repairs.policy.spare_target if healer.repairs is not None else 0
+    refused = sum(1 for d in healer.decisions if d["outcome"] not in ("ok", "alert_only", "already_out_of_service"))
     lines = [
-        f"faults injected: {injected}; evictions: {len(healer.evictions)}",
+        f"ran {ran_s:.0f}s; faults injected: {injected} ({counted(leaf_faults, 'leaf switch fault')}); "
+        f"evictions: {len(healer.evictions)}; refused by the guards: {refused}",
         f"nodes repaired and returned: {len(returned)}"
         + (f" (eviction to back in the pool: median {took[len(took) // 2]:.0f}s)" if took else "")
         + f"; retired: {len(retired)}",
         f"spare pool: {pool.get('available', 0)} available of target {target}, {pool.get('allocated', 0)} standing in",
         "nodes by lifecycle (with a row): " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "-"),
     ]
+    now_ms = controller.clock.time_ms()
     for job in controller.jobs.jobs():
-        if job.step == 0:  # nothing trains yet: no step was ever reported, so no ETTR to give
-            lines.append(
-                f"job {job.job}: {counted(job.restarts, 'requeue')}; no training process reports steps in this demo"
-            )
-            continue
-        down = job.downtime_s
-        ettr = max(0.0, 1.0 - down / ran_s) if ran_s > 0 else 0.0
-        lines.append(
-            f"job {job.job}: {job.state}, {counted(job.restarts, 'restart')}, {counted(job.steps_lost, 'step')} lost, "
-            f"{down:.0f}s down (ETTR {ettr:.0%} of {ran_s:.0f}s)"
-        )
+        lines.extend(job_lines(job, now_ms))
+    lines.append(ETTR_DEFINITION)
     return lines
 
 

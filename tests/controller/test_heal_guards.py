@@ -252,3 +252,49 @@ def test_guard_config_validation() -> None:
         GuardConfig(max_fleet_share=0)
     with pytest.raises(ValueError, match="cooldown_s"):
         GuardConfig(cooldown_s=-1)
+
+
+def _repair_and_return(g: Guards, node: str, incident_id: str, to: NodeHealState = S.SPARE) -> None:
+    for st in (S.SUSPECT, S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING, to):
+        g.store.transition(node, st, "repair loop", incident_id)
+
+
+def test_cooldown_starts_afresh_when_the_node_is_back(db: Path, clock: FakeClock) -> None:
+    """The demo wedged here: a node repaired and returned minutes ago was refused for 30 minutes."""
+    g = make(db, clock, cooldown_s=1800, max_evictions_per_window=100)
+    assert g.check("node-001", EVICT, inc("node-001", 1), FLEET).allowed
+    clock.advance(60)
+    v = g.check("node-001", EVICT, inc("node-001", 2), FLEET)
+    assert not v.allowed and v.code == "cooldown"  # still out on its first action: cooling down
+    _repair_and_return(g, "node-001", "inc-000001")
+    clock.advance(120)  # back in the pool two minutes, faulty again
+    assert g.check("node-001", EVICT, inc("node-001", 3), FLEET).allowed
+
+
+def test_a_retired_node_frees_its_fleet_share(db: Path, clock: FakeClock) -> None:
+    """A node retired for RMA has left the fleet: it must not hold the one slot of a 17-node fleet."""
+    g = make(db, clock, max_fleet_share=0.05, max_evictions_per_window=100)
+    assert g.check("node-001", EVICT, inc("node-001", 1), 17).allowed
+    for st in (S.SUSPECT, S.CORDONED, S.DRAINING, S.EVICTED, S.REPAIRING, S.VALIDATING):
+        g.store.transition("node-001", st, "repair loop", "inc-000001")
+    assert g.check("node-002", EVICT, inc("node-002", 2), 17).code == "fleet_share"  # validating: out
+    g.store.transition("node-001", S.RETIRED, "RMA", "inc-000001")
+    assert g.check("node-002", EVICT, inc("node-002", 2), 17).allowed
+
+
+def test_a_granted_node_not_yet_moved_holds_its_share(db: Path, clock: FakeClock) -> None:
+    """Between the grant and the first transition the action is under way: the share is taken."""
+    g = make(db, clock, max_fleet_share=0.05, max_evictions_per_window=100)
+    assert g.check("node-001", EVICT, inc("node-001", 1), 17).allowed
+    g.store.transition("node-001", S.SUSPECT, "fault", "inc-000001")
+    assert g.check("node-002", EVICT, inc("node-002", 2), 17).code == "fleet_share"
+
+
+def test_a_spare_put_to_work_is_not_a_flap(db: Path, clock: FakeClock) -> None:
+    """Returned to the pool and taken to work four times within the hour: the lemon score's call, no flap."""
+    g = make(db, clock, flap_window_s=3600, flap_max=3, max_evictions_per_window=100)
+    for k in range(4):
+        _repair_and_return(g, "node-001", f"f{k}")
+        g.store.transition("node-001", S.IN_SERVICE, "took over", f"f{k}")
+        clock.advance(60)
+    assert g.check("node-001", EVICT, inc("node-001", 9), FLEET).allowed

@@ -48,6 +48,7 @@ def _healer(
     db: str = "c.db",
     clock: Clock = SYSTEM_CLOCK,
     config: HealConfig | None = None,
+    job_nodes: list[str] | None = None,
 ) -> tuple[Healer, SimScheduler, Store]:
     """A healer on the in-memory scheduler; its clock is the remediation store's (``clock``)."""
     fabric = generate_fabric(nodes=8, gpus_per_node=8, rails=4, nodes_per_block=4, spines=2, spares=1)
@@ -55,9 +56,9 @@ def _healer(
     conn: sqlite3.Connection = store.connection
     states = RemediationStore(conn, clock)
     scheduler = SimScheduler([*fabric.nodes()])
-    scheduler.add_job("llm", NODES)
+    scheduler.add_job("llm", job_nodes or NODES)
     jobs = JobRegistry(conn)
-    jobs.register_job("llm", NODES)
+    jobs.register_job("llm", job_nodes or NODES)
     metrics = ControllerMetrics()
     healer = Healer(
         load_policy(None),
@@ -177,6 +178,45 @@ class TestHealer:
         assert again.store.state("node-002") in (NodeHealState.EVICTED, NodeHealState.REPAIRING)
         await again._resume_interrupted()  # nothing left to do: no second requeue
         assert [a[0] for a in sched.actions].count("requeue") == 1
+
+
+class TestHealerAndThePool:
+    """The demo's "requeued onto spare None": the pool must serve working nodes and say when it cannot."""
+
+    @staticmethod
+    def _roomy(healer: Healer) -> None:
+        healer.guards.config = GuardConfig(max_fleet_share=1.0, max_evictions_per_window=100, cooldown_s=0)
+
+    async def test_an_idle_node_is_evicted_without_taking_the_spare(self, tmp_path: Path) -> None:
+        healer, sched, _ = _healer(tmp_path, job_nodes=NODES[:7])
+        self._roomy(healer)
+        await healer.handle(_incident("inc-1", "gpu_fault", "node-007/gpu-0", "node-007"))
+        assert healer.evictions[-1].replacement is None
+        assert healer.evictions[-1].describe() == "evicted node-007: no job ran on it, no spare needed"
+        assert healer.spares is not None and healer.spares.counts()["available"] == 1
+        await healer.handle(_incident("inc-2", "gpu_fault", "node-002/gpu-0", "node-002"))
+        assert healer.evictions[-1].replacement == "node-008"  # still there for the working node
+        assert "node-008" in sched.jobs["llm"].nodes
+
+    async def test_an_eviction_with_the_pool_empty_says_what_became_of_the_job(self, tmp_path: Path) -> None:
+        healer, sched, _ = _healer(tmp_path)
+        self._roomy(healer)
+        await healer.handle(_incident("inc-1", "gpu_fault", "node-002/gpu-0", "node-002"))
+        await healer.handle(_incident("inc-2", "gpu_fault", "node-004/gpu-0", "node-004"))
+        last = healer.evictions[-1]
+        assert last.replacement is None and sched.jobs["llm"].state == "pending"
+        assert "None" not in last.describe()
+        assert last.describe().startswith("evicted node-004, jobs [llm]: no spare free; ")
+        assert "pending" in last.describe()  # the scheduler's own answer: the job waits for capacity
+
+    async def test_a_node_standing_in_that_is_evicted_stops_standing_in(self, tmp_path: Path) -> None:
+        healer, _, _ = _healer(tmp_path)
+        self._roomy(healer)
+        assert healer.spares is not None
+        await healer.handle(_incident("inc-1", "gpu_fault", "node-002/gpu-0", "node-002"))
+        assert healer.spares.allocated_to("node-008") == ("node-002", "llm")
+        await healer.handle(_incident("inc-2", "gpu_fault", "node-008/gpu-0", "node-008"))
+        assert healer.spares.allocated_to("node-008") is None  # repaired, it refills the pool like any node
 
 
 class TestHealerOnTheControllersClock:

@@ -82,6 +82,32 @@ async def test_sim_requeue_moves_job_to_spare_deterministically() -> None:
     assert [a[0] for a in s.actions].count("requeue") == 3
 
 
+async def test_sim_a_pending_job_starts_when_a_node_comes_back() -> None:
+    """The pool empty, the job waits in the queue; the repaired node's resume starts it (no job stays down)."""
+    s = SimScheduler(["gpu01", "gpu02", "gpu03"])
+    s.add_job("7", ["gpu01", "gpu02", "gpu03"])
+    await s.drain("gpu02", "xid 79")
+    res = await s.requeue("7", exclude=["gpu02"], prefer=[])
+    assert "waiting for capacity" in res.detail and s.jobs["7"].state == "pending"
+    back = await s.resume("gpu02", "repaired")
+    assert "started pending 7" in back.detail
+    assert s.jobs["7"].state == "running" and await s.job_nodes("7") == ["gpu01", "gpu02", "gpu03"]
+
+
+async def test_sim_a_job_that_allows_fewer_nodes_is_requeued_on_fewer() -> None:
+    s = SimScheduler(["gpu01", "gpu02", "gpu03", "gpu04"])
+    s.add_job("elastic", ["gpu01", "gpu02", "gpu03", "gpu04"], min_nodes=3)
+    await s.drain("gpu04", "xid 79")
+    res = await s.requeue("elastic", exclude=["gpu04"], prefer=[])
+    assert res.ok and "fewer nodes: 3 of 4 (it allows 3)" in res.detail
+    assert s.jobs["elastic"].state == "running" and await s.job_nodes("elastic") == ["gpu01", "gpu02", "gpu03"]
+    await s.drain("gpu03", "ecc")
+    res = await s.requeue("elastic", exclude=["gpu03"], prefer=[])
+    assert s.jobs["elastic"].state == "pending" and "needs 3 free nodes, 2 free" in res.detail
+    with pytest.raises(ValueError, match=r"min_nodes of job x must be 1\.\.2"):
+        s.add_job("x", ["gpu01", "gpu02"], min_nodes=3)
+
+
 async def test_sim_signal() -> None:
     s = SimScheduler()
     s.add_job("9", ["gpu01"])

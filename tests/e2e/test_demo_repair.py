@@ -1,10 +1,18 @@
-"""The demo's repair story, short (CI): real agents on simulated hardware, the in-memory scheduler.
+"""The demo's repair story, short (CI): real agents on simulated hardware, real training
+ranks (examples/train.py through each node's job socket), the in-memory scheduler.
 
-Two faults on a 4+1-node cluster; the demo stops once both were followed through and the
-cluster settled. Each evicted node must come back (repaired by the simulated GPU reset or
-reboot, validated by its agent's real burn-in subprocess) or be retired, never stay in
-repair, and the spare pool must end at its target. The 10-minute unattended run is
-bench/demo_repair.py (not run in CI).
+Two tests on a 4+1-node cluster, each ending once its faults were followed through and the
+cluster settled:
+
+- two drawn faults: each evicted node comes back (repaired by the simulated GPU reset or
+  reboot, validated by its agent's real burn-in subprocess) or is retired, never stays in
+  repair; the job runs at the end, resumed from its checkpoints, and the pool is at target;
+- a seeded run: a leaf switch down, a bad board, a second GPU fault while the pool is
+  empty: one switch incident and no eviction for it, the empty pool said (the alert, the
+  job waiting for capacity), the bad board climbing its ladder to retirement with an RMA
+  notice, and the job running again once the second node is back.
+
+The 10-minute unattended run is bench/demo_repair.py (not run in CI).
 """
 
 from __future__ import annotations
@@ -16,8 +24,14 @@ from pathlib import Path
 import pytest
 
 from starpulse.app.demo import _demo
+from starpulse.app.demo_faults import ScriptedFault
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def _summary(out: str) -> str:
+    assert "demo over" in out, out[-3000:]
+    return out[out.index("demo over") :]
 
 
 async def test_two_faults_followed_through_to_a_settled_cluster(
@@ -32,8 +46,45 @@ async def test_two_faults_followed_through_to_a_settled_cluster(
     ended = re.findall(r"repair: (node-\d+) -> (spare|in_service|retired)", out)
     assert sorted(n for n, _ in ended) == sorted(evicted), out[-3000:]  # every evicted node came back or retired
     assert any(o in ("spare", "in_service") for _, o in ended)
-    summary = out[out.index("demo over") :]
-    assert re.search(r"spare pool: (\d+) available of target (\d+)", summary)
-    available, target = map(int, re.search(r"spare pool: (\d+) available of target (\d+)", summary).groups())  # type: ignore[union-attr]
+    summary = _summary(out)
+    found = re.search(r"spare pool: (\d+) available of target (\d+)", summary)
+    assert found is not None, summary
+    available, target = map(int, found.groups())
     assert available >= target, summary
     assert "repairing" not in summary and "validating" not in summary and "evicted" not in summary, summary
+    # The job trained for real: it runs at the end, each fault's resume timed, ETTR stated.
+    assert re.search(r"job demo-train: running at step \d+, \d+ restarts?", summary), summary
+    resumes = re.findall(r"fault \d+ \(.*\): resumed after ([\d.]+)s from step (\d+)", summary)
+    assert len(resumes) >= len([n for n in evicted]), summary
+    assert all(int(step) > 0 for _, step in resumes), summary  # from a checkpoint, not from scratch
+    ettr = re.search(r"ETTR ([\d.]+)%", summary)
+    assert ettr is not None and 0 < float(ettr.group(1)) <= 100, summary
+    assert "ETTR = productive training time / wall time" in summary
+
+
+async def test_seeded_run_switch_fault_empty_pool_and_a_retirement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = [
+        ScriptedFault("switch_down", node="node-000"),
+        ScriptedFault("gpu_xid", node="node-000", index=2, params={"xid": 95}, after_s=12.0),
+        ScriptedFault("gpu_xid", node="node-001", index=5, params={"xid": 95}, after_s=6.0),
+    ]
+    run = _demo(4, 200.0, "127.0.0.1:0", "127.0.0.1:0", tmp_path, script=script, bad_boards=frozenset({"node-000"}))
+    await asyncio.wait_for(run, 230)
+    out = capsys.readouterr().out
+    # The leaf: one switch incident, alert only, and no node evicted for it.
+    assert re.search(r"inject switch_down on leaf-\S+ \((\d+) cables down at once\)", out), out[-3000:]
+    assert len(re.findall(r"switch_fault -> alert_only", out)) == 1, out[-4000:]
+    assert sorted(re.findall(r"healer: evicted (node-\d+)", out)) == ["node-000", "node-001"], out[-4000:]
+    # The pool ran dry: said as an alert, and the second job's eviction waited for capacity.
+    assert "alert: spare pool empty (0 of target 1): StarpulseSparePoolEmpty" in out, out[-4000:]
+    second = re.search(r"healer: evicted node-001, jobs \[demo-train\]: no spare free; (.*)", out)
+    assert second is not None and "waiting for capacity" in second.group(1), out[-4000:]
+    # The bad board failed validation after the reset and after the reboot: retired, with an RMA notice.
+    retired = re.search(r"repair: node-000 -> retired \(RMA notice: out for hardware inspection\): (.*)", out)
+    assert retired is not None and "burn_in" in retired.group(1), out[-4000:]
+    assert re.search(r"repair: node-001 -> (spare|in_service)", out), out[-4000:]
+    summary = _summary(out)
+    assert "retired: 1" in summary and "retired 1" in summary, summary
+    assert re.search(r"job demo-train: running at step \d+", summary), summary  # nobody's job stays down

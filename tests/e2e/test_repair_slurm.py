@@ -41,11 +41,18 @@ def cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
         yield c
 
 
-def _policy(tmp_path: Path) -> Path:
+@pytest.fixture
+def rebooting_cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
+    """The same cluster whose RebootProgram restarts a node's slurmd as after a boot."""
+    with SlurmCluster(tmp_path / "slurm", node_names=NODES, reboot_program=True) as c:
+        yield c
+
+
+def _policy(tmp_path: Path, ladder: tuple[str, ...] = ("reset_gpu", "retire")) -> Path:
     doc = yaml.safe_load(default_policy_path().read_text())
     doc["repair"] = {
-        "ladders": {"gpu_fault": ["reset_gpu", "retire"]},
-        "timeouts": {"reset_gpu": "20s"},
+        "ladders": {"gpu_fault": list(ladder)},
+        "timeouts": {"reset_gpu": "20s", "reboot": "60s"},
         "validation": {
             "default": {
                 "clear_within": "30s",
@@ -66,15 +73,35 @@ def _repairable(node: str, tmp_path: Path, port: int, sockets: Path, burn_in: st
     return agent, SimRepairs(agent, sim)
 
 
-async def _scenario(tmp_path: Path, cluster: SlurmCluster, burn_in: str) -> tuple[Controller, dict[str, float]]:
-    """Start everything, drain node-002 as an operator, fault node-001, wait out its repair."""
+async def _host_reboots(cluster: SlurmCluster, node: str, repairs: SimRepairs, seen: list[dict[str, str]]) -> None:
+    """The rest of a host's reboot: once Slurm's RebootProgram restarted the node's slurmd (its
+    boot time moved on), the node's agent comes back too, with a new boot id. ``seen``: the
+    node as Slurm showed it once back, before anyone validated it."""
+    booted = cluster.boot_time(node)
+    await wait_for(lambda: cluster.boot_time(node) != booted, 150, f"{node}'s slurmd restarted by RebootProgram")
+    await wait_for(lambda: "down" in _sinfo(cluster, node)["state"], 30, f"{node} back DOWN")
+    seen.append(_sinfo(cluster, node))
+    await repairs.reboot({"reason": "the host rebooted"})
+
+
+async def _scenario(
+    tmp_path: Path,
+    cluster: SlurmCluster,
+    burn_in: str,
+    ladder: tuple[str, ...] = ("reset_gpu", "retire"),
+    seen_after_reboot: list[dict[str, str]] | None = None,
+) -> tuple[Controller, dict[str, float]]:
+    """Start everything, drain node-002 as an operator, fault node-001, wait out its repair
+    (``seen_after_reboot``: a reboot rung is expected; node-001 as Slurm showed it once back)."""
     sockets = tmp_path / "sockets"
     sockets.mkdir()
-    ctl = _controller(tmp_path, cluster, _policy(tmp_path), repair_poke_s=1.0)
+    ctl = _controller(tmp_path, cluster, _policy(tmp_path, ladder), repair_poke_s=1.0)
     await ctl.start()
     pairs = {n: _repairable(n, tmp_path, ctl.grpc_port, sockets, burn_in) for n in NODES}
     stop = asyncio.Event()
     tasks = [asyncio.create_task(a.run(stop)) for a, _ in pairs.values()]
+    if seen_after_reboot is not None:
+        tasks.append(asyncio.create_task(_host_reboots(cluster, "node-001", pairs["node-001"][1], seen_after_reboot)))
     ctl._test_cleanup = (stop, tasks)  # type: ignore[attr-defined]
     await wait_for(lambda: len(ctl.registry.nodes) == 4, 30, "four agents")
     # An operator's drain, before anything happens: nobody but the operator may undo it.
@@ -127,6 +154,34 @@ class TestRepairOnSlurm:
                 f"\nslurm repair: fault->drain {times['drained']:.1f} s, "
                 f"fault->back in pool {times['repair_done']:.1f} s"
             )
+        finally:
+            await _stop(ctl)
+
+    async def test_a_reboot_through_slurm_comes_back_down_then_is_validated_and_resumed(
+        self, tmp_path: Path, rebooting_cluster: SlurmCluster
+    ) -> None:
+        """The reboot rung: `scontrol reboot ASAP nextstate=DOWN`, the RebootProgram restarts
+        node-001's slurmd as after a boot, the node comes back DOWN with starpulse's reason
+        (it takes no job unvalidated); its agent says hello with a new boot id, validation
+        passes, and starpulse resumes it, its reason still starpulse's. Bob's node stays his."""
+        cluster, seen = rebooting_cluster, []
+        ok = "import time; time.sleep(0.5); print('burn-in: 0 errors')"
+        ctl, times = await _scenario(tmp_path, cluster, ok, ladder=("reboot", "retire"), seen_after_reboot=seen)
+        try:
+            assert ctl.healer is not None and ctl.healer.repairs is not None
+            assert seen and seen[0]["reason"].startswith("starpulse: reboot for"), seen  # down, ours, unvalidated
+            assert ctl.healer.store.state("node-001") == S.SPARE
+            row = _sinfo(cluster, "node-001")
+            assert "drain" not in row["state"] and "down" not in row["state"], row  # resumed in Slurm
+            rep = ctl.healer.repairs.repair("node-001")
+            assert rep is not None
+            steps = {e["step"]: e for e in rep.evidence}
+            assert steps["reboot"]["ok"] and "boot id" in steps["reboot"]["detail"]
+            assert steps["diagnostic:burn_in"]["ok"] and steps["return"]["ok"]
+            bob = _sinfo(cluster, "node-002")
+            assert "drain" in bob["state"] and bob["reason"] == "bob: fan replacement", bob
+            print(f"\nslurm reboot repair: fault->drain {times['drained']:.1f} s, "
+                  f"fault->back in pool {times['repair_done']:.1f} s")  # fmt: skip
         finally:
             await _stop(ctl)
 

@@ -152,3 +152,37 @@ async def test_requeue_onto_spare_resumes_from_checkpoint(
     assert cluster.job(job)["Restarts"] == "1"
     st = await sched.node_status("gpu04")
     assert st.state == "allocated" and job in st.jobs
+
+
+async def test_reboot_comes_back_down_with_our_reason_and_only_our_reason_is_resumed(tmp_path: Path) -> None:
+    """`scontrol reboot ASAP nextstate=DOWN`: the cluster's RebootProgram restarts that node's
+    slurmd as after a boot (its boot time moves on); the node comes back DOWN, unvalidated,
+    with starpulse's reason, and takes no job until starpulse resumes it, which it does only
+    while that reason is still starpulse's. A node someone else drained is never rebooted."""
+    with SlurmCluster(tmp_path, nodes=3, reboot_program=True) as cluster:
+        sched = SlurmScheduler(conf_path=cluster.conf, timeout_s=15)
+        assert (await sched.drain("gpu01", "xid 79 (inc-1)")).ok
+        booted = cluster.boot_time("gpu01")
+        asked = await sched.reboot("gpu01", "reboot for inc-1")
+        assert asked.ok and "starpulse: reboot for inc-1" in asked.detail
+        await wait_until(lambda: cluster.boot_time("gpu01") != booted, 30, "gpu01's new boot time")
+        await wait_until(lambda: row(cluster, "gpu01")["state"] == "down", 30, "gpu01 back DOWN")
+        status = await sched.node_status("gpu01")
+        assert status.state == "down" and status.drained_by_us and status.reason.startswith("starpulse:")
+        assert (await sched.resume("gpu01", "repaired and validated (inc-1)")).ok  # validated: ours to resume
+        await wait_until(lambda: row(cluster, "gpu01")["state"] == "idle", 30, "gpu01 idle")
+
+        # Rebooted for starpulse, then taken over by an operator while down: left to them.
+        booted = cluster.boot_time("gpu02")
+        assert (await sched.drain("gpu02", "nvlink down (inc-2)")).ok
+        assert (await sched.reboot("gpu02", "reboot for inc-2")).ok
+        await wait_until(lambda: cluster.boot_time("gpu02") != booted, 30, "gpu02's new boot time")
+        await wait_until(lambda: row(cluster, "gpu02")["state"] == "down", 30, "gpu02 back DOWN")
+        cluster.run("scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=ops: keep for the vendor")
+        refused = await sched.resume("gpu02", "repaired and validated (inc-2)")
+        assert not refused.ok and "ops: keep for the vendor" in row(cluster, "gpu02")["reason"]
+
+        cluster.run("scontrol", "update", "NodeName=gpu03", "State=DRAIN", "Reason=maintenance by bob")
+        booted = cluster.boot_time("gpu03")
+        assert not (await sched.reboot("gpu03", "reboot for inc-3")).ok
+        assert cluster.boot_time("gpu03") == booted and row(cluster, "gpu03")["reason"] == "maintenance by bob"

@@ -8,6 +8,7 @@ deterministic: no sleeps, no randomness, placement in sorted node order.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import structlog
@@ -43,6 +44,9 @@ class SimJob:
     name: str
     size: int
     nodes: list[str] = field(default_factory=list)
+    # The job's flag "may run on fewer nodes": the fewest it accepts after a requeue (Slurm's
+    # --nodes=MIN-MAX, an elastic torchrun's --nnodes=MIN:MAX); equal to size: it waits for all.
+    min_size: int = 0
     state: str = "running"  # running | pending
     restarts: int = 0
     signals: list[str] = field(default_factory=list)
@@ -67,13 +71,16 @@ class SimScheduler:
         validate_node_id(node)
         self.nodes.setdefault(node, SimNode(node))
 
-    def add_job(self, job: str, nodes: list[str]) -> None:
-        """Start job running on nodes (created when unknown)."""
+    def add_job(self, job: str, nodes: list[str], min_nodes: int | None = None) -> None:
+        """Start job running on nodes (created when unknown); ``min_nodes``: it may be requeued
+        on as few as that many when not enough are free (None: never on fewer)."""
         validate_job_id(job)
+        if min_nodes is not None and not 1 <= min_nodes <= len(nodes):
+            raise ValueError(f"min_nodes of job {job} must be 1..{len(nodes)}, got {min_nodes}")
         for n in nodes:
             self.add_node(n)
             self.nodes[n].jobs.append(job)
-        self.jobs[job] = SimJob(job, size=len(nodes), nodes=list(nodes))
+        self.jobs[job] = SimJob(job, size=len(nodes), nodes=list(nodes), min_size=min_nodes or len(nodes))
 
     def finish_job(self, job: str) -> None:
         j = self.jobs.pop(job)
@@ -144,7 +151,28 @@ class SimScheduler:
         n.drained, n.reason = False, ""
         self.actions.append(("resume", node, sanitize_reason(reason)))
         log.info("sim_resumed", node=node)
-        return ActionResult.success(f"resumed {node}")
+        started = self._start_pending()
+        return ActionResult.success(f"resumed {node}" + (f"; started pending {', '.join(started)}" if started else ""))
+
+    def _free(self, n: str, taken: Collection[str] = ()) -> bool:
+        node = self.nodes.get(n)
+        return node is not None and not node.drained and not node.jobs and n not in taken
+
+    def _start_pending(self) -> list[str]:
+        """A node came back: pending jobs start where enough nodes are free, as a scheduler's
+        queue does (in name order; a job that waited starts at its full size)."""
+        started = []
+        for job in sorted((j for j in self.jobs.values() if j.state == "pending"), key=lambda j: j.name):
+            free = [n for n in sorted(self.nodes) if self._free(n)]
+            if len(free) < job.size:
+                continue
+            job.nodes, job.state = free[: job.size], "running"
+            for n in job.nodes:
+                self.nodes[n].jobs.append(job.name)
+            self.actions.append(("start", job.name, ",".join(job.nodes)))
+            log.info("sim_pending_started", job=job.name, nodes=job.nodes)
+            started.append(job.name)
+        return started
 
     async def node_status(self, node: str) -> NodeStatus:
         validate_node_id(node)
@@ -180,22 +208,27 @@ class SimScheduler:
             self.nodes[n].jobs.remove(job)
         keep = [n for n in j.nodes if n not in exclude and not self.nodes[n].drained]
 
-        def free(n: str) -> bool:
-            node = self.nodes.get(n)
-            return node is not None and not node.drained and not node.jobs and n not in exclude and n not in keep
-
-        candidates = [n for n in prefer if free(n)] + [n for n in sorted(self.nodes) if free(n) and n not in prefer]
+        taken = {*exclude, *keep}
+        candidates = [n for n in prefer if self._free(n, taken)]
+        candidates += [n for n in sorted(self.nodes) if self._free(n, taken) and n not in prefer]
         placed = (keep + candidates)[: j.size]
         j.restarts += 1
         self.actions.append(("requeue", job, ",".join(placed)))
-        if len(placed) < j.size:
+        if len(placed) < j.min_size:
             j.nodes, j.state = [], "pending"
             log.info("sim_requeued_pending", job=job)
-            return ActionResult.success(f"job {job} requeued: pending (needs {j.size} nodes)")
+            return ActionResult.success(
+                f"job {job} requeued: pending, waiting for capacity (needs {j.min_size} free nodes, {len(placed)} free)"
+            )
         j.nodes, j.state = placed, "running"
         for n in placed:
             self.nodes[n].jobs.append(job)
         log.info("sim_requeued", job=job, nodes=placed, restarts=j.restarts)
+        if len(placed) < j.size:
+            return ActionResult.success(
+                f"job {job} requeued on fewer nodes: {len(placed)} of {j.size} (it allows {j.min_size}), "
+                f"running on {','.join(placed)}"
+            )
         return ActionResult.success(f"job {job} requeued: running on {','.join(placed)}")
 
     async def signal_job(self, job: str, signal: str) -> ActionResult:

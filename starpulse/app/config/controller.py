@@ -151,6 +151,8 @@ class HealSection:
     checkpoint_timeout_s: float = from_field(HealConfig, "checkpoint_timeout_s")
     action_retries: int = from_field(HealConfig, "action_retries")
     retry_delay_s: float = from_field(HealConfig, "retry_delay_s")
+    repair_poke_s: float = from_field(HealConfig, "repair_poke_s")
+    repair_poll_s: float = from_field(HealConfig, "repair_poll_s")
     guards: GuardConfig = section(GuardConfig, "Limits on automatic remediation; shares are fractions of the fleet")
     scheduler: SchedulerSection = section(SchedulerSection)
 
