@@ -66,6 +66,17 @@ exit 0
 """
 
 
+def time_namespace_unavailable() -> str | None:
+    """Why ``unshare --time`` cannot run here (it needs root and Linux 5.6+), or None."""
+    try:
+        done = subprocess.run(
+            ["unshare", "--time", "--boottime", "0", "true"], check=False, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
 class SlurmCluster:
     """Context manager: a Slurm controller and `nodes` slurmd (gpu01..) on 127.0.0.1.
 
@@ -105,6 +116,8 @@ class SlurmCluster:
         missing = missing_binaries()
         if missing:
             pytest.skip(f"{MISSING_REASON}; missing: {', '.join(missing)}")
+        if self.reboot_program and (why := time_namespace_unavailable()):
+            pytest.skip(f"the RebootProgram harness restarts slurmd in a time namespace: {why}")
         try:
             self.start()
         except BaseException:
