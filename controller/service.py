@@ -25,7 +25,7 @@ from controller.fabric import Fabric, load_fabric
 from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig, Guards
 from controller.heal.healer import HealConfig, Healer
-from controller.heal.policy import SqliteHealHistory, load_policy
+from controller.heal.policy import Policy, SqliteHealHistory, load_policy
 from controller.heal.repair import RepairConfig, RepairLoop
 from controller.heal.scheduler.base import Scheduler
 from controller.heal.spares import SparePool
@@ -244,8 +244,12 @@ class Controller:
     def _build_healer(self, settings: HealSettings) -> Healer:
         store = RemediationStore(self.store.connection, self.clock)  # the spares' clock too
         guards = Guards(settings.guards, store, self.store.connection, self.clock)
-        spares = SparePool(self.fabric, self._spare_healthy, store) if self.fabric is not None else None
         policy = load_policy(settings.policy_path)
+        spares = (
+            SparePool(self.fabric, lambda node: self._spare_healthy(node, policy), store)
+            if self.fabric is not None
+            else None
+        )
         correlator = self.detection.correlator
         repairs = RepairLoop(
             policy.repair,
@@ -258,6 +262,7 @@ class Controller:
             spares=spares,
             clock=self.clock,
             config=RepairConfig(poll_s=settings.heal.repair_poll_s),
+            holds_node=policy.holds,
         )
         if spares is not None:
             self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)
@@ -291,12 +296,13 @@ class Controller:
         target = self.healer.repairs.policy.spare_target if self.healer.repairs is not None else 0
         return {**self.healer.spares.counts(), "target": target}
 
-    def _spare_healthy(self, node: str) -> bool:
-        """A spare is usable when its agent is heard and no open incident touches it."""
+    def _spare_healthy(self, node: str, policy: Policy) -> bool:
+        """A spare is usable when its agent is heard and no open incident holds it (one that
+        blames it and that the policy acts on: not a switch fault it only sits under)."""
         record = self.registry.nodes.get(node)
         if record is None or record.state != "online":
             return False
-        return not any(node in i.affected_nodes for i in self.detection.correlator.incidents(active_only=True))
+        return not any(policy.holds(i, node) for i in self.detection.correlator.incidents(active_only=True))
 
     def _fleet_size(self) -> int:
         if self.fabric is not None:

@@ -275,6 +275,12 @@ class Policy:
         )
         return decision
 
+    def holds(self, incident: Incident, node: str) -> bool:
+        """Whether ``incident`` keeps ``node`` out of service: it blames the node and this policy
+        acts on it. A switch fault the node only sits under, or an alert-only note on the node
+        (an application's Xid 13), neither bars its return nor makes a spare unusable."""
+        return target_node(incident) == node and self._decide(incident, None).action != ALERT_ONLY
+
     def _decide(self, incident: Incident, history: HealHistory | None) -> Decision:
         kind = incident.kind
         if kind in NEVER_EVICT_KINDS or not vocab.may_evict(incident.kind):

@@ -44,6 +44,7 @@ import structlog
 from controller.detect.model import Incident
 from controller.heal.diagnostics import Verdict, judge
 from controller.heal.ladder import NONE, REBOOT, RESET_GPU, RETIRE, RepairPolicy
+from controller.heal.policy import target_node
 from controller.heal.scheduler.base import ActionResult, Scheduler
 from controller.heal.spares import SpareError, SparePool
 from controller.heal.states import AUTOMATIC, InvalidTransition, NodeHealState, RemediationStore
@@ -121,8 +122,12 @@ class RepairLoop:
         spares: SparePool | None,
         clock: Clock,
         config: RepairConfig | None = None,
+        holds_node: Callable[[Incident, str], bool] | None = None,
     ) -> None:
         self.policy = policy
+        # Which other open incidents bar a node's return (the heal policy's ``holds``); by
+        # default those that blame the node, never a switch fault it only sits under.
+        self.holds_node = holds_node or (lambda incident, node: target_node(incident) == node)
         self.store = store
         self.scheduler = scheduler
         self.agents = agents
@@ -403,7 +408,7 @@ class RepairLoop:
         since = rep.deadline_ms
         if rep.incident_id and self._is_open(rep.incident_id) and not self.conditions_clear(rep.incident_id, since):
             return False, f"{rep.incident_id}: a condition is still active (seen again since the repair)"
-        others = [i.id for i in self.open_incidents() if rep.node in i.affected_nodes and i.id != rep.incident_id]
+        others = [i.id for i in self.open_incidents() if i.id != rep.incident_id and self.holds_node(i, rep.node)]
         if others:
             return False, f"open incident(s) on the node: {', '.join(sorted(others))}"
         return True, "no active condition, no other open incident"

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from agent.commands import CommandHandler
 from controller.detect.model import Incident
 from controller.fabric import generate_fabric
 from controller.heal.ladder import Diagnostic, Lemon, RepairPolicy, Validation
+from controller.heal.policy import load_policy
 from controller.heal.repair import RepairLoop
 from controller.heal.scheduler.sim import SimScheduler
 from controller.heal.spares import SparePool
@@ -60,7 +62,7 @@ class Rig:
             spb.Hello(node_id=NODE, role=ipb.NODE_ROLE_COMPUTE, inventory=inv, boot_id=f"boot-{self.boots}")
         )
 
-    def loop(self, policy: RepairPolicy) -> RepairLoop:
+    def loop(self, policy: RepairPolicy, **kw: Any) -> RepairLoop:
         return RepairLoop(
             policy,
             self.heal,
@@ -71,6 +73,7 @@ class Rig:
             resolve=self._resolve,
             spares=self.spares,
             clock=SYSTEM_CLOCK,
+            **kw,
         )
 
     def _resolve(self, iid: str, why: str, since_ms: int | None) -> None:
@@ -286,3 +289,26 @@ async def test_a_pool_at_its_target_sends_the_repaired_node_back_to_work(rig: Ri
     await drive(loop)
     assert rig.heal.state(NODE) == S.IN_SERVICE and NODE not in rig.spares.spares()
     assert not rig.scheduler.nodes[NODE].drained and rig.resolved
+
+
+async def test_only_incidents_that_hold_the_node_bar_its_return(rig: Rig) -> None:
+    """A leaf switch fault the node sits under (16 nodes affected, alert only) and an alert-only
+    note on the node itself (an application's Xid 13) do not fail its validation: the node is
+    returned to the pool. Another GPU fault the policy acts on does bar it."""
+    now = int(time.time() * 1000)
+    leaf = Incident("inc-leaf", "switch_fault", "leaf-b0-r2", "switch", [NODE, "node-000", "node-001"], [],
+                    "critical", "investigate_switch", [], now)  # fmt: skip
+    app = Incident("inc-app", "gpu_fault", f"{NODE}/gpu-1", "gpu", [NODE], [], "warning", "restart_app", [], now)
+    rig.incidents += [leaf, app]
+    start_agent(rig, {"gpu_reset": sh("true")})
+    loop = rig.loop(policy(), holds_node=load_policy().holds)
+    inc = rig.incidents[0]
+    await rig.evict(inc)
+    loop.begin(NODE, inc, "reset_gpu")
+    await drive(loop)
+    assert states(rig)[-3:] == ["repairing", "validating", "spare"]
+    rep = loop.repair(NODE)
+    assert rep is not None
+    other = Incident("inc-dbe", "gpu_fault", f"{NODE}/gpu-6", "gpu", [NODE], [], "critical", "reset_gpu", [], now)
+    rig.incidents.append(other)
+    assert loop._scan_clean(rep) == (False, "open incident(s) on the node: inc-dbe")
