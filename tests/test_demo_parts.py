@@ -10,7 +10,7 @@ from agent.sim.node import SimNode
 from controller.heal.guards import fleet_share_refusal
 from controller.jobs.registry import JobRecord, RankRecord, RestartRecord
 from starpulse.app.demo import demo_fabric, demo_guards, job_lines
-from starpulse.app.demo_faults import LeafFault
+from starpulse.app.demo_faults import FAULT_EVERY_S, LeafFault
 
 
 @pytest.mark.parametrize("fleet", [3, 5, 17, 33])
@@ -18,6 +18,11 @@ def test_the_demo_lets_two_nodes_be_out_at_once_whatever_its_size(fleet: int) ->
     share = demo_guards(fleet).max_fleet_share
     assert fleet_share_refusal("b", {"a"}, fleet, share) is None
     assert fleet_share_refusal("c", {"a", "b"}, fleet, share) is not None
+
+
+def test_the_demo_budget_lets_every_fault_its_pace_injects_in_a_window_be_healed() -> None:
+    guards = demo_guards(17)
+    assert guards.max_evictions_per_window * FAULT_EVERY_S[0] >= guards.window_s
 
 
 def test_a_leaf_fault_downs_the_cable_of_every_node_on_the_leaf(tmp_path: Path) -> None:
@@ -46,3 +51,13 @@ def test_job_lines_give_each_resume_and_an_ettr_that_counts_downtime_and_lost_st
 
 def test_job_lines_without_a_step_say_so() -> None:
     assert job_lines(JobRecord(job="j"), 1000) == ["job j: 0 requeues; no training process reported a step"]
+
+
+def test_job_lines_of_a_job_waiting_for_capacity_keep_its_steps_and_count_the_open_downtime() -> None:
+    """No rank runs while the job waits for nodes: its furthest step comes from its history,
+    and the interruption still open counts as time down up to now."""
+    job = JobRecord(job="demo-train", state="pending", first_seen_ms=0, now_ms=100_000)
+    job.history = [RestartRecord(60_000, "gpu_fault on node-009", 452)]
+    lines = job_lines(job, 100_000)
+    assert lines[0] == "job demo-train: pending at step 452, 0 restarts, 0 steps lost, 40s down"
+    assert lines[-1] == "ETTR 60.0% (60s productive of 100s)"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -46,7 +47,7 @@ from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
 from controller.jobs.registry import JobRecord
 from controller.service import Controller, ControllerConfig, HealSettings
-from starpulse.app.demo_faults import FaultPacer, ScriptedFault
+from starpulse.app.demo_faults import FAULT_EVERY_S, FaultPacer, ScriptedFault
 from starpulse.app.demo_training import TRAIN_PY, DemoTraining
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
@@ -130,10 +131,16 @@ def demo_guards(fleet_size: int) -> GuardConfig:
     """The demo's guards. The packaged defaults are for a fleet (5 % of it out at once, 2
     evictions per 10 minutes), where 17 nodes round down to one node out, and the demo's pace
     overlaps two repairs now and then (a second fault while the first node is still being
-    validated): so two nodes may be out at once whatever the demo's size, and 4 evictions per
-    window. The breaker, the cool-down (counted from a node's return) and flap protection
-    keep their defaults."""
-    return GuardConfig(max_fleet_share=min(1.0, 2.5 / max(fleet_size, 1)), max_evictions_per_window=4)
+    validated): so two nodes may be out at once whatever the demo's size. The demo injects a
+    fault every 25-35 s, far faster than a fleet sees them, so its eviction budget is what that
+    pace needs (one per fault in the window): with a budget below it, the later faults of a long
+    run were refused rather than healed. The fleet share, the breaker, the cool-down (counted
+    from a node's return) and flap protection still hold."""
+    window_s = GuardConfig().window_s
+    return GuardConfig(
+        max_fleet_share=min(1.0, 2.5 / max(fleet_size, 1)),
+        max_evictions_per_window=math.ceil(window_s / FAULT_EVERY_S[0]),
+    )
 
 
 def counted(n: int, word: str) -> str:
@@ -372,10 +379,12 @@ ETTR_DEFINITION = (
 
 def job_lines(job: JobRecord, now_ms: int) -> list[str]:
     """The job's story in the summary: per fault the time to resume and steps lost, then ETTR."""
-    if job.step == 0:
+    # A job waiting for capacity has no ranks running: its furthest step is in its history.
+    reached = max([job.step, job.last_complete_step, *(h.interrupted_step for h in job.history)])
+    if reached == 0:
         return [f"job {job.job}: {counted(job.restarts, 'requeue')}; no training process reported a step"]
     lines = [
-        f"job {job.job}: {job.state} at step {job.step}, {counted(job.restarts, 'restart')}, "
+        f"job {job.job}: {job.state} at step {reached}, {counted(job.restarts, 'restart')}, "
         f"{counted(job.steps_lost, 'step')} lost, {job.downtime_s:.0f}s down"
     ]
     for i, h in enumerate(job.history, 1):
