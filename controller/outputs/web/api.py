@@ -9,6 +9,7 @@ event loop; nothing here writes. Endpoints:
 - ``GET /api/incidents?all=1&limit=N``: open incidents (``all=1``: every stored one), newest first.
 - ``GET /api/summary``: node counts by presence and by lifecycle state, open incidents by
   kind and severity, breaker state.
+- ``GET /api/node/{name}``: one node's page (``web/node.py``): readings, lifecycle, vendor.
 - ``GET /api/stream``: Server-Sent Events, one ``changed`` event (with a version) whenever
   the incidents or the node states change.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from google.protobuf.json_format import MessageToDict
 
 from controller.detect.model import Incident
 from controller.detect.pipeline import Detection
@@ -35,6 +37,10 @@ from controller.heal.guards import BreakerState
 from controller.heal.states import NodeHealState
 from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.ingest.registry import NodeRecord, NodeRegistry
+from controller.outputs.query import node_statuses
+from controller.outputs.web.node import node_json
+from controller.outputs.web.page import add_page_routes
+from controller.store import Store
 from starpulse.core.units import format_duration
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import inventory_pb2 as ipb
@@ -71,6 +77,7 @@ class DashboardState:
     breaker: BreakerProvider | None = None
     lifecycle: LifecycleProvider = field(default=lambda: {})
     spares: SparesProvider | None = None
+    store: Store | None = None  # for the node rows a snapshot page carries
 
     def spares_state(self) -> dict[str, int] | None:
         """The spare pool (available, allocated, unavailable, target), or None without self-healing."""
@@ -348,6 +355,45 @@ def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
     }
 
 
+def node_rows(state: DashboardState) -> list[dict[str, Any]]:
+    """``/api/nodes``'s rows (the same NodeStatus as JSON), for a snapshot page; [] without a store."""
+    if state.store is None:
+        return []
+    return [
+        MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        for s in node_statuses(state.registry.nodes.values(), state.store, state.registry.clock)
+    ]
+
+
+def snapshot_json(state: DashboardState, version: int) -> dict[str, Any]:
+    """Everything the page fetches on a refresh, in one object (embedded in ``/?live=0``)."""
+    limit = DEFAULT_INCIDENT_LIMIT
+    return {
+        "fabric": fabric_json(state),
+        "incidents": {
+            "incidents": [incident_json(i) for i in state.incidents(True, limit)],
+            "all": True,
+            "limit": limit,
+        },
+        "summary": summary_json(state, version),
+        "nodes": {"nodes": node_rows(state)},
+    }
+
+
+def node_page_json(state: DashboardState, name: str) -> dict[str, Any] | None:
+    """One node's page, or None when neither the registry nor the fabric knows the name."""
+    rec = state.registry.nodes.get(name)
+    fabric = state.fabric
+    placed = fabric is not None and name in fabric.graph and name in set(fabric.nodes())
+    if rec is None and not placed:
+        return None
+    if rec is not None and rec.role == ipb.NODE_ROLE_SWITCH:
+        return None
+    spare = fabric.is_spare(name) if placed and fabric is not None else False
+    life = lifecycle_json(state.lifecycle_of().get(name))
+    return node_json(name, rec, life, spare, state.registry.clock.time_ms())
+
+
 # -- query parameters ----------------------------------------------------------------------
 
 
@@ -475,6 +521,14 @@ def add_api_routes(app: web.Application, state: DashboardState, poll_s: float = 
         check_params(request, ())
         return web.json_response(summary_json(state, watcher.version))
 
+    async def node_handler(request: web.Request) -> web.Response:
+        check_params(request, ())
+        name = request.match_info["name"]
+        page = node_page_json(state, name)
+        if page is None:
+            raise web.HTTPNotFound(text=json.dumps({"error": f"no node {name!r}"}), content_type="application/json")
+        return web.json_response(page)
+
     async def stream_handler(request: web.Request) -> web.StreamResponse:
         check_params(request, ())
         resp = web.StreamResponse(
@@ -512,4 +566,6 @@ def add_api_routes(app: web.Application, state: DashboardState, poll_s: float = 
     app.router.add_get("/api/fabric", fabric_handler)
     app.router.add_get("/api/incidents", incidents_handler)
     app.router.add_get("/api/summary", summary_handler)
+    app.router.add_get("/api/node/{name}", node_handler)
     app.router.add_get("/api/stream", stream_handler)
+    add_page_routes(app, lambda: snapshot_json(state, watcher.version))
