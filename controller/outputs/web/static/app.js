@@ -100,11 +100,7 @@
         getJSON("/api/summary"),
         getJSON("/api/nodes"),
       ]);
-      state.fabric = fabric;
-      state.incidents = incidents.incidents;
-      state.byId = new Map(state.incidents.map((i) => [i.id, i]));
-      state.summary = summary;
-      state.nodes = nodes.nodes || [];
+      apply({ fabric, incidents, summary, nodes });
       render();
       if (state.mode === "offline") setMode(isSnapshot() ? "snapshot" : "polling");
     } catch (err) {
@@ -119,12 +115,31 @@
     }
   }
 
+  /** Take one set of API answers (fetched, or embedded in a snapshot page). */
+  function apply(data) {
+    state.fabric = data.fabric;
+    state.incidents = data.incidents.incidents;
+    state.byId = new Map(state.incidents.map((i) => [i.id, i]));
+    state.summary = data.summary;
+    state.nodes = data.nodes.nodes || [];
+  }
+
+  /** The data a ``?live=0`` page carries inside itself (see controller/outputs/web/page.py), or null. */
+  function embedded() {
+    const slot = $("snapshot");
+    const text = slot ? slot.textContent.trim() : "";
+    return text ? JSON.parse(text) : null;
+  }
+
   function render() {
     renderSummary(state.summary);
     renderFabric(state.fabric);
     renderIncidents(state.incidents);
     renderNodes();
+    renderNodeNames();
     document.body.dataset.version = String(state.summary ? state.summary.version : "");
+    // Harnesses wait on this (never on time): the page shows the data it has.
+    document.body.dataset.ready = "1";
   }
 
   // -- header -------------------------------------------------------------------------------
@@ -229,12 +244,20 @@
 
   // -- fabric drawing -----------------------------------------------------------------------
 
+  /** A fabric spare without a lifecycle row is simply a spare (it may never have reported). */
+  function lifecycleOf(item) {
+    if (item.lifecycle && item.lifecycle !== "in_service") return item.lifecycle;
+    return item.spare ? "spare" : item.lifecycle || null;
+  }
+
   function statusClasses(item) {
     const cls = ["st-" + (item.status || "ok")];
     if ((item.root_cause_of || []).length) cls.push("fault");
     else if ((item.affected_by || []).length) cls.push("affected");
-    if (item.state) cls.push(item.state);
-    if (item.lifecycle && item.lifecycle !== "in_service") cls.push("life-" + item.lifecycle);
+    const life = lifecycleOf(item);
+    // A spare that never reported is drawn as a spare, not as "never seen".
+    if (item.state && !(item.state === "unknown" && life === "spare")) cls.push(item.state);
+    if (life && life !== "in_service") cls.push("life-" + life);
     return cls.join(" ");
   }
 
@@ -247,7 +270,7 @@
       "data-name": item.name,
       "data-status": item.status || "ok",
       "data-state": item.state || null,
-      "data-lifecycle": item.lifecycle || null,
+      "data-lifecycle": lifecycleOf(item),
       "data-incident": ids[0] || null,
       "data-incidents": ids.length ? ids.join(" ") : null,
       "aria-label": item.name + (ids.length ? " (" + item.status + ": " + ids.join(", ") + ")" : ""),
@@ -448,8 +471,8 @@
   function tooltipContent(item) {
     const parts = [el("div", { class: "tt-name", text: item.name })];
     const facts = [];
-    if (item.state) facts.push(item.state);
     if (item.spare) facts.push("spare");
+    if (item.state) facts.push(item.state === "unknown" ? "never seen" : item.state);
     if (item.last_seen_ms) facts.push("seen " + fmtAgo(item.last_seen_ms));
     facts.push("status " + (item.status || "ok"));
     parts.push(el("div", { class: "tt-row", text: facts.join(" · ") }));
@@ -571,7 +594,7 @@
     for (const [name, m] of marks) {
       if (!rows.has(name)) {
         rows.set(name, {
-          name, state: "unknown", lifecycle: m.lifecycle || "in_service", lifecycleSince: Number(m.lifecycle_since_ms || 0),
+          name, state: "unknown", lifecycle: lifecycleOf(m) || "in_service", lifecycleSince: Number(m.lifecycle_since_ms || 0),
           lifecycleReason: m.lifecycle_reason || "", last_seen_ms: 0, gpus: "", nics: "", events: "",
         });
       }
@@ -613,6 +636,153 @@
       el("td", { class: "num", text: r.nics }),
       el("td", { class: "num", text: r.events }),
       incCell,
+    );
+  }
+
+  // -- node search ---------------------------------------------------------------------------
+
+  /** Every node name the page knows (fabric and registry), sorted. */
+  function allNodeNames() {
+    const names = new Set(state.nodes.filter((n) => n.role !== "NODE_ROLE_SWITCH").map((n) => n.node_id));
+    const f = state.fabric;
+    if (f) {
+      for (const b of f.blocks) for (const n of b.nodes) names.add(n.name);
+      for (const n of f.nodes) names.add(n.name);
+    }
+    return Array.from(names).sort();
+  }
+
+  function renderNodeNames() {
+    const names = allNodeNames();
+    const list = $("node-names");
+    if (list.childElementCount === names.length) return;
+    list.replaceChildren(...names.map((n) => el("option", { value: n })));
+  }
+
+  /** The node a search means: the exact name, else the only (or first) name containing it. */
+  function findNode(query) {
+    const q = query.trim().toLowerCase();
+    if (!q) return null;
+    const names = allNodeNames();
+    return names.find((n) => n.toLowerCase() === q) || names.find((n) => n.toLowerCase().includes(q)) || null;
+  }
+
+  function onSearch(ev) {
+    ev.preventDefault();
+    const input = $("node-search");
+    const name = findNode(input.value);
+    input.classList.toggle("miss", !name);
+    input.title = name ? "" : "no node matches " + JSON.stringify(input.value);
+    if (name) location.hash = "#node/" + encodeURIComponent(name);
+  }
+
+  // -- node page -----------------------------------------------------------------------------
+
+  function nodeFromHash() {
+    return location.hash.startsWith("#node/") ? decodeURIComponent(location.hash.slice(6)) : null;
+  }
+
+  function num(v, digits) {
+    if (v === null || v === undefined) return "–";
+    return digits === undefined ? String(v) : Number(v).toFixed(digits);
+  }
+
+  function showView() {
+    const name = nodeFromHash();
+    $("main-view").hidden = !!name;
+    $("node-view").hidden = !name;
+    if (name) loadNode(name);
+  }
+
+  async function loadNode(name) {
+    $("node-title").textContent = name;
+    document.body.dataset.nodeReady = "";
+    try {
+      const [node, events] = await Promise.all([
+        getJSON("/api/node/" + encodeURIComponent(name)),
+        getJSON("/api/events?node=" + encodeURIComponent(name) + "&limit=30"),
+      ]);
+      if (nodeFromHash() !== name) return; // the operator moved on
+      renderNode(node, events.events || []);
+    } catch (err) {
+      $("node-meta").textContent = String(err.message || err);
+      $("node-facts").replaceChildren();
+    }
+    document.body.dataset.nodeReady = name;
+  }
+
+  function fact(term, value) {
+    return [el("dt", { text: term }), el("dd", { text: value === "" || value === null || value === undefined ? "–" : String(value) })];
+  }
+
+  function renderNode(node, events) {
+    const life = lifecycleOf(node) || "in_service";
+    const since = node.lifecycle_since_ms ? fmtClock(node.lifecycle_since_ms) + " (" + fmtAgo(node.lifecycle_since_ms) + ")" : "";
+    const first = node.gpus[0] || {};
+    $("node-meta").textContent = (node.state === "unknown" ? "never seen" : node.state) + " · seen " + fmtAgo(node.last_seen_ms);
+    $("node-facts").replaceChildren(
+      ...fact("lifecycle", life.replace("_", " ")),
+      ...fact("since", since),
+      ...fact("why", node.lifecycle_reason),
+      ...fact("vendor", first.vendor),
+      ...fact("model", first.model),
+      ...fact("hostname", node.hostname),
+      ...fact("agent", node.agent_version),
+    );
+    $("node-facts").dataset.lifecycle = life;
+    $("node-gpus").tBodies[0].replaceChildren(...node.gpus.map(gpuRow));
+    $("node-nics").tBodies[0].replaceChildren(...node.nics.map(nicRow));
+    $("node-events").replaceChildren(...events.map(eventItem));
+    $("node-events-empty").hidden = events.length > 0;
+  }
+
+  function gpuRow(g) {
+    const links = g.nvlink_total ? g.nvlink_up + "/" + g.nvlink_total + " up" + (g.nvlink_down.length ? " (down: " + g.nvlink_down.join(", ") + ")" : "") : "–";
+    const hot = g.ecc_dbe_volatile || g.lost || g.nvlink_down.length;
+    return el(
+      "tr",
+      { class: hot ? "has-incident st-critical" : "", "data-gpu": g.index },
+      el("td", { class: "num", text: g.index }),
+      el("td", { text: g.model || "–" }),
+      el("td", { class: "num", text: num(g.temperature_c, 0) }),
+      el("td", { class: "num", text: num(g.memory_temperature_c, 0) }),
+      el("td", { class: "num", text: num(g.power_w, 0) }),
+      el("td", { class: "num", text: num(g.power_limit_w, 0) }),
+      el("td", { class: "num", text: num(g.utilization_gpu_pct, 0) }),
+      el("td", { class: "num", text: num(g.ecc_sbe_volatile) }),
+      el("td", { class: "num", text: num(g.ecc_dbe_volatile) }),
+      el("td", { text: g.lost ? "GPU lost" : links }),
+    );
+  }
+
+  function nicRow(n) {
+    return el(
+      "tr",
+      { class: n.state && n.state !== "ACTIVE" ? "has-incident st-critical" : "", "data-nic": n.device },
+      el("td", { text: n.device }),
+      el("td", { text: n.netdev || "–" }),
+      el("td", { text: n.link_layer || "–" }),
+      el("td", { text: (n.state || "–") + (n.phys_state ? " / " + n.phys_state : "") }),
+      el("td", { class: "num", text: num(n.rate_gbps, 0) }),
+      el("td", { class: "num", text: num(n.rx_bytes) }),
+      el("td", { class: "num", text: num(n.tx_bytes) }),
+    );
+  }
+
+  function eventItem(e) {
+    const sev = (e.severity || "info").toLowerCase();
+    return el(
+      "li",
+      { class: "incident sev-" + sev, "data-seq": e.seq },
+      el(
+        "div",
+        { class: "inc-head" },
+        el("span", { class: "sev sev-" + sev, text: sev }),
+        el("span", { class: "kind", text: e.kind }),
+        el("span", { class: "rc", text: e.component || "" }),
+        el("time", { text: fmtClock(e.timestamp_ms) + " · " + fmtAgo(e.timestamp_ms) }),
+      ),
+      el("div", { class: "inc-body", text: e.message || "" }),
     );
   }
 
@@ -664,12 +834,21 @@
     $("fabric-svg").addEventListener("mouseleave", () => ($("tooltip").hidden = true));
     $("show-resolved").addEventListener("change", () => renderIncidents(state.incidents));
     $("node-filter").addEventListener("input", renderNodes);
+    $("node-search-form").addEventListener("submit", onSearch);
     window.addEventListener("resize", debounce(() => renderFabric(state.fabric), 150));
     window.addEventListener("hashchange", () => {
       for (const node of document.querySelectorAll(".incident.hl")) node.classList.remove("hl");
       renderIncidents(state.incidents);
+      showView();
     });
-    refresh();
+    const data = embedded();
+    if (data) {
+      apply(data); // a snapshot: drawn now, while the document loads, with no fetch to wait for
+      render();
+    } else {
+      refresh();
+    }
+    showView();
     if (isSnapshot()) {
       setMode("snapshot");
       return;
