@@ -216,11 +216,9 @@ SMALL_CLUSTER = {"nodes": 8, "gpus_per_node": 8, "rails": 4, "nodes_per_block": 
 
 
 @contextlib.asynccontextmanager
-async def sim_rig(tmp_path: Path, fabric: dict[str, int] | None = None) -> AsyncIterator[Rig]:
+async def sim_rig(tmp_path: Path) -> AsyncIterator[Rig]:
     """A controller and one simulated agent per node (and switch), every agent reporting."""
-    scenario = parse_scenario(
-        {"name": "browser", "fabric": fabric or SMALL_CLUSTER, "interval_s": 1.0, "duration_s": 120}
-    )
+    scenario = parse_scenario({"name": "browser", "fabric": SMALL_CLUSTER, "interval_s": 1.0, "duration_s": 120})
     controller = Controller(controller_config(tmp_path, scenario.build_fabric()))
     await controller.start()
     cluster = SimCluster(scenario, tmp_path, f"127.0.0.1:{controller.grpc_port}")

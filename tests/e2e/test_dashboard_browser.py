@@ -70,6 +70,10 @@ async def test_live_view_updates_and_a_faulty_leaf_leads_to_its_incident(tmp_pat
         kind = await b.js(f"return document.getElementById('incident-{incident}').dataset.kind;")
         assert kind == "switch_fault"
         await b.screenshot("clicked-leaf-incident")
+        # The events feed shows what the nodes behind the leaf reported, each linked to its node page.
+        await b.until("return document.querySelectorAll('#events li').length > 0;", "the events feed")
+        href = await b.js("return document.querySelector('#events li a.node-link').getAttribute('href');")
+        assert href.startswith("#node/"), href
 
 
 @pytest.mark.timeout(300)  # twenty Chromium starts on a shared machine
@@ -100,9 +104,14 @@ async def test_snapshot_never_blank_and_search_opens_a_node_page(tmp_path: Path)
                 assert drawn > 500, f"snapshot {i}: fabric block at {rect} is blank ({drawn} non-background pixels)"
         await b.screenshot("snapshot")
 
-        # Search a node, open its page: readings from its agent's latest report.
+        # The jobs view lists the controller's jobs (the job registry's own record).
+        rig.controller.jobs.register_job("llm", ["node-000", "node-001"], checkpoint_dir="/ckpt/llm", world_size=16)
         await b.get(rig.base + "/")
         await b.ready()
+        row = await b.js("return [...document.getElementById('job-llm').cells].map((c) => c.textContent);")
+        assert row == ["llm", "running", "0", "none yet", "0", "0", "2 nodes"], row
+
+        # Search a node, open its page: readings from its agent's latest report.
         box = await b.call(lambda: b.driver.find_element("id", "node-search"))
         await b.call(box.send_keys, "node-005\n")
         await b.until("return location.hash === '#node/node-005';", "the node page's address")
@@ -118,6 +127,8 @@ async def test_snapshot_never_blank_and_search_opens_a_node_page(tmp_path: Path)
             "return [...document.querySelectorAll('#node-gpus tbody td:nth-child(3)')].map((td) => td.textContent);"
         )
         assert all(t.isdigit() for t in temps), temps  # a temperature per GPU, read from the report
+        charts = await b.js("return document.querySelectorAll('#node-history figure.spark').length;")
+        assert charts == 4  # hottest GPU, power, utilisation, DBE: the controller's own recent samples
         facts = await b.js("return document.getElementById('node-facts').textContent;")
         assert "in service" in facts and "nvidia" in facts
         await b.screenshot("node-page")

@@ -11,6 +11,8 @@
     fabric: null,
     incidents: [],
     nodes: [],
+    jobs: [],
+    events: [],
     summary: null,
     byId: new Map(),
     version: null,
@@ -85,6 +87,10 @@
     return names.slice(0, max).join(", ") + " +" + (names.length - max) + " more";
   }
 
+  // Shared with views.js (the node page, jobs, events), which loads after this file.
+  const sp = (window.starpulse = window.starpulse || {});
+  Object.assign(sp, { $, el, svg, getJSON, fmtClock, fmtAgo, fmtDuration, lifecycleOf: (item) => lifecycleOf(item) });
+
   // -- data ---------------------------------------------------------------------------------
 
   async function refresh() {
@@ -94,13 +100,15 @@
     }
     state.loading = true;
     try {
-      const [fabric, incidents, summary, nodes] = await Promise.all([
+      const [fabric, incidents, summary, nodes, jobs, events] = await Promise.all([
         getJSON("/api/fabric"),
         getJSON("/api/incidents?all=1&limit=200"),
         getJSON("/api/summary"),
         getJSON("/api/nodes"),
+        getJSON("/api/jobs"),
+        getJSON("/api/events?limit=50"),
       ]);
-      apply({ fabric, incidents, summary, nodes });
+      apply({ fabric, incidents, summary, nodes, jobs, events });
       render();
       if (state.mode === "offline") setMode(isSnapshot() ? "snapshot" : "polling");
     } catch (err) {
@@ -122,6 +130,8 @@
     state.byId = new Map(state.incidents.map((i) => [i.id, i]));
     state.summary = data.summary;
     state.nodes = data.nodes.nodes || [];
+    state.jobs = data.jobs ? data.jobs.jobs || [] : state.jobs;
+    state.events = data.events ? data.events.events || [] : state.events;
   }
 
   /** The data a ``?live=0`` page carries inside itself (see controller/outputs/web/page.py), or null. */
@@ -137,6 +147,8 @@
     renderIncidents(state.incidents);
     renderNodes();
     renderNodeNames();
+    sp.views.renderJobs(state.jobs);
+    sp.views.renderEvents(state.events);
     document.body.dataset.version = String(state.summary ? state.summary.version : "");
     // Harnesses wait on this (never on time): the page shows the data it has.
     document.body.dataset.ready = "1";
@@ -512,14 +524,14 @@
   // -- incidents ----------------------------------------------------------------------------
 
   function renderIncidents(incidents) {
-    const showResolved = $("show-resolved").checked;
     const open = incidents.filter((i) => i.open);
     const resolved = incidents.filter((i) => !i.open).slice(0, 50);
-    const shown = showResolved ? open.concat(resolved) : open;
-    const list = $("incidents");
-    list.replaceChildren(...shown.map(incidentItem));
-    $("incidents-empty").hidden = shown.length > 0;
-    $("incidents-meta").textContent = open.length + " open" + (showResolved ? " · " + resolved.length + " recently resolved" : "");
+    $("incidents").replaceChildren(...open.map(incidentItem));
+    $("incidents-empty").hidden = open.length > 0;
+    $("incidents-meta").textContent = open.length + " open";
+    $("resolved").replaceChildren(...resolved.map(incidentItem));
+    $("resolved-empty").hidden = resolved.length > 0;
+    $("resolved-meta").textContent = resolved.length ? "last " + resolved.length : "";
     if (location.hash.startsWith("#incident-")) {
       const target = document.getElementById(location.hash.slice(1));
       if (target) target.classList.add("hl");
@@ -676,116 +688,6 @@
     if (name) location.hash = "#node/" + encodeURIComponent(name);
   }
 
-  // -- node page -----------------------------------------------------------------------------
-
-  function nodeFromHash() {
-    return location.hash.startsWith("#node/") ? decodeURIComponent(location.hash.slice(6)) : null;
-  }
-
-  function num(v, digits) {
-    if (v === null || v === undefined) return "–";
-    return digits === undefined ? String(v) : Number(v).toFixed(digits);
-  }
-
-  function showView() {
-    const name = nodeFromHash();
-    $("main-view").hidden = !!name;
-    $("node-view").hidden = !name;
-    if (name) loadNode(name);
-  }
-
-  async function loadNode(name) {
-    $("node-title").textContent = name;
-    document.body.dataset.nodeReady = "";
-    try {
-      const [node, events] = await Promise.all([
-        getJSON("/api/node/" + encodeURIComponent(name)),
-        getJSON("/api/events?node=" + encodeURIComponent(name) + "&limit=30"),
-      ]);
-      if (nodeFromHash() !== name) return; // the operator moved on
-      renderNode(node, events.events || []);
-    } catch (err) {
-      $("node-meta").textContent = String(err.message || err);
-      $("node-facts").replaceChildren();
-    }
-    document.body.dataset.nodeReady = name;
-  }
-
-  function fact(term, value) {
-    return [el("dt", { text: term }), el("dd", { text: value === "" || value === null || value === undefined ? "–" : String(value) })];
-  }
-
-  function renderNode(node, events) {
-    const life = lifecycleOf(node) || "in_service";
-    const since = node.lifecycle_since_ms ? fmtClock(node.lifecycle_since_ms) + " (" + fmtAgo(node.lifecycle_since_ms) + ")" : "";
-    const first = node.gpus[0] || {};
-    $("node-meta").textContent = (node.state === "unknown" ? "never seen" : node.state) + " · seen " + fmtAgo(node.last_seen_ms);
-    $("node-facts").replaceChildren(
-      ...fact("lifecycle", life.replace("_", " ")),
-      ...fact("since", since),
-      ...fact("why", node.lifecycle_reason),
-      ...fact("vendor", first.vendor),
-      ...fact("model", first.model),
-      ...fact("hostname", node.hostname),
-      ...fact("agent", node.agent_version),
-    );
-    $("node-facts").dataset.lifecycle = life;
-    $("node-gpus").tBodies[0].replaceChildren(...node.gpus.map(gpuRow));
-    $("node-nics").tBodies[0].replaceChildren(...node.nics.map(nicRow));
-    $("node-events").replaceChildren(...events.map(eventItem));
-    $("node-events-empty").hidden = events.length > 0;
-  }
-
-  function gpuRow(g) {
-    const links = g.nvlink_total ? g.nvlink_up + "/" + g.nvlink_total + " up" + (g.nvlink_down.length ? " (down: " + g.nvlink_down.join(", ") + ")" : "") : "–";
-    const hot = g.ecc_dbe_volatile || g.lost || g.nvlink_down.length;
-    return el(
-      "tr",
-      { class: hot ? "has-incident st-critical" : "", "data-gpu": g.index },
-      el("td", { class: "num", text: g.index }),
-      el("td", { text: g.model || "–" }),
-      el("td", { class: "num", text: num(g.temperature_c, 0) }),
-      el("td", { class: "num", text: num(g.memory_temperature_c, 0) }),
-      el("td", { class: "num", text: num(g.power_w, 0) }),
-      el("td", { class: "num", text: num(g.power_limit_w, 0) }),
-      el("td", { class: "num", text: num(g.utilization_gpu_pct, 0) }),
-      el("td", { class: "num", text: num(g.ecc_sbe_volatile) }),
-      el("td", { class: "num", text: num(g.ecc_dbe_volatile) }),
-      el("td", { text: g.lost ? "GPU lost" : links }),
-    );
-  }
-
-  function nicRow(n) {
-    return el(
-      "tr",
-      { class: n.state && n.state !== "ACTIVE" ? "has-incident st-critical" : "", "data-nic": n.device },
-      el("td", { text: n.device }),
-      el("td", { text: n.netdev || "–" }),
-      el("td", { text: n.link_layer || "–" }),
-      el("td", { text: (n.state || "–") + (n.phys_state ? " / " + n.phys_state : "") }),
-      el("td", { class: "num", text: num(n.rate_gbps, 0) }),
-      el("td", { class: "num", text: num(n.rx_bytes) }),
-      el("td", { class: "num", text: num(n.tx_bytes) }),
-    );
-  }
-
-  function eventItem(e) {
-    const sev = (e.severity || "info").toLowerCase();
-    return el(
-      "li",
-      { class: "incident sev-" + sev, "data-seq": e.seq },
-      el(
-        "div",
-        { class: "inc-head" },
-        el("span", { class: "sev sev-" + sev, text: sev }),
-        el("span", { class: "kind", text: e.kind }),
-        el("span", { class: "rc", text: e.component || "" }),
-        el("time", { text: fmtClock(e.timestamp_ms) + " · " + fmtAgo(e.timestamp_ms) }),
-      ),
-      el("div", { class: "inc-body", text: e.message || "" }),
-    );
-  }
-
   // -- live updates -------------------------------------------------------------------------
 
   function startPolling() {
@@ -832,23 +734,23 @@
   function init() {
     $("fabric-svg").addEventListener("mousemove", onFabricHover);
     $("fabric-svg").addEventListener("mouseleave", () => ($("tooltip").hidden = true));
-    $("show-resolved").addEventListener("change", () => renderIncidents(state.incidents));
     $("node-filter").addEventListener("input", renderNodes);
     $("node-search-form").addEventListener("submit", onSearch);
     window.addEventListener("resize", debounce(() => renderFabric(state.fabric), 150));
     window.addEventListener("hashchange", () => {
       for (const node of document.querySelectorAll(".incident.hl")) node.classList.remove("hl");
       renderIncidents(state.incidents);
-      showView();
+      sp.views.showView();
     });
     const data = embedded();
     if (data) {
       apply(data); // a snapshot: drawn now, while the document loads, with no fetch to wait for
       render();
+      sp.views.loadExtras(); // jobs and events are not embedded
     } else {
       refresh();
     }
-    showView();
+    sp.views.showView();
     if (isSnapshot()) {
       setMode("snapshot");
       return;
