@@ -137,25 +137,41 @@ async def test_snapshot_never_blank_and_search_opens_a_node_page(tmp_path: Path)
         await b.until("return !document.getElementById('main-view').hidden;", "the cluster view")
 
 
-async def test_large_fabric_incidents_first_search_and_spares(tmp_path: Path) -> None:
+async def test_large_fabric_incidents_first_collapsed_blocks_search_and_spares(tmp_path: Path) -> None:
     fabric = generate_fabric(2040, gpus_per_node=8, rails=8, nodes_per_block=64, spines=8, spares=8)
     assert len(fabric.nodes()) == 2048
     spare = next(n for n in fabric.nodes() if fabric.is_spare(n))
+    spare_block = next(b for b in fabric.blocks() if spare in fabric.nodes_in_block(b))
+    regular = next(n for n in fabric.nodes_in_block(spare_block) if not fabric.is_spare(n))
     async with fabric_only_rig(tmp_path, fabric) as rig, open_browser(tmp_path) as b:
         await b.get(rig.base + "/")
         await b.ready(within_s=60)
-        drawn = await b.js("return document.querySelectorAll('#fabric-svg g.node').length;")
-        assert drawn == 2048
         incidents_top = await b.js("return document.getElementById('incidents-panel').getBoundingClientRect().top;")
         fabric_top = await b.js("return document.getElementById('fabric-panel').getBoundingClientRect().top;")
         height = await b.js("return window.innerHeight;")
         assert incidents_top < fabric_top and incidents_top < height, (incidents_top, fabric_top, height)
+        # Every block needs no look: all collapsed to one labelled chip each, no 2,048-square grid.
+        chips = await b.js("return document.querySelectorAll('#block-chips button[data-block]').length;")
+        assert chips == 32
+        assert await b.js("return document.querySelectorAll('#fabric-svg g.node').length;") == 0
+        await b.screenshot("fabric-2048-collapsed")
+
+        # Open the spares' block: its 64 nodes are drawn, with labels at that size.
+        await b.call(lambda: b.driver.find_element("id", f"block-chip-{spare_block}").click())
+        await b.until(f"return !!document.getElementById('nd-{spare}');", "the spares' block drawn")
+        assert await b.js("return document.querySelectorAll('#fabric-svg g.node').length;") == 64
+        expanded = await b.js(
+            f"return document.getElementById('block-chip-{spare_block}').getAttribute('aria-expanded');"
+        )
+        assert expanded == "true"
         # A spare that never reported is drawn as a spare (lifecycle colour), not as "never seen".
         cls = await b.js(f"return document.getElementById('nd-{spare}').getAttribute('class');")
         assert "life-spare" in cls.split() and "unknown" not in cls.split(), cls
-        regular = await b.js("return document.getElementById('nd-node-0000').getAttribute('class');")
-        assert "unknown" in regular.split() and "life-spare" not in regular.split(), regular
-        await b.screenshot("fabric-2048")
+        other = await b.js(f"return document.getElementById('nd-{regular}').getAttribute('class');")
+        assert "unknown" in other.split() and "life-spare" not in other.split(), other
+        await b.screenshot("fabric-2048-spares")
+        await b.call(lambda: b.driver.find_element("id", "blocks-expand-all").click())
+        await b.until("return document.querySelectorAll('#fabric-svg g.node').length === 2048;", "every block drawn")
 
         box = await b.call(lambda: b.driver.find_element("id", "node-search"))
         await b.call(box.send_keys, "1777\n")

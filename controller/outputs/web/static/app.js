@@ -6,6 +6,7 @@
   const POLL_MS = 5000; // fallback when the event stream is down
   const REFRESH_MS = 15000; // last-seen times move even when nothing "changes"
   const SEVERITY_RANK = { ok: -1, info: 0, warning: 1, critical: 2, fatal: 3 };
+  const COLLAPSE_ABOVE = 256; // nodes: past this, blocks that need no look start collapsed
 
   const state = {
     fabric: null,
@@ -20,6 +21,7 @@
     loading: false,
     again: false,
     pollTimer: null,
+    expanded: null, // block numbers the operator chose to draw (null: the ones that need a look)
   };
 
   // -- small helpers ------------------------------------------------------------------------
@@ -308,15 +310,78 @@
     return item && (item.root_cause_of || []).length ? "cable st-" + item.status : "cable";
   }
 
-  function renderFabric(f) {
+  // -- collapsible blocks (large fabrics) ------------------------------------------------------
+
+  /** A block needs no look: no incident touches it, every node is reachable and in service (or a spare). */
+  function blockHealthy(b) {
+    const items = b.leaves.concat(b.nodes);
+    return items.every(
+      (it) => !incidentsOf(it).length && it.state !== "unreachable" && ["in_service", "spare", null].includes(lifecycleOf(it)),
+    );
+  }
+
+  /** Blocks drawn in full. Small fabrics: all. Large ones: those that need a look, until the operator picks. */
+  function expandedBlocks(f) {
+    const nodeCount = f.blocks.reduce((n, b) => n + b.nodes.length, 0);
+    if (nodeCount <= COLLAPSE_ABOVE) return f.blocks;
+    if (state.expanded === null) return f.blocks.filter((b) => !blockHealthy(b));
+    return f.blocks.filter((b) => state.expanded.has(b.block));
+  }
+
+  function renderBlockChips(f, shown) {
+    const box = $("block-chips");
+    const collapsible = f.blocks.reduce((n, b) => n + b.nodes.length, 0) > COLLAPSE_ABOVE;
+    box.hidden = !collapsible;
+    if (!collapsible) return box.replaceChildren();
+    const open = new Set(shown.map((b) => b.block));
+    const chips = f.blocks.map((b) => {
+      const worst = b.leaves.concat(b.nodes).reduce((w, it) => (SEVERITY_RANK[it.status || "ok"] > SEVERITY_RANK[w] ? it.status : w), "ok");
+      const bad = b.nodes.filter((n) => incidentsOf(n).length || n.state === "unreachable").length;
+      const label = "block " + b.block + " · " + b.nodes.length + " nodes" + (bad ? " · " + bad + " need a look" : "");
+      const chip = el("button", {
+        type: "button",
+        class: "block-chip st-" + worst + (blockHealthy(b) ? "" : " attention"),
+        id: "block-chip-" + b.block,
+        "data-block": b.block,
+        "aria-expanded": open.has(b.block) ? "true" : "false",
+        title: open.has(b.block) ? "collapse this block" : "draw this block's nodes",
+        text: label,
+      });
+      chip.addEventListener("click", () => toggleBlock(f, b.block));
+      return chip;
+    });
+    const all = el("button", { type: "button", class: "block-chip all", id: "blocks-expand-all", text: "expand all" });
+    all.addEventListener("click", () => {
+      state.expanded = new Set(f.blocks.map((b) => b.block));
+      renderFabric(state.fabric);
+    });
+    box.replaceChildren(...chips, all);
+  }
+
+  function toggleBlock(f, block) {
+    if (state.expanded === null) state.expanded = new Set(expandedBlocks(f).map((b) => b.block));
+    if (state.expanded.has(block)) state.expanded.delete(block);
+    else state.expanded.add(block);
+    renderFabric(state.fabric);
+  }
+
+  function renderFabric(full) {
     const root = $("fabric-svg");
-    const hasAny = f && (f.blocks.length || f.nodes.length);
+    const hasAny = full && (full.blocks.length || full.nodes.length);
     $("fabric-empty").hidden = !!hasAny;
     root.replaceChildren();
     if (!hasAny) {
       root.setAttribute("height", "0");
       return;
     }
+    const shown = expandedBlocks(full);
+    renderBlockChips(full, shown);
+    renderFabricMeta(full);
+    if (full.blocks.length && !shown.length) {
+      root.setAttribute("height", "0"); // every block collapsed: the chips say it all
+      return;
+    }
+    const f = Object.assign({}, full, { blocks: shown });
     const width = Math.max(640, $("fabric").clientWidth || 1200);
     const L = layoutFabric(f, width);
     root.setAttribute("viewBox", "0 0 " + width + " " + L.height);
@@ -329,7 +394,6 @@
     L.blocks.forEach((b, i) => drawBlock(layers, L, b, i, pos));
     drawUplinks(cables, L, pos);
     drawFaultyLinks(root, f.links || [], pos);
-    renderFabricMeta(f);
   }
 
   function renderFabricMeta(f) {
