@@ -8,40 +8,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from controller.fabric import Fabric, generate_fabric
+import tests.controller.test_web_api as web_api
 from controller.outputs.web.page import SNAPSHOT_SLOT, embed
 from controller.service import Controller
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_web_api import Client, get_json, make_controller, register, serve
+from tests.controller.test_web_api import Client, get_json, register
 
-
-@pytest.fixture
-def fabric() -> Fabric:
-    """8 regular nodes + 1 spare: 3 blocks of 4, 4 rails, 2 spines."""
-    return generate_fabric(nodes=8, gpus_per_node=8, rails=4, nodes_per_block=4, spines=2, spares=1)
-
-
-@pytest.fixture
-async def ctl(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Controller]:
-    controller = make_controller(tmp_path, fabric)
-    yield controller
-    controller.store.close()
-
-
-@pytest.fixture
-async def client(ctl: Controller) -> AsyncIterator[Client]:
-    c = await serve(ctl, poll_s=0.05)
-    yield c
-    await c.close()
-
+# The web API tests' fixtures: the fabric (8 nodes + 1 spare), a controller on it, a client.
+fabric = web_api.fabric
+ctl = web_api.ctl
+client = web_api.client
 
 SNAPSHOT = re.compile(r'<script id="snapshot" type="application/json">(.*?)</script>', re.S)
 

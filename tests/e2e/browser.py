@@ -37,6 +37,16 @@ from tests.helpers import free_port, wait_for
 T = TypeVar("T")
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WINDOW = (1400, 1000)
+# Headless in a container: no sandbox, no GPU, no /dev/shm, nothing fetched from outside.
+CHROMIUM_FLAGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--hide-scrollbars",
+)
 
 
 def _which(env: str, names: tuple[str, ...]) -> str | None:
@@ -127,13 +137,7 @@ async def run_chromium(profile: Path, *args: str, within_s: float = 60.0) -> str
     proc = await asyncio.create_subprocess_exec(
         CHROMIUM,
         "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--hide-scrollbars",
+        *CHROMIUM_FLAGS,
         f"--user-data-dir={profile}",
         *args,
         stdout=asyncio.subprocess.PIPE,
@@ -159,13 +163,7 @@ def _start_driver(profile: Path) -> Any:
     opts.binary_location = CHROMIUM
     for arg in (
         "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--hide-scrollbars",
+        *CHROMIUM_FLAGS,
         "--force-device-scale-factor=1",
         f"--window-size={WINDOW[0]},{WINDOW[1]}",
         f"--user-data-dir={profile}",
@@ -216,29 +214,6 @@ SMALL_CLUSTER = {"nodes": 8, "gpus_per_node": 8, "rails": 4, "nodes_per_block": 
 
 
 @contextlib.asynccontextmanager
-async def sim_rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    """A controller and one simulated agent per node (and switch), every agent reporting."""
-    scenario = parse_scenario({"name": "browser", "fabric": SMALL_CLUSTER, "interval_s": 1.0, "duration_s": 120})
-    controller = Controller(controller_config(tmp_path, scenario.build_fabric()))
-    await controller.start()
-    cluster = SimCluster(scenario, tmp_path, f"127.0.0.1:{controller.grpc_port}")
-    try:
-        await cluster.start()
-        await wait_for(
-            lambda: all(
-                (rec := controller.registry.nodes.get(n)) is not None and rec.latest_report is not None
-                for n in cluster.agents
-            ),
-            timeout=40,
-            what="every agent registered and reported",
-        )
-        yield Rig(controller, cluster)
-    finally:
-        await cluster.stop()
-        await controller.stop()
-
-
-@contextlib.asynccontextmanager
 async def fabric_only_rig(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Rig]:
     """A controller with a declared fabric and no agents (every node "never seen")."""
     controller = Controller(controller_config(tmp_path, fabric))
@@ -247,6 +222,28 @@ async def fabric_only_rig(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Rig]:
         yield Rig(controller, None)
     finally:
         await controller.stop()
+
+
+@contextlib.asynccontextmanager
+async def sim_rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    """A controller and one simulated agent per node (and switch), every agent reporting."""
+    scenario = parse_scenario({"name": "browser", "fabric": SMALL_CLUSTER, "interval_s": 1.0, "duration_s": 120})
+    async with fabric_only_rig(tmp_path, scenario.build_fabric()) as bare:
+        controller = bare.controller
+        cluster = SimCluster(scenario, tmp_path, f"127.0.0.1:{controller.grpc_port}")
+        try:
+            await cluster.start()
+            await wait_for(
+                lambda: all(
+                    (rec := controller.registry.nodes.get(n)) is not None and rec.latest_report is not None
+                    for n in cluster.agents
+                ),
+                timeout=40,
+                what="every agent registered and reported",
+            )
+            yield Rig(controller, cluster)
+        finally:
+            await cluster.stop()
 
 
 __all__ = [
