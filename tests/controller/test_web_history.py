@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import tracemalloc
 from collections.abc import Callable
@@ -93,3 +94,25 @@ def test_a_full_history_costs_what_the_first_sample_did() -> None:
     assert grown <= first * 0.05, (first, grown)
     assert all(r.count == DEFAULT_SIZE and len(r.t_ms) == DEFAULT_SIZE for r in history.rings.values())
     assert history.of("node-0001")["t_ms"][-1] == (DEFAULT_SIZE + 29) * 15_000
+
+
+async def test_sampling_in_slices_yields_to_the_loop_and_matches_a_whole_sample() -> None:
+    """The sampler the web app runs: same points as :meth:`History.sample`, the loop served between slices."""
+    fleet = [node(f"node-{i:04d}", temp=float(i % 90)) for i in range(1200)]
+    whole, sliced = History(size=4), History(size=4)
+    whole.sample(fleet, 1000)
+    ticks = 0
+
+    async def other_work() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    before = ticks
+    assert await sliced.sample_in_slices(fleet, 1000, per_slice=500) == 1200
+    other.cancel()
+    assert ticks - before >= 2  # 1,200 nodes in slices of 500: the loop ran between them
+    assert {n: r.to_json() for n, r in sliced.rings.items()} == {n: r.to_json() for n, r in whole.rings.items()}

@@ -37,6 +37,7 @@ log = structlog.get_logger(__name__)
 METRICS = ("temperature_c", "power_w", "utilization_pct", "ecc_dbe")
 DEFAULT_SIZE = 120
 DEFAULT_STEP_S = 15.0
+SLICE = 500  # nodes sampled between two yields to the event loop
 NAN = math.nan
 
 
@@ -97,19 +98,38 @@ class History:
         self.step_s = step_s
         self.rings: dict[str, Ring] = {}
 
-    def sample(self, nodes: Iterable[NodeRecord], now_ms: int) -> int:
-        """One point for every compute node with a report; returns how many were taken."""
-        seen: set[str] = set()
-        for rec in nodes:
-            if rec.role == ipb.NODE_ROLE_SWITCH or rec.latest_report is None:
-                continue
-            seen.add(rec.node_id)
-            ring = self.rings.get(rec.node_id)
-            if ring is None:
-                ring = self.rings[rec.node_id] = Ring(self.size)
-            ring.append(now_ms, report_point(rec.latest_report))
+    def _take(self, rec: NodeRecord, now_ms: int) -> bool:
+        if rec.role == ipb.NODE_ROLE_SWITCH or rec.latest_report is None:
+            return False
+        ring = self.rings.get(rec.node_id)
+        if ring is None:
+            ring = self.rings[rec.node_id] = Ring(self.size)
+        ring.append(now_ms, report_point(rec.latest_report))
+        return True
+
+    def _forget_all_but(self, seen: set[str]) -> None:
         for gone in set(self.rings) - seen:
             del self.rings[gone]
+
+    def sample(self, nodes: Iterable[NodeRecord], now_ms: int) -> int:
+        """One point for every compute node with a report; returns how many were taken."""
+        seen = {rec.node_id for rec in nodes if self._take(rec, now_ms)}
+        self._forget_all_but(seen)
+        return len(seen)
+
+    async def sample_in_slices(self, nodes: Iterable[NodeRecord], now_ms: int, per_slice: int = SLICE) -> int:
+        """:meth:`sample`, yielding to the event loop every ``per_slice`` nodes.
+
+        At 10,000 nodes of 8 GPUs a whole sample takes a few hundred milliseconds of CPU; in
+        slices the loop keeps serving agents and pages in between.
+        """
+        seen: set[str] = set()
+        for i, rec in enumerate(nodes, 1):
+            if self._take(rec, now_ms):
+                seen.add(rec.node_id)
+            if i % per_slice == 0:
+                await asyncio.sleep(0)
+        self._forget_all_but(seen)
         return len(seen)
 
     def of(self, node: str) -> dict[str, Any]:
@@ -121,7 +141,7 @@ class History:
         """Sample every ``step_s`` until cancelled; a failing sample is logged, never fatal."""
         while True:
             try:
-                self.sample(nodes(), now_ms())
+                await self.sample_in_slices(nodes(), now_ms())
             except Exception:
                 log.exception("history_sample_failed")
             await asyncio.sleep(self.step_s)
