@@ -14,7 +14,6 @@ from controller.heal.states import lifecycle_records, parse_states
 from controller.ingest.registry import NodeRegistry
 from controller.metrics import ControllerMetrics
 from controller.outputs.query import node_statuses
-from controller.outputs.web import STATIC_DIR
 from controller.outputs.web.api import (
     ApiError,
     BreakerProvider,
@@ -44,10 +43,8 @@ def build_app(
         breaker,
         lifecycle=lambda: lifecycle_records(store.connection),
         spares=spares,
+        store=store,
     )
-
-    async def index(request: web.Request) -> web.FileResponse:
-        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def metrics_handler(request: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -101,7 +98,5 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/nodes", api_nodes)
     app.router.add_get("/api/events", api_events)
-    add_api_routes(app, dashboard, poll_s=poll_s)
-    app.router.add_get("/", index)
-    app.router.add_static("/static/", STATIC_DIR)
+    add_api_routes(app, dashboard, poll_s=poll_s)  # also / and /static/ (web/page.py)
     return app

@@ -413,7 +413,12 @@ async def test_page_and_assets_are_served(client: Client) -> None:
     assert resp.status == 200 and resp.content_type == "text/html"
     html = await resp.text()
     assert 'src="/static/app.js"' in html and 'href="/static/style.css"' in html
-    for path, ctype in (("/static/app.js", "javascript"), ("/static/style.css", "text/css")):
+    assert 'src="/static/views.js"' in html
+    for path, ctype in (
+        ("/static/app.js", "javascript"),
+        ("/static/views.js", "javascript"),
+        ("/static/style.css", "text/css"),
+    ):
         r = await client.get(path)
         assert r.status == 200 and ctype in r.content_type, path
     # Existing routes stay.
@@ -424,7 +429,7 @@ async def test_page_and_assets_are_served(client: Client) -> None:
 def test_assets_reference_nothing_outside_the_controller() -> None:
     """No CDN, no web fonts: management networks have no internet."""
     allowed = {"http://www.w3.org/2000/svg"}
-    for name in ("index.html", "app.js", "style.css"):
+    for name in ("index.html", "app.js", "views.js", "style.css"):
         text = (STATIC_DIR / name).read_text()
         for scheme in ("http://", "https://", "//cdn", "@import", "@font-face"):
             start = 0

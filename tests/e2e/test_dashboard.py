@@ -15,43 +15,20 @@ Needs the Debian package ``chromium`` (skipped with a reason when no binary exis
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import re
-import shutil
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from controller.detect.correlate import CorrelationConfig
 from controller.detect.model import Incident
-from controller.detect.pipeline import DetectionConfig
-from controller.service import Controller, ControllerConfig
-from starpulse.app.scenario.cluster import SimCluster
-from starpulse.app.scenario.spec import FaultSpec, parse_scenario
-from tests.helpers import free_port, wait_for
+from starpulse.app.scenario.spec import FaultSpec
+from tests.e2e.browser import CHROMIUM, Rig, run_chromium, sim_rig
+from tests.helpers import wait_for
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 LEAF = "leaf-b0-r1"
-CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-
-
-def chromium_binary() -> str | None:
-    override = os.environ.get("STARPULSE_CHROMIUM")
-    if override:
-        return override if shutil.which(override) else None
-    for name in CHROMIUM_CANDIDATES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-CHROMIUM = chromium_binary()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -61,88 +38,17 @@ pytestmark = [
 ]
 
 
-async def run_chromium(profile: Path, *args: str, within_s: float = 60.0) -> str:
-    """Run headless Chromium without blocking the loop the controller serves on; returns stdout."""
-    assert CHROMIUM is not None
-    proc = await asyncio.create_subprocess_exec(
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), within_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise AssertionError(f"chromium {args[-2:]} timed out after {within_s}s") from None
-    assert proc.returncode == 0, f"chromium exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}"
-    return out.decode(errors="replace")
-
-
-@dataclass
-class Rig:
-    controller: Controller
-    cluster: SimCluster
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.controller.http_port}"
-
-    def leaf_incident(self) -> Incident | None:
-        for inc in self.controller.detection.correlator.incidents(active_only=True):
-            if inc.kind == "switch_fault" and inc.root_cause == LEAF:
-                return inc
-        return None
+def leaf_incident(rig: Rig) -> Incident | None:
+    for inc in rig.controller.detection.correlator.incidents(active_only=True):
+        if inc.kind == "switch_fault" and inc.root_cause == LEAF:
+            return inc
+    return None
 
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    scenario = parse_scenario(
-        {
-            "name": "dashboard",
-            "fabric": {"nodes": 8, "gpus_per_node": 8, "rails": 4, "nodes_per_block": 4, "spines": 2},
-            "interval_s": 1.0,
-            "duration_s": 60,
-        }
-    )
-    controller = Controller(
-        ControllerConfig(
-            listen=f"127.0.0.1:{free_port()}",
-            http="127.0.0.1:0",
-            db_path=tmp_path / "controller.db",
-            fabric=scenario.build_fabric(),
-            heartbeat_timeout_s=6,
-            sweep_interval_s=0.25,
-            detection=DetectionConfig(correlation=CorrelationConfig(settle_s=2)),
-        )
-    )
-    await controller.start()
-    cluster = SimCluster(scenario, tmp_path, f"127.0.0.1:{controller.grpc_port}")
-    await cluster.start()
-    try:
-        await wait_for(
-            lambda: all(
-                (rec := controller.registry.nodes.get(n)) is not None and rec.latest_report is not None
-                for n in cluster.agents
-            ),
-            timeout=40,
-            what="every agent registered and reported",
-        )
-        yield Rig(controller, cluster)
-    finally:
-        await cluster.stop()
-        await controller.stop()
+    async with sim_rig(tmp_path) as r:
+        yield r
 
 
 def element_tag(dom: str, element_id: str) -> str:
@@ -159,8 +65,8 @@ def attr(tag: str, name: str) -> str | None:
 
 async def test_leaf_fault_is_drawn_and_linked(rig: Rig, tmp_path: Path) -> None:
     rig.cluster.inject(FaultSpec(at_s=0, kind="switch_down", target=LEAF))
-    await wait_for(lambda: rig.leaf_incident() is not None, timeout=45, what=f"open switch_fault on {LEAF}")
-    incident = rig.leaf_incident()
+    await wait_for(lambda: leaf_incident(rig) is not None, timeout=45, what=f"open switch_fault on {LEAF}")
+    incident = leaf_incident(rig)
     assert incident is not None
 
     # The API agrees before the browser looks.

@@ -9,6 +9,9 @@ event loop; nothing here writes. Endpoints:
 - ``GET /api/incidents?all=1&limit=N``: open incidents (``all=1``: every stored one), newest first.
 - ``GET /api/summary``: node counts by presence and by lifecycle state, open incidents by
   kind and severity, breaker state.
+- ``GET /api/node/{name}``: one node's page (``web/node.py``): readings, lifecycle, vendor.
+- ``GET /api/node/{name}/history``: that node's short time series (``web/history.py``).
+- ``GET /api/jobs``: every known job: step, last complete checkpoint, restarts, downtime.
 - ``GET /api/stream``: Server-Sent Events, one ``changed`` event (with a version) whenever
   the incidents or the node states change.
 
@@ -26,6 +29,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from google.protobuf.json_format import MessageToDict
 
 from controller.detect.model import Incident
 from controller.detect.pipeline import Detection
@@ -35,6 +39,12 @@ from controller.heal.guards import BreakerState
 from controller.heal.states import NodeHealState
 from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.ingest.registry import NodeRecord, NodeRegistry
+from controller.jobs.registry import JobRegistry
+from controller.outputs.query import node_statuses
+from controller.outputs.web.history import History, Sampler
+from controller.outputs.web.node import node_json
+from controller.outputs.web.page import add_page_routes
+from controller.store import Store
 from starpulse.core.units import format_duration
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import inventory_pb2 as ipb
@@ -57,6 +67,23 @@ class ApiError(web.HTTPBadRequest):
         super().__init__(text=json.dumps({"error": message}), content_type="application/json")
 
 
+def find_jobs(listeners: Iterable[object]) -> JobRegistry | None:
+    """The JobRegistry among the registry's listeners (the controller appends it there)."""
+    return next((x for x in listeners if isinstance(x, JobRegistry)), None)
+
+
+def jobs_json(jobs: JobRegistry | None) -> dict[str, Any]:
+    """Every job the controller knows, by name; ``last_checkpoint_ms`` when it was complete."""
+    if jobs is None:
+        return {"jobs": [], "available": False}
+    rows = []
+    for rec in sorted(jobs.jobs(), key=lambda r: r.job):
+        row = rec.to_dict()
+        row["last_checkpoint_ms"] = rec.last_complete_ms or None
+        rows.append(row)
+    return {"jobs": rows, "available": True}
+
+
 def find_detection(listeners: Iterable[object]) -> Detection | None:
     """The Detection among the registry's listeners (the controller appends it there)."""
     return next((x for x in listeners if isinstance(x, Detection)), None)
@@ -71,6 +98,8 @@ class DashboardState:
     breaker: BreakerProvider | None = None
     lifecycle: LifecycleProvider = field(default=lambda: {})
     spares: SparesProvider | None = None
+    store: Store | None = None  # for the node rows a snapshot page carries
+    history: History = field(default_factory=History)
 
     def spares_state(self) -> dict[str, int] | None:
         """The spare pool (available, allocated, unavailable, target), or None without self-healing."""
@@ -348,6 +377,45 @@ def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
     }
 
 
+def node_rows(state: DashboardState) -> list[dict[str, Any]]:
+    """``/api/nodes``'s rows (the same NodeStatus as JSON), for a snapshot page; [] without a store."""
+    if state.store is None:
+        return []
+    return [
+        MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        for s in node_statuses(state.registry.nodes.values(), state.store, state.registry.clock)
+    ]
+
+
+def snapshot_json(state: DashboardState, version: int) -> dict[str, Any]:
+    """Everything the page fetches on a refresh, in one object (embedded in ``/?live=0``)."""
+    limit = DEFAULT_INCIDENT_LIMIT
+    return {
+        "fabric": fabric_json(state),
+        "incidents": {
+            "incidents": [incident_json(i) for i in state.incidents(True, limit)],
+            "all": True,
+            "limit": limit,
+        },
+        "summary": summary_json(state, version),
+        "nodes": {"nodes": node_rows(state)},
+    }
+
+
+def node_page_json(state: DashboardState, name: str) -> dict[str, Any] | None:
+    """One node's page, or None when neither the registry nor the fabric knows the name."""
+    rec = state.registry.nodes.get(name)
+    fabric = state.fabric
+    placed = fabric is not None and name in fabric.graph and name in set(fabric.nodes())
+    if rec is None and not placed:
+        return None
+    if rec is not None and rec.role == ipb.NODE_ROLE_SWITCH:
+        return None
+    spare = fabric.is_spare(name) if placed and fabric is not None else False
+    life = lifecycle_json(state.lifecycle_of().get(name))
+    return node_json(name, rec, life, spare, state.registry.clock.time_ms())
+
+
 # -- query parameters ----------------------------------------------------------------------
 
 
@@ -454,6 +522,37 @@ STATE_KEY = web.AppKey("dashboard_state", DashboardState)
 WATCHER_KEY = web.AppKey("dashboard_watcher", ChangeWatcher)
 
 
+def not_found(message: str) -> web.HTTPNotFound:
+    return web.HTTPNotFound(text=json.dumps({"error": message}), content_type="application/json")
+
+
+def add_view_routes(app: web.Application, state: DashboardState) -> None:
+    """The per-node page, its time series, and the jobs view."""
+
+    async def node_handler(request: web.Request) -> web.Response:
+        check_params(request, ())
+        name = request.match_info["name"]
+        page = node_page_json(state, name)
+        if page is None:
+            raise not_found(f"no node {name!r}")
+        return web.json_response(page)
+
+    async def history_handler(request: web.Request) -> web.Response:
+        check_params(request, ())
+        name = request.match_info["name"]
+        if node_page_json(state, name) is None:
+            raise not_found(f"no node {name!r}")
+        return web.json_response(state.history.of(name))
+
+    async def jobs_handler(request: web.Request) -> web.Response:
+        check_params(request, ())
+        return web.json_response(jobs_json(find_jobs(state.registry.listeners)))
+
+    app.router.add_get("/api/node/{name}", node_handler)
+    app.router.add_get("/api/node/{name}/history", history_handler)
+    app.router.add_get("/api/jobs", jobs_handler)
+
+
 def add_api_routes(app: web.Application, state: DashboardState, poll_s: float = 1.0, keepalive_s: float = 15.0) -> None:
     """Mount the dashboard's JSON endpoints and the change stream on ``app``."""
     watcher = ChangeWatcher(state.signature, poll_s)
@@ -497,14 +596,18 @@ def add_api_routes(app: web.Application, state: DashboardState, poll_s: float = 
             pass  # the browser went away
         return resp
 
+    sampler = Sampler(state.history)
+
     async def on_startup(app: web.Application) -> None:
         watcher.start()
+        sampler.start(lambda: list(state.registry.nodes.values()), state.registry.clock.time_ms)
 
     async def on_shutdown(app: web.Application) -> None:
         watcher.close()
 
     async def on_cleanup(app: web.Application) -> None:
         await watcher.stop()
+        await sampler.stop()
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -512,4 +615,6 @@ def add_api_routes(app: web.Application, state: DashboardState, poll_s: float = 
     app.router.add_get("/api/fabric", fabric_handler)
     app.router.add_get("/api/incidents", incidents_handler)
     app.router.add_get("/api/summary", summary_handler)
+    add_view_routes(app, state)
     app.router.add_get("/api/stream", stream_handler)
+    add_page_routes(app, lambda: snapshot_json(state, watcher.version))

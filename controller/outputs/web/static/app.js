@@ -6,11 +6,14 @@
   const POLL_MS = 5000; // fallback when the event stream is down
   const REFRESH_MS = 15000; // last-seen times move even when nothing "changes"
   const SEVERITY_RANK = { ok: -1, info: 0, warning: 1, critical: 2, fatal: 3 };
+  const COLLAPSE_ABOVE = 256; // nodes: past this, blocks that need no look start collapsed
 
   const state = {
     fabric: null,
     incidents: [],
     nodes: [],
+    jobs: [],
+    events: [],
     summary: null,
     byId: new Map(),
     version: null,
@@ -18,6 +21,7 @@
     loading: false,
     again: false,
     pollTimer: null,
+    expanded: null, // block numbers the operator chose to draw (null: the ones that need a look)
   };
 
   // -- small helpers ------------------------------------------------------------------------
@@ -85,6 +89,10 @@
     return names.slice(0, max).join(", ") + " +" + (names.length - max) + " more";
   }
 
+  // Shared with views.js (the node page, jobs, events), which loads after this file.
+  const sp = (window.starpulse = window.starpulse || {});
+  Object.assign(sp, { $, el, svg, getJSON, fmtClock, fmtAgo, fmtDuration, lifecycleOf: (item) => lifecycleOf(item) });
+
   // -- data ---------------------------------------------------------------------------------
 
   async function refresh() {
@@ -94,17 +102,15 @@
     }
     state.loading = true;
     try {
-      const [fabric, incidents, summary, nodes] = await Promise.all([
+      const [fabric, incidents, summary, nodes, jobs, events] = await Promise.all([
         getJSON("/api/fabric"),
         getJSON("/api/incidents?all=1&limit=200"),
         getJSON("/api/summary"),
         getJSON("/api/nodes"),
+        getJSON("/api/jobs"),
+        getJSON("/api/events?limit=50"),
       ]);
-      state.fabric = fabric;
-      state.incidents = incidents.incidents;
-      state.byId = new Map(state.incidents.map((i) => [i.id, i]));
-      state.summary = summary;
-      state.nodes = nodes.nodes || [];
+      apply({ fabric, incidents, summary, nodes, jobs, events });
       render();
       if (state.mode === "offline") setMode(isSnapshot() ? "snapshot" : "polling");
     } catch (err) {
@@ -119,12 +125,35 @@
     }
   }
 
+  /** Take one set of API answers (fetched, or embedded in a snapshot page). */
+  function apply(data) {
+    state.fabric = data.fabric;
+    state.incidents = data.incidents.incidents;
+    state.byId = new Map(state.incidents.map((i) => [i.id, i]));
+    state.summary = data.summary;
+    state.nodes = data.nodes.nodes || [];
+    state.jobs = data.jobs ? data.jobs.jobs || [] : state.jobs;
+    state.events = data.events ? data.events.events || [] : state.events;
+  }
+
+  /** The data a ``?live=0`` page carries inside itself (see controller/outputs/web/page.py), or null. */
+  function embedded() {
+    const slot = $("snapshot");
+    const text = slot ? slot.textContent.trim() : "";
+    return text ? JSON.parse(text) : null;
+  }
+
   function render() {
     renderSummary(state.summary);
     renderFabric(state.fabric);
     renderIncidents(state.incidents);
     renderNodes();
+    renderNodeNames();
+    sp.views.renderJobs(state.jobs);
+    sp.views.renderEvents(state.events);
     document.body.dataset.version = String(state.summary ? state.summary.version : "");
+    // Harnesses wait on this (never on time): the page shows the data it has.
+    document.body.dataset.ready = "1";
   }
 
   // -- header -------------------------------------------------------------------------------
@@ -229,12 +258,20 @@
 
   // -- fabric drawing -----------------------------------------------------------------------
 
+  /** A fabric spare without a lifecycle row is simply a spare (it may never have reported). */
+  function lifecycleOf(item) {
+    if (item.lifecycle && item.lifecycle !== "in_service") return item.lifecycle;
+    return item.spare ? "spare" : item.lifecycle || null;
+  }
+
   function statusClasses(item) {
     const cls = ["st-" + (item.status || "ok")];
     if ((item.root_cause_of || []).length) cls.push("fault");
     else if ((item.affected_by || []).length) cls.push("affected");
-    if (item.state) cls.push(item.state);
-    if (item.lifecycle && item.lifecycle !== "in_service") cls.push("life-" + item.lifecycle);
+    const life = lifecycleOf(item);
+    // A spare that never reported is drawn as a spare, not as "never seen".
+    if (item.state && !(item.state === "unknown" && life === "spare")) cls.push(item.state);
+    if (life && life !== "in_service") cls.push("life-" + life);
     return cls.join(" ");
   }
 
@@ -247,7 +284,7 @@
       "data-name": item.name,
       "data-status": item.status || "ok",
       "data-state": item.state || null,
-      "data-lifecycle": item.lifecycle || null,
+      "data-lifecycle": lifecycleOf(item),
       "data-incident": ids[0] || null,
       "data-incidents": ids.length ? ids.join(" ") : null,
       "aria-label": item.name + (ids.length ? " (" + item.status + ": " + ids.join(", ") + ")" : ""),
@@ -273,15 +310,78 @@
     return item && (item.root_cause_of || []).length ? "cable st-" + item.status : "cable";
   }
 
-  function renderFabric(f) {
+  // -- collapsible blocks (large fabrics) ------------------------------------------------------
+
+  /** A block needs no look: no incident touches it, every node is reachable and in service (or a spare). */
+  function blockHealthy(b) {
+    const items = b.leaves.concat(b.nodes);
+    return items.every(
+      (it) => !incidentsOf(it).length && it.state !== "unreachable" && ["in_service", "spare", null].includes(lifecycleOf(it)),
+    );
+  }
+
+  /** Blocks drawn in full. Small fabrics: all. Large ones: those that need a look, until the operator picks. */
+  function expandedBlocks(f) {
+    const nodeCount = f.blocks.reduce((n, b) => n + b.nodes.length, 0);
+    if (nodeCount <= COLLAPSE_ABOVE) return f.blocks;
+    if (state.expanded === null) return f.blocks.filter((b) => !blockHealthy(b));
+    return f.blocks.filter((b) => state.expanded.has(b.block));
+  }
+
+  function renderBlockChips(f, shown) {
+    const box = $("block-chips");
+    const collapsible = f.blocks.reduce((n, b) => n + b.nodes.length, 0) > COLLAPSE_ABOVE;
+    box.hidden = !collapsible;
+    if (!collapsible) return box.replaceChildren();
+    const open = new Set(shown.map((b) => b.block));
+    const chips = f.blocks.map((b) => {
+      const worst = b.leaves.concat(b.nodes).reduce((w, it) => (SEVERITY_RANK[it.status || "ok"] > SEVERITY_RANK[w] ? it.status : w), "ok");
+      const bad = b.nodes.filter((n) => incidentsOf(n).length || n.state === "unreachable").length;
+      const label = "block " + b.block + " · " + b.nodes.length + " nodes" + (bad ? " · " + bad + " need a look" : "");
+      const chip = el("button", {
+        type: "button",
+        class: "block-chip st-" + worst + (blockHealthy(b) ? "" : " attention"),
+        id: "block-chip-" + b.block,
+        "data-block": b.block,
+        "aria-expanded": open.has(b.block) ? "true" : "false",
+        title: open.has(b.block) ? "collapse this block" : "draw this block's nodes",
+        text: label,
+      });
+      chip.addEventListener("click", () => toggleBlock(f, b.block));
+      return chip;
+    });
+    const all = el("button", { type: "button", class: "block-chip all", id: "blocks-expand-all", text: "expand all" });
+    all.addEventListener("click", () => {
+      state.expanded = new Set(f.blocks.map((b) => b.block));
+      renderFabric(state.fabric);
+    });
+    box.replaceChildren(...chips, all);
+  }
+
+  function toggleBlock(f, block) {
+    if (state.expanded === null) state.expanded = new Set(expandedBlocks(f).map((b) => b.block));
+    if (state.expanded.has(block)) state.expanded.delete(block);
+    else state.expanded.add(block);
+    renderFabric(state.fabric);
+  }
+
+  function renderFabric(full) {
     const root = $("fabric-svg");
-    const hasAny = f && (f.blocks.length || f.nodes.length);
+    const hasAny = full && (full.blocks.length || full.nodes.length);
     $("fabric-empty").hidden = !!hasAny;
     root.replaceChildren();
     if (!hasAny) {
       root.setAttribute("height", "0");
       return;
     }
+    const shown = expandedBlocks(full);
+    renderBlockChips(full, shown);
+    renderFabricMeta(full);
+    if (full.blocks.length && !shown.length) {
+      root.setAttribute("height", "0"); // every block collapsed: the chips say it all
+      return;
+    }
+    const f = Object.assign({}, full, { blocks: shown });
     const width = Math.max(640, $("fabric").clientWidth || 1200);
     const L = layoutFabric(f, width);
     root.setAttribute("viewBox", "0 0 " + width + " " + L.height);
@@ -294,7 +394,6 @@
     L.blocks.forEach((b, i) => drawBlock(layers, L, b, i, pos));
     drawUplinks(cables, L, pos);
     drawFaultyLinks(root, f.links || [], pos);
-    renderFabricMeta(f);
   }
 
   function renderFabricMeta(f) {
@@ -448,8 +547,8 @@
   function tooltipContent(item) {
     const parts = [el("div", { class: "tt-name", text: item.name })];
     const facts = [];
-    if (item.state) facts.push(item.state);
     if (item.spare) facts.push("spare");
+    if (item.state) facts.push(item.state === "unknown" ? "never seen" : item.state);
     if (item.last_seen_ms) facts.push("seen " + fmtAgo(item.last_seen_ms));
     facts.push("status " + (item.status || "ok"));
     parts.push(el("div", { class: "tt-row", text: facts.join(" · ") }));
@@ -489,14 +588,14 @@
   // -- incidents ----------------------------------------------------------------------------
 
   function renderIncidents(incidents) {
-    const showResolved = $("show-resolved").checked;
     const open = incidents.filter((i) => i.open);
     const resolved = incidents.filter((i) => !i.open).slice(0, 50);
-    const shown = showResolved ? open.concat(resolved) : open;
-    const list = $("incidents");
-    list.replaceChildren(...shown.map(incidentItem));
-    $("incidents-empty").hidden = shown.length > 0;
-    $("incidents-meta").textContent = open.length + " open" + (showResolved ? " · " + resolved.length + " recently resolved" : "");
+    $("incidents").replaceChildren(...open.map(incidentItem));
+    $("incidents-empty").hidden = open.length > 0;
+    $("incidents-meta").textContent = open.length + " open";
+    $("resolved").replaceChildren(...resolved.map(incidentItem));
+    $("resolved-empty").hidden = resolved.length > 0;
+    $("resolved-meta").textContent = resolved.length ? "last " + resolved.length : "";
     if (location.hash.startsWith("#incident-")) {
       const target = document.getElementById(location.hash.slice(1));
       if (target) target.classList.add("hl");
@@ -571,7 +670,7 @@
     for (const [name, m] of marks) {
       if (!rows.has(name)) {
         rows.set(name, {
-          name, state: "unknown", lifecycle: m.lifecycle || "in_service", lifecycleSince: Number(m.lifecycle_since_ms || 0),
+          name, state: "unknown", lifecycle: lifecycleOf(m) || "in_service", lifecycleSince: Number(m.lifecycle_since_ms || 0),
           lifecycleReason: m.lifecycle_reason || "", last_seen_ms: 0, gpus: "", nics: "", events: "",
         });
       }
@@ -614,6 +713,43 @@
       el("td", { class: "num", text: r.events }),
       incCell,
     );
+  }
+
+  // -- node search ---------------------------------------------------------------------------
+
+  /** Every node name the page knows (fabric and registry), sorted. */
+  function allNodeNames() {
+    const names = new Set(state.nodes.filter((n) => n.role !== "NODE_ROLE_SWITCH").map((n) => n.node_id));
+    const f = state.fabric;
+    if (f) {
+      for (const b of f.blocks) for (const n of b.nodes) names.add(n.name);
+      for (const n of f.nodes) names.add(n.name);
+    }
+    return Array.from(names).sort();
+  }
+
+  function renderNodeNames() {
+    const names = allNodeNames();
+    const list = $("node-names");
+    if (list.childElementCount === names.length) return;
+    list.replaceChildren(...names.map((n) => el("option", { value: n })));
+  }
+
+  /** The node a search means: the exact name, else the only (or first) name containing it. */
+  function findNode(query) {
+    const q = query.trim().toLowerCase();
+    if (!q) return null;
+    const names = allNodeNames();
+    return names.find((n) => n.toLowerCase() === q) || names.find((n) => n.toLowerCase().includes(q)) || null;
+  }
+
+  function onSearch(ev) {
+    ev.preventDefault();
+    const input = $("node-search");
+    const name = findNode(input.value);
+    input.classList.toggle("miss", !name);
+    input.title = name ? "" : "no node matches " + JSON.stringify(input.value);
+    if (name) location.hash = "#node/" + encodeURIComponent(name);
   }
 
   // -- live updates -------------------------------------------------------------------------
@@ -662,14 +798,23 @@
   function init() {
     $("fabric-svg").addEventListener("mousemove", onFabricHover);
     $("fabric-svg").addEventListener("mouseleave", () => ($("tooltip").hidden = true));
-    $("show-resolved").addEventListener("change", () => renderIncidents(state.incidents));
     $("node-filter").addEventListener("input", renderNodes);
+    $("node-search-form").addEventListener("submit", onSearch);
     window.addEventListener("resize", debounce(() => renderFabric(state.fabric), 150));
     window.addEventListener("hashchange", () => {
       for (const node of document.querySelectorAll(".incident.hl")) node.classList.remove("hl");
       renderIncidents(state.incidents);
+      sp.views.showView();
     });
-    refresh();
+    const data = embedded();
+    if (data) {
+      apply(data); // a snapshot: drawn now, while the document loads, with no fetch to wait for
+      render();
+      sp.views.loadExtras(); // jobs and events are not embedded
+    } else {
+      refresh();
+    }
+    sp.views.showView();
     if (isSnapshot()) {
       setMode("snapshot");
       return;
