@@ -198,6 +198,31 @@ async def _demo(
     script: list[ScriptedFault] | None = None,
     bad_boards: frozenset[str] = frozenset(),
 ) -> None:
+    """The demo with its structured logs in ``log_path`` (None: ``workdir/demo.log``), never on the screen.
+
+    Every way in (``starpulse demo``, ``bench.demo_repair``, the e2e tests) comes through here,
+    so whatever logging the caller set up, the story on stdout is the only thing printed there.
+    """
+    path = log_path if log_path is not None else workdir / "demo.log"
+    with path.open("a", encoding="utf-8") as log:
+        configure_logging("info", fmt="json", stream=log)
+        try:
+            await _demo_story(nodes, duration_s, http, listen, workdir, max_faults, path, script, bad_boards)
+        finally:  # whatever logs next (the CLI's own error handling) must not write to the closed file
+            configure_logging("warning", fmt="console", stream=sys.stderr)
+
+
+async def _demo_story(
+    nodes: int,
+    duration_s: float,
+    http: str,
+    listen: str,
+    workdir: Path,
+    max_faults: int = 0,
+    log_path: Path | None = None,
+    script: list[ScriptedFault] | None = None,
+    bad_boards: frozenset[str] = frozenset(),
+) -> None:
     """``max_faults`` (0: no limit) ends the demo once that many faults were injected and the
     cluster settled (every node repaired or retired, every job running, the pool at its target
     or no node left to refill it). ``script``: these faults in this order instead of drawn ones
@@ -447,12 +472,10 @@ def run_demo(
         raise SystemExit("--nodes must be at least 1")
     fd, log_name = tempfile.mkstemp(prefix="starpulse-demo-", suffix=".log")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as log, tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
-            configure_logging("info", fmt="json", stream=log)
+        os.close(fd)  # _demo appends to it
+        with tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
             asyncio.run(_demo(nodes, duration_s, http, listen, Path(tmp), log_path=Path(log_name)))
     except BaseException:  # it never ran (a taken port) or broke: the error goes to the terminal, no stray file
         Path(log_name).unlink(missing_ok=True)
         raise
-    finally:  # whatever logs next (the CLI's own error handling) must not write to the closed file
-        configure_logging("warning", fmt="console", stream=sys.stderr)
     return 0
