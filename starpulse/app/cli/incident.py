@@ -18,6 +18,7 @@ from starpulse.app.cli.common import (
     query_stub,
     rpc,
 )
+from starpulse.app.cli.tables import Col, print_table
 
 
 def _clock(ms: int) -> str:
@@ -88,9 +89,10 @@ def cmd_approvals(args: argparse.Namespace) -> int:
     if not resp.approvals:
         print("no remediation waits for approval")
         return 0
-    print(f"{'INCIDENT':<14} {'NODE':<16} {'ACTION':<10} {'ASKED':<9} WHY")
-    for a in resp.approvals:
-        print(f"{a.incident_id:<14} {a.node:<16} {a.action:<10} {age(a.requested_ms):<9} {a.reason}")
+    print_table(
+        [Col("INCIDENT"), Col("NODE"), Col("ACTION"), Col("ASKED"), Col("WHY")],
+        [[a.incident_id, a.node, a.action, age(a.requested_ms), a.reason] for a in resp.approvals],
+    )
     print("approve one with: starpulse approve INCIDENT [--node NODE]")
     return 0
 

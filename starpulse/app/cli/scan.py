@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from starpulse.app.cli.common import JSON_HELP, count_flag, seconds_flag
+from starpulse.app.cli.tables import Col, print_table
 
 NONE_BACKEND = "none"
 
@@ -174,10 +175,11 @@ def _print_scan(out: dict[str, Any]) -> None:
         xid = f" xid={f['xid']}" if "xid" in f else ""
         print(f"  [{f['severity']:>8}] {f['component']:<14} {f['kind']}{xid} -> {f['action']}: {f['message']}")
     verdict = out["verdict"]
-    if verdict["conditions"] or verdict["missing"]:
-        print(f"{'SEVERITY':<9} {'RULE':<26} {'COMPONENT':<22} {'ACTION':<16} MESSAGE")
-    for c in verdict["conditions"]:
-        print(f"{c['severity']:<9} {c['rule']:<26} {c['component']:<22} {c['action']:<16} {c['message']}")
+    if verdict["conditions"]:
+        print_table(
+            [Col("SEVERITY", styled=True), Col("RULE"), Col("COMPONENT"), Col("ACTION"), Col("MESSAGE")],
+            [[c["severity"], c["rule"], c["component"], c["action"], c["message"]] for c in verdict["conditions"]],
+        )
     for p in verdict["problems"]:
         print(f"could not check: {p}")
     print(f"verdict: {verdict['status']}")
