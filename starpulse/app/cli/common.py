@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,16 @@ def add_tls_flags(parser: argparse.ArgumentParser) -> None:
 
 
 CONTROLLER_ENV = "STARPULSE_CONTROLLER"
-JSON_HELP = "print JSON instead of the table"
+JSON_HELP = "print JSON instead of the table (versioned: docs/json.md)"
+JSON_SCHEMA_PREFIX = "starpulse.v1/"
+
+
+def print_json(kind: str, payload: Mapping[str, Any], *, sort_keys: bool = False) -> None:
+    """A ``--json`` document: a top-level ``schema`` (``starpulse.v1/<kind>``, docs/json.md) beside the payload.
+
+    Scripts check the schema before reading: a key that changes meaning gets a new version.
+    """
+    print(json.dumps({"schema": JSON_SCHEMA_PREFIX + kind, **payload}, indent=2, sort_keys=sort_keys))
 
 
 def add_client_flags(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from starpulse.app.cli.common import (
     admin_call,
     age,
     message_dict,
+    print_json,
     query_stub,
     rpc,
 )
@@ -52,7 +53,7 @@ def cmd_incident_show(args: argparse.Namespace) -> int:
     if args.json:
         out = message_dict(resp)
         out["timeline"] = json.loads(out.pop("timeline_json") or "[]")
-        print(json.dumps(out, indent=2))
+        print_json("incident", out)
     else:
         _print_detail(resp)
     return 0
@@ -71,7 +72,7 @@ def cmd_incident_action(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("incident-action", message_dict(resp))
     else:
         print(resp.message)
     return 0
@@ -84,7 +85,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("approvals", message_dict(resp))
         return 0
     if not resp.approvals:
         print("no remediation waits for approval")

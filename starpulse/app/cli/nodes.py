@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Literal
 
 from controller.heal.states import NodeHealState
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, age, message_dict, query_stub, rpc
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, age, message_dict, print_json, query_stub, rpc
 from starpulse.app.cli.tables import Col, print_table
 
 LIFECYCLE_STATES = tuple(str(s) for s in NodeHealState)
@@ -39,7 +38,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps({"nodes": [message_dict(n) for n in resp.nodes]}, indent=2))
+        print_json("nodes", {"nodes": [message_dict(n) for n in resp.nodes]})
         return 0
     rows = []
     for n in resp.nodes:

@@ -8,7 +8,16 @@ import sys
 import time
 from typing import Any, Literal
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, count_flag, query_stub, rpc
+from starpulse.app.cli.common import (
+    JSON_HELP,
+    add_client_flags,
+    admin_call,
+    age,
+    count_flag,
+    print_json,
+    query_stub,
+    rpc,
+)
 from starpulse.app.cli.tables import Col, print_table
 
 
@@ -39,7 +48,7 @@ def cmd_events(args: argparse.Namespace) -> int:
         for e in resp.events
     ]
     if args.json:
-        print(json.dumps({"events": rows}, indent=2))
+        print_json("events", {"events": rows})
         return 0
     if not rows:
         if args.node:
@@ -96,7 +105,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         for i in resp.incidents
     ]
     if args.json:
-        print(json.dumps({"incidents": rows}, indent=2))
+        print_json("incidents", {"incidents": rows})
         return 0
     if not rows:
         print("no open incidents" if not args.all else "no incidents")
@@ -136,7 +145,7 @@ def cmd_spares(args: argparse.Namespace) -> int:
         for s in resp.spares
     ]
     if args.json:
-        print(json.dumps({"spares": rows}, indent=2))
+        print_json("spares", {"spares": rows})
         return 0
     if not rows:
         print("no spares")
@@ -176,7 +185,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         for j in resp.jobs
     ]
     if args.json:
-        print(json.dumps({"jobs": rows}, indent=2))
+        print_json("jobs", {"jobs": rows})
         return 0
     if not rows:
         print("no jobs")

@@ -9,7 +9,6 @@ nodecheck). Exit codes: 0 healthy, 1 unhealthy, 2 could not check.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, count_flag, seconds_flag
+from starpulse.app.cli.common import JSON_HELP, count_flag, print_json, seconds_flag
 from starpulse.app.cli.tables import Col, print_table
 
 NONE_BACKEND = "none"
@@ -155,7 +154,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         print(f"starpulse scan: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json("scan", out, sort_keys=True)
     else:
         _print_scan(out)
     return code

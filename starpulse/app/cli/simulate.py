@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, address, count_flag, seconds_flag
+from starpulse.app.cli.common import JSON_HELP, address, count_flag, print_json, seconds_flag
 
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
@@ -22,7 +21,7 @@ def cmd_scenario_run(args: argparse.Namespace) -> int:
         return 2
     verdict = asyncio.run(run_scenario(scenario))
     if args.json:
-        print(json.dumps(verdict, indent=2))
+        print_json("scenario-verdict", verdict)
     else:
         _print_verdict(verdict)
     return 0 if verdict["expectations"]["passed"] else 1

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, query_stub, rpc, writable_file
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, print_json, query_stub, rpc, writable_file
 
 
 def cmd_topology_generate(args: argparse.Namespace) -> int:
@@ -66,7 +66,7 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
         "missing_links": list(resp.missing_links),
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json("topology", out)
         return 0
     print(json.dumps(out["summary"], sort_keys=True))
     print(f"LLDP reported by {resp.nodes_reporting_lldp} nodes/switches")
