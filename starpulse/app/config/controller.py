@@ -480,26 +480,48 @@ def _scheduler(kind: str, o: Any, fabric: Fabric | None, connect: bool) -> Sched
 def check_references(st: ControllerSettings, *, reach: bool = False) -> list[str]:
     """What `config check` adds to the settings' own checks: the files they name load; with ``reach``,
     the etcd endpoints they name answer. One line per problem, naming the setting."""
+    c = st.controller
+    paths = {
+        "fabric.path": c.fabric_path,
+        "detection.rules_path": c.rules_path,
+        "heal.policy_path": c.heal.policy_path if c.heal is not None else None,
+    }
+    problems = [line for key, path in paths.items() if path is not None for line in _file_problems(key, path)]
+    if reach and c.ha is not None:
+        problems.extend(f"ha.etcd: {line}" for line in _unreachable(c.ha.etcd))
+    return problems
+
+
+def _file_problems(key: str, path: Path) -> list[str]:
+    """Why the file ``key`` names does not load (fabric, rules or policy), one line each; [] when it does."""
     from controller.detect.rules import load_rules
     from controller.heal.policy import load_policy
     from starpulse.core.schema import ConfigError
 
-    c = st.controller
-    files: list[tuple[str, Path | None, Any]] = [
-        ("fabric.path", c.fabric_path, load_fabric),
-        ("detection.rules_path", c.rules_path, load_rules),
-        ("heal.policy_path", c.heal.policy_path if c.heal is not None else None, load_policy),
-    ]
-    problems: list[str] = []
-    for key, path, load in files:
-        if path is None:
-            continue
-        try:
-            load(path)
-        except ConfigError as exc:
-            problems.extend(f"{key}: {line}" for line in exc.errors)
-    if reach and c.ha is not None:
-        problems.extend(f"ha.etcd: {line}" for line in _unreachable(c.ha.etcd))
+    loaders: dict[str, Any] = {
+        "fabric.path": load_fabric,
+        "detection.rules_path": load_rules,
+        "heal.policy_path": load_policy,
+    }
+    try:
+        loaders[key](path)
+    except ConfigError as exc:
+        return [f"{key}: {line}" for line in exc.errors]
+    return []
+
+
+def check_raw_references(raw: Mapping[str, Any], base_dir: Path, errors: list[str]) -> list[str]:
+    """The referenced files' problems when the settings themselves have errors (no ControllerSettings to
+    read them from): the paths as the file writes them, so one `config check` run reports both."""
+    problems = []
+    for key in ("fabric.path", "detection.rules_path", "heal.policy_path"):
+        if any(f"{key}:" in line for line in errors):
+            continue  # the setting itself is wrong: said already
+        section, _, leaf = key.partition(".")
+        value = raw.get(key, raw.get(section, {}).get(leaf) if isinstance(raw.get(section), dict) else None)
+        if isinstance(value, str) and value:
+            path = Path(value) if Path(value).is_absolute() else base_dir / value
+            problems.extend(_file_problems(key, path))
     return problems
 
 
