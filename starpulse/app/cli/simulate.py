@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from starpulse.app.cli.common import JSON_HELP, address, count_flag, print_json, seconds_flag
+from starpulse.app.cli.progress import timed
 
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
@@ -19,7 +20,8 @@ def cmd_scenario_run(args: argparse.Namespace) -> int:
     except (ScenarioError, OSError) as exc:
         print(f"starpulse scenario run: {exc}", file=sys.stderr)
         return 2
-    verdict = asyncio.run(run_scenario(scenario))
+    label = f"scenario {scenario.name}: {len(scenario.faults)} fault(s)"
+    verdict = asyncio.run(timed(run_scenario(scenario), label, scenario.duration_s))
     if args.json:
         print_json("scenario-verdict", verdict)
     else:

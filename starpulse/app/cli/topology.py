@@ -8,21 +8,24 @@ import sys
 from typing import Any
 
 from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, print_json, query_stub, rpc, writable_file
+from starpulse.app.cli.progress import status
 
 
 def cmd_topology_generate(args: argparse.Namespace) -> int:
     from controller.fabric import generate_fabric, save_fabric
 
     try:
-        fabric = generate_fabric(
-            args.nodes, args.gpus_per_node, args.rails, args.nodes_per_block, args.spines, spares=args.spares
-        )
+        with status(f"generating a fabric of {args.nodes} nodes"):
+            fabric = generate_fabric(
+                args.nodes, args.gpus_per_node, args.rails, args.nodes_per_block, args.spines, spares=args.spares
+            )
     except ValueError as exc:
         print(f"starpulse topology generate: {exc}", file=sys.stderr)
         return 2
     if args.out:
         try:
-            save_fabric(fabric, args.out)
+            with status(f"writing {args.out}"):
+                save_fabric(fabric, args.out)
         except OSError as exc:
             print(f"starpulse topology generate: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
