@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import structlog
 
 from starpulse.app.demo import _demo, counted
 from starpulse.core.logs import configure_logging
@@ -52,8 +54,14 @@ def test_in_process_demo_keeps_logs_off_stdout_whatever_the_caller_set_up(
 ) -> None:
     """bench.demo_repair sets warnings-to-stdout logging and calls the demo in-process: the
     controller's start warnings (grpc_plaintext, admin_open) and incident logs went to its screen."""
+    saved = structlog.get_config()
     configure_logging("warning", fmt="json", stream=sys.stdout)  # what bench.common.quiet_logging does
-    asyncio.run(_demo(2, 3.0, "127.0.0.1:0", "127.0.0.1:0", tmp_path))
+    try:
+        asyncio.run(_demo(2, 3.0, "127.0.0.1:0", "127.0.0.1:0", tmp_path))
+        assert structlog.get_config()["logger_factory"]._file is sys.stdout  # the caller's logging, restored
+    finally:
+        structlog.configure(**saved)  # not this test's captured stdout for the tests after it
+        logging.basicConfig(force=True)
     out = capsys.readouterr().out
     assert out.startswith("dashboard: http://127.0.0.1:")
     assert structured_lines(out) == [], structured_lines(out)[:5]

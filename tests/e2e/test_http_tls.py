@@ -15,7 +15,6 @@ that use them (each skips, saying which, when absent).
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import ssl
 import subprocess
@@ -31,7 +30,7 @@ import yaml
 from controller.service import Controller, ControllerConfig
 from starpulse.core.auth import HttpAuthConfig
 from starpulse.core.tls import TestCA, make_test_ca
-from tests.e2e.test_dashboard import CHROMIUM
+from tests.e2e.test_dashboard import CHROMIUM, run_chromium
 from tests.helpers import free_port
 
 TOKEN = "dashboard-token-0123456789abcdef"
@@ -170,35 +169,7 @@ async def test_prometheus_scrapes_metrics_over_tls(rig: Rig, tmp_path: Path) -> 
         await asyncio.wait_for(proc.wait(), 20)
 
 
-async def run_chromium(profile: Path, *args: str, env: dict[str, str]) -> str:
-    """Headless Chromium with this environment (its HOME holds the NSS trust store); returns stdout."""
-    assert CHROMIUM is not None
-    proc = await asyncio.create_subprocess_exec(
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"chromium {args[-1]} timed out") from None
-    assert proc.returncode == 0, f"chromium exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}"
-    return out.decode(errors="replace")
-
-
-def nss_home(home: Path, ca_cert: Path) -> dict[str, str]:
+def nss_home(home: Path, ca_cert: Path) -> None:
     """A HOME whose NSS database (Chromium's trust store on Linux) trusts the test CA."""
     assert CERTUTIL is not None
     db = home / ".pki" / "nssdb"
@@ -211,25 +182,21 @@ def nss_home(home: Path, ca_cert: Path) -> dict[str, str]:
     )
     listed = subprocess.run(["certutil", "-L", "-d", f"sql:{db}"], check=True, capture_output=True, text=True)
     assert "starpulse-test-ca" in listed.stdout
-    return {**os.environ, "HOME": str(home)}
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install --no-install-recommends chromium)")
 @pytest.mark.skipif(CERTUTIL is None, reason="no certutil (apt-get install --no-install-recommends libnss3-tools)")
-async def test_chromium_trusts_the_ca_through_nss(rig: Rig, tmp_path: Path) -> None:
-    env = nss_home(tmp_path / "home", rig.ca.ca_cert)
-    dom = await run_chromium(tmp_path / "p1", "--dump-dom", rig.url("/", "localhost"), env=env)
+async def test_chromium_trusts_the_ca_through_nss(rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nss_home(tmp_path / "home", rig.ca.ca_cert)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # Chromium (a child process) reads $HOME/.pki/nssdb
+    dom = await run_chromium(tmp_path / "p1", "--dump-dom", rig.url("/", "localhost"))
     assert 'id="auth-required"' in dom and "Bearer" in dom  # the page says how to authenticate
     assert 'id="fabric-panel"' not in dom
     dom = await run_chromium(
-        tmp_path / "p2",
-        "--virtual-time-budget=3000",
-        "--dump-dom",
-        rig.url(f"/?token={TOKEN}&live=0", "localhost"),
-        env=env,
+        tmp_path / "p2", "--virtual-time-budget=3000", "--dump-dom", rig.url(f"/?token={TOKEN}&live=0", "localhost")
     )
     assert 'id="fabric-panel"' in dom and 'id="auth-required"' not in dom  # the dashboard itself
-    bare = {**os.environ, "HOME": str(tmp_path / "bare-home")}
     (tmp_path / "bare-home").mkdir()
-    dom = await run_chromium(tmp_path / "p3", "--dump-dom", rig.url(f"/?token={TOKEN}&live=0", "localhost"), env=bare)
+    monkeypatch.setenv("HOME", str(tmp_path / "bare-home"))
+    dom = await run_chromium(tmp_path / "p3", "--dump-dom", rig.url(f"/?token={TOKEN}&live=0", "localhost"))
     assert 'id="fabric-panel"' not in dom and 'id="auth-required"' not in dom  # untrusted: no page at all
