@@ -11,6 +11,12 @@ from starpulse.app import cli
 from starpulse.app.cli.common import client_token
 
 
+@pytest.fixture(autouse=True)
+def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli.main() points logging at the (captured, later closed) stderr; keep the test's config."""
+    monkeypatch.setattr("starpulse.core.logs.configure_logging", lambda *a, **k: None)
+
+
 @pytest.fixture
 def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))

@@ -10,6 +10,12 @@ import yaml
 from starpulse.app import cli
 
 
+@pytest.fixture(autouse=True)
+def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli.main() points logging at the (captured, later closed) stderr; keep the test's config."""
+    monkeypatch.setattr("starpulse.core.logs.configure_logging", lambda *a, **k: None)
+
+
 def test_settings_errors_and_missing_files_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "rules.yaml").write_text("rules: [ {not: valid\n")
     path = tmp_path / "controller.yaml"

@@ -24,6 +24,12 @@ TOKEN = "a-token-of-enough-length-123456"
 Client = TestClient[web.Request, web.Application]
 
 
+@pytest.fixture(autouse=True)
+def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli.main() points logging at the (captured, later closed) stderr; keep the test's config."""
+    monkeypatch.setattr("starpulse.core.logs.configure_logging", lambda *a, **k: None)
+
+
 async def client_for(tmp_path: Path, auth: HttpAuthConfig) -> Client:
     ctl = Controller(ControllerConfig(db_path=tmp_path / "c.db"))
     app = build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True, detection=ctl.detection, http_auth=auth)
