@@ -41,6 +41,7 @@ from controller.service import (
     TELEMETRY_SERVICE,
     Controller,
     ControllerConfig,
+    http_ssl_context,
     split_host_port,
 )
 from controller.store import Store
@@ -150,7 +151,7 @@ class Replica:
         runner = web.AppRunner(standby_http(leader), access_log=None)
         await runner.setup()
         host, http_port = split_host_port(cfg.http)
-        await web.TCPSite(runner, host, http_port).start()
+        await web.TCPSite(runner, host, http_port, ssl_context=http_ssl_context(cfg)).start()
         return server, runner
 
     # -- leader -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,11 +45,11 @@ from controller.outputs.web.api import breaker_json
 from controller.stages import StageTracker
 from controller.store import Store
 from starpulse.core import sdnotify
-from starpulse.core.auth import AuthConfig, AuthInterceptor
+from starpulse.core.auth import AuthConfig, AuthInterceptor, HttpAuthConfig
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port, ensure_free
 from starpulse.core.schema import setting
-from starpulse.core.tls import TLSSettings, load_server_credentials, peer_node_id
+from starpulse.core.tls import TLSSettings, load_server_credentials, peer_node_id, server_ssl_context
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -132,8 +133,17 @@ class ControllerConfig:
     tls: TLSSettings | None = None
     # Admin credential and whether reads need it (starpulse.core.auth). Default: dev mode, open.
     auth: AuthConfig = field(default_factory=AuthConfig)
+    # The HTTP side: HTTPS on the same certificates, and who may read it (starpulse.core.auth).
+    http_auth: HttpAuthConfig = field(default_factory=HttpAuthConfig)
     # Several replicas coordinated by etcd (controller.replica); None: one controller on SQLite.
     ha: HAConfig | None = None
+
+
+def http_ssl_context(config: ControllerConfig) -> ssl.SSLContext | None:
+    """The HTTPS context of the HTTP side: the gRPC side's certificates, unless http.tls is off."""
+    if config.tls is None or not config.http_auth.tls:
+        return None
+    return server_ssl_context(config.tls, client_certs=config.http_auth.require_auth)
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -341,6 +351,7 @@ class Controller:
             await self.shards.start()  # before the port opens: no report may bypass them
         self.store.start_checkpointer()
         credentials = load_server_credentials(cfg.tls) if cfg.tls is not None else None
+        ssl_context = http_ssl_context(cfg)
         server = grpc.aio.server(
             interceptors=[AuthInterceptor(cfg.auth)],
             options=[
@@ -374,11 +385,13 @@ class Controller:
             detection=self.detection,
             breaker=self._breaker_json if self.healer is not None else None,
             spares=self._spares_json if self.healer is not None and self.healer.spares is not None else None,
+            http_auth=cfg.http_auth,
+            secure=ssl_context is not None,
         )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = split_host_port(cfg.http)
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:  # taken since the probe: close what opened, then say which address
@@ -395,6 +408,8 @@ class Controller:
             "controller_started",
             grpc=f"{split_host_port(cfg.listen)[0]}:{self.grpc_port}",
             http=f"{host}:{self.http_port}",
+            https=ssl_context is not None,
+            http_auth="required" if cfg.http_auth.require_auth else "open",
             db=str(cfg.db_path),
             nodes_known=len(self.registry.nodes),
             tls=cfg.tls is not None,

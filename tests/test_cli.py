@@ -27,7 +27,8 @@ class TestScan:
         out = run("scan", "--backend", "sim", "--json")
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
-        assert set(data) == {"inventory", "sample", "findings", "verdict"}
+        assert set(data) == {"schema", "inventory", "sample", "findings", "verdict"}
+        assert data["schema"] == "starpulse.v1/scan"
         assert data["verdict"]["status"] == "healthy" and data["verdict"]["conditions"] == []
         assert len(data["inventory"]["gpus"]) == 8
         assert len(data["inventory"]["nics"]) == 9

@@ -583,6 +583,8 @@ def test_agent_without_node_id_or_config(capsys: pytest.CaptureFixture[str]) -> 
 def test_tls_and_auth_sections_build_the_service_settings(tmp_path: Path) -> None:
     token = tmp_path / "admin.tokens"
     token.write_text("# ops\n" + "t" * 40 + "\n")
+    for name in ("ca.pem", "c.pem", "c.key"):  # the settings check the files exist (their contents load at start)
+        (tmp_path / name).write_text("pem\n")
     path = write(
         tmp_path,
         {

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import structlog
 
-from starpulse.app.demo import counted
+from starpulse.app.demo import _demo, counted
+from starpulse.core.logs import configure_logging
+
+STRUCTLOG_LINE = re.compile(r"^\s*\{.*\}\s*$|\[(debug|info|warning|error)\s*\]|\bevent=|\blevel=")
+
+
+def structured_lines(text: str) -> list[str]:
+    """Lines that are structlog's (JSON objects or its console form), not the demo's own words."""
+    return [line for line in text.splitlines() if STRUCTLOG_LINE.search(line)]
 
 
 def test_first_line_is_the_dashboard_and_the_logs_go_to_a_named_file() -> None:
@@ -35,6 +46,28 @@ def test_first_line_is_the_dashboard_and_the_logs_go_to_a_named_file() -> None:
     finally:
         path.unlink()
     assert "starting 2 simulated nodes + 1 hot spare" in out.stdout
+    assert structured_lines(out.stdout) == []
+
+
+def test_in_process_demo_keeps_logs_off_stdout_whatever_the_caller_set_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.demo_repair sets warnings-to-stdout logging and calls the demo in-process: the
+    controller's start warnings (grpc_plaintext, admin_open) and incident logs went to its screen."""
+    saved = structlog.get_config()
+    configure_logging("warning", fmt="json", stream=sys.stdout)  # what bench.common.quiet_logging does
+    try:
+        asyncio.run(_demo(2, 3.0, "127.0.0.1:0", "127.0.0.1:0", tmp_path))
+        assert structlog.get_config()["logger_factory"]._file is sys.stdout  # the caller's logging, restored
+    finally:
+        structlog.configure(**saved)  # not this test's captured stdout for the tests after it
+        logging.basicConfig(force=True)
+    out = capsys.readouterr().out
+    assert out.startswith("dashboard: http://127.0.0.1:")
+    assert structured_lines(out) == [], structured_lines(out)[:5]
+    logged = [json.loads(line)["event"] for line in (tmp_path / "demo.log").read_text().splitlines()]
+    assert {"controller_started", "grpc_plaintext", "admin_open"} <= set(logged)
+    assert f"logs:     {tmp_path / 'demo.log'}" in out
 
 
 def test_counts_read_as_words() -> None:

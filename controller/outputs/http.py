@@ -13,6 +13,7 @@ from controller.detect.pipeline import Detection
 from controller.heal.states import lifecycle_records, parse_states
 from controller.ingest.registry import NodeRegistry
 from controller.metrics import ControllerMetrics
+from controller.outputs.http_auth import auth_middleware
 from controller.outputs.query import node_statuses
 from controller.outputs.web.api import (
     ApiError,
@@ -23,6 +24,7 @@ from controller.outputs.web.api import (
     find_detection,
 )
 from controller.store import Store
+from starpulse.core.auth import HttpAuthConfig
 from starpulse.core.findings import event_kind_name, severity_name
 
 
@@ -35,8 +37,11 @@ def build_app(
     breaker: BreakerProvider | None = None,
     poll_s: float = 1.0,
     spares: SparesProvider | None = None,
+    http_auth: HttpAuthConfig | None = None,
+    secure: bool = False,
 ) -> web.Application:
-    """The aiohttp app. ``detection`` defaults to the Detection among the registry's listeners."""
+    """The aiohttp app. ``detection`` defaults to the Detection among the registry's listeners;
+    ``http_auth`` (None: open) guards it, ``secure`` says it is served over HTTPS (cookie flags)."""
     dashboard = DashboardState(
         registry,
         detection or find_detection(registry.listeners),
@@ -93,7 +98,8 @@ def build_app(
             )
         return web.json_response({"events": events})
 
-    app = web.Application(client_max_size=1024 * 1024)
+    middlewares = [auth_middleware(http_auth, secure)] if http_auth is not None else []
+    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/nodes", api_nodes)

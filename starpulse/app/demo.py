@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
+import logging
 import math
 import os
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
+import structlog
 import yaml
 
 from agent.factory import build_agent
@@ -52,6 +57,8 @@ from starpulse.app.demo_training import TRAIN_PY, DemoTraining
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
+
+P = ParamSpec("P")
 
 
 class DemoPrinter:
@@ -187,6 +194,34 @@ def settled(controller: Controller) -> bool:
     return not [n for n in nodes if healer.store.state(n) == "in_service" and n not in working]
 
 
+def _logs_to_file(run: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, Coroutine[Any, Any, None]]:
+    """The demo with its structured logs in its ``log_path`` (None: ``workdir/demo.log``), never on the screen.
+
+    Every way in (``starpulse demo``, ``bench.demo_repair``, the e2e tests) comes through here,
+    so whatever logging the caller set up, the story on stdout is the only thing printed there.
+    """
+
+    @functools.wraps(run)
+    async def with_logs(*args: P.args, **kwargs: P.kwargs) -> None:
+        bound = inspect.signature(run).bind(*args, **kwargs)
+        bound.apply_defaults()
+        path = bound.arguments["log_path"] or Path(bound.arguments["workdir"]) / "demo.log"
+        bound.arguments["log_path"] = path
+        saved, root = structlog.get_config(), logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        with path.open("a", encoding="utf-8") as log:
+            configure_logging("info", fmt="json", stream=log)
+            try:
+                await run(*bound.args, **bound.kwargs)
+            finally:  # the caller's logging again (the CLI's error handling): never the closed file
+                structlog.configure(**saved)
+                root.handlers[:] = handlers
+                root.setLevel(level)
+
+    return with_logs
+
+
+@_logs_to_file
 async def _demo(
     nodes: int,
     duration_s: float,
@@ -447,12 +482,10 @@ def run_demo(
         raise SystemExit("--nodes must be at least 1")
     fd, log_name = tempfile.mkstemp(prefix="starpulse-demo-", suffix=".log")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as log, tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
-            configure_logging("info", fmt="json", stream=log)
+        os.close(fd)  # _demo appends to it
+        with tempfile.TemporaryDirectory(prefix="starpulse-demo-") as tmp:
             asyncio.run(_demo(nodes, duration_s, http, listen, Path(tmp), log_path=Path(log_name)))
     except BaseException:  # it never ran (a taken port) or broke: the error goes to the terminal, no stray file
         Path(log_name).unlink(missing_ok=True)
         raise
-    finally:  # whatever logs next (the CLI's own error handling) must not write to the closed file
-        configure_logging("warning", fmt="console", stream=sys.stderr)
     return 0

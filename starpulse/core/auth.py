@@ -13,8 +13,9 @@ file, one per line; they are never logged). Rules:
   CA signing node certificates, naming a certificate "admin" should be a deliberate choice.
 
 Telemetry is protected by mTLS (identity from the certificate), health stays open. The
-HTTP side (/metrics, /healthz, /api, dashboard) is not covered: it is read-only and listens
-on loopback by default; put it behind a proxy if it must be exposed.
+HTTP side (dashboard, /api, /metrics) has its own rules, ``HttpAuthConfig``: open by default
+(loopback), or a bearer token / a client certificate for the dashboard and /api, with
+/metrics open (Prometheus' plain scrape) or behind the same credential; /healthz stays open.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import hmac
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import structlog
@@ -68,16 +69,40 @@ class AuthConfig:
         return self.admin_tokens is None and not self.admin_cert_names
 
 
-def load_tokens(path: Path | str) -> list[str]:
+@dataclass
+class HttpAuthConfig:
+    """Who may read the HTTP side. Tokens come from a file or the environment, never the settings file."""
+
+    tls: bool = setting(
+        True, "Serve HTTPS with the tls section's certificates when they are set; false: plain HTTP even then"
+    )
+    require_auth: bool = setting(
+        False, "The dashboard and /api need a bearer token (token_file, $STARPULSE_HTTP_TOKEN) or a client certificate"
+    )
+    cert_names: list[str] = setting(
+        [], "Client certificate names (CN/SAN) that may read; empty: any certificate the tls CA signed"
+    )
+    metrics: Literal["open", "auth"] = setting(
+        "open", "/metrics: open (a plain Prometheus scrape, over TLS when it is on) or auth (the same credential)"
+    )
+    tokens: list[str] | None = None  # loaded from token_file / the environment; None: no token accepted
+
+    def __post_init__(self) -> None:
+        for t in self.tokens or ():
+            if len(t) < MIN_TOKEN_LEN or any(c.isspace() for c in t):
+                raise AuthConfigError(f"an HTTP token is shorter than {MIN_TOKEN_LEN} characters or has whitespace")
+
+
+def load_tokens(path: Path | str, what: str = "admin") -> list[str]:
     """Tokens from a file, one per line; blank lines and ``#`` comments are skipped."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
-        raise AuthConfigError(f"admin token file {str(p)!r} cannot be read: {exc.strerror or exc}") from exc
+        raise AuthConfigError(f"{what} token file {str(p)!r} cannot be read: {exc.strerror or exc}") from exc
     tokens = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     if not tokens:
-        raise AuthConfigError(f"admin token file {str(p)!r} holds no token")
+        raise AuthConfigError(f"{what} token file {str(p)!r} holds no token")
     return tokens
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,34 @@ def load_channel_credentials(settings: TLSSettings) -> grpc.ChannelCredentials:
     """Client credentials: verify the server against the CA and present our certificate."""
     m = load_material(settings)
     return grpc.ssl_channel_credentials(root_certificates=m.ca_pem, private_key=m.key_pem, certificate_chain=m.cert_pem)
+
+
+def server_ssl_context(settings: TLSSettings, *, client_certs: bool) -> ssl.SSLContext:
+    """An HTTPS server context on the same files as the gRPC side (checked first, so a bad file is
+    named). ``client_certs``: ask for a client certificate and verify it against the CA when one
+    is presented (optional: a browser without one still gets the page that says how to sign in)."""
+    load_material(settings)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(settings.cert_file), str(settings.key_file))
+    if client_certs:
+        ctx.load_verify_locations(cafile=str(settings.ca_file))
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+def node_id_from_peercert(cert: Mapping[str, Any] | None) -> str | None:
+    """The identity of a client certificate Python's ``ssl`` verified (``getpeercert()``), by the
+    same rule as ``peer_node_id``; None without a certificate."""
+    if not cert:
+        return None
+    sans: list[tuple[str, str]] = list(cert.get("subjectAltName", ()))
+    auth: dict[str, list[str]] = {
+        "peer_uri": [v for k, v in sans if k == "URI"],
+        "peer_dns": [v for k, v in sans if k == "DNS"],
+        "x509_common_name": [v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"],
+    }
+    return node_id_from_auth(auth)
 
 
 def _strings(values: Iterable[bytes | str] | None) -> list[str]:

@@ -131,7 +131,7 @@ class TestAdminCli:
         spares = json.loads(run("spares", "--json", *c).stdout)["spares"]
         assert [s["spare"] for s in spares] == ["node-004"] and spares[0]["source"] == "fabric"
         assert "node-004" in run("spares", *c).stdout
-        assert json.loads(run("jobs", "--json", *c).stdout) == {"jobs": []}
+        assert json.loads(run("jobs", "--json", *c).stdout) == {"schema": "starpulse.v1/jobs", "jobs": []}
         assert run("jobs", *c).stdout.strip() == "no jobs"
         one_line_error(run("approve", "inc-000001", *c), "NOT_FOUND")
 

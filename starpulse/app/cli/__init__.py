@@ -75,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("warning", fmt="console", stream=sys.stderr)
     from starpulse.core.schema import ConfigError
 
+    if getattr(args, "client_file_error", None):  # a client command, and its settings file is unusable
+        print(f"starpulse {args.command}: {args.client_file_error}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args))
     except ConfigError as exc:  # a bad TLS, token, rules, policy or fabric file: one line each, not a traceback

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, message_dict
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, message_dict, print_json
 
 
 def default_actor() -> str | None:
@@ -45,7 +44,7 @@ def cmd_node_action(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("node-action", message_dict(resp))
     else:
         held = f" (held by {resp.drained_by})" if resp.drained_by else ""
         print(f"{resp.message}\n{resp.node}: {resp.state}{held}")
@@ -63,7 +62,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("approve", message_dict(resp))
     else:
         print(f"{resp.message}" + (f"\nnodes: {', '.join(resp.nodes)}" if resp.nodes else ""))
     return 0 if resp.ok else 1
@@ -86,7 +85,7 @@ def cmd_breaker_status(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("breaker", message_dict(resp))
     else:
         _print_breaker(resp)
     return 0
@@ -103,7 +102,7 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("breaker-reset", message_dict(resp))
     else:
         print(f"breaker closed by {actor}" if resp.changed else "breaker was not open: nothing to reset")
         _print_breaker(resp)

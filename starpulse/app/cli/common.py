@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,30 +34,55 @@ def add_tls_flags(parser: argparse.ArgumentParser) -> None:
 
 
 CONTROLLER_ENV = "STARPULSE_CONTROLLER"
-JSON_HELP = "print JSON instead of the table"
+JSON_HELP = "print JSON instead of the table (versioned: docs/json.md)"
+JSON_SCHEMA_PREFIX = "starpulse.v1/"
+
+
+def print_json(kind: str, payload: Mapping[str, Any], *, sort_keys: bool = False) -> None:
+    """A ``--json`` document: a top-level ``schema`` (``starpulse.v1/<kind>``, docs/json.md) beside the payload.
+
+    Scripts check the schema before reading: a key that changes meaning gets a new version.
+    """
+    print(json.dumps({"schema": JSON_SCHEMA_PREFIX + kind, **payload}, indent=2, sort_keys=sort_keys))
 
 
 def add_client_flags(parser: argparse.ArgumentParser) -> None:
-    """--controller (default: $STARPULSE_CONTROLLER, else the local controller), TLS and the admin token.
+    """--controller, TLS and the admin token: flag > environment > client file > default.
 
     The agent's and relay's .env files set STARPULSE_CONTROLLER to their controllers, comma-separated:
-    a client command on that host asks the first (a standby answers reads too).
+    a client command on that host asks the first (a standby answers reads too). The client file
+    (starpulse.app.cli.clientfile) is an operator's own: ~/.config/starpulse/client.toml.
     """
     import os
 
+    from starpulse.app.cli.clientfile import load
+
+    client = load()
+    from_file = client.values
     parser.add_argument(
         "--controller",
-        default=os.environ.get(CONTROLLER_ENV, "").split(",")[0].strip() or DEFAULT_CONTROLLER,
+        default=os.environ.get(CONTROLLER_ENV, "").split(",")[0].strip()
+        or from_file.get("controller")
+        or DEFAULT_CONTROLLER,
         type=address,
         metavar="HOST:PORT",
-        help=f"the controller's gRPC address (default: the first of ${CONTROLLER_ENV}, else {DEFAULT_CONTROLLER})",
+        help=f"the controller's gRPC address (default: the first of ${CONTROLLER_ENV}, else controller in "
+        f"{client.path}, else {DEFAULT_CONTROLLER})",
     )
     add_tls_flags(parser)
     parser.add_argument(
         "--admin-token-file",
         default=None,
         metavar="PATH",
-        help=f"file whose first line is the admin token to send (default: ${ADMIN_TOKEN_ENV})",
+        help=f"file whose first line is the admin token to send (default: ${ADMIN_TOKEN_ENV}, else "
+        f"admin_token_file in {client.path})",
+    )
+    parser.set_defaults(
+        tls_ca=from_file.get("tls_ca"),
+        tls_cert=from_file.get("tls_cert"),
+        tls_key=from_file.get("tls_key"),
+        file_admin_token_file=from_file.get("admin_token_file"),
+        client_file_error=client.error,  # said by main() as one line, for the client commands only
     )
 
 
@@ -72,14 +99,20 @@ def tls_settings(args: argparse.Namespace) -> Any:
 
 
 def client_token(args: argparse.Namespace) -> str | None:
-    """The admin token to send: --admin-token-file (first token in it), else $STARPULSE_ADMIN_TOKEN."""
+    """The admin token to send: --admin-token-file (its first token), else $STARPULSE_ADMIN_TOKEN, else the
+    client file's admin_token_file."""
     import os
 
-    if getattr(args, "admin_token_file", None):
-        from starpulse.core.auth import load_tokens
+    from starpulse.core.auth import load_tokens
 
+    if getattr(args, "admin_token_file", None):
         return load_tokens(args.admin_token_file)[0]
-    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+    from_env = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if from_env:
+        return from_env
+    if getattr(args, "file_admin_token_file", None):  # the client file's, below the flag and the environment
+        return load_tokens(args.file_admin_token_file)[0]
+    return None
 
 
 def client_channel(args: argparse.Namespace) -> Any:

@@ -15,9 +15,11 @@ from starpulse.app.cli.common import (
     admin_call,
     age,
     message_dict,
+    print_json,
     query_stub,
     rpc,
 )
+from starpulse.app.cli.tables import Col, print_table
 
 
 def _clock(ms: int) -> str:
@@ -51,7 +53,7 @@ def cmd_incident_show(args: argparse.Namespace) -> int:
     if args.json:
         out = message_dict(resp)
         out["timeline"] = json.loads(out.pop("timeline_json") or "[]")
-        print(json.dumps(out, indent=2))
+        print_json("incident", out)
     else:
         _print_detail(resp)
     return 0
@@ -70,7 +72,7 @@ def cmd_incident_action(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("incident-action", message_dict(resp))
     else:
         print(resp.message)
     return 0
@@ -83,14 +85,15 @@ def cmd_approvals(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps(message_dict(resp), indent=2))
+        print_json("approvals", message_dict(resp))
         return 0
     if not resp.approvals:
         print("no remediation waits for approval")
         return 0
-    print(f"{'INCIDENT':<14} {'NODE':<16} {'ACTION':<10} {'ASKED':<9} WHY")
-    for a in resp.approvals:
-        print(f"{a.incident_id:<14} {a.node:<16} {a.action:<10} {age(a.requested_ms):<9} {a.reason}")
+    print_table(
+        [Col("INCIDENT"), Col("NODE"), Col("ACTION"), Col("ASKED"), Col("WHY")],
+        [[a.incident_id, a.node, a.action, age(a.requested_ms), a.reason] for a in resp.approvals],
+    )
     print("approve one with: starpulse approve INCIDENT [--node NODE]")
     return 0
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from controller.heal.states import NodeHealState
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, age, message_dict, query_stub, rpc
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, age, message_dict, print_json, query_stub, rpc
+from starpulse.app.cli.tables import Col, print_table
 
 LIFECYCLE_STATES = tuple(str(s) for s in NodeHealState)
 """Checked before calling (one clear line for a typo); the controller checks again."""
@@ -38,21 +38,23 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     if resp is None:
         return 2
     if args.json:
-        print(json.dumps({"nodes": [message_dict(n) for n in resp.nodes]}, indent=2))
+        print_json("nodes", {"nodes": [message_dict(n) for n in resp.nodes]})
         return 0
-    print(
-        f"{'NODE':<16} {'STATE':<12} {'LIFECYCLE':<11} {'SINCE':<9} {'LAST SEEN':<10} {'GPUS':>4} {'NICS':>4} "
-        f"{'EVENTS':>6}  {'ACCELERATORS':<24} WHY"
-    )
+    rows = []
     for n in resp.nodes:
         since = age(n.lifecycle_since_ms) if n.lifecycle_since_ms else "-"
         why = n.lifecycle_reason + (f" [by {n.drained_by}]" if n.drained_by else "")
         chips = f"{n.accelerator_vendor} {n.accelerator_model}".strip()
-        print(
-            f"{n.node_id:<16} {n.state:<12} {n.lifecycle_state or 'in_service':<11} {since:<9} "
-            f"{age(n.last_seen_ms):<10} {n.gpu_count:>4} {n.nic_count:>4} {n.open_events:>6}  "
-            f"{chips:<24} {why}".rstrip()
-        )
+        rows.append(
+            [n.node_id, n.state, n.lifecycle_state or "in_service", since, age(n.last_seen_ms), n.gpu_count,
+             n.nic_count, n.open_events, chips, why]
+        )  # fmt: skip
+    right: Literal["right"] = "right"
+    print_table(
+        [Col("NODE"), Col("STATE", styled=True), Col("LIFECYCLE", styled=True), Col("SINCE"), Col("LAST SEEN"),
+         Col("GPUS", right), Col("NICS", right), Col("EVENTS", right), Col("ACCELERATORS"), Col("WHY")],
+        rows,
+    )  # fmt: skip
     return 0
 
 

@@ -6,9 +6,19 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, admin_call, age, count_flag, query_stub, rpc
+from starpulse.app.cli.common import (
+    JSON_HELP,
+    add_client_flags,
+    admin_call,
+    age,
+    count_flag,
+    print_json,
+    query_stub,
+    rpc,
+)
+from starpulse.app.cli.tables import Col, print_table
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -38,18 +48,18 @@ def cmd_events(args: argparse.Namespace) -> int:
         for e in resp.events
     ]
     if args.json:
-        print(json.dumps({"events": rows}, indent=2))
+        print_json("events", {"events": rows})
         return 0
-    if rows:
-        print(f"{'TIME':<8} {'NODE':<14} {'SEVERITY':>8} {'KIND':<18} {'COMPONENT':<12} {'ACTION':<14} MESSAGE")
-    elif args.node:
-        print(f"no events for {args.node}")
-    for r in rows:
-        when = time.strftime("%H:%M:%S", time.localtime(r["timestamp_ms"] / 1000))
-        print(
-            f"{when} {r['node']:<14} {r['severity']:>8} {r['kind']:<18} {r['component']:<12} "
-            f"{r['action']:<14} {r['message']}"
-        )
+    if not rows:
+        if args.node:
+            print(f"no events for {args.node}")
+        return 0
+    print_table(
+        [Col("TIME"), Col("NODE"), Col("SEVERITY", "right", styled=True), Col("KIND"), Col("COMPONENT"),
+         Col("ACTION"), Col("MESSAGE")],
+        [[time.strftime("%H:%M:%S", time.localtime(r["timestamp_ms"] / 1000)), r["node"], r["severity"], r["kind"],
+          r["component"], r["action"], r["message"]] for r in rows],
+    )  # fmt: skip
     return 0
 
 
@@ -95,23 +105,25 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         for i in resp.incidents
     ]
     if args.json:
-        print(json.dumps({"incidents": rows}, indent=2))
+        print_json("incidents", {"incidents": rows})
         return 0
     if not rows:
         print("no open incidents" if not args.all else "no incidents")
         return 0
-    print(
-        f"{'INCIDENT':<11} {'STATE':<8} {'SEVERITY':>8} {'KIND':<13} {'ROOT CAUSE':<30} {'ACTION':<20} "
-        f"{'OPENED':<9} NODES"
-    )
+    table = []
     for r in rows:
         state = "open" if r["resolved_ms"] is None else "resolved"
         nodes = r["affected_nodes"]
         shown = ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else "")
-        print(
-            f"{r['id']:<11} {state:<8} {r['severity']:>8} {r['kind']:<13} {r['root_cause'] or '(network)':<30} "
-            f"{r['action']:<20} {age(r['opened_ms']):<9} {shown}"
-        )
+        table.append(
+            [r["id"], state, r["severity"], r["kind"], r["root_cause"] or "(network)", r["action"],
+             age(r["opened_ms"]), shown]
+        )  # fmt: skip
+    print_table(
+        [Col("INCIDENT"), Col("STATE", styled=True), Col("SEVERITY", "right", styled=True), Col("KIND"),
+         Col("ROOT CAUSE"), Col("ACTION"), Col("OPENED"), Col("NODES")],
+        table,
+    )  # fmt: skip
     return 0
 
 
@@ -133,18 +145,17 @@ def cmd_spares(args: argparse.Namespace) -> int:
         for s in resp.spares
     ]
     if args.json:
-        print(json.dumps({"spares": rows}, indent=2))
+        print_json("spares", {"spares": rows})
         return 0
     if not rows:
         print("no spares")
         return 0
-    print(f"{'SPARE':<16} {'HEALTHY':<8} {'BLOCK':>5} {'ALLOCATED TO':<16} {'JOB':<20} SOURCE")
-    for r in rows:
-        block = "-" if r["block"] is None else str(r["block"])
-        print(
-            f"{r['spare']:<16} {'yes' if r['healthy'] else 'no':<8} {block:>5} "
-            f"{r['allocated_to'] or '-':<16} {r['job'] or '-':<20} {r['source']}"
-        )
+    print_table(
+        [Col("SPARE"), Col("HEALTHY", styled=True), Col("BLOCK", "right"), Col("ALLOCATED TO"), Col("JOB"),
+         Col("SOURCE")],
+        [[r["spare"], "yes" if r["healthy"] else "no", "-" if r["block"] is None else r["block"],
+          r["allocated_to"] or "-", r["job"] or "-", r["source"]] for r in rows],
+    )  # fmt: skip
     return 0
 
 
@@ -174,23 +185,26 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         for j in resp.jobs
     ]
     if args.json:
-        print(json.dumps({"jobs": rows}, indent=2))
+        print_json("jobs", {"jobs": rows})
         return 0
     if not rows:
         print("no jobs")
         return 0
-    print(
-        f"{'JOB':<20} {'STATE':<12} {'STEP':>8} {'CHECKPOINT':>10} {'RESTARTS':>8} {'LOST':>6} "
-        f"{'DOWN S':>8} {'RESUMED':>8}  NODES"
-    )
+    table = []
     for r in rows:
         nodes = r["nodes"]
         shown = ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else "")
         resumed = "-" if r["resumed_from_step"] is None else str(r["resumed_from_step"])
-        print(
-            f"{r['job']:<20} {r['state']:<12} {r['step']:>8} {r['last_complete_step']:>10} {r['restarts']:>8} "
-            f"{r['steps_lost']:>6} {r['downtime_s']:>8.1f} {resumed:>8}  {shown}"
-        )
+        table.append(
+            [r["job"], r["state"], r["step"], r["last_complete_step"], r["restarts"], r["steps_lost"],
+             f"{r['downtime_s']:.1f}", resumed, shown]
+        )  # fmt: skip
+    right: Literal["right"] = "right"
+    print_table(
+        [Col("JOB"), Col("STATE", styled=True), Col("STEP", right), Col("CHECKPOINT", right), Col("RESTARTS", right),
+         Col("LOST", right), Col("DOWN S", right), Col("RESUMED", right), Col("NODES")],
+        table,
+    )  # fmt: skip
     return 0
 
 

@@ -9,7 +9,6 @@ nodecheck). Exit codes: 0 healthy, 1 unhealthy, 2 could not check.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -17,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, count_flag, seconds_flag
+from starpulse.app.cli.common import JSON_HELP, count_flag, print_json, seconds_flag
+from starpulse.app.cli.tables import Col, print_table
 
 NONE_BACKEND = "none"
 
@@ -154,7 +154,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         print(f"starpulse scan: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json("scan", out, sort_keys=True)
     else:
         _print_scan(out)
     return code
@@ -174,10 +174,11 @@ def _print_scan(out: dict[str, Any]) -> None:
         xid = f" xid={f['xid']}" if "xid" in f else ""
         print(f"  [{f['severity']:>8}] {f['component']:<14} {f['kind']}{xid} -> {f['action']}: {f['message']}")
     verdict = out["verdict"]
-    if verdict["conditions"] or verdict["missing"]:
-        print(f"{'SEVERITY':<9} {'RULE':<26} {'COMPONENT':<22} {'ACTION':<16} MESSAGE")
-    for c in verdict["conditions"]:
-        print(f"{c['severity']:<9} {c['rule']:<26} {c['component']:<22} {c['action']:<16} {c['message']}")
+    if verdict["conditions"]:
+        print_table(
+            [Col("SEVERITY", styled=True), Col("RULE"), Col("COMPONENT"), Col("ACTION"), Col("MESSAGE")],
+            [[c["severity"], c["rule"], c["component"], c["action"], c["message"]] for c in verdict["conditions"]],
+        )
     for p in verdict["problems"]:
         print(f"could not check: {p}")
     print(f"verdict: {verdict['status']}")

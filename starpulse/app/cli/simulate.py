@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, address, count_flag, seconds_flag
+from starpulse.app.cli.common import JSON_HELP, address, count_flag, print_json, seconds_flag
+from starpulse.app.cli.progress import timed
 
 
 def cmd_scenario_run(args: argparse.Namespace) -> int:
@@ -20,9 +20,10 @@ def cmd_scenario_run(args: argparse.Namespace) -> int:
     except (ScenarioError, OSError) as exc:
         print(f"starpulse scenario run: {exc}", file=sys.stderr)
         return 2
-    verdict = asyncio.run(run_scenario(scenario))
+    label = f"scenario {scenario.name}: {len(scenario.faults)} fault(s)"
+    verdict = asyncio.run(timed(run_scenario(scenario), label, scenario.duration_s))
     if args.json:
-        print(json.dumps(verdict, indent=2))
+        print_json("scenario-verdict", verdict)
     else:
         _print_verdict(verdict)
     return 0 if verdict["expectations"]["passed"] else 1

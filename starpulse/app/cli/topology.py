@@ -7,22 +7,25 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, query_stub, rpc, writable_file
+from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, print_json, query_stub, rpc, writable_file
+from starpulse.app.cli.progress import status
 
 
 def cmd_topology_generate(args: argparse.Namespace) -> int:
     from controller.fabric import generate_fabric, save_fabric
 
     try:
-        fabric = generate_fabric(
-            args.nodes, args.gpus_per_node, args.rails, args.nodes_per_block, args.spines, spares=args.spares
-        )
+        with status(f"generating a fabric of {args.nodes} nodes"):
+            fabric = generate_fabric(
+                args.nodes, args.gpus_per_node, args.rails, args.nodes_per_block, args.spines, spares=args.spares
+            )
     except ValueError as exc:
         print(f"starpulse topology generate: {exc}", file=sys.stderr)
         return 2
     if args.out:
         try:
-            save_fabric(fabric, args.out)
+            with status(f"writing {args.out}"):
+                save_fabric(fabric, args.out)
         except OSError as exc:
             print(f"starpulse topology generate: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
@@ -66,7 +69,7 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
         "missing_links": list(resp.missing_links),
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json("topology", out)
         return 0
     print(json.dumps(out["summary"], sort_keys=True))
     print(f"LLDP reported by {resp.nodes_reporting_lldp} nodes/switches")

@@ -72,7 +72,13 @@ def check_file(
     """
     kind = kind or guess_kind(read_file(path), path)
     mod = service(kind)
-    built = mod.load(path, env, connect=False) if kind == "controller" else mod.load(path, env)
+    try:
+        built = mod.load(path, env, connect=False) if kind == "controller" else mod.load(path, env)
+    except ConfigError as exc:
+        if kind != "controller":
+            raise
+        more = mod.check_raw_references(read_file(path), Path(path).parent, exc.errors)  # the same run says both
+        raise ConfigError([*exc.errors, *(f"{path}: {line}" for line in more)]) from None
     if kind == "controller":
         problems = mod.check_references(built, reach=reach)
         if problems:

@@ -86,6 +86,11 @@ def tls_settings(reading: Reading, files: TLSFiles) -> TLSSettings | None:
         hint = f" ({', '.join(flags[:-1])} and {flags[-1]} go together)" if len(flags) > 1 else ""
         reading.err("tls", f"set all of ca_file, cert_file and key_file or none; missing {', '.join(missing)}{hint}")
         return None
+    absent = [k for k, v in given.items() if not Path(v).is_file()]
+    for k in absent:  # named by key (and flag) here; the files' contents are checked where they load
+        reading.err(f"tls.{k}", f"file {str(given[k])!r} does not exist")
+    if absent:
+        return None
     return TLSSettings(given["ca_file"], given["cert_file"], given["key_file"])
 
 

@@ -7,6 +7,7 @@ healing and HA on, the scheduler's options, the token file) is declared here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from starpulse.app.config.common import (
     read_settings,
     tls_settings,
 )
-from starpulse.core.auth import AuthConfig, AuthConfigError, load_tokens
+from starpulse.core.auth import AuthConfig, AuthConfigError, HttpAuthConfig, load_tokens
 from starpulse.core.schema import Flag, Reading, Schema, from_field, gather, section, setting
 from starpulse.core.tls import TLSSettings
 
@@ -166,6 +167,22 @@ class AuthSection:
     admin_cert_names: list[str] = from_field(AuthConfig, "admin_cert_names")
 
 
+HTTP_TOKEN_ENV = "STARPULSE_HTTP_TOKEN"
+
+
+@dataclass
+class HttpSection:
+    """The HTTP side (dashboard, /api, /metrics): HTTPS on the tls section's files, and who may read it."""
+
+    tls: bool = from_field(HttpAuthConfig, "tls")
+    require_auth: bool = from_field(HttpAuthConfig, "require_auth")
+    token_file: Path | None = setting(
+        None, f"File of HTTP bearer tokens, one a line (# comments); ${HTTP_TOKEN_ENV} adds one; null: none"
+    )
+    cert_names: list[str] = from_field(HttpAuthConfig, "cert_names")
+    metrics: Literal["open", "auth"] = from_field(HttpAuthConfig, "metrics")
+
+
 @dataclass
 class ControllerFile:
     """A controller's settings file, section by section."""
@@ -194,6 +211,7 @@ class ControllerFile:
     )
     tls: TLSFiles = section(TLSFiles, "Mutual TLS on the gRPC port: all three files or none (none: plaintext)")
     auth: AuthSection = section(AuthSection)
+    http: HttpSection = section(HttpSection)
     log: LogSection = section(LogSection)
 
 
@@ -264,6 +282,14 @@ FLAGS = (
     Flag("--ha-lease-ttl", "ha.lease_ttl_s", metavar="SECONDS"),
     Flag("--ha-cluster", "ha.cluster"),
     Flag("--advertise", "ha.advertise", metavar="HOST:PORT"),
+    Flag(
+        "--http-token-file",
+        "http.token_file",
+        metavar="PATH",
+        help=f"HTTP bearer tokens, one per line (or ${HTTP_TOKEN_ENV}); the dashboard and /api then need one",
+        to=lambda value: {"http.token_file": value, "http.require_auth": True},
+    ),
+    Flag("--http-metrics", "http.metrics", help="/metrics: open to a plain scrape, or behind the HTTP credential"),
     LOG_LEVEL_FLAG,
 )
 ENV_EXAMPLES = ("ingest.heartbeat_timeout_s=30", "heal.guards.mode=dry_run", "fabric.allowed_nodes=node-001,node-002")
@@ -294,7 +320,10 @@ def load_controller_settings(
     in messages. With ``connect=False`` the kubernetes scheduler is not constructed (it reads
     kubeconfig), as ``config check`` needs.
     """
-    return read_settings(SCHEMA, path, env, overrides, flags, lambda reading, s: _build(reading, s, connect))
+    environ = os.environ if env is None else env
+    return read_settings(
+        SCHEMA, path, environ, overrides, flags, lambda reading, s: _build(reading, s, connect, environ)
+    )
 
 
 load = load_controller_settings
@@ -307,7 +336,7 @@ def load_controller_config(
     return load_controller_settings(path, env, overrides).controller
 
 
-def _build(reading: Reading, s: ControllerFile, connect: bool) -> ControllerSettings | None:
+def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str, str]) -> ControllerSettings | None:
     """The one function from settings to a ControllerConfig (whether they came from a file or flags)."""
     for i, node in enumerate(s.fabric.allowed_nodes or []):
         check_node_id(reading, f"fabric.allowed_nodes[{i}]", node)
@@ -317,15 +346,24 @@ def _build(reading: Reading, s: ControllerFile, connect: bool) -> ControllerSett
     notify = _notify(reading, s.notify)
     auth = _auth(reading, s.auth)
     tls = tls_settings(reading, s.tls)
+    http_auth = _http_auth(reading, s.http, env, tls)
     fabric, heal = _heal(reading, s, connect)
-    if reading.errors or notify is None or auth is None:
+    if reading.errors or notify is None or auth is None or http_auth is None:
         return None
     fields = gather(s, ControllerConfig)
     if fabric is not None:  # loaded already: the simulated scheduler runs its nodes
         fields["fabric_path"] = None
     detection = DetectionConfig(s.detection.correlation, s.detection.failslow, **gather(s.detection, DetectionConfig))
     config = ControllerConfig(
-        **fields, fabric=fabric, detection=detection, notify=notify, heal=heal, ha=s.ha, tls=tls, auth=auth
+        **fields,
+        fabric=fabric,
+        detection=detection,
+        notify=notify,
+        heal=heal,
+        ha=s.ha,
+        tls=tls,
+        auth=auth,
+        http_auth=http_auth,
     )
     return ControllerSettings(config, tls, s.log, s)
 
@@ -348,6 +386,42 @@ def _auth(reading: Reading, a: AuthSection) -> AuthConfig | None:
         return AuthConfig(admin_tokens=tokens, open_reads=a.open_reads, admin_cert_names=list(a.admin_cert_names))
     except AuthConfigError as exc:
         reading.err("auth", str(exc))
+        return None
+
+
+def _http_auth(
+    reading: Reading, h: HttpSection, env: Mapping[str, str], tls: TLSSettings | None
+) -> HttpAuthConfig | None:
+    """The HTTP side's credentials: tokens from http.token_file and $STARPULSE_HTTP_TOKEN (never logged)."""
+    tokens: list[str] = []
+    if h.token_file is not None:
+        try:
+            tokens = load_tokens(h.token_file, "HTTP")
+        except AuthConfigError as exc:
+            reading.err("http.token_file", str(exc))
+            return None
+    if env.get(HTTP_TOKEN_ENV):
+        tokens.append(env[HTTP_TOKEN_ENV].strip())
+    certs = tls is not None and h.tls
+    if h.require_auth and not tokens and not certs:
+        reading.err(
+            "http.require_auth",
+            f"needs a token (http.token_file or ${HTTP_TOKEN_ENV}) or client certificates (the tls section)",
+        )
+        return None
+    if h.cert_names and not certs:
+        reading.err("http.cert_names", "client certificates need the tls section (and http.tls true)")
+        return None
+    try:
+        return HttpAuthConfig(
+            tls=h.tls,
+            require_auth=h.require_auth,
+            cert_names=list(h.cert_names),
+            metrics=h.metrics,
+            tokens=tokens or None,
+        )
+    except AuthConfigError as exc:
+        reading.err("http.token_file" if h.token_file is not None else HTTP_TOKEN_ENV, str(exc))
         return None
 
 
@@ -406,26 +480,48 @@ def _scheduler(kind: str, o: Any, fabric: Fabric | None, connect: bool) -> Sched
 def check_references(st: ControllerSettings, *, reach: bool = False) -> list[str]:
     """What `config check` adds to the settings' own checks: the files they name load; with ``reach``,
     the etcd endpoints they name answer. One line per problem, naming the setting."""
+    c = st.controller
+    paths = {
+        "fabric.path": c.fabric_path,
+        "detection.rules_path": c.rules_path,
+        "heal.policy_path": c.heal.policy_path if c.heal is not None else None,
+    }
+    problems = [line for key, path in paths.items() if path is not None for line in _file_problems(key, path)]
+    if reach and c.ha is not None:
+        problems.extend(f"ha.etcd: {line}" for line in _unreachable(c.ha.etcd))
+    return problems
+
+
+def _file_problems(key: str, path: Path) -> list[str]:
+    """Why the file ``key`` names does not load (fabric, rules or policy), one line each; [] when it does."""
     from controller.detect.rules import load_rules
     from controller.heal.policy import load_policy
     from starpulse.core.schema import ConfigError
 
-    c = st.controller
-    files: list[tuple[str, Path | None, Any]] = [
-        ("fabric.path", c.fabric_path, load_fabric),
-        ("detection.rules_path", c.rules_path, load_rules),
-        ("heal.policy_path", c.heal.policy_path if c.heal is not None else None, load_policy),
-    ]
-    problems: list[str] = []
-    for key, path, load in files:
-        if path is None:
-            continue
-        try:
-            load(path)
-        except ConfigError as exc:
-            problems.extend(f"{key}: {line}" for line in exc.errors)
-    if reach and c.ha is not None:
-        problems.extend(f"ha.etcd: {line}" for line in _unreachable(c.ha.etcd))
+    loaders: dict[str, Any] = {
+        "fabric.path": load_fabric,
+        "detection.rules_path": load_rules,
+        "heal.policy_path": load_policy,
+    }
+    try:
+        loaders[key](path)
+    except ConfigError as exc:
+        return [f"{key}: {line}" for line in exc.errors]
+    return []
+
+
+def check_raw_references(raw: Mapping[str, Any], base_dir: Path, errors: list[str]) -> list[str]:
+    """The referenced files' problems when the settings themselves have errors (no ControllerSettings to
+    read them from): the paths as the file writes them, so one `config check` run reports both."""
+    problems = []
+    for key in ("fabric.path", "detection.rules_path", "heal.policy_path"):
+        if any(f"{key}:" in line for line in errors):
+            continue  # the setting itself is wrong: said already
+        section, _, leaf = key.partition(".")
+        value = raw.get(key, raw.get(section, {}).get(leaf) if isinstance(raw.get(section), dict) else None)
+        if isinstance(value, str) and value:
+            path = Path(value) if Path(value).is_absolute() else base_dir / value
+            problems.extend(_file_problems(key, path))
     return problems
 
 
