@@ -11,6 +11,7 @@ from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
 from controller.heal.policy import ALERT_ONLY, load_policy
+from starpulse.core.clock import FakeClock
 from tests.controller.test_conditions import NODE, _pcie_link, compute_node, good_report, make_engine
 from tests.controller.test_healer import _healer
 
@@ -25,6 +26,11 @@ def _incidents(mutate) -> list[Incident]:  # type: ignore[no-untyped-def]
         mutate(r)
         changes += engine.on_report(node, r)
         clock.advance(20)
+    return opened_incidents(changes, clock)
+
+
+def opened_incidents(changes: list[ConditionChange], clock: FakeClock) -> list[Incident]:
+    """The incidents a correlator (in-memory store) opens for ``changes`` once they settle."""
     corr = Correlator(
         None,
         IncidentStore(sqlite3.connect(":memory:", isolation_level=None)),

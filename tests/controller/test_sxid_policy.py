@@ -8,16 +8,13 @@ never read as a GPU Xid (SXid 12022 is not an "unknown Xid").
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from agent.collectors.kmsg.reader import classify
-from controller.detect.correlate import CorrelationConfig, Correlator
-from controller.detect.incidents import IncidentStore
 from controller.detect.model import Incident
 from controller.heal.policy import ALERT_ONLY, evidence_xids, load_policy
 from tests.controller.test_conditions import compute_node, make_engine
+from tests.controller.test_degraded_links import opened_incidents
 
 # Line shapes as the driver prints them (Fabric Manager user guide; public bug reports).
 FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 12022, Fatal, Link 36 (0x00000011 0x00000000 0x00000000)"
@@ -31,16 +28,7 @@ def _incident(line: str) -> Incident:
     engine, clock = make_engine()
     event = finding.to_event(seq=1)
     event.timestamp_ms = clock.time_ms()
-    changes = engine.on_events(compute_node(), [event])
-    corr = Correlator(
-        None,
-        IncidentStore(sqlite3.connect(":memory:", isolation_level=None)),
-        CorrelationConfig(settle_s=2.0, resolve_hold_s=60.0),
-        clock=clock,
-    )
-    corr.on_changes(changes)
-    clock.advance(3)
-    opened = [inc for change, inc in corr.tick() if change == "opened"]
+    opened = opened_incidents(engine.on_events(compute_node(), [event]), clock)
     assert len(opened) == 1, opened
     return opened[0]
 
