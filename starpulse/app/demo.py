@@ -52,6 +52,7 @@ from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
 from controller.jobs.registry import JobRecord
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.app.cli.progress import status
 from starpulse.app.demo_faults import FAULT_EVERY_S, FaultPacer, ScriptedFault
 from starpulse.app.demo_training import TRAIN_PY, DemoTraining
 from starpulse.core.findings import event_kind_name, severity_name
@@ -147,6 +148,24 @@ def demo_guards(fleet_size: int) -> GuardConfig:
     return GuardConfig(
         max_fleet_share=min(1.0, 2.5 / max(fleet_size, 1)),
         max_evictions_per_window=math.ceil(window_s / FAULT_EVERY_S[0]),
+    )
+
+
+async def agents_online(controller: Controller, expected: int, stop: asyncio.Event, printer: DemoPrinter) -> None:
+    """Wait (at most 30 s) until every simulated node's agent has registered, a spinner on a
+    terminal's stderr meanwhile; then say how long the start took."""
+    started = time.monotonic()
+
+    def online() -> int:
+        return sum(1 for n in controller.registry.nodes.values() if n.state == "online")
+
+    with status(f"starting {counted(expected, 'agent')}"):
+        while online() < expected and not stop.is_set() and time.monotonic() - started < 30.0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.1)
+    print(
+        f"{printer.stamp()} {online()} of {counted(expected, 'node')} online after {time.monotonic() - started:.1f}s",
+        flush=True,
     )
 
 
@@ -306,6 +325,7 @@ async def _demo(
         sims.append(sim)
         repairs[node_id] = SimRepairs(agent, sim, reboot_s=3.0)
         tasks.append(asyncio.create_task(agent.run(stop)))
+    await agents_online(controller, len(sims), stop, printer)
     training = DemoTraining(scheduler, "demo-train", lambda n: str(workdir / n / "jobs.sock"), workdir)
     if TRAIN_PY.exists():
         tasks.append(asyncio.create_task(training.run(stop)))
