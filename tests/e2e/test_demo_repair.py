@@ -53,9 +53,12 @@ async def test_two_faults_followed_through_to_a_settled_cluster(
     assert available >= target, summary
     assert "repairing" not in summary and "validating" not in summary and "evicted" not in summary, summary
     # The job trained for real: it runs at the end, each fault's resume timed, ETTR stated.
-    assert re.search(r"job demo-train: running at step \d+, \d+ restarts?", summary), summary
+    running = re.search(r"job demo-train: running at step \d+, (\d+) restarts?", summary)
+    assert running, summary
     resumes = re.findall(r"fault \d+ \(.*\): resumed after ([\d.]+)s from step (\d+)", summary)
-    assert len(resumes) >= len([n for n in evicted]), summary
+    # Every interruption resumed. Two evictions close together (the second before the first
+    # resume, on a loaded machine) are one interruption and one restart, never more restarts.
+    assert 1 <= len(resumes) == int(running.group(1)) <= len(evicted), summary
     assert all(int(step) > 0 for _, step in resumes), summary  # from a checkpoint, not from scratch
     ettr = re.search(r"ETTR ([\d.]+)%", summary)
     assert ettr is not None and 0 < float(ettr.group(1)) <= 100, summary
