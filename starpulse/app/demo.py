@@ -155,18 +155,18 @@ async def agents_online(controller: Controller, expected: int, stop: asyncio.Eve
     """Wait (at most 30 s) until every simulated node's agent has registered, a spinner on a
     terminal's stderr meanwhile; then say how long the start took."""
     started = time.monotonic()
-
-    def online() -> int:
-        return sum(1 for n in controller.registry.nodes.values() if n.state == "online")
-
     with status(f"starting {counted(expected, 'agent')}"):
-        while online() < expected and not stop.is_set() and time.monotonic() - started < 30.0:
+        while online_count(controller) < expected and not stop.is_set() and time.monotonic() - started < 30.0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.1)
-    print(
-        f"{printer.stamp()} {online()} of {counted(expected, 'node')} online after {time.monotonic() - started:.1f}s",
-        flush=True,
-    )
+    took = time.monotonic() - started
+    online = online_count(controller)
+    print(f"{printer.stamp()} {online} of {counted(expected, 'node')} online after {took:.1f}s", flush=True)
+
+
+def online_count(controller: Controller) -> int:
+    """How many nodes the controller hears from now."""
+    return sum(1 for n in controller.registry.nodes.values() if n.state == "online")
 
 
 def counted(n: int, word: str) -> str:
@@ -359,7 +359,7 @@ async def _demo(
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-        online = sum(1 for n in controller.registry.nodes.values() if n.state == "online")
+        online = online_count(controller)
         stored = controller.store.count_events()
         summary_lines = demo_summary(controller, pacer.injected, time.monotonic() - t0, leaf_faults=pacer.leaf_faults)
         await controller.stop()
