@@ -69,11 +69,11 @@ def _read(message: str, log: AmdLog) -> MatchResult:
     code = log.open_code(pci)
     started = match_ras(message, rest, pci, event, burst, code) or match_hang(message, rest, pci)
     fold = FOLDS.get(code)
-    if fold is not None and fold.search(rest):
-        # A line naming no device folds into a device's record if it starts nothing itself, or if
-        # the DRM core printed it ("[drm:fn [amdgpu]] *ERROR* ..." names no device in any kernel).
-        if pci or log.last == "" or not isinstance(started, Finding) or message.lstrip().startswith("[drm:"):
-            return FOLDED
+    # A line naming no device folds into a device's record if it starts nothing itself, or if
+    # the DRM core printed it ("[drm:fn [amdgpu]] *ERROR* ..." names no device in any kernel).
+    own = pci or log.last == "" or not isinstance(started, Finding) or message.lstrip().startswith("[drm:")
+    if fold is not None and fold.search(rest) and own:
+        return FOLDED
     return started
 
 

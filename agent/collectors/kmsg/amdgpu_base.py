@@ -34,9 +34,7 @@ def rest_of(message: str) -> tuple[str, str]:
     return m.group("rest"), m.group("event") or ""
 
 
-def finding(
-    kind: str, pci: str, action: str, code: str, message: str, attrs: dict[str, str] | None = None
-) -> Finding:
+def finding(kind: str, pci: str, action: str, code: str, message: str, attrs: dict[str, str] | None = None) -> Finding:
     """One amdgpu finding; severity follows the action as for every vendor."""
     attributes = dict(attrs or {})
     if pci:

@@ -37,19 +37,26 @@ from agent.collectors.kmsg.amdgpu_base import finding
 from starpulse.core import vocab
 from starpulse.core.findings import Finding
 
-_RING_TIMEOUT_RE = re.compile(r"\bring (?P<ring>\S+) timeout, signaled seq=(?P<signaled>\d+), emitted seq=(?P<emitted>\d+)")
+_RING_TIMEOUT_RE = re.compile(
+    r"\bring (?P<ring>\S+) timeout, signaled seq=(?P<signaled>\d+), emitted seq=(?P<emitted>\d+)"
+)
 _RING_RESET_FAILED_RE = re.compile(r"\b[Rr]ing (?P<ring>\S+) reset failed")
 _RESET_BEGIN_RE = re.compile(r"\bGPU reset begin!")
 _RESET_FAILED_RE = re.compile(
-    r"\bGPU reset(?:\((?P<counter>\d+)\))? failed|\b(?:[Mm]ode ?[12]|BACO) reset failed|GPU Recovery Failed|ASIC reset failed"
+    r"\bGPU reset(?:\((?P<counter>\d+)\))? failed|\b(?:[Mm]ode ?[12]|BACO) reset failed"
+    r"|GPU Recovery Failed|ASIC reset failed"
 )
 _RESET_OK_RE = re.compile(r"\bGPU reset(?:\(\d+\))? succeeded|\bInitialized amdgpu\b")
 _LOST_RE = re.compile(r"device lost from bus!|SMU: response:0x[Ff]{8}\b")
-_SMU_RESPONSE_RE = re.compile(r"SMU: response:0x(?P<response>[0-9A-Fa-f]+) for index:(?P<index>\d+).*?message:(?P<smu_message>\w+)")
+_SMU_RESPONSE_RE = re.compile(
+    r"SMU: response:0x(?P<response>[0-9A-Fa-f]+) for index:(?P<index>\d+).*?message:(?P<smu_message>\w+)"
+)
 _SMU_STUCK_RE = re.compile(r"SMU: I'm not done with your previous command|SMU: No response|SMU is in hanged state")
 _MES_RE = re.compile(r"MES failed to respon(?:d|se) (?:to )?msg=(?P<mes_msg>\w+)|MES might be in unrecoverable state")
 _QCM_RE = re.compile(r"qcm fence wait loop timeout")
-_KIQ_RE = re.compile(r"timeout waiting for kiq fence|ring (?P<ring>kiq_\S+) test failed|failed to write reg \w+ wait reg")
+_KIQ_RE = re.compile(
+    r"timeout waiting for kiq fence|ring (?P<ring>kiq_\S+) test failed|failed to write reg \w+ wait reg"
+)
 _INIT_RE = re.compile(
     r"hw_init of IP block <(?P<ip_block>\w+)> failed|Fatal error during GPU init|amdgpu_device_ip_init failed"
     r"|Failed to enable requested dpm features|Failed to setup smc hw"
@@ -78,14 +85,26 @@ _REFINE: dict[str, Callable[[str], str]] = {
 }
 
 # Lines that belong to a record already open on the device (consequences, repeats, progress).
-_QUEUES = r"The cp might be in an unrecoverable state|Failed to (?:evict|suspend|quiesce|restore) |remove_all_kfd_queues|preemption failed"
-_KIQ = r"ring kiq_\S+ test failed|timeout waiting for kiq fence|K[GC]Q disable failed|failed to halt cp gfx|failed to write reg"
-_MES = r"MES failed to respon|failed to remove hardware queue from MES|MES might be in unrecoverable state|failed to unmap legacy queue"
+_QUEUES = (
+    r"The cp might be in an unrecoverable state|Failed to (?:evict|suspend|quiesce|restore) "
+    r"|remove_all_kfd_queues|preemption failed"
+)
+_KIQ = (
+    r"ring kiq_\S+ test failed|timeout waiting for kiq fence|K[GC]Q disable failed|failed to halt cp gfx"
+    r"|failed to write reg"
+)
+_MES = (
+    r"MES failed to respon|failed to remove hardware queue from MES|MES might be in unrecoverable state"
+    r"|failed to unmap legacy queue"
+)
 _SMU = (
     r"Failed to export SMU metrics table|Failed to get current clock freq|get PPT limit failed|SMU: I'm not done"
     r"|SMU: No response|SMU is in hanged state|SMU: response:0x(?![Ff]{8})"
 )
-_SMU_DOWN = r"SMU: response:|Failed to disable smu features|Fail to disable dpm features|Failed to switch to AC mode|Failed to disable gfxoff"
+_SMU_DOWN = (
+    r"SMU: response:|Failed to disable smu features|Fail to disable dpm features|Failed to switch to AC mode"
+    r"|Failed to disable gfxoff"
+)
 _INIT = _INIT_RE.pattern + r"|finishing device"
 _PROCESS = r"Process information: process|^\s*Process \S* pid \d+ thread"
 FOLDS: dict[str, re.Pattern[str]] = {
@@ -111,13 +130,12 @@ def closes(rest: str) -> bool:
 
 def match_hang(message: str, rest: str, pci: str) -> Finding | None:
     """The finding a hang, reset or firmware line starts, or None."""
-    for rx, kind, action, code, reason in STARTERS:
+    for rx, kind, action, base_code, reason in STARTERS:
         m = rx.search(rest)
         if m is None:
             continue
-        refine = _REFINE.get(code)
-        if refine is not None:
-            code = refine(rest)
+        refine = _REFINE.get(base_code)
+        code = base_code if refine is None else refine(rest)
         attrs = {"reason": reason, **{k: v for k, v in m.groupdict().items() if v}}
         return finding(kind, pci, action, code, message, attrs)
     return None

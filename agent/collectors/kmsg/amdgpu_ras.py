@@ -40,7 +40,9 @@ _COUNT_RE = re.compile(
     r"(?<!no )\b(?P<count>\d+) (?P<new>new )?(?P<what>uncorrectable|correctable|deferred) hardware errors "
     r"detected in (?P<total>total in )?(?P<block>\w+) block"
 )
-_POISON_TOTAL_RE = re.compile(r"\b(?P<count>\d+) (?:new )?poison consumption detected in (?:total in )?(?P<block>\w+) block")
+_POISON_TOTAL_RE = re.compile(
+    r"\b(?P<count>\d+) (?:new )?poison consumption detected in (?:total in )?(?P<block>\w+) block"
+)
 _UMC_INST_RE = re.compile(r"Uncorrectable error detected in UMC inst: (?P<inst>\d+), chan_idx: (?P<chan>\d+)")
 _POISON_CONSUMED_RE = re.compile(r"poison is consumed by client (?P<client>\d+)", re.IGNORECASE)
 _POISON_CREATED_RE = re.compile(r"Poison is created")
@@ -104,7 +106,11 @@ def match_aca(message: str, rest: str, pci: str, event: str, bursts: dict[str, A
     if sev is None or sev[0] <= burst.rank:
         return FOLDED
     burst.rank, burst.status = sev[0], "0x" + m.group("value").lower()
-    attrs = {"reason": "ACA bank dump", "aca_status": burst.status, "aca_bank": m.group("entry") or m.group("idx") or ""}
+    attrs = {
+        "reason": "ACA bank dump",
+        "aca_status": burst.status,
+        "aca_bank": m.group("entry") or m.group("idx") or "",
+    }
     if event:
         attrs["ras_event"] = event
     return finding("accel_fault", pci, sev[1], sev[2], message, attrs)

@@ -73,7 +73,9 @@ def match_vm(message: str, rest: str, pci: str, faults: VmFaults) -> MatchResult
             return _with_process(held, m)
         if held is None and faults.open_pasid.get(pci) == pasid:
             return FOLDED
-        attrs = {k: v for k, v in m.groupdict().items() if v is not None and k not in ("process", "pid", "thread", "tid")}
+        attrs = {
+            k: v for k, v in m.groupdict().items() if v is not None and k not in ("process", "pid", "thread", "tid")
+        }
         attrs["reason"] = "GPU VM page fault"
         f = finding("accel_fault", pci, vocab.ACTION_RESTART_APP, "vm_fault", message, attrs)
         if m.group("process") is None:
