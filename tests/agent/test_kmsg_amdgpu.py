@@ -183,3 +183,25 @@ def test_a_device_naming_line_does_not_fold_into_another_devices_record() -> Non
         "[ 1.1] amdgpu 0000:02:00.0: qcm fence wait loop timeout expired",
     ]
     assert [f.pci for f in scan_text("\n".join(log))] == ["0000:01:00.0", "0000:02:00.0"]
+
+
+def test_a_total_line_without_its_new_line_is_still_the_error() -> None:
+    """A log that starts at the running total still shows the uncorrectable error once."""
+    total = f"{DEV} {{2}}socket: 0, die: 0, 4 uncorrectable hardware errors detected in total in umc block"
+    new = total.replace("4 uncorrectable", "4 new uncorrectable").replace(" in total in ", " in ")
+    assert [f.vendor_code for f in scan_text(total)] == ["UMC"]
+    assert [f.vendor_code for f in scan_text(new + "\n" + total)] == ["UMC"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring gfx timeout, but soft recovered",
+        f"{DEV} GPU reset(3) succeeded!",
+        f"{DEV} RAS: optional ras ta ucode is not available",
+        f"{DEV} ring gfx_0.0.0 uses VM inv eng 0 on hub 0",
+        f"{DEV} SMU is initialized successfully!",
+    ],
+)
+def test_recovery_and_boot_lines_give_nothing(line: str) -> None:
+    assert classify(line) is None

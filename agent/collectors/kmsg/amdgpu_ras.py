@@ -15,7 +15,7 @@ What each line means and the action (AMD's words; where AMD names none, ours, an
   in total in <block> block``: poisoned data was used, reset. ``Poison is created, no user
   action is needed``: as it says.
 - ``... detected in total in <block> block``: the running total printed under the "new" line of
-  the same event: part of that record.
+  the same event: part of that record (read as the count itself where the "new" line is missing).
 - ``uncorrectable hardware error(ERREVENT_...) detected!``: a fatal RAS interrupt; the driver
   resets the GPU (the hive on MI300): reset.
 - ``Saved bad pages N reaches threshold value T`` / ``RAS records:N exceed threshold:T``: ROCm's
@@ -129,9 +129,9 @@ def match_ras(
         attrs.update(aca_banks=str(burst.banks), aca_status=burst.status)
     m = _COUNT_RE.search(rest)
     if m is not None:
-        if m.group("total"):
-            return FOLDED  # the running total under the "new" line of the same event
         count, block, what = int(m.group("count")), m.group("block").upper(), m.group("what")
+        if m.group("total") and open_code in (block, "ras_ce", "ras_deferred"):
+            return FOLDED  # the running total under the "new" line of the same event
         if count == 0:
             return None
         attrs.update(block=block, count=str(count))
