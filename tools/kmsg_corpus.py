@@ -9,6 +9,7 @@ many real fault lines the scanner reads right.
 
     python -m tools.kmsg_corpus            # the table
     python -m tools.kmsg_corpus --wrong    # and every line it gets wrong, with what it said
+    python -m tools.kmsg_corpus --vendor amd   # the AMD corpus (tests/fixtures/kmsg/amd/)
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from starpulse.core.vocab import canonical_pci, pci_key
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_DIRS = (ROOT / "tests" / "fixtures" / "kmsg" / "real", ROOT.parent / "shared" / "fixtures" / "kmsg-public")
 CATEGORIES = ("xid", "sxid", "nic", "benign")
+# Each vendor's corpus; a fault record may name its own "category" (AMD: ras, vmfault, hang, fw).
+VENDOR_DIRS = {"nvidia": CORPUS_DIRS, "amd": (ROOT / "tests" / "fixtures" / "kmsg" / "amd",)}
 
 
 @dataclass
@@ -54,7 +57,9 @@ class Score:
     def table(self) -> dict[str, tuple[int, int]]:
         """category -> (right, total), plus "all" and "faults" rows."""
         out: dict[str, tuple[int, int]] = {}
-        for cat in CATEGORIES:
+        seen = [v.category for v in self.verdicts]
+        cats = [c for c in dict.fromkeys(seen) if c not in CATEGORIES and c != "benign"]
+        for cat in (*cats, "benign") if cats else CATEGORIES:
             vs = [v for v in self.verdicts if v.category == cat]
             out[cat] = (sum(v.right for v in vs), len(vs))
         faults = [v for v in self.verdicts if v.category != "benign"]
@@ -98,6 +103,8 @@ def findings_by_line(lines: list[str]) -> dict[int, list[Finding]]:
 
 
 def _category(fault: dict[str, Any]) -> str:
+    if "category" in fault:
+        return str(fault["category"])
     kinds = set(fault.get("kind", []))
     if "sxid" in kinds:
         return "sxid"
@@ -121,6 +128,8 @@ def judge_finding(fault: dict[str, Any], f: Finding) -> str:
     code = fault.get("xid", fault.get("sxid"))
     if code is not None and f.xid != code:
         return f"code {f.xid}"
+    if "code" in fault and f.vendor_code not in fault["code"]:
+        return f"code {f.vendor_code}"
     if "pci" in fault and not _same_pci(fault["pci"], f.pci):
         return f"pci {f.pci}"
     if "netdev" in fault and f.attributes.get("netdev") != fault["netdev"]:
@@ -129,6 +138,8 @@ def judge_finding(fault: dict[str, Any], f: Finding) -> str:
         return f"action {f.action}"
     if "gpu_instance" in fault and f.attributes.get("gpu_instance") != fault["gpu_instance"]:
         return f"gpu_instance {f.attributes.get('gpu_instance')}"
+    if "process" in fault and f.attributes.get("process") != fault["process"]:
+        return f"process {f.attributes.get('process')}"
     if "fatal" in fault and f.attributes.get("fatal") != str(fault["fatal"]).lower():
         return f"fatal {f.attributes.get('fatal')}"
     return ""
@@ -180,10 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     """Print the table (and with --wrong every wrong record)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wrong", action="store_true", help="list every record the parser gets wrong")
+    ap.add_argument("--vendor", choices=sorted(VENDOR_DIRS), default="nvidia", help="which vendor's corpus")
     args = ap.parse_args(argv)
-    s = score()
+    dirs = VENDOR_DIRS[args.vendor]
+    s = score(dirs)
     if not s.verdicts:
-        print("no corpus found under " + ", ".join(str(d) for d in CORPUS_DIRS), file=sys.stderr)
+        print("no corpus found under " + ", ".join(str(d) for d in dirs), file=sys.stderr)
         return 2
     print(f"{'category':<8} {'right':>5} / {'total':<5}")
     for cat, (right, total) in s.table().items():

@@ -1,99 +1,102 @@
-"""AMD GPU faults in the kernel log: the ``amdgpu`` driver's RAS, poison, reset and ring-timeout lines.
+"""AMD GPU faults in the kernel log: every shape the ``amdgpu`` driver prints, one finding per record.
 
-One more pattern family of the kernel-log reader (``kmsg.reader.FAMILIES``). The driver names
-the device by its PCI address (``amdgpu 0000:c1:00.0:``), which the agent turns into the GPU's
-index as it does for NVIDIA's Xids. What each line means:
+One more pattern family of the kernel-log reader (``kmsg.reader.FAMILIES``). The driver prints
+most faults over several lines: a RAS count under its ACA bank dump, a VM fault's header, process,
+address and decoded status, a hang's ring timeout then process, a reset's teardown failures, a lost
+GPU's cascade of SMU and KIQ errors. The family keeps, per device, the record it has open and folds
+the lines that belong to it, so each event is one finding with the device as printed.
 
-- ``N uncorrectable hardware errors detected in <block> block`` (also the ``socket: S`` and
-  ``{seq} socket: S, die: D, N new ...`` spellings of newer drivers): an uncorrectable memory
-  error, the shared ``ecc_dbe`` kind (reset the GPU); the block is the ``vendor_code``. The
-  all-clear ``no uncorrectable hardware errors detected`` and a count of 0 are not faults.
-- ``poison is consumed by client N, kick off gpu reset flow``: poisoned data was used; reset.
-- ``ring <name> timeout, signaled seq=..., emitted seq=...``: a hung job; the driver resets the
-  GPU next, so the job must restart (``restart_app``), and a repeat is the rules' business.
-- ``GPU reset begin!``: the driver is resetting the GPU (a hang); the job on it is lost.
-- ``GPU reset(N) failed`` / ``GPU reset failed``: the GPU could not be recovered: reboot.
-- ``Poison is created, no user action is needed.``: as it says, nothing.
+    amdgpu_base   device, RAS event id, the finding
+    amdgpu_ras    RAS counts, poison, fatal interrupts, bad pages, ACA bank dumps
+    amdgpu_vm     GPU VM page faults (process named)
+    amdgpu_hang   ring timeouts, resets, MES, KIQ/QCM, SMU, init, XGMI; what folds into each
+
+Each module says what its lines mean and where the action comes from (AMD's words, or ours).
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass, field
 
-from agent.collectors.kmsg.family import SOURCE, Family, MatchResult, State
-from starpulse.core import vocab
+from agent.collectors.kmsg.amdgpu_base import VENDOR, device, rest_of
+from agent.collectors.kmsg.amdgpu_hang import FOLDS, closes, match_hang
+from agent.collectors.kmsg.amdgpu_ras import AcaBurst, match_aca, match_ras
+from agent.collectors.kmsg.amdgpu_vm import VmFaults, match_vm
+from agent.collectors.kmsg.family import FOLDED, Family, MatchResult, State, _Folded
 from starpulse.core.findings import Finding
 
-VENDOR = "amd"
-
-_DEVICE_RE = re.compile(r"\bamdgpu (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):")
-_UE_RE = re.compile(r"(?<!no )\b(?P<count>\d+) (?:new )?uncorrectable hardware errors detected in (?P<block>\w+) block")
-_POISON_CONSUMED_RE = re.compile(r"poison is consumed by client (?P<client>\d+)", re.IGNORECASE)
-_RING_TIMEOUT_RE = re.compile(
-    r"\bring (?P<ring>\S+) timeout, signaled seq=(?P<signaled>\d+), emitted seq=(?P<emitted>\d+)"
-)
-_RESET_BEGIN_RE = re.compile(r"\bGPU reset begin!")
-_RESET_FAILED_RE = re.compile(r"\bGPU reset(?:\(\d+\))? failed")
-
-# (pattern, finding kind, action, vendor code, what it means)
-_FAULTS: tuple[tuple[re.Pattern[str], str, str, str, str], ...] = (
-    (_POISON_CONSUMED_RE, "accel_fault", vocab.ACTION_RESET_GPU, "poison_consumed", "poisoned data consumed"),
-    (_RESET_FAILED_RE, "accel_fault", vocab.ACTION_REBOOT, "gpu_reset_failed", "GPU reset failed"),
-    (_RING_TIMEOUT_RE, "accel_fault", vocab.ACTION_RESTART_APP, "ring_timeout", "ring timeout (a hung job)"),
-    (_RESET_BEGIN_RE, "accel_fault", vocab.ACTION_RESTART_APP, "gpu_reset", "the driver resets the GPU (hang)"),
-)
+__all__ = ["FAMILY", "VENDOR", "classify_amdgpu", "match_amdgpu"]
 
 
-def classify_amdgpu(message: str) -> Finding | None:
-    """The finding an amdgpu kernel message stands for, or None for an ordinary line."""
-    dev = _DEVICE_RE.search(message)
-    pci = dev.group("pci").lower() if dev else ""
-    component = f"gpu@{pci}" if pci else "gpu"
-    m = _UE_RE.search(message)
-    if m is not None:
-        count = int(m.group("count"))
-        if count == 0:
-            return None
-        block = m.group("block").upper()
-        return _finding(
-            "ecc_dbe",
-            component,
-            pci,
-            vocab.ACTION_RESET_GPU,
-            block,
-            message,
-            {"block": block, "count": str(count)},
-        )
-    for rx, kind, action, code, reason in _FAULTS:
-        m = rx.search(message)
-        if m is not None:
-            attrs = {"reason": reason, **{k: v for k, v in m.groupdict().items() if v}}
-            return _finding(kind, component, pci, action, code, message, attrs)
-    return None
+@dataclass
+class AmdLog:
+    """What the family remembers of one log: open records, ACA bursts and VM faults per device."""
+
+    open: dict[str, str] = field(default_factory=dict)  # device ("" for none) -> code of its open record
+    last: str = ""  # the device of the record opened last (lines naming no device belong there)
+    aca: dict[str, AcaBurst] = field(default_factory=dict)
+    vm: VmFaults = field(default_factory=VmFaults)
+
+    def open_code(self, pci: str) -> str:
+        """The open record a line of this device (or of none) belongs to."""
+        if not pci or (pci not in self.open and self.last == ""):
+            return self.open.get(self.last, "")
+        return self.open.get(pci, "")
 
 
-def _finding(
-    kind: str, component: str, pci: str, action: str, code: str, message: str, attrs: dict[str, str]
-) -> Finding:
-    if pci:
-        attrs["pci"] = pci
-    return Finding(
-        kind=kind,
-        component=component,
-        severity=vocab.severity_for_action(action),
-        action=action,
-        message=message,
-        source=SOURCE,
-        pci=pci or None,
-        attributes=attrs,
-        vendor=VENDOR,
-        vendor_code=code,
-    )
+def _log(state: State) -> AmdLog:
+    log = state.data.get("amd")
+    if not isinstance(log, AmdLog):
+        log = state.data["amd"] = AmdLog()
+    return log
+
+
+def _read(message: str, log: AmdLog) -> MatchResult:
+    pci = device(message)
+    rest, event = rest_of(message)
+    aca = match_aca(message, rest, pci, event, log.aca)
+    if aca is not None:
+        return aca
+    burst = log.aca.get(pci)
+    if burst is not None:
+        burst.active = False
+    got = match_vm(message, rest, pci, log.vm)
+    if got is not None:
+        return got
+    if closes(rest):
+        log.open.pop(pci, None)
+        return None
+    code = log.open_code(pci)
+    started = match_ras(message, rest, pci, event, burst, code) or match_hang(message, rest, pci)
+    fold = FOLDS.get(code)
+    # A line naming no device folds into a device's record if it starts nothing itself, or if
+    # the DRM core printed it ("[drm:fn [amdgpu]] *ERROR* ..." names no device in any kernel).
+    own = pci or log.last == "" or not isinstance(started, Finding) or message.lstrip().startswith("[drm:")
+    if fold is not None and fold.search(rest) and own:
+        return FOLDED
+    return started
 
 
 def match_amdgpu(message: str, state: State) -> MatchResult:
-    """The family's one matcher: amdgpu lines need no state across lines."""
-    return classify_amdgpu(message)
+    """The family's one matcher: the finding a record starts, FOLDED for its later lines, or None."""
+    log = _log(state)
+    pci = device(message)
+    held = log.vm.pending.get(pci) if pci else None
+    got = _read(message, log)
+    if held is not None and pci in log.vm.pending and got is None:
+        got = log.vm.take_pending(pci)  # the fault's lines ended before naming its process
+    elif pci and not isinstance(got, _Folded) and got is None:
+        log.vm.close(pci)
+    if isinstance(got, Finding):
+        log.open[pci] = got.vendor_code
+        log.last = pci
+    return got
+
+
+def classify_amdgpu(message: str) -> Finding | None:
+    """The finding one amdgpu message stands for on its own (no log around it)."""
+    got = match_amdgpu(message, State())
+    return got if isinstance(got, Finding) else None
 
 
 FAMILY = Family(name="amdgpu", words=("amdgpu",), matchers=(match_amdgpu,))
