@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import free_port, median, percentile, quiet_logging, table, write_result
+from starpulse.core.clock import SYSTEM_CLOCK
 
 
 class Etcd:
@@ -238,7 +239,7 @@ async def write_latency(workdir: Path, etcd: str, writes: int) -> dict[str, floa
     try:
         for mode in ("sqlite", "etcd"):
             store = Store(workdir / f"writes-{mode}.db")
-            heal = RemediationStore(store.connection)
+            heal = RemediationStore(store.connection, SYSTEM_CLOCK)
             mirror = StateMirror(store.connection, client, ha, elector) if mode == "etcd" else None
             store.upsert_node(
                 StoredNode("node-0", ipb.NODE_ROLE_COMPUTE, "online", 1, 1, "", "", ipb.Inventory(), "e", 0)

@@ -3,9 +3,9 @@
 gRPC itself costs ~0.35 ms per report (``bench.null_controller``) and a relay tier takes
 most of it away; what is left per report is measured here, in one process, with nothing
 else in the way. The controller's pieces are built as ``controller.service`` wires them:
-a ``Store`` on a temporary SQLite file, the ``NodeRegistry``, the ``JobRegistry`` and the
-``Detection`` pipeline (default rules, fail-slow, correlator) as the report decider and a
-registry listener, and the ``TelemetryServicer`` as the sink of its verdicts. The
+a ``Store`` on a temporary SQLite file, the ``DecisionCore`` (registry, job registry and
+the ``Detection`` pipeline: default rules, fail-slow, correlator) with detection as the
+report decider, and the ``TelemetryServicer`` as the sink of its verdicts. The
 nodes are ``bench.loadgen``'s: a ``SimNode`` through the production collectors (8 GPUs, 9
 NIC ports), delta-encoded by the agent's ``ReportDelta`` (a full report every
 ``--full-every``), ``--fault-pct`` of them faulty (NIC error bursts, Xid 79 events). Each
@@ -56,32 +56,23 @@ class Harness:
     """The controller's ingest-side pieces, wired as ``controller.service.Controller`` wires them."""
 
     def __init__(self, db_path: Path, clock: FakeClock) -> None:
+        from controller.core import DecisionCore
         from controller.detect.model import ConditionChange
-        from controller.detect.pipeline import Detection, DetectionConfig
-        from controller.detect.rules import load_rules
-        from controller.ingest.registry import NodeRegistry
         from controller.ingest.servicer import TelemetryServicer
-        from controller.jobs.registry import JobRegistry
         from controller.metrics import ControllerMetrics
         from controller.outputs.web.api import DashboardState
+        from controller.settings import ControllerConfig
         from controller.store import Store
 
         self.clock = clock
         self.metrics = ControllerMetrics()
         self.store = Store(db_path)
-        self.registry = NodeRegistry(self.store, self.metrics, heartbeat_timeout_s=600, clock=clock)
-        self.jobs = JobRegistry(self.store.connection, clock)
-        self.registry.listeners.append(self.jobs)
-        self.detection = Detection(
-            self.store.connection,
-            load_rules(None),
-            None,
-            self.metrics,
-            DetectionConfig(),
-            jobs_of=self.jobs.jobs_of,
-            clock=clock,
+        self.core = DecisionCore(
+            ControllerConfig(db_path=db_path, heartbeat_timeout_s=600), clock, self.store, self.metrics
         )
-        self.registry.listeners.append(self.detection)
+        self.registry = self.core.registry
+        self.jobs = self.core.jobs
+        self.detection = self.core.detection
         self.telemetry = TelemetryServicer(self.registry, self.metrics, self.detection)  # binds the verdict sink
         self.dashboard = DashboardState(self.registry, self.detection)
         # Every condition change detection hands to the correlator, for the verdict digest.
@@ -96,10 +87,9 @@ class Harness:
         self.detection.correlator.on_changes = record  # type: ignore[method-assign]
 
     def periodic(self) -> None:
-        """What the controller does once a second: sweep, presence flush, detection tick, dashboard poll."""
-        self.registry.sweep()
-        self.registry.flush_presence()
-        self.detection.tick()
+        """What the controller does once a second: sweep, presence flush, detection tick (fail-slow
+        when due), dashboard poll."""
+        self.core.tick()
         self.dashboard.signature()
 
     def close(self) -> None:

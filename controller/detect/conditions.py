@@ -64,7 +64,7 @@ from controller.fabric.naming import NicNamer, gpu_name, switch_port_name
 from controller.ingest.registry import NodeRecord
 from starpulse.core import vocab
 from starpulse.core import xid as xidcat
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.core.findings import event_kind_name
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -155,7 +155,8 @@ class ConditionEngine:
         self,
         rules: RuleSet,
         fabric: Fabric | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        *,
+        clock: Clock,
         rates: CounterRate | None = None,
     ) -> None:
         self.rules = rules

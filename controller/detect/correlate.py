@@ -60,7 +60,7 @@ from controller.detect.incidents import IncidentStore
 from controller.detect.model import Condition, ConditionChange, Incident
 from controller.fabric.model import Fabric
 from starpulse.core import vocab
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.core.vocab import SEVERITY_ORDER, Severity
 
 log = structlog.get_logger(__name__)
@@ -133,7 +133,8 @@ class Correlator:
         config: CorrelationConfig | None = None,
         jobs_of: Callable[[str], list[str]] = lambda node: [],
         fleet_size: Callable[[], int] | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        *,
+        clock: Clock,
         window_ms: Callable[[Condition], int] | None = None,
         port_clean: Callable[[str, str, int], bool] | None = None,
     ) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from controller.detect.model import Condition, ConditionChange
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -232,7 +232,8 @@ class FailSlowDetector:
         self,
         config: FailSlowConfig | None = None,
         group_of: Callable[[str], str | None] = lambda node: None,
-        clock: Clock = SYSTEM_CLOCK,
+        *,
+        clock: Clock,
     ) -> None:
         self.config = config or FailSlowConfig()
         self._group_of = group_of

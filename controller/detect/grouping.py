@@ -22,7 +22,6 @@ the siblings' cadence is not known yet (no two reports seen).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -108,7 +107,8 @@ class ReportCadence:
 
     QUANTILE = 0.95
 
-    def __init__(self, cache_s: float = 1.0, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, now: Callable[[], float], cache_s: float = 1.0) -> None:
+        """``now``: the monotonic clock the cached interval expires on (the injected clock's)."""
         self._last: dict[str, int] = {}  # node -> last report timestamp (ms, agent clock)
         self._gap: dict[str, int] = {}  # node -> ms between its last two reports
         self._cache_s = cache_s

@@ -1,18 +1,27 @@
-"""Detection wired to ingest: conditions from every report, event and presence change,
-fail-slow peer comparison, correlation into incidents on the fabric.
+"""Detection: the one way into condition finding, fail-slow, topology and correlation.
 
-Runs on the controller's event loop. ``Detection`` is ingest's in-process report decider
-(controller.ingest.decider: it decides a report during the hand-over and answers with its
-verdict) and a registry listener (events, presence, and every decided report's fail-slow
-signals and LLDP, whether it decided the report or a shard did). Everything per report is
-dictionary work; grouping and fail-slow run on the periodic tick, not per message.
+Runs on the controller's event loop. Each input enters here once:
+
+1. a report: ``decide`` (ingest's ReportDecider, controller.ingest.decider). A compute
+   node's report goes to its detection shard when there are shards, else the rules run
+   here; either way its verdict comes back through ``_decided``, which folds the report's
+   fail-slow signals, cadence and LLDP in, then hands the verdict to ingest's sink;
+2. a batch of events: ``on_events`` (to the node's shard, or the engine here);
+3. a presence change: ``on_presence``;
+4. condition changes found elsewhere (a shard's engine, a stepwise fail-slow evaluation,
+   a job-level verdict of the decision core): ``feed_shard_changes`` / ``feed``;
+
+then every change goes ``_feed`` -> the correlator, the grouping task (owned here) groups
+when a window closes (``group``), and each incident change goes to the listeners handed
+in at construction (alerts, healing). ``tick`` expires, runs fail-slow when due and groups.
+Everything per report is dictionary work; grouping and fail-slow run on their own clocks.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,9 +32,12 @@ from controller.detect.conditions import ConditionEngine, nic_fabric_evidence
 from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
 from controller.detect.grouping import GroupingWindows, ReportCadence
+from controller.detect.grouping_task import GroupingTask
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
 from controller.detect.rules import RuleSet
+from controller.detect.shard_worker import ShardSettings
+from controller.detect.shards import DetectShards
 from controller.detect.switch_witness import SwitchPortWitness
 from controller.fabric import Fabric
 from controller.fabric.topology import TopologyTracker
@@ -34,7 +46,7 @@ from controller.ingest.validate import InvalidMessage, validate_report
 from controller.ingest.verdict import ReportResult
 from controller.metrics import ControllerMetrics
 from controller.stages import StageTracker
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -42,7 +54,6 @@ from starpulse.v1 import telemetry_pb2 as tpb
 
 if TYPE_CHECKING:
     from controller.detect.shard_worker import EventsOpened
-    from controller.detect.shards import DetectShards
 
 log = structlog.get_logger(__name__)
 _COMPUTE = ipb.NODE_ROLE_COMPUTE
@@ -82,6 +93,8 @@ def incident_to_dict(incident: Incident) -> dict[str, object]:
 
 
 class Detection:
+    """Built with everything it needs; nothing is assigned to it after construction."""
+
     def __init__(
         self,
         conn: sqlite3.Connection,
@@ -91,8 +104,26 @@ class Detection:
         config: DetectionConfig | None = None,
         jobs_of: Callable[[str], list[str]] = lambda node: [],
         fleet_size: Callable[[], int] | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        *,
+        clock: Clock,
+        listeners: Sequence[IncidentListener] = (),
+        stages: StageTracker | None = None,
+        sweep_s: float = 1.0,
+        failslow_stepwise: bool = False,
+        shard_settings: ShardSettings | None = None,
+        on_shard_lost: Callable[[int], None] = lambda index: None,
+        node_of: Callable[[str], NodeRecord | None] = lambda node_id: None,
     ) -> None:
+        """``listeners``: who hears incident changes, in order (alerts, then healing).
+
+        ``sweep_s``: the periodic tick's interval (a grouping window waits at most one more).
+        ``failslow_stepwise``: the controller runs fail-slow evaluations in steps between
+        reports (failslow_due, then FailSlowDetector.evaluation_steps and feed); tick leaves
+        them out. ``shard_settings``: with ``config.workers`` > 0, compute nodes' reports and
+        events are decided in that many shard processes (``start`` starts them);
+        ``on_shard_lost`` hears one end. ``node_of``: the registry's record of a node, for a
+        shard's verdict that brings new LLDP neighbours.
+        """
         self.config = config or DetectionConfig()
         self.clock = clock
         self.fabric = fabric
@@ -102,8 +133,9 @@ class Detection:
         self.failslow = FailSlowDetector(self.config.failslow, group_of=self._peer_group, clock=clock)
         self.incidents = IncidentStore(conn)
         corr = self.config.correlation
-        self.cadence = ReportCadence()  # the fleet's measured report interval: shared conditions' window
-        self.windows = GroupingWindows(corr, self.cadence.interval_s)
+        # the fleet's measured report interval: shared conditions' window
+        self.cadence = ReportCadence(now=clock.monotonic)
+        self.windows = GroupingWindows(corr, self.cadence.interval_s, sweep_s=sweep_s)
         self.switch_ports = SwitchPortWitness()  # switches' own word on their ports: a clean leaf is not blamed
         self.correlator = Correlator(
             fabric,
@@ -115,21 +147,27 @@ class Detection:
             window_ms=self.windows.window_ms,
             port_clean=self.switch_ports.clean_since,
         )
-        # Called when a condition starts waiting for its grouping window: the controller's
-        # grouping task wakes and groups it when the window closes, not on the next tick.
-        self.on_pending: Callable[[], None] | None = None
+        # Incidents open when their conditions' grouping windows close, not on the next tick:
+        # woken whenever a condition starts waiting (_feed), run by the controller (grouping.run).
+        self.grouping = GroupingTask(self.correlator.next_due_ms, self.group, clock)
         self.topology = TopologyTracker(fabric, clock=clock)
-        self.listeners: list[IncidentListener] = []
-        self.stages: StageTracker | None = None  # per-stage latency: condition and incident marks
+        self.listeners: list[IncidentListener] = list(listeners)
+        self.stages = stages  # per-stage latency: condition and incident marks
         self._last_failslow = clock.monotonic()  # the fail-slow cadence (failslow_due)
-        # With detection shards (controller.detect.shards) compute nodes' reports and events are
-        # evaluated there; this engine keeps presence (heartbeats) and switches.
-        self.shards: DetectShards | None = None
+        self._node_of = node_of
         self._verdicts: Callable[[ReportResult], None] = _unbound
         self._full_seen: dict[str, int] = {}  # node -> the stream token whose stream sent a full report
-        # True: the controller runs fail-slow evaluations in steps between reports
-        # (failslow_due, then FailSlowDetector.evaluation_steps and feed); tick leaves them out.
-        self.failslow_stepwise = False
+        self.failslow_stepwise = failslow_stepwise
+        # With detection shards compute nodes' reports and events are evaluated there; this
+        # engine keeps presence (heartbeats) and switches.
+        self.shards: DetectShards | None = None
+        if self.config.workers > 0 and shard_settings is not None:
+            self.shards = DetectShards(
+                self.config.workers,
+                shard_settings,
+                on_changes=self.feed_shard_changes,
+                on_lost=on_shard_lost,
+            )
         self._refresh_gauges()
 
     def _peer_group(self, node: str) -> str | None:
@@ -144,12 +182,18 @@ class Detection:
                 return None
         return None
 
-    # -- ReportDecider (controller.ingest.decider): decided during the hand-over ----------
+    # -- 1. a report (ReportDecider, controller.ingest.decider) ---------------------------
     def bind(self, on_verdict: Callable[[ReportResult], None]) -> None:
+        """Where verdicts go (ingest's TelemetryServicer, or the decision core without one)."""
         self._verdicts = on_verdict
+        if self.shards is not None:
+            self.shards.bind(self._decided)
 
     def decide(self, node: NodeRecord, message: spb.AgentMessage, started: float) -> None:
-        """Run the rules on a valid report and hand its verdict to ingest at once."""
+        """Decide a valid report (here, or a compute node's in its shard) and hand its verdict on."""
+        if self.shards is not None and node.role == _COMPUTE:
+            self.shards.decide(node, message, started)  # the verdict comes back to _decided
+            return
         report = message.report
         nid, token = node.node_id, node.stream_token
         lldp = None
@@ -170,6 +214,7 @@ class Detection:
             # shard does the same, controller.detect.shard_worker).
             log.exception("report_decision_failed", node=nid)
             signals, job = {}, None
+        self._fold(node, signals, job, report.timestamp_ms, lldp)
         self._verdicts(
             ReportResult(
                 node_id=nid,
@@ -191,6 +236,8 @@ class Detection:
 
     def decide_raw(self, node: NodeRecord, agent_message: bytes, started: float) -> bool:
         """A relayed report's bytes: decoded and validated here, then decided; False when they are not one."""
+        if self.shards is not None and node.role == _COMPUTE:
+            return self.shards.decide_raw(node, agent_message, started)  # its shard decodes them
         try:
             message = spb.AgentMessage.FromString(agent_message)
             if message.WhichOneof("body") != "report":
@@ -203,20 +250,42 @@ class Detection:
 
     @property
     def full(self) -> bool:
-        return False  # deciding during the hand-over leaves nothing waiting
+        """True while too many reports wait in the shards (never without them: decided at once)."""
+        return self.shards is not None and self.shards.full
 
     async def room(self) -> None:
-        return None
+        if self.shards is not None:
+            await self.shards.room()
 
-    # -- IngestListener -------------------------------------------------------------------
-    def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
-        """A decided report (here or in a shard): its fail-slow signals join the peer comparison here."""
-        self.failslow.append(node.node_id, verdict.signals, verdict.job)
-        if verdict.timestamp_ms:
-            self.cadence.saw(node.node_id, verdict.timestamp_ms)
-        if verdict.lldp is not None:
-            self.topology.update(node)
+    def _decided(self, verdict: ReportResult) -> None:
+        """A shard's verdict: its fail-slow signals, cadence and LLDP folded in here, then on to ingest."""
+        if not verdict.error:
+            node = self._node_of(verdict.node_id)
+            if node is not None:  # one ingest no longer knows is not recorded either
+                if verdict.lldp is not None:
+                    node.lldp = verdict.lldp
+                self._fold(node, verdict.signals, verdict.job, verdict.timestamp_ms, verdict.lldp)
+        self._verdicts(verdict)
 
+    def _fold(
+        self,
+        node: NodeRecord,
+        signals: dict[str, float],
+        job: str | None,
+        timestamp_ms: int,
+        lldp: list[ipb.LldpNeighbor] | None,
+    ) -> None:
+        """What a decided report gives beyond its conditions: fail-slow samples, cadence, topology."""
+        try:
+            self.failslow.append(node.node_id, signals, job)
+            if timestamp_ms:
+                self.cadence.saw(node.node_id, timestamp_ms)
+            if lldp is not None:
+                self.topology.update(node)
+        except Exception:
+            log.exception("report_fold_failed", node=node.node_id)
+
+    # -- 2. a batch of events, 3. presence (IngestListener, via the decision core) ---------
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         if self.shards is not None and node.role == _COMPUTE:
             self.shards.submit_events(node, events)  # the engine that holds the node's conditions
@@ -274,10 +343,20 @@ class Detection:
                 message=c.message,
             )
         self.correlator.on_changes(changes)
-        if self.on_pending is not None and self.correlator.next_due_ms() is not None:
-            self.on_pending()
+        if self.correlator.next_due_ms() is not None:
+            self.grouping.wake()
 
-    # -- periodic -------------------------------------------------------------------------
+    # -- 5. the periodic tick, then grouping ---------------------------------------------
+    async def start(self) -> None:
+        """Start the shards (before ingest opens: no report may bypass them)."""
+        if self.shards is not None:
+            await self.shards.start()
+
+    async def stop(self) -> None:
+        """Stop the shards: what they were handed is decided first."""
+        if self.shards is not None:
+            await self.shards.stop()
+
     def tick(self) -> list[tuple[str, Incident]]:
         """Expire conditions, run fail-slow when due, group, and publish incident changes."""
         changes = self.engine.tick()
@@ -325,7 +404,8 @@ class Detection:
         return True
 
     def feed(self, changes: list[ConditionChange]) -> None:
-        """Condition changes found outside tick (a stepwise fail-slow evaluation)."""
+        """Condition changes found outside detection's own inputs: a stepwise fail-slow
+        evaluation, or a job-level verdict of the decision core (controller.core)."""
         self._feed(changes)
 
     def _refresh_gauges(self) -> None:

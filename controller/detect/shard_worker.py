@@ -46,6 +46,7 @@ from controller.detect.rules import load_rules
 from controller.ingest.registry import ONLINE, NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_event, validate_report
 from controller.ingest.verdict import ReportResult
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -90,9 +91,10 @@ class ShardSettings:
 class Shard:
     """The per-node detection state of the nodes that hash to this shard."""
 
-    def __init__(self, settings: ShardSettings) -> None:
-        self.engine = ConditionEngine(load_rules(settings.rules_path), fabric=None)
-        self.failslow = FailSlowDetector(settings.failslow)
+    def __init__(self, settings: ShardSettings, clock: Clock = SYSTEM_CLOCK) -> None:
+        """``clock``: a shard is its own process and keeps real time (a test may hand in another)."""
+        self.engine = ConditionEngine(load_rules(settings.rules_path), fabric=None, clock=clock)
+        self.failslow = FailSlowDetector(settings.failslow, clock=clock)
         self.nodes: dict[str, NodeRecord] = {}
         self._full_seen: set[str] = set()  # nodes whose current stream sent a full report
 

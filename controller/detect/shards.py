@@ -4,12 +4,11 @@ Each compute node belongs to one shard (crc32 of its id), so its reports and eve
 handled in arrival order by one ``ConditionEngine`` (controller.detect.shard_worker). The
 controller hands over the bytes that arrived, batched: everything submitted during one
 turn of the event loop goes out as one frame per shard. Answers come back on the shards'
-stdout and are applied on the event loop: each report's verdict to ingest's sink (this is
-the sharded ``ReportDecider`` of controller.ingest.decider), the condition changes to
+stdout and are applied on the event loop: each report's verdict to the sink ``bind`` names
+(Detection's, which completes it and hands it to ingest), the condition changes to
 ``on_changes`` together with what each batch of events opened and when (``EventsOpened``:
-the stage trace's ``condition`` mark and the event grouping window). Switches' reports are
-not sharded: they go to the ``local`` decider (the controller's own Detection), whose engine
-also keeps presence.
+the stage trace's ``condition`` mark and the event grouping window). Detection hands over
+only compute nodes: switches' reports and presence stay with its own engine.
 
 Flow control: at most ``max_in_flight`` reports may be with the shards; past that, the
 streams feeding them wait in ``room()`` (and gRPC's flow control holds the rest at the
@@ -38,10 +37,8 @@ from controller.detect.shard_worker import (
     ShardSettings,
 )
 from controller.detect.shardwire import encode_frame, frame_parts, read_frame
-from controller.ingest.decider import ReportDecider
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
-from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -51,7 +48,6 @@ READY_TIMEOUT_S = 60.0
 # Reports submitted within this long go to a shard as one frame: fewer, larger frames cost
 # both ends less per report (bench.scale), and 2 ms is nothing next to a 5 s report interval.
 FLUSH_LINGER_S = 0.002
-_COMPUTE = ipb.NODE_ROLE_COMPUTE
 
 
 class ShardLost(Exception):
@@ -79,7 +75,6 @@ class DetectShards:
         self,
         workers: int,
         settings: ShardSettings,
-        local: ReportDecider,
         on_changes: Callable[[list[ConditionChange], list[EventsOpened]], None],
         on_lost: Callable[[int], None],
         max_in_flight: int = 4096,
@@ -88,7 +83,6 @@ class DetectShards:
             raise ValueError("detection shards need at least one worker")
         self.workers = workers
         self.settings = settings
-        self._local = local  # decides what is not sharded (switches), in the controller's process
         self._on_verdict: Callable[[ReportResult], None] = _unbound
         self._on_changes = on_changes
         self._on_lost = on_lost
@@ -158,22 +152,16 @@ class DetectShards:
     def shard_of(self, node_id: str) -> int:
         return zlib.crc32(node_id.encode()) % self.workers
 
-    # -- ReportDecider (controller.ingest.decider) ----------------------------------------
+    # -- reports (from Detection.decide: compute nodes only) --------------------------------
     def bind(self, on_verdict: Callable[[ReportResult], None]) -> None:
         self._on_verdict = on_verdict
-        self._local.bind(on_verdict)
 
     def decide(self, node: NodeRecord, message: spb.AgentMessage, started: float) -> None:
-        """A valid report from a direct stream: re-serialised for its shard (validated, not checked again)."""
-        if node.role != _COMPUTE:
-            self._local.decide(node, message, started)
-            return
+        """A compute node's valid report from a direct stream: re-serialised for its shard (not checked again)."""
         self._submit(node, message.SerializeToString(), True, started)
 
     def decide_raw(self, node: NodeRecord, agent_message: bytes, started: float) -> bool:
-        """A relayed report as the bytes that arrived: its shard decodes and validates it (every one is taken)."""
-        if node.role != _COMPUTE:
-            return self._local.decide_raw(node, agent_message, started)
+        """A compute node's relayed report as the bytes that arrived: its shard decodes and validates it."""
         self._submit(node, agent_message, False, started)
         return True
 

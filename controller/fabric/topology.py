@@ -14,7 +14,7 @@ import structlog
 from controller.fabric import Fabric, ReconcileReport, reconcile
 from controller.fabric.naming import NicNamer
 from controller.ingest.registry import NodeRecord
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.v1 import inventory_pb2 as ipb
 
 log = structlog.get_logger(__name__)
@@ -23,7 +23,7 @@ log = structlog.get_logger(__name__)
 class TopologyTracker:
     """Keeps every node's latest LLDP view and reconciles at most once a second."""
 
-    def __init__(self, fabric: Fabric | None, min_interval_s: float = 1.0, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, fabric: Fabric | None, min_interval_s: float = 1.0, *, clock: Clock) -> None:
         self.fabric = fabric
         self.clock = clock
         self.declared = Fabric(fabric.graph.copy(), fabric.params) if fabric is not None else None

@@ -54,7 +54,7 @@ from controller.heal.states import (
 )
 from controller.store import transaction
 from starpulse.core import vocab
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
 from starpulse.core.units import format_duration
 
@@ -208,7 +208,7 @@ CREATE TABLE IF NOT EXISTS heal_approvals (
 class CircuitBreaker:
     """Fleet-wide stop switch, persisted: once open, only a named person closes it."""
 
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
         self._db = conn
         self.clock = clock
         self._clock = clock.time_ms
@@ -290,13 +290,13 @@ class Guards:
         self,
         config: GuardConfig,
         store: RemediationStore,
-        conn: sqlite3.Connection | None = None,
-        clock: Clock | None = None,
+        conn: sqlite3.Connection | None,
+        clock: Clock,
     ) -> None:
         self.config = config
         self.store = store
         self._db = conn if conn is not None else store.conn
-        self.clock = clock if clock is not None else store.clock
+        self.clock = clock
         self._clock = self.clock.time_ms
         self.breaker = CircuitBreaker(self._db, self.clock)
 

@@ -106,7 +106,8 @@ class Healer:
         fleet_size: Callable[[], int],
         open_incidents: Callable[[], list[Incident]],
         config: HealConfig | None = None,
-        clock: Clock | None = None,
+        *,
+        clock: Clock,
         repairs: RepairLoop | None = None,
     ) -> None:
         self.policy = policy
@@ -122,7 +123,7 @@ class Healer:
         self.open_incidents = open_incidents
         self.config = config or HealConfig()
         self.repairs = repairs  # None: the node stays evicted / in repair until a person returns it
-        self.clock = clock if clock is not None else store.clock  # eviction times, retry and checkpoint waits
+        self.clock = clock  # eviction times, retry and checkpoint waits
         self._clock_ms = self.clock.time_ms
         self._queue: asyncio.Queue[Incident] = asyncio.Queue()
         self.evictions: list[Eviction] = []

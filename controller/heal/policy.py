@@ -168,10 +168,10 @@ class HealHistory(Protocol):
 class SqliteHealHistory:
     """``HealHistory`` on the controller's SQLite connection (table ``heal_gpu_faults``)."""
 
-    def __init__(self, store: RemediationStore, clock: Clock | None = None) -> None:
+    def __init__(self, store: RemediationStore, clock: Clock) -> None:
         self._store = store
         self._db: sqlite3.Connection = store.conn
-        self.clock = clock if clock is not None else store.clock
+        self.clock = clock
         self._clock = self.clock.time_ms
         self._db.executescript(
             """CREATE TABLE IF NOT EXISTS heal_gpu_faults (

@@ -44,7 +44,7 @@ from enum import StrEnum
 import structlog
 
 from controller.store import transaction
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 
 log = structlog.get_logger(__name__)
 
@@ -286,7 +286,7 @@ def migrate_lifecycle(conn: sqlite3.Connection) -> int:
 class RemediationStore:
     """Node states, their transition history and the pending-action log, in SQLite."""
 
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
         self.conn = conn
         self.clock = clock  # guards, heal history and spares default to it
         self.conn.executescript(_SCHEMA)

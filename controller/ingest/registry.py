@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,7 +18,7 @@ import structlog
 from controller.metrics import ControllerMetrics
 from controller.stages import StageTracker
 from controller.store import Store, StoredNode
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -70,7 +70,8 @@ class NodeRecord:
 
 
 class IngestListener(Protocol):
-    """Detection and outputs subscribe here; called on the controller's event loop."""
+    """Who hears what ingest recorded: the decision core (controller.core), handed in at
+    construction, and any observer a demo or test adds; called on the controller's event loop."""
 
     def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
         """One decided report, whoever decided it (controller.ingest.decider).
@@ -95,9 +96,14 @@ class NodeRegistry:
         metrics: ControllerMetrics,
         heartbeat_timeout_s: float,
         allowed_nodes: Iterable[str] | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        *,
+        clock: Clock,
         last_seen_flush_s: float = 15.0,
+        listeners: Sequence[IngestListener] = (),
+        stages: StageTracker | None = None,
     ) -> None:
+        """``listeners``: who hears each recorded report, batch of events and presence change
+        (the decision core); ``stages``: the per-stage latency trace (events' received mark)."""
         self.store = store
         self.metrics = metrics
         self.heartbeat_timeout_ms = int(heartbeat_timeout_s * 1000)
@@ -105,8 +111,8 @@ class NodeRegistry:
         self.clock = clock  # presence and last-seen times; the dashboard's "now" too
         self._clock_ms = clock.time_ms
         self.nodes: dict[str, NodeRecord] = {}
-        self.listeners: list[IngestListener] = []
-        self.stages: StageTracker | None = None  # per-stage latency: events' received mark
+        self.listeners: list[IngestListener] = list(listeners)
+        self.stages = stages
         self._stream_counter = 0
         self._started_ms = clock.time_ms()
         self._presence_dirty: set[str] = set()
@@ -327,7 +333,7 @@ class NodeRegistry:
         self.metrics.command_queue.inc()
 
     async def run_command(self, node_id: str, command: spb.Command, timeout_s: float) -> spb.CommandResult | None:
-        """Send a command and wait (at most ``timeout_s``, on real time) for the agent's answer.
+        """Send a command and wait (at most ``timeout_s`` on the registry's clock) for the agent's answer.
 
         None when none came in time: the node is gone, rebooting, or the command hangs. A
         controller that restarts forgets the waiter; whoever asked plans the step and asks again.
@@ -336,7 +342,7 @@ class NodeRegistry:
         self._command_waiters[command.id] = waiter
         try:
             self.send_command(node_id, command)
-            return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            return await self.clock.wait_for(waiter, timeout_s)
         except (TimeoutError, UnknownNode):
             return None
         finally:

@@ -29,7 +29,7 @@ import structlog
 
 from controller.ingest.registry import NodeRecord
 from controller.store import transaction
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
@@ -130,6 +130,16 @@ class RestartRecord:
         return self.first_step == self.resumed_from_step + 1
 
 
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """A job's own word on its progress (launcher or scheduler), not a rank's sample."""
+
+    step: int
+    at_ms: int  # when the job says it reached the step (its clock)
+    phase: str = ""  # e.g. "train", "checkpoint", "eval": a hang detector reads a stall per phase
+    received_ms: int = 0  # when the controller heard it (its clock)
+
+
 @dataclass
 class JobRecord:
     job: str
@@ -145,6 +155,7 @@ class JobRecord:
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     history: list[RestartRecord] = field(default_factory=list)
     now_ms: int = 0  # when this snapshot was taken (open downtime counts up to it)
+    progress: JobProgress | None = None  # the job-level entry's latest (DecisionCore.job_progress)
 
     @property
     def nodes(self) -> list[str]:
@@ -209,7 +220,7 @@ class JobRegistry:
     def __init__(
         self,
         conn: sqlite3.Connection,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock,
         persist_interval_ms: int = 30_000,
     ) -> None:
         self._db = conn
@@ -444,6 +455,20 @@ class JobRegistry:
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         return None
+
+    def progress(self, job: str, step: int, at_ms: int, phase: str = "") -> JobProgress:
+        """A job-level progress sample; an older one than the latest (by ``at_ms``) is ignored.
+
+        Kept in memory: a restarted controller hears the next one (a job reports often).
+        """
+        now = self._clock_ms()
+        rec, created = self._get_or_create(job, now)
+        if created:
+            with transaction(self._db):
+                self._save_job(rec)
+        if rec.progress is None or at_ms >= rec.progress.at_ms:
+            rec.progress = JobProgress(step=step, at_ms=at_ms, phase=phase, received_ms=now)
+        return rec.progress
 
     def _note_progress(
         self,

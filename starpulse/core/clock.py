@@ -18,7 +18,9 @@ import asyncio
 import heapq
 import itertools
 import time
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 _NS = 1_000_000_000
 _NS_PER_MS = 1_000_000
@@ -43,6 +45,13 @@ class Clock(Protocol):
         """Return once ``seconds`` have passed on this clock's monotonic time."""
         ...
 
+    async def wait_for(self, future: asyncio.Future[T], timeout_s: float) -> T:
+        """``future``'s result, or TimeoutError once ``timeout_s`` passed on this clock.
+
+        The future is left as it is on a timeout (a late answer still lands in it).
+        """
+        ...
+
 
 class SystemClock:
     """The real clock: ``time.time``, ``time.monotonic`` and ``asyncio.sleep``."""
@@ -61,12 +70,15 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    async def wait_for(self, future: asyncio.Future[T], timeout_s: float) -> T:
+        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+
     def __repr__(self) -> str:
         return "SystemClock()"
 
 
 SYSTEM_CLOCK = SystemClock()
-"""The one real clock, the default where a part is built without one (it holds no state)."""
+"""The one real clock, handed in by whoever composes real parts (it holds no state)."""
 
 
 class FakeClock:
@@ -104,6 +116,18 @@ class FakeClock:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._sleepers, (self._mono_ns + round(seconds * _NS), next(self._seq), future))
         await future  # cancelled: the future is done and is dropped when its deadline comes
+
+    async def wait_for(self, future: asyncio.Future[T], timeout_s: float) -> T:
+        """Wait for ``future`` until the clock is advanced ``timeout_s``: no real time is waited."""
+        timer: asyncio.Future[None] = asyncio.ensure_future(self.sleep(timeout_s))
+        either: set[asyncio.Future[Any]] = {future, timer}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if future.done():
+            return future.result()
+        raise TimeoutError(f"no answer within {timeout_s} s on the fake clock")
 
     @property
     def sleepers(self) -> int:

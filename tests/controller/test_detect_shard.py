@@ -24,6 +24,7 @@ from controller.detect.rules import load_rules
 from controller.detect.shard_worker import OP_EVENTS, OP_FORGET, OP_NODE, OP_REPORT, Shard, ShardSettings
 from controller.detect.shardwire import ShardWireError, encode_frame, read_frame_fd, write_frame_fd
 from controller.ingest.registry import ONLINE, NodeRecord
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -49,7 +50,7 @@ def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) 
     """Full and delta reports with faults appearing: the shard's changes are the engine's, in order."""
     inv, sim, cs = _sim_node(tmp_path)
     shard = Shard(ShardSettings())
-    engine = ConditionEngine(load_rules(), fabric=None)
+    engine = ConditionEngine(load_rules(), fabric=None, clock=SYSTEM_CLOCK)
     node = NodeRecord(node_id="node-007", role=ipb.NODE_ROLE_COMPUTE, state=ONLINE, first_seen_ms=0, last_seen_ms=0)
     node.inventory.CopyFrom(inv)
     node.stream_token = 1

@@ -168,7 +168,7 @@ class TestFastPath:
 
         rules = _ruleset(Registry([*REGISTRY, Typo]), "gpu_typo")
         with pytest.raises(ValueError, match="reads 'retired_pages_dbee', which GpuSample does not have"):
-            ConditionEngine(rules)
+            ConditionEngine(rules, clock=FakeClock())
 
     def test_a_float_cannot_wake(self) -> None:
         """A wake mask applies to integers and flags; a float wake field fails the build."""
@@ -182,7 +182,7 @@ class TestFastPath:
 
         rules = _ruleset(Registry([*REGISTRY, FloatWake]), "gpu_float_wake")
         with pytest.raises(ValueError, match="memory_temperature_c is not an integer or a flag"):
-            ConditionEngine(rules)
+            ConditionEngine(rules, clock=FakeClock())
 
     def test_an_open_condition_on_the_gpu_wakes_it(self) -> None:
         """A GPU with a condition open is asked although its fields are quiet, so it can resolve."""

@@ -21,7 +21,7 @@ __all__ = ["clock", "fabric"]  # the correlator tests' fixtures, used here by na
 
 
 def cadence_of(interval_s: float, nodes: int = 32) -> ReportCadence:
-    cadence = ReportCadence(cache_s=0)
+    cadence = ReportCadence(FakeClock().monotonic, cache_s=0)
     for n in range(nodes):
         cadence.saw(f"node-{n:03d}", 1_000)
         cadence.saw(f"node-{n:03d}", 1_000 + int(interval_s * 1000))
@@ -43,7 +43,7 @@ def correlator_and_windows(fabric: Fabric, clock: FakeClock, interval_s: float) 
 class TestReportCadence:
     def test_interval_is_measured_from_report_timestamps(self) -> None:
         """Nodes reporting every 5 s measure 5 s; nothing measured before a node's second report."""
-        cadence = ReportCadence(cache_s=0)
+        cadence = ReportCadence(FakeClock().monotonic, cache_s=0)
         cadence.saw("node-000", 10_000)
         assert cadence.interval_s() is None
         cadence.saw("node-000", 15_000)
@@ -57,7 +57,7 @@ class TestReportCadence:
         assert cadence.interval_s() == 1.0
 
     def test_a_forgotten_node_no_longer_counts(self) -> None:
-        cadence = ReportCadence(cache_s=0)
+        cadence = ReportCadence(FakeClock().monotonic, cache_s=0)
         cadence.saw("a", 0)
         cadence.saw("a", 9_000)
         cadence.forget("a")

@@ -74,7 +74,7 @@ def store(tmp_path: Path, clock: FakeClock) -> RemediationStore:
 
 @pytest.fixture
 def history(store: RemediationStore) -> SqliteHealHistory:
-    return SqliteHealHistory(store)
+    return SqliteHealHistory(store, store.clock)
 
 
 # -- defaults ------------------------------------------------------------------------------
@@ -162,7 +162,9 @@ def test_same_gpu_escalation_ignores_minor_faults(policy: Policy, history: Sqlit
 
 def test_escalation_counts_survive_restart(tmp_path: Path, policy: Policy, clock: FakeClock) -> None:
     def hist() -> SqliteHealHistory:
-        return SqliteHealHistory(RemediationStore(sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None), clock))
+        return SqliteHealHistory(
+            RemediationStore(sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None), clock), clock
+        )
 
     policy.decide(incident(id="inc-1"), hist())
     policy.decide(incident(id="inc-2"), hist())

@@ -57,22 +57,23 @@ def _healer(
     states = RemediationStore(conn, clock)
     scheduler = SimScheduler([*fabric.nodes()])
     scheduler.add_job("llm", job_nodes or NODES)
-    jobs = JobRegistry(conn)
+    jobs = JobRegistry(conn, clock)
     jobs.register_job("llm", job_nodes or NODES)
     metrics = ControllerMetrics()
     healer = Healer(
         load_policy(None),
-        Guards(GuardConfig(mode=mode), states, conn),
+        Guards(GuardConfig(mode=mode), states, conn, clock),
         states,
-        SqliteHealHistory(states),
+        SqliteHealHistory(states, clock),
         SparePool(fabric, lambda n: True, states),
         scheduler,
         jobs,
-        NodeRegistry(store, metrics, heartbeat_timeout_s=15.0),
+        NodeRegistry(store, metrics, heartbeat_timeout_s=15.0, clock=clock),
         metrics,
         fleet_size=lambda: 8,
         open_incidents=lambda: [],
         config=config or HealConfig(checkpoint_timeout_s=0.2, retry_delay_s=0.01),
+        clock=clock,
     )
     return healer, scheduler, store
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from controller.fabric import Fabric, generate_fabric, reconcile
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 
 
@@ -186,7 +187,7 @@ class TestTracker:
     def test_miswire_reported_while_it_lasts_and_the_fabric_follows_both_ways(self, fabric):
         from controller.fabric.topology import TopologyTracker
 
-        tracker = TopologyTracker(fabric, min_interval_s=0)
+        tracker = TopologyTracker(fabric, min_interval_s=0, clock=FakeClock())
         good = host_view("node-007", 7)
         swapped = list(good)
         swapped[3] = ("node-007/nic-3", "leaf-b0-r4", "Ethernet28")

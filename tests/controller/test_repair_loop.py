@@ -109,7 +109,7 @@ def sh(script: str) -> list[str]:
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     fabric = generate_fabric(nodes=4, gpus_per_node=8, rails=2, nodes_per_block=4, spines=1, spares=1)
     store = Store(tmp_path / "c.db")
-    registry = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15)
+    registry = NodeRegistry(store, ControllerMetrics(), heartbeat_timeout_s=15, clock=SYSTEM_CLOCK)
     heal = RemediationStore(store.connection, SYSTEM_CLOCK)
     r = Rig(registry, SimScheduler(list(fabric.nodes())), heal, SparePool(fabric, lambda n: True, heal), [incident()])
     r.hello()

@@ -21,6 +21,7 @@ import pytest
 from controller.fabric import generate_fabric, save_fabric
 from controller.heal.guards import CircuitBreaker
 from controller.store import Store
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port
 
 STARPULSE = [sys.executable, "-m", "starpulse.app.cli"]
@@ -44,7 +45,7 @@ def controller(tmp_path: Path) -> Iterator[str]:
     save_fabric(generate_fabric(4, 2, 2, 4, 2, spares=1), fabric_path)
     db = tmp_path / "c.db"
     store = Store(db)
-    CircuitBreaker(store.connection).trip("4 of 5 nodes faulty (before restart)")
+    CircuitBreaker(store.connection, SYSTEM_CLOCK).trip("4 of 5 nodes faulty (before restart)")
     store.close()
     address = f"127.0.0.1:{free_port()}"
     with (tmp_path / "controller.log").open("wb") as log:

@@ -19,6 +19,7 @@ from controller.heal.scheduler.sim import SimScheduler
 from controller.heal.spares import SparePool
 from controller.heal.states import NodeHealState, RemediationStore
 from controller.store import Store, StoredNode
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.etcd_server import EtcdServer
@@ -41,7 +42,7 @@ async def make(etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[object]:
     async def factory(name: str) -> Replica:
         client = await connect(config)
         store = Store(tmp_path / f"{name}.db")
-        heal = RemediationStore(store.connection)
+        heal = RemediationStore(store.connection, SYSTEM_CLOCK)
         SparePool(None, lambda n: True, heal)  # its tables too
         elector = Elector(client, config.key("leader"), f"{name}:1", 2, poll_interval_s=0.05)
         made.append((client, store))

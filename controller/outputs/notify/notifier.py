@@ -87,7 +87,9 @@ class Notifier:
         metrics_hook: MetricsHook | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        stages: StageTracker | None = None,
     ) -> None:
+        """``stages``: the per-stage latency trace (outbox and delivered marks)."""
         self.config = config
         self.outbox = outbox
         self.metrics_hook = metrics_hook
@@ -101,7 +103,7 @@ class Notifier:
         self._resending: dict[str, asyncio.Task[None]] = {}
         self._last_resend: dict[str, float] = {}  # receiver -> monotonic time of the last re-send
         self._last_purge = 0.0
-        self.stages: StageTracker | None = None  # per-stage latency: outbox and delivered marks
+        self.stages = stages
 
     # -- IncidentListener ------------------------------------------------------------------
 

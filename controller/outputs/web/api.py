@@ -68,8 +68,13 @@ class ApiError(web.HTTPBadRequest):
 
 
 def find_jobs(listeners: Iterable[object]) -> JobRegistry | None:
-    """The JobRegistry among the registry's listeners (the controller appends it there)."""
-    return next((x for x in listeners if isinstance(x, JobRegistry)), None)
+    """The JobRegistry among the registry's listeners, or the one a listener holds (``jobs``:
+    the decision core, controller.core, which the controller builds the registry with)."""
+    for x in listeners:
+        for candidate in (x, getattr(x, "jobs", None)):
+            if isinstance(candidate, JobRegistry):
+                return candidate
+    return None
 
 
 def jobs_json(jobs: JobRegistry | None) -> dict[str, Any]:
@@ -85,8 +90,13 @@ def jobs_json(jobs: JobRegistry | None) -> dict[str, Any]:
 
 
 def find_detection(listeners: Iterable[object]) -> Detection | None:
-    """The Detection among the registry's listeners (the controller appends it there)."""
-    return next((x for x in listeners if isinstance(x, Detection)), None)
+    """The Detection among the registry's listeners, or the one a listener holds (``detection``:
+    the decision core, controller.core)."""
+    for x in listeners:
+        for candidate in (x, getattr(x, "detection", None)):
+            if isinstance(candidate, Detection):
+                return candidate
+    return None
 
 
 @dataclass

@@ -1,0 +1,331 @@
+"""The decision core: everything the controller decides, on an injected clock, with no gRPC.
+
+``DecisionCore`` composes ingest's node registry, detection (conditions, fail-slow,
+correlation and the grouping task it owns), the job registry and, with healing on, the
+healer (policy, guards, spares, the repair ladder). Every part reads the one clock it is
+handed and waits on it, so a ``FakeClock`` drives hours of decisions in milliseconds.
+
+Entry points, each the one way in for its input (docs/architecture.md):
+
+- ``hello(msg)``: a node registers (its stream opened); returns its record.
+- ``report(node_id, report)``: a report, decided by detection once (``Detection.decide``);
+  its verdict is recorded by the registry, which hands it back here (``on_report``) for
+  the job registry's per-rank samples.
+- ``events(node_id, events)``: a batch of events, stored, then to detection once.
+- ``job_progress(job, step, at_ms, phase)``: a job's own word on its progress (the
+  scheduler's or launcher's), besides the per-rank samples reports carry.
+- ``tick()``: one periodic sweep: presence, then detection's tick (expiry, fail-slow,
+  grouping); ``start()``/``stop()`` run it, the grouping task and the healer as tasks.
+
+The controller service (controller.service) builds one and puts gRPC and HTTP in front of
+it: its streams call ``hello`` through the registry and hand reports to ``detection`` (the
+ReportDecider), whose verdicts they record and ack. A fleet simulator calls the entry
+points directly.
+
+Job-level verdicts (a hang: a job whose step stops moving) are decided on this floor, above
+the job registry that holds the steps; detection sits below jobs (the "Controller floors"
+import contract) and cannot read it. Such a verdict reaches the correlator as condition
+changes through ``Detection.feed``, like a stepwise fail-slow evaluation's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from controller.detect.model import ConditionChange, Incident
+from controller.detect.pipeline import Detection, IncidentListener
+from controller.detect.rules import load_rules
+from controller.detect.shard_worker import ShardSettings
+from controller.fabric import Fabric
+from controller.heal.guards import Guards
+from controller.heal.healer import Healer
+from controller.heal.policy import Policy, SqliteHealHistory, load_policy
+from controller.heal.repair import RepairConfig, RepairLoop
+from controller.heal.spares import SparePool
+from controller.heal.states import AUTOMATIC, RemediationStore
+from controller.ingest.registry import NodeRecord, NodeRegistry
+from controller.ingest.verdict import ReportResult
+from controller.jobs.registry import JobRegistry
+from controller.metrics import ControllerMetrics
+from controller.settings import ControllerConfig, HealSettings
+from controller.stages import StageTracker
+from controller.store import Store
+from starpulse.core import sdnotify
+from starpulse.core.clock import Clock
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+
+class DecisionCore:
+    """Registry, detection, jobs and healing, built together; see the module docstring."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        clock: Clock,
+        store: Store,
+        metrics: ControllerMetrics,
+        *,
+        fabric: Fabric | None = None,
+        allowed_nodes: Sequence[str] | None = None,
+        stages: StageTracker | None = None,
+        incident_listeners: Sequence[IncidentListener] = (),
+        on_shard_lost: Callable[[int], None] = lambda index: None,
+    ) -> None:
+        """``incident_listeners``: who hears incident changes before the healer (alerts).
+
+        ``fabric``/``allowed_nodes``: the declared fabric and the node ids that may register
+        (None: any). ``on_shard_lost``: a detection shard process ended.
+        """
+        self.config = config
+        self.clock = clock
+        self.store = store
+        self.metrics = metrics
+        self.fabric = fabric
+        self.registry = NodeRegistry(
+            store,
+            metrics,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            allowed_nodes=allowed_nodes,
+            clock=clock,
+            listeners=[self],
+            stages=stages,
+        )
+        self.jobs = JobRegistry(store.connection, clock)
+        for job, nodes in config.jobs.items():
+            self.jobs.register_job(job, nodes)
+        # The healer reads detection's incidents through late-bound callables: it is built first
+        # so that detection is built with every incident listener it has.
+        self.healer = self._build_healer(config.heal) if config.heal is not None else None
+        self.detection = Detection(
+            store.connection,
+            load_rules(config.rules_path),
+            fabric,
+            metrics,
+            config.detection,
+            jobs_of=self.jobs.jobs_of,
+            fleet_size=self.fleet_size,
+            clock=clock,
+            listeners=[*incident_listeners, *([self.healer] if self.healer is not None else [])],
+            stages=stages,
+            sweep_s=config.sweep_interval_s,
+            failslow_stepwise=True,  # the sweep loop runs it in steps between reports
+            shard_settings=ShardSettings(
+                rules_path=str(config.rules_path) if config.rules_path is not None else None,
+                failslow=config.detection.failslow,
+                tick_s=config.sweep_interval_s,
+            ),
+            on_shard_lost=on_shard_lost,
+            node_of=self.registry.nodes.get,
+        )
+        # Without ingest's servicer in front (a simulator), verdicts are recorded here; the
+        # service's TelemetryServicer binds itself instead (it acks them too).
+        self.detection.bind(self._record)
+        if self.detection.shards is not None:
+            shards = self.detection.shards
+            metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
+        # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
+        self._periodic: list[tuple[str, Callable[[], object]]] = [
+            ("heartbeat_sweep", self.registry.sweep),
+            ("presence_flush", self.registry.flush_presence),
+            ("detection_tick", self.detection.tick),
+        ]
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._heal_task: asyncio.Task[None] | None = None
+
+    # -- healing --------------------------------------------------------------------------
+    def _build_healer(self, settings: HealSettings) -> Healer:
+        store = RemediationStore(self.store.connection, self.clock)  # the spares' clock too
+        guards = Guards(settings.guards, store, self.store.connection, self.clock)
+        policy = load_policy(settings.policy_path)
+        spares = (
+            SparePool(self.fabric, lambda node: self._spare_healthy(node, policy), store)
+            if self.fabric is not None
+            else None
+        )
+        repairs = RepairLoop(
+            policy.repair,
+            store,
+            settings.scheduler,
+            self.registry,
+            open_incidents=self.open_incidents,
+            conditions_clear=self._conditions_clear,
+            resolve=lambda incident_id, why, since: self.detection.correlator.resolve_on_evidence(
+                incident_id, why, AUTOMATIC, since
+            ),
+            spares=spares,
+            clock=self.clock,
+            config=RepairConfig(poll_s=settings.heal.repair_poll_s),
+            holds_node=policy.holds,
+        )
+        if spares is not None:
+            self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)
+        return Healer(
+            policy,
+            guards,
+            store,
+            SqliteHealHistory(store, self.clock),
+            spares,
+            settings.scheduler,
+            self.jobs,
+            self.registry,
+            self.metrics,
+            fleet_size=self.fleet_size,
+            open_incidents=self.open_incidents,
+            config=settings.heal,
+            clock=self.clock,
+            repairs=repairs,
+        )
+
+    def _conditions_clear(self, incident_id: str, since_ms: int | None) -> bool:
+        return self.detection.correlator.conditions_clear(incident_id, since_ms)
+
+    def open_incidents(self) -> list[Incident]:
+        """Every open incident (the healer's and the repair loop's view)."""
+        return self.detection.correlator.incidents(active_only=True, limit=100_000)
+
+    def _spare_healthy(self, node: str, policy: Policy) -> bool:
+        """A spare is usable when its agent is heard and no open incident holds it (one that
+        blames it and that the policy acts on: not a switch fault it only sits under)."""
+        record = self.registry.nodes.get(node)
+        if record is None or record.state != "online":
+            return False
+        return not any(policy.holds(i, node) for i in self.detection.correlator.incidents(active_only=True))
+
+    def fleet_size(self) -> int:
+        if self.fabric is not None:
+            return len(self.fabric.nodes())
+        return sum(1 for n in self.registry.nodes.values() if n.role == ipb.NODE_ROLE_COMPUTE)
+
+    # -- entry points ---------------------------------------------------------------------
+    def hello(self, hello: spb.Hello) -> NodeRecord:
+        """A node registers: its record (UnknownNode/ValueError as the registry raises them)."""
+        return self.registry.register(hello)
+
+    def report(self, node_id: str, report: tpb.Report) -> None:
+        """One report, decided once by detection; its verdict goes to whoever is bound (here: recorded)."""
+        node = self.registry.nodes[node_id]
+        self.detection.decide(node, spb.AgentMessage(report=report), time.perf_counter())
+
+    def events(self, node_id: str, events: list[tpb.Event]) -> list[tpb.Event]:
+        """A batch of events: stored, then to detection once; returns the ones that were new."""
+        return self.registry.record_events(self.registry.nodes[node_id], events)
+
+    def job_progress(self, job: str, step: int, at_ms: int, phase: str = "") -> None:
+        """A job's own progress (its launcher or scheduler), besides the per-rank report samples."""
+        self.jobs.progress(job, step, at_ms, phase)
+
+    def feed(self, changes: list[ConditionChange]) -> None:
+        """Condition changes decided on this floor (a job-level verdict): to the correlator."""
+        self.detection.feed(changes)
+
+    def tick(self) -> None:
+        """One periodic sweep: each step in order, timed; then a fail-slow comparison when due."""
+        self._sweep_steps()
+        if self.detection.failslow_due():
+            changes: list[ConditionChange] = []
+            for _ in self.detection.failslow.evaluation_steps(changes):
+                pass
+            self.detection.feed(changes)
+
+    def _record(self, verdict: ReportResult) -> None:
+        node = self.registry.nodes.get(verdict.node_id)
+        if node is not None and not verdict.error:
+            self.registry.record_report(node, verdict)
+
+    # -- IngestListener (controller.ingest.registry): what the registry recorded ----------
+    def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
+        """A recorded report: detection has it already (it decided it); the job registry takes its ranks."""
+        self.jobs.on_report(node, verdict)
+
+    def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
+        self.detection.on_events(node, events)
+
+    def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
+        self.detection.on_presence(node, old_state, new_state)
+
+    # -- life -----------------------------------------------------------------------------
+    async def start_shards(self) -> None:
+        """Detection's shard processes (before ingest opens: no report may bypass them)."""
+        await self.detection.start()
+
+    def start(self) -> None:
+        """The sweep loop, the grouping task and the healer, as tasks on the running loop."""
+        self._stop.clear()
+        self._tasks = [
+            asyncio.create_task(self._sweep_loop()),
+            asyncio.create_task(self.detection.grouping.run()),
+        ]
+        if self.healer is not None:
+            self._heal_task = asyncio.create_task(self.healer.run(self._stop))
+
+    async def stop(self) -> None:
+        """Periodic tasks cancelled; the healer finishes its current step; shards end last."""
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def stop_healing(self) -> None:
+        """The healer finishes its current step (a remediation in progress) and stops."""
+        self._stop.set()
+        if self._heal_task is not None:
+            await self._heal_task
+            self._heal_task = None
+
+    async def stop_shards(self) -> None:
+        await self.detection.stop()
+
+    async def _sweep_loop(self) -> None:
+        watchdog = sdnotify.Watchdog()  # WATCHDOG=1 every half WatchdogSec= while sweeps keep running
+        while True:
+            await self.clock.sleep(self.config.sweep_interval_s)
+            self._sweep_steps()
+            if self.detection.failslow_due():
+                await self._failslow_evaluation()
+            watchdog.kick()
+
+    def _sweep_steps(self) -> None:
+        for step, run in self._periodic:
+            started = time.perf_counter()
+            try:
+                run()
+            except Exception:
+                log.exception("periodic_step_failed", step=step)
+            self.metrics.periodic_seconds.labels(step).observe(time.perf_counter() - started)
+
+    async def _failslow_evaluation(self) -> None:
+        """One fail-slow peer comparison in steps of ~500 nodes, reports decided in between.
+
+        In one piece it held the event loop ~150 ms at 10,000 nodes (bench.failslow_eval).
+        """
+        changes: list[ConditionChange] = []
+        steps = self.detection.failslow.evaluation_steps(changes)
+        observe = self.metrics.periodic_seconds.labels("failslow_step").observe
+        finished = False
+        while not finished:
+            started = time.perf_counter()
+            try:
+                next(steps)
+            except StopIteration:
+                finished = True  # the last step applied the verdicts
+            except Exception:
+                log.exception("periodic_step_failed", step="failslow_step")
+                return
+            observe(time.perf_counter() - started)
+            if not finished:
+                await asyncio.sleep(0)
+        try:
+            self.detection.feed(changes)
+        except Exception:
+            log.exception("periodic_step_failed", step="failslow_feed")
