@@ -64,6 +64,7 @@ class Harness:
         from controller.jobs.registry import JobRegistry
         from controller.metrics import ControllerMetrics
         from controller.outputs.web.api import DashboardState
+        from controller.query.live import LiveQueries
         from controller.store import Store
 
         self.clock = clock
@@ -83,7 +84,9 @@ class Harness:
         )
         self.registry.listeners.append(self.detection)
         self.telemetry = TelemetryServicer(self.registry, self.metrics, self.detection)  # binds the verdict sink
-        self.dashboard = DashboardState(self.registry, self.detection)
+        self.dashboard = DashboardState(
+            self.registry, LiveQueries(self.store, self.detection, self.registry, self.jobs)
+        )
         # Every condition change detection hands to the correlator, for the verdict digest.
         self.changes: list[ConditionChange] = []
         feed = self.detection.correlator.on_changes

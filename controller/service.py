@@ -42,6 +42,7 @@ from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, NotifyConfig, Outbox
 from controller.outputs.query import QueryServicer
 from controller.outputs.web.api import breaker_json
+from controller.query.live import LiveIncidentCommands, LiveQueries
 from controller.stages import StageTracker
 from controller.store import Store
 from starpulse.core import sdnotify
@@ -189,6 +190,8 @@ class Controller:
             clock=self.clock,
         )
         self.registry.listeners.append(self.detection)
+        self.queries = LiveQueries(self.store, self.detection, self.registry, self.jobs)  # what outputs read
+        self.incident_commands = LiveIncidentCommands(self.detection)
         self.notifier = Notifier(
             config.notify,
             Outbox(self.store.connection, self.clock),
@@ -367,7 +370,7 @@ class Controller:
         )
         sgrpc.add_TelemetryServicer_to_server(self.telemetry, server)
         sgrpc.add_RelayServicer_to_server(self.relay, server)
-        sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store, self.detection), server)
+        sgrpc.add_QueryServicer_to_server(QueryServicer(self.queries), server)
         sgrpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.grpc_port = add_grpc_port("server.listen", server, cfg.listen, credentials)
@@ -382,7 +385,7 @@ class Controller:
             self.store,
             self.metrics,
             healthy=lambda: self._serving,
-            detection=self.detection,
+            queries=self.queries,
             breaker=self._breaker_json if self.healer is not None else None,
             spares=self._spares_json if self.healer is not None and self.healer.spares is not None else None,
             http_auth=cfg.http_auth,
