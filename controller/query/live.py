@@ -1,7 +1,7 @@
 """The leader's answers: open incidents, the topology, jobs and presence from its in-memory state.
 
-Everything else (history, timeline, acks, lifecycle, events) is the same SQLite read a
-standby makes (``StoreQueries``), on the leader's own connection.
+Everything else (the incident list as written, history, timeline, acks, lifecycle, events)
+is the same SQLite read a standby makes (``StoreQueries``), on the leader's own connection.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class LiveQueries(StoreQueries):
         self._registry = registry
         self._jobs = jobs
 
-    def incidents(self, include_resolved: bool = False, limit: int = 100) -> list[Incident]:
-        return self._detection.correlator.incidents(active_only=not include_resolved, limit=limit)
+    def open_incidents(self, limit: int = 100) -> list[Incident]:
+        return self._detection.correlator.incidents(active_only=True, limit=limit)
 
     def incident(self, incident_id: str) -> Incident | None:
         return self._detection.correlator.get(incident_id)

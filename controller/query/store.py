@@ -40,6 +40,9 @@ class StoreQueries:
     def incidents(self, include_resolved: bool = False, limit: int = 100) -> list[Incident]:
         return self._incidents.list_incidents(active_only=not include_resolved, limit=limit)
 
+    def open_incidents(self, limit: int = 100) -> list[Incident]:
+        return self._incidents.list_incidents(active_only=True, limit=limit)
+
     def incident(self, incident_id: str) -> Incident | None:
         return self._incidents.get(incident_id)
 

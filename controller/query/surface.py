@@ -34,7 +34,12 @@ class Queries(Protocol):
     """Read-only questions about the fleet, answerable from the controller's SQLite file alone."""
 
     def incidents(self, include_resolved: bool = False, limit: int = 100) -> list[Incident]:
-        """Open incidents (``include_resolved``: every stored one), newest first."""
+        """Open incidents (``include_resolved``: every one) as last written to SQLite, newest first."""
+        ...
+
+    def open_incidents(self, limit: int = 100) -> list[Incident]:
+        """Open incidents as they are now, newest first (on the leader: with the latest evidence,
+        which is written to SQLite only when something an operator sees changes)."""
         ...
 
     def incident(self, incident_id: str) -> Incident | None:

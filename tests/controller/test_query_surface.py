@@ -84,7 +84,7 @@ def open_two(ctl: Controller) -> tuple[str, str]:
     feed(ctl, "opened", xid(ctl.clock, "node-000", 1))
     ctl.clock.advance(1)
     feed(ctl, "opened", xid(ctl.clock, "node-002", 3))
-    ids = [i.id for i in ctl.queries.incidents()]
+    ids = [i.id for i in ctl.queries.open_incidents()]
     assert len(ids) == 2
     return ids[0], ids[1]
 
@@ -98,6 +98,9 @@ class TestStoreQueries:
         """The store alone lists the same open incidents, newest first, as the leader's correlator."""
         newest, oldest = open_two(ctl)
         assert summary(standby) == summary(ctl.queries)
+        assert [(i.id, i.evidence) for i in standby.open_incidents()] == [
+            (i.id, i.evidence) for i in ctl.queries.open_incidents()
+        ]
         assert [i.id for i in standby.incidents()] == [newest, oldest]
         assert standby.incident(oldest) == ctl.queries.incident(oldest)
         assert standby.incident("inc-999999") is None
@@ -108,11 +111,11 @@ class TestStoreQueries:
         assert isinstance(ctl.clock, FakeClock)
         condition = xid(ctl.clock, "node-001", 2)
         feed(ctl, "opened", condition)
-        (incident,) = ctl.queries.incidents()
+        (incident,) = ctl.queries.open_incidents()
         ctl.clock.advance(5)
         done = replace(condition, resolved_ms=ctl.clock.time_ms(), last_seen_ms=ctl.clock.time_ms())
         feed(ctl, "resolved", done)
-        assert standby.incidents() == [] == ctl.queries.incidents()
+        assert standby.incidents() == [] == ctl.queries.open_incidents()
         assert summary(standby, include_resolved=True) == summary(ctl.queries, include_resolved=True)
         stored = standby.incident(incident.id)
         assert stored is not None and not stored.active

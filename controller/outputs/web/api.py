@@ -114,12 +114,14 @@ class DashboardState:
         """Open incidents, newest first."""
         if self.queries is None:
             return []
-        return self.queries.incidents(include_resolved=False, limit=MAX_INCIDENT_LIMIT)
+        return self.queries.open_incidents(MAX_INCIDENT_LIMIT)
 
     def incidents(self, include_resolved: bool, limit: int) -> list[Incident]:
         if self.queries is None:
             return []
-        return self.queries.incidents(include_resolved=include_resolved, limit=limit)
+        if include_resolved:
+            return self.queries.incidents(include_resolved=True, limit=limit)
+        return self.queries.open_incidents(limit)
 
     def breaker_state(self) -> dict[str, Any]:
         """The circuit breaker's state, or the placeholder while no breaker exists."""
