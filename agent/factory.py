@@ -2,8 +2,9 @@
 
 `nvml`, `amd`, `ascend` and installed plugins (``agent.collectors.accel.registry``) read
 the real hardware and /sys; `sim` points the same collector classes at a simulated node
-(fake NVML, fake sysfs tree, fake kernel log). Never a silent fallback: asking for a backend
-whose driver or library is not there is an error the operator sees, in one line.
+(fake NVML, fake sysfs tree, fake kernel log) that the caller builds and hands in. Never a
+silent fallback: asking for a backend whose driver or library is not there is an error the
+operator sees, in one line.
 """
 
 from __future__ import annotations
@@ -11,15 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agent.collectors.accel import registry
-from agent.collectors.accel.amd import AmdGpuCollector
-from agent.collectors.accel.ascend import AscendNpuCollector
 from agent.collectors.accel.base import AcceleratorBackend, BackendUnavailable
 from agent.collectors.base import Collector, FindingSink
 from agent.collectors.ethtool import EthtoolCollector
-from agent.collectors.gpu import NvmlGpuCollector
 from agent.collectors.host import HostCollector
 from agent.collectors.kmsg import KmsgCollector
 from agent.collectors.lldp import LldpCollector, Runner, lldpcli_command
@@ -27,11 +25,18 @@ from agent.collectors.pci import pair_nics_with_gpus
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.collectors.sonic import SonicSwitchCollector, default_redis_factory
 from agent.runtime import Agent, AgentConfig
-from agent.sim.node import SimNode
 from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 
-__all__ = ["BACKENDS", "BackendUnavailable", "CollectorPlan", "build_agent", "build_collectors", "load_nvml"]
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailable",
+    "CollectorPlan",
+    "SimulatedHost",
+    "build_agent",
+    "build_collectors",
+    "load_nvml",
+]
 
 BACKENDS = registry.backend_names()
 load_nvml = registry.load_nvml
@@ -65,13 +70,25 @@ def nic_gpu_pairing(sysfs_root: str) -> Callable[[ipb.Inventory], None]:
     return pair
 
 
-def sim_accelerator(sim: SimNode, sink: FindingSink | None) -> AcceleratorBackend:
-    """The real backend class of the simulated node's vendor, on that vendor's fake."""
-    if sim.amdsmi is not None:
-        return AmdGpuCollector(sim.amdsmi, sink)
-    if sim.npu_smi is not None:
-        return AscendNpuCollector(sim.npu_smi, sink)
-    return NvmlGpuCollector(sim.nvml, sink)
+class SimulatedHost(Protocol):
+    """What the ``sim`` backend reads: a simulated node (``agent.sim.node.SimNode``).
+
+    The composition root (the CLI, the demo, the scenario cluster) builds it and hands it in,
+    so no production module imports the simulator.
+    """
+
+    @property
+    def sysfs_root(self) -> str: ...
+    @property
+    def kmsg_path(self) -> str: ...
+    @property
+    def ethtool_dir(self) -> str: ...
+    def accelerator(self, sink: FindingSink | None) -> AcceleratorBackend:
+        """The real backend class of the node's vendor, on that vendor's fake."""
+        ...
+
+    def sync_real_netdevs(self) -> None: ...
+    def advance(self, dt_s: float) -> None: ...
 
 
 def build_collectors(
@@ -81,7 +98,7 @@ def build_collectors(
     sysfs_root: str = "/sys",
     kmsg_path: str | None = "/dev/kmsg",
     mounts: Sequence[str] = ("/",),
-    sim: SimNode | None = None,
+    sim: SimulatedHost | None = None,
     lldp: bool = True,
     ethtool: bool = True,
     kmsg_from_start: bool = False,
@@ -102,14 +119,14 @@ def build_collectors(
         gpu = registry.build(backend, sink)
     else:
         if sim is None:
-            raise ValueError("the sim backend needs a SimNode")
+            raise ValueError("the sim backend needs a simulated host (agent.sim.node.SimNode)")
         sysfs_root = sim.sysfs_root
         kmsg_path = sim.kmsg_path if kmsg_path else None  # None: no kernel-log tail (one-shot scan)
-        ethtool_dir = sim.sysfs.ethtool_dir
+        ethtool_dir = sim.ethtool_dir
         # A simulated node has no lldpd unless it is given one's socket (the netns harness runs
         # a real lldpd beside each simulated node) or a runner (the scenario cluster's fabric).
         lldp = lldp and (lldpcli_socket is not None or lldp_runner is not None)
-        gpu = sim_accelerator(sim, sink)
+        gpu = sim.accelerator(sink)
     rdma = RdmaSysfsCollector(sysfs_root)
     collectors: list[Collector] = [gpu, rdma]
     starters: list[Callable[[], object]] = [gpu.start_events]

@@ -61,6 +61,7 @@ class Harness:
         from controller.ingest.servicer import TelemetryServicer
         from controller.metrics import ControllerMetrics
         from controller.outputs.web.api import DashboardState
+        from controller.query.live import LiveQueries
         from controller.settings import ControllerConfig
         from controller.store import Store
 
@@ -74,7 +75,9 @@ class Harness:
         self.jobs = self.core.jobs
         self.detection = self.core.detection
         self.telemetry = TelemetryServicer(self.registry, self.metrics, self.detection)  # binds the verdict sink
-        self.dashboard = DashboardState(self.registry, self.detection)
+        self.dashboard = DashboardState(
+            self.registry, LiveQueries(self.store, self.detection, self.registry, self.jobs)
+        )
         # Every condition change detection hands to the correlator, for the verdict digest.
         self.changes: list[ConditionChange] = []
         feed = self.detection.correlator.on_changes

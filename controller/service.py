@@ -23,6 +23,7 @@ from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, Outbox
 from controller.outputs.query import QueryServicer
 from controller.outputs.web.api import breaker_json
+from controller.query.live import LiveIncidentCommands, LiveQueries
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
 from controller.store import Store
@@ -102,6 +103,8 @@ class Controller:
         # the controller before its port opens).
         self.shards = self.detection.shards
         self.grouping = self.detection.grouping
+        self.queries = LiveQueries(self.store, self.detection, self.registry, self.jobs)  # what outputs read
+        self.incident_commands = LiveIncidentCommands(self.detection)
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
         self.metrics.set_lifecycle_source(
@@ -175,7 +178,7 @@ class Controller:
         )
         sgrpc.add_TelemetryServicer_to_server(self.telemetry, server)
         sgrpc.add_RelayServicer_to_server(self.relay, server)
-        sgrpc.add_QueryServicer_to_server(QueryServicer(self.registry, self.store, self.detection), server)
+        sgrpc.add_QueryServicer_to_server(QueryServicer(self.queries), server)
         sgrpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.grpc_port = add_grpc_port("server.listen", server, cfg.listen, credentials)
@@ -190,7 +193,7 @@ class Controller:
             self.store,
             self.metrics,
             healthy=lambda: self._serving,
-            detection=self.detection,
+            queries=self.queries,
             breaker=self._breaker_json if self.healer is not None else None,
             spares=self._spares_json if self.healer is not None and self.healer.spares is not None else None,
             http_auth=cfg.http_auth,

@@ -60,6 +60,10 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         ("controller.outputs.admin", "import controller.service", "Controller floors"),  # the old circle
         ("controller.detect.evaluators.gpu", "import controller.detect.conditions", "Evaluators below the engine"),
         ("agent.collectors.gpu", "import agent.runtime", "Agent floors"),
+        ("agent.factory", "import agent.sim.node", "Simulator off the production path"),  # the old import
+        ("controller.outputs.web.api", "import controller.detect.pipeline", "Outputs read the query surface"),
+        ("controller.ha.standby", "import controller.detect.incidents", "Outputs read the query surface"),
+        ("controller.query.store", "import controller.outputs.query", "Controller floors"),  # query below outputs
         ("starpulse.job", "import starpulse.core.tls", "Job library"),
     ],
 )

@@ -125,7 +125,7 @@ def test_nodes_lists_each_nodes_accelerators(tmp_path: Path) -> None:
     """ListNodes says whose chips a node has; an agent from before vendors is NVIDIA."""
     from dataclasses import dataclass
 
-    from controller.outputs.query import node_statuses
+    from controller.query.nodes import node_statuses
     from controller.store import Store
     from starpulse.v1 import inventory_pb2 as ipb
 

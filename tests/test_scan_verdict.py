@@ -166,6 +166,19 @@ def test_healthy_sim_node_is_0_and_a_pending_row_remap_is_1() -> None:
     assert code == 1 and "gpu.remap_pending" in by_rule(data)
 
 
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [("gpu_lost:99", "gpu-99"), ("gpu_xid:2", "xid: is required")],
+)
+def test_sim_fault_the_node_cannot_take_is_one_line(fault: str, says: str) -> None:
+    """A part the node lacks, or a kind whose parameter has no default: one line, exit 2, no traceback."""
+    out = subprocess.run(
+        [*STARPULSE, "scan", "--backend", "sim", "--sim-fault", fault], capture_output=True, text=True, check=False
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and says in lines[0], out.stderr
+
+
 def test_kernel_log_faults_judged_by_the_rules(tmp_path: Path) -> None:
     """A restart_app Xid alone leaves the node in service; a reset Xid takes it out."""
     log = tmp_path / "dmesg.txt"

@@ -2,7 +2,7 @@
 
 A ``FaultKind`` says whom it targets (a GPU, a NIC, a node, a switch, a switch port, a
 cable), its parameters with their defaults and bounds, which incident kinds answer it,
-and its inject and clear: on one part of one simulated node (``SimNode``: fake NVML,
+and its inject and clear: on one part of one simulated node (``SimParts``: fake NVML,
 sysfs and kernel log) and, where the fabric is involved, through the simulated cluster
 (cable ends, switches, agents), which it reaches through the small ``ClusterSurface``
 protocol rather than by knowing the cluster. ``FaultTable`` is the registry type; the
@@ -22,7 +22,7 @@ from starpulse.core import vocab
 
 if TYPE_CHECKING:
     from agent.sim.fake_switch import FakeSwitch
-    from agent.sim.node import SimNode
+    from agent.sim.parts import SimParts
 
 # What a fault can be aimed at. The scenario format resolves a target to one of these on its
 # fabric ("node-004/gpu-2" is a gpu, "leaf-b0-r3:port-1" a port, "a<->b" a link).
@@ -150,7 +150,7 @@ class ClusterSurface(Protocol):
         """The target's shape on the fabric (one of SHAPES)."""
         ...
 
-    def node(self, target: str) -> SimNode:
+    def node(self, target: str) -> SimParts:
         """The simulated node a target is on or is ('node-003/nic-5' -> node-003's SimNode)."""
         ...
 
@@ -194,7 +194,7 @@ class ClusterSurface(Protocol):
         ...
 
 
-NodeAction = Callable[["SimNode", int, Params], None]
+NodeAction = Callable[["SimParts", int, Params], None]
 ClusterAction = Callable[[ClusterSurface, Fault], None]
 
 

@@ -31,54 +31,54 @@ from agent.sim.fault_kinds import (
 )
 
 if TYPE_CHECKING:
-    from agent.sim.node import SimNode
+    from agent.sim.parts import SimParts
 
 
-# -- node actions: one part of one SimNode --------------------------------------------------
+# -- node actions: one part of one simulated node (its SimParts) --------------------------------
 
 
-def _gpu_healthy(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_healthy(sim: SimParts, i: int, p: Params) -> None:
     """Every GPU fault's clear: the GPU is back as it was built (NVML's view of it; the log stays)."""
     sim.nvml.clear(i)
 
 
-def _gpu_xid(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_xid(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.inject_xid(i, p["xid"])
     sim.kmsg.xid(sim.gpu_kmsg_pci(i), p["xid"], "injected by the simulator")
 
 
-def _gpu_ecc_dbe(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_ecc_dbe(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.inject_ecc_dbe(i)
     sim.kmsg.xid(sim.gpu_kmsg_pci(i), 48, "An uncorrectable double bit error (DBE) has been detected")
 
 
-def _gpu_lost(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_lost(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.inject_gpu_lost(i)
     sim.kmsg.fallen_off_bus(sim.nvml.gpu(i).pci_bus_id.lower()[4:], with_xid=True)
 
 
-def _gpu_row_remap_failure(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_row_remap_failure(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.inject_row_remap_failure(i)
     sim.kmsg.xid(sim.gpu_kmsg_pci(i), 64, "Row remapping failure")
 
 
-def _gpu_nvlink_down(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_nvlink_down(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.inject_nvlink_down(i, p["link"])
 
 
-def _amd(sim: SimNode) -> FakeAmdSmi:
+def _amd(sim: SimParts) -> FakeAmdSmi:
     if sim.amdsmi is None:
         raise UnknownFault(f"{sim.node_id} has {sim.vendor} GPUs, not AMD ones")
     return sim.amdsmi
 
 
-def _npu_smi(sim: SimNode) -> FakeNpuSmi:
+def _npu_smi(sim: SimParts) -> FakeNpuSmi:
     if sim.npu_smi is None:
         raise UnknownFault(f"{sim.node_id} has {sim.vendor} accelerators, not Ascend NPUs")
     return sim.npu_smi
 
 
-def _amd_ras_uncorrectable(sim: SimNode, i: int, p: Params) -> None:
+def _amd_ras_uncorrectable(sim: SimParts, i: int, p: Params) -> None:
     smi = _amd(sim)
     smi.inject_ecc(i, smi.AmdSmiGpuBlock.UMC, uncorrectable=int(p["count"]))
     sim.kmsg.line(
@@ -87,76 +87,76 @@ def _amd_ras_uncorrectable(sim: SimNode, i: int, p: Params) -> None:
     )
 
 
-def _amd_xgmi_down(sim: SimNode, i: int, p: Params) -> None:
+def _amd_xgmi_down(sim: SimParts, i: int, p: Params) -> None:
     _amd(sim).set_xgmi_link(i, int(p["link"]), up=False)
 
 
-def _amd_healthy(sim: SimNode, i: int, p: Params) -> None:
+def _amd_healthy(sim: SimParts, i: int, p: Params) -> None:
     _amd(sim).clear(i)
 
 
-def _ascend_fault(sim: SimNode, i: int, p: Params) -> None:
+def _ascend_fault(sim: SimParts, i: int, p: Params) -> None:
     _npu_smi(sim).inject(i, f"{int(p['code']):08X}", health="Alarm")
 
 
-def _ascend_healthy(sim: SimNode, i: int, p: Params) -> None:
+def _ascend_healthy(sim: SimParts, i: int, p: Params) -> None:
     _npu_smi(sim).clear(i)
 
 
-def _gpu_thermal_slowdown(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_thermal_slowdown(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.inject_thermal_slowdown(i)
 
 
-def _gpu_pcie_degraded(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_pcie_degraded(sim: SimParts, i: int, p: Params) -> None:
     width, gen = p.get("width"), p.get("gen")
     if width is None and gen is None:
         width = H100_PCIE_WIDTH // 2  # neither given: half the lanes, the commonest way a link degrades
     sim.nvml.set_pcie_link(i, width, gen)
 
 
-def _gpu_slow(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_slow(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.set_slow(i, p["factor"])
     sim.scale_throughput(p["factor"])  # the whole node's collective traffic waits for its slowest GPU
 
 
-def _gpu_slow_clear(sim: SimNode, i: int, p: Params) -> None:
+def _gpu_slow_clear(sim: SimParts, i: int, p: Params) -> None:
     sim.nvml.clear(i)
     sim.restore_throughput()
 
 
-def _nic_down(sim: SimNode, i: int, p: Params) -> None:
+def _nic_down(sim: SimParts, i: int, p: Params) -> None:
     sim.port_down(i)
 
 
-def _nic_up(sim: SimNode, i: int, p: Params) -> None:
+def _nic_up(sim: SimParts, i: int, p: Params) -> None:
     sim.port_up(i)
 
 
-def _one_shot(sim: SimNode, i: int, p: Params) -> None:
+def _one_shot(sim: SimParts, i: int, p: Params) -> None:
     """The clear of a fault that happened and is over (flaps, an error burst): nothing is left to undo."""
 
 
-def _nic_flap(sim: SimNode, i: int, p: Params) -> None:
+def _nic_flap(sim: SimParts, i: int, p: Params) -> None:
     sim.sysfs.flap(i, p["count"])
 
 
-def _nic_errors(sim: SimNode, i: int, p: Params) -> None:
+def _nic_errors(sim: SimParts, i: int, p: Params) -> None:
     sim.sysfs.error_burst(i, p["n"])
 
 
-def _nic_degraded(sim: SimNode, i: int, p: Params) -> None:
+def _nic_degraded(sim: SimParts, i: int, p: Params) -> None:
     sim.degrade(i, p["rate_gbps"])
 
 
-def _nic_degraded_clear(sim: SimNode, i: int, p: Params) -> None:
+def _nic_degraded_clear(sim: SimParts, i: int, p: Params) -> None:
     sim.undegrade(i, p["rate_gbps"])
 
 
-def _nic_storm(sim: SimNode, i: int, p: Params) -> None:
+def _nic_storm(sim: SimParts, i: int, p: Params) -> None:
     sim.sysfs.pfc_storm(i, True)
 
 
-def _nic_storm_clear(sim: SimNode, i: int, p: Params) -> None:
+def _nic_storm_clear(sim: SimParts, i: int, p: Params) -> None:
     sim.sysfs.pfc_storm(i, False)
 
 

@@ -3,8 +3,9 @@
 Agents' and relays' streams (Telemetry.Connect, Relay.Connect) and every Admin call are refused with
 FAILED_PRECONDITION and trailing metadata ``starpulse-leader: HOST:PORT`` (empty while no
 leader is elected); the agent's link follows that hint. Query reads (nodes, events,
-incidents) are answered from the state the standby follows out of etcd, which trails the
-leader by the watch delay; topology is computed only by the leader.
+incidents and their timelines) are answered by the same Query servicer as the leader's, over
+the store-backed query surface (``controller.query.store``): the state the standby follows out
+of etcd, which trails the leader by the watch delay. The topology is computed only by the leader.
 """
 
 from __future__ import annotations
@@ -15,15 +16,10 @@ from typing import Any, NoReturn
 import grpc
 from aiohttp import web
 
-from controller.detect.incidents import IncidentStore
-from controller.outputs.query import (
-    DEFAULT_EVENT_LIMIT,
-    MAX_EVENT_LIMIT,
-    incident_info,
-    list_events_response,
-    list_nodes_response,
-)
+from controller.outputs.query import QueryServicer
+from controller.query.store import StoreQueries
 from controller.store import Store
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.grpc_client import LEADER_METADATA_KEY
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -71,30 +67,12 @@ def standby_admin(leader: LeaderHint) -> sgrpc.AdminServicer:
     return type("StandbyAdmin", (sgrpc.AdminServicer,), methods)()
 
 
-class StandbyQuery(sgrpc.QueryServicer):
+class StandbyQuery(QueryServicer):
     """Query reads straight from the replicated tables (no in-memory registry on a standby)."""
 
     def __init__(self, store: Store, leader: LeaderHint) -> None:
-        self.store = store
-        self.incidents = IncidentStore(store.connection)
+        super().__init__(StoreQueries(store, SYSTEM_CLOCK))
         self.leader = leader
-
-    async def ListNodes(
-        self, request: spb.ListNodesRequest, context: grpc.aio.ServicerContext
-    ) -> spb.ListNodesResponse:
-        return await list_nodes_response(self.store.load_nodes(), self.store, request, context)
-
-    async def ListEvents(
-        self, request: spb.ListEventsRequest, context: grpc.aio.ServicerContext
-    ) -> spb.ListEventsResponse:
-        return await list_events_response(self.store, request, context)
-
-    async def ListIncidents(
-        self, request: spb.ListIncidentsRequest, context: grpc.aio.ServicerContext
-    ) -> spb.ListIncidentsResponse:
-        limit = min(request.limit or DEFAULT_EVENT_LIMIT, MAX_EVENT_LIMIT)
-        rows = self.incidents.list_incidents(active_only=not request.include_resolved, limit=limit)
-        return spb.ListIncidentsResponse(incidents=[incident_info(i) for i in rows])
 
     async def GetTopology(
         self, request: spb.TopologyRequest, context: grpc.aio.ServicerContext

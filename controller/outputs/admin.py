@@ -17,7 +17,6 @@ import grpc
 import structlog
 
 from controller.detect.model import Incident
-from controller.detect.pipeline import Detection
 from controller.heal.acks import acknowledge
 from controller.heal.healer import Healer
 from controller.heal.scheduler.base import ActionResult
@@ -29,9 +28,10 @@ from controller.heal.states import (
     RemediationStore,
     is_human,
 )
-from controller.jobs.registry import JobRecord, JobRegistry
+from controller.jobs.registry import JobRecord
 from controller.metrics import ControllerMetrics
 from controller.outputs.query import incident_detail
+from controller.query.surface import IncidentCommands, Queries
 from controller.store import Store
 from starpulse.core.clock import Clock
 from starpulse.core.names import InvalidName, validate_node_id
@@ -49,11 +49,11 @@ class AdminTarget(Protocol):
     @property
     def healer(self) -> Healer | None: ...
     @property
-    def detection(self) -> Detection: ...
+    def queries(self) -> Queries: ...
+    @property
+    def incident_commands(self) -> IncidentCommands: ...
     @property
     def metrics(self) -> ControllerMetrics: ...
-    @property
-    def jobs(self) -> JobRegistry: ...
     @property
     def store(self) -> Store: ...
     @property
@@ -282,7 +282,7 @@ class AdminServicer(sgrpc.AdminServicer):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         nodes = [a.node for a in approvals]
         log.warning("admin_approved", incident=incident_id, nodes=nodes, actor=actor)
-        incident = self.controller.detection.correlator.get(incident_id)
+        incident = self.controller.queries.incident(incident_id)
         if incident is None or not incident.active:
             state = "unknown" if incident is None else "resolved"
             return spb.ApproveResponse(
@@ -311,7 +311,7 @@ class AdminServicer(sgrpc.AdminServicer):
         iid = (incident_id or "").strip()
         if not iid:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "an incident id is required")
-        incident = self.controller.detection.correlator.get(iid)
+        incident = self.controller.queries.incident(iid)
         if incident is None:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"no incident {iid!r}")
         return incident
@@ -336,7 +336,7 @@ class AdminServicer(sgrpc.AdminServicer):
         conn = self.controller.store.connection
         acknowledge(conn, incident.id, actor, reason, self.controller.clock.time_ms())
         log.warning("admin_incident_acked", incident=incident.id, actor=actor, reason=reason)
-        return incident_detail(conn, self.controller.detection, incident, f"{incident.id} acknowledged by {actor}")
+        return incident_detail(self.controller.queries, incident, f"{incident.id} acknowledged by {actor}")
 
     async def ResolveIncident(
         self, request: spb.IncidentActionRequest, context: grpc.aio.ServicerContext
@@ -345,14 +345,10 @@ class AdminServicer(sgrpc.AdminServicer):
             actor, reason, incident = self._incident_request(request, open_only=True)
         except Refused as refused:
             await self._abort(context, refused)
-        correlator = self.controller.detection.correlator
-        closed = correlator.resolve_on_evidence(incident.id, reason, actor)
-        self.controller.detection.tick()  # tell the listeners (the webhook) now, not at the next sweep
+        closed = self.controller.incident_commands.resolve_incident(incident.id, reason, actor)
         log.warning("admin_incident_resolved", incident=incident.id, actor=actor, reason=reason)
         after = closed or self._incident(incident.id)
-        return incident_detail(
-            self.controller.store.connection, self.controller.detection, after, f"{incident.id} resolved by {actor}"
-        )
+        return incident_detail(self.controller.queries, after, f"{incident.id} resolved by {actor}")
 
     async def ListApprovals(
         self, request: spb.ApprovalsRequest, context: grpc.aio.ServicerContext
@@ -436,4 +432,4 @@ class AdminServicer(sgrpc.AdminServicer):
         return spb.SparesResponse(spares=out)
 
     async def ListJobs(self, request: spb.JobsRequest, context: grpc.aio.ServicerContext) -> spb.JobsResponse:
-        return spb.JobsResponse(jobs=[job_info(j) for j in self.controller.jobs.jobs()])
+        return spb.JobsResponse(jobs=[job_info(j) for j in self.controller.queries.jobs() or []])

@@ -9,20 +9,19 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from controller.detect.pipeline import Detection
-from controller.heal.states import lifecycle_records, parse_states
+from controller.heal.states import parse_states
 from controller.ingest.registry import NodeRegistry
 from controller.metrics import ControllerMetrics
 from controller.outputs.http_auth import auth_middleware
-from controller.outputs.query import node_statuses
 from controller.outputs.web.api import (
     ApiError,
     BreakerProvider,
     DashboardState,
     SparesProvider,
     add_api_routes,
-    find_detection,
 )
+from controller.query.store import StoreQueries
+from controller.query.surface import Queries
 from controller.store import Store
 from starpulse.core.auth import HttpAuthConfig
 from starpulse.core.findings import event_kind_name, severity_name
@@ -33,23 +32,18 @@ def build_app(
     store: Store,
     metrics: ControllerMetrics,
     healthy: Callable[[], bool],
-    detection: Detection | None = None,
+    queries: Queries | None = None,
     breaker: BreakerProvider | None = None,
     poll_s: float = 1.0,
     spares: SparesProvider | None = None,
     http_auth: HttpAuthConfig | None = None,
     secure: bool = False,
 ) -> web.Application:
-    """The aiohttp app. ``detection`` defaults to the Detection among the registry's listeners;
-    ``http_auth`` (None: open) guards it, ``secure`` says it is served over HTTPS (cookie flags)."""
-    dashboard = DashboardState(
-        registry,
-        detection or find_detection(registry.listeners),
-        breaker,
-        lifecycle=lambda: lifecycle_records(store.connection),
-        spares=spares,
-        store=store,
-    )
+    """The aiohttp app. ``queries`` is what it reads (the controller's live query surface;
+    None: the store's alone, without a fabric); ``http_auth`` (None: open) guards it,
+    ``secure`` says it is served over HTTPS (cookie flags)."""
+    reads = queries if queries is not None else StoreQueries(store, registry.clock)
+    dashboard = DashboardState(registry, reads, breaker, lifecycle=reads.lifecycle, spares=spares)
 
     async def metrics_handler(request: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -67,7 +61,7 @@ def build_app(
             raise ApiError(str(err)) from None
         rows = [
             MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-            for s in node_statuses(registry.nodes.values(), store, registry.clock, states)
+            for s in reads.node_statuses(states)
         ]
         return web.json_response({"nodes": rows})
 
@@ -78,7 +72,7 @@ def build_app(
             raise web.HTTPBadRequest(text="limit must be an integer") from None
         node = request.query.get("node") or None
         events: list[dict[str, Any]] = []
-        for row in store.list_events(node, limit):
+        for row in reads.events(node, limit):
             ev = row.event
             events.append(
                 {

@@ -32,7 +32,7 @@ def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def client_for(tmp_path: Path, auth: HttpAuthConfig) -> Client:
     ctl = Controller(ControllerConfig(db_path=tmp_path / "c.db"))
-    app = build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True, detection=ctl.detection, http_auth=auth)
+    app = build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True, queries=ctl.queries, http_auth=auth)
     client: Client = TestClient(TestServer(app))
     await client.start_server()
     return client

@@ -47,7 +47,9 @@ async def ctl(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Controller]:
 
 @pytest.fixture
 async def client(ctl: Controller) -> AsyncIterator[Client]:
-    c: Client = TestClient(TestServer(build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True)))
+    c: Client = TestClient(
+        TestServer(build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True, queries=ctl.queries))
+    )
     await c.start_server()
     yield c
     await c.close()
@@ -108,7 +110,7 @@ async def test_metrics_count_nodes_per_lifecycle_state(ctl: Controller, client: 
 def test_lifecycle_change_moves_the_dashboard_signature(ctl: Controller) -> None:
     from controller.heal.states import lifecycle_records
 
-    state = DashboardState(ctl.registry, ctl.detection, lifecycle=lambda: lifecycle_records(ctl.store.connection))
+    state = DashboardState(ctl.registry, ctl.queries, lifecycle=lambda: lifecycle_records(ctl.store.connection))
     first = state.signature()
     assert state.signature() == first
     walk(ctl, "node-003", S.CORDONED)

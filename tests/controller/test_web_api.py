@@ -107,7 +107,7 @@ async def ctl(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Controller]:
 
 
 async def serve(ctl: Controller, **kw: Any) -> Client:
-    app = build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True, **kw)
+    app = build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True, queries=ctl.queries, **kw)
     client: Client = TestClient(TestServer(app))
     await client.start_server()
     return client
@@ -446,7 +446,7 @@ def test_change_signature_moves_with_presence_not_with_reports(tmp_path: Path) -
     clock = FakeClock(SYSTEM_CLOCK.time_ms())
     ctl = make_controller(tmp_path, None, clock)
     register(ctl, "node-000")
-    state = DashboardState(ctl.registry, ctl.detection)
+    state = DashboardState(ctl.registry, ctl.queries)
     first = state.signature()
     node = ctl.registry.nodes["node-000"]
     ctl.registry.touch(node)  # an ordinary report: nothing on the page changes

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from controller.detect.incidents import IncidentStore
+from controller.detect.model import Incident
 from controller.ha.standby import LEADER_METADATA_KEY, StandbyQuery, StandbyTelemetry, standby_admin
 from controller.service import Controller, ControllerConfig
 from controller.store import Store, StoredNode
@@ -48,6 +51,33 @@ class TestStandby:
         async with grpc.aio.insecure_channel(standby[0]) as ch:
             resp = await sgrpc.QueryStub(ch).ListNodes(spb.ListNodesRequest())
         assert [(n.node_id, n.hostname) for n in resp.nodes] == [("node-007", "h7")]
+
+    async def test_incidents_and_their_timeline_come_from_the_replicated_tables(
+        self, standby: tuple[str, Store]
+    ) -> None:
+        """ListIncidents and GetIncident answer from the standby's SQLite copy (no correlator there)."""
+        rows = IncidentStore(standby[1].connection)
+        incident = Incident("", "gpu_fault", "node-007/gpu-1", "gpu", ["node-007"], [], "fatal", "reset_gpu", [], 1000)
+        iid = rows.open(incident, {"reason": "xid 79"}).id
+        async with grpc.aio.insecure_channel(standby[0]) as ch:
+            listed = await sgrpc.QueryStub(ch).ListIncidents(spb.ListIncidentsRequest())
+            detail = await sgrpc.QueryStub(ch).GetIncident(spb.IncidentRequest(id=iid))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await sgrpc.QueryStub(ch).GetIncident(spb.IncidentRequest(id="inc-999999"))
+        assert [i.id for i in listed.incidents] == [iid]
+        assert detail.incident.root_cause == "node-007/gpu-1"
+        assert [(e["what"], e["detail"]) for e in json.loads(detail.timeline_json)] == [("opened", "xid 79")]
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+    async def test_topology_is_refused_with_the_leaders_address(
+        self, standby: tuple[str, Store], leader: Controller
+    ) -> None:
+        """Only the leader reconciles LLDP: a standby names it instead of answering."""
+        async with grpc.aio.insecure_channel(standby[0]) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await sgrpc.QueryStub(ch).GetTopology(spb.TopologyRequest())
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (LEADER_METADATA_KEY, f"127.0.0.1:{leader.grpc_port}") in tuple(info.value.trailing_metadata() or ())
 
     async def test_admin_calls_are_refused_with_the_leaders_address(
         self, standby: tuple[str, Store], leader: Controller

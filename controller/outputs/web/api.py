@@ -1,7 +1,7 @@
 """The dashboard's JSON: the fabric as a layout-ready picture, incidents, a summary, and a change stream.
 
-Everything is read from the controller's in-memory state (registry, correlator) on the
-event loop; nothing here writes. Endpoints:
+Everything is read on the event loop from the node registry (presence, readings) and the
+query surface (``controller.query``: incidents, fabric, jobs, node rows); nothing here writes. Endpoints:
 
 - ``GET /api/fabric``: spines, blocks -> leaves per rail, nodes per block; each element
   carries its status (worst severity of the open incidents naming it) and which
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,19 +32,17 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
 from controller.detect.model import Incident
-from controller.detect.pipeline import Detection
 from controller.fabric import Fabric
 from controller.fabric.model import LINK_SEPARATOR
 from controller.heal.guards import BreakerState
 from controller.heal.states import NodeHealState
 from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.ingest.registry import NodeRecord, NodeRegistry
-from controller.jobs.registry import JobRegistry
-from controller.outputs.query import node_statuses
+from controller.jobs.registry import JobRecord
 from controller.outputs.web.history import History, Sampler
 from controller.outputs.web.node import node_json
 from controller.outputs.web.page import add_page_routes
-from controller.store import Store
+from controller.query.surface import Queries
 from starpulse.core.units import format_duration
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import inventory_pb2 as ipb
@@ -67,36 +65,16 @@ class ApiError(web.HTTPBadRequest):
         super().__init__(text=json.dumps({"error": message}), content_type="application/json")
 
 
-def find_jobs(listeners: Iterable[object]) -> JobRegistry | None:
-    """The JobRegistry among the registry's listeners, or the one a listener holds (``jobs``:
-    the decision core, controller.core, which the controller builds the registry with)."""
-    for x in listeners:
-        for candidate in (x, getattr(x, "jobs", None)):
-            if isinstance(candidate, JobRegistry):
-                return candidate
-    return None
-
-
-def jobs_json(jobs: JobRegistry | None) -> dict[str, Any]:
+def jobs_json(jobs: Sequence[JobRecord] | None) -> dict[str, Any]:
     """Every job the controller knows, by name; ``last_checkpoint_ms`` when it was complete."""
     if jobs is None:
         return {"jobs": [], "available": False}
     rows = []
-    for rec in sorted(jobs.jobs(), key=lambda r: r.job):
+    for rec in sorted(jobs, key=lambda r: r.job):
         row = rec.to_dict()
         row["last_checkpoint_ms"] = rec.last_complete_ms or None
         rows.append(row)
     return {"jobs": rows, "available": True}
-
-
-def find_detection(listeners: Iterable[object]) -> Detection | None:
-    """The Detection among the registry's listeners, or the one a listener holds (``detection``:
-    the decision core, controller.core)."""
-    for x in listeners:
-        for candidate in (x, getattr(x, "detection", None)):
-            if isinstance(candidate, Detection):
-                return candidate
-    return None
 
 
 @dataclass
@@ -104,11 +82,10 @@ class DashboardState:
     """What the dashboard reads. ``breaker`` may be set later (self-healing plugs in here)."""
 
     registry: NodeRegistry
-    detection: Detection | None = None
+    queries: Queries | None = None  # incidents, fabric, jobs, node rows (None: none of them)
     breaker: BreakerProvider | None = None
     lifecycle: LifecycleProvider = field(default=lambda: {})
     spares: SparesProvider | None = None
-    store: Store | None = None  # for the node rows a snapshot page carries
     history: History = field(default_factory=History)
 
     def spares_state(self) -> dict[str, int] | None:
@@ -131,18 +108,20 @@ class DashboardState:
 
     @property
     def fabric(self) -> Fabric | None:
-        return self.detection.fabric if self.detection is not None else None
+        return self.queries.fabric() if self.queries is not None else None
 
     def open_incidents(self) -> list[Incident]:
         """Open incidents, newest first."""
-        if self.detection is None:
+        if self.queries is None:
             return []
-        return self.detection.correlator.incidents(active_only=True, limit=MAX_INCIDENT_LIMIT)
+        return self.queries.open_incidents(MAX_INCIDENT_LIMIT)
 
     def incidents(self, include_resolved: bool, limit: int) -> list[Incident]:
-        if self.detection is None:
+        if self.queries is None:
             return []
-        return self.detection.correlator.incidents(active_only=not include_resolved, limit=limit)
+        if include_resolved:
+            return self.queries.incidents(include_resolved=True, limit=limit)
+        return self.queries.open_incidents(limit)
 
     def breaker_state(self) -> dict[str, Any]:
         """The circuit breaker's state, or the placeholder while no breaker exists."""
@@ -388,12 +367,12 @@ def summary_json(state: DashboardState, version: int) -> dict[str, Any]:
 
 
 def node_rows(state: DashboardState) -> list[dict[str, Any]]:
-    """``/api/nodes``'s rows (the same NodeStatus as JSON), for a snapshot page; [] without a store."""
-    if state.store is None:
+    """``/api/nodes``'s rows (the same NodeStatus as JSON), for a snapshot page; [] without a query surface."""
+    if state.queries is None:
         return []
     return [
         MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        for s in node_statuses(state.registry.nodes.values(), state.store, state.registry.clock)
+        for s in state.queries.node_statuses()
     ]
 
 
@@ -556,7 +535,7 @@ def add_view_routes(app: web.Application, state: DashboardState) -> None:
 
     async def jobs_handler(request: web.Request) -> web.Response:
         check_params(request, ())
-        return web.json_response(jobs_json(find_jobs(state.registry.listeners)))
+        return web.json_response(jobs_json(state.queries.jobs() if state.queries is not None else None))
 
     app.router.add_get("/api/node/{name}", node_handler)
     app.router.add_get("/api/node/{name}/history", history_handler)

@@ -79,7 +79,10 @@ def _inject(sim: Any, spec: str) -> None:
         raise ExpectError(f"--sim-fault {spec}: unknown node fault {name!r} (known: {known})")
     if not index.isdigit() and index:
         raise ExpectError(f"--sim-fault {spec}: the index after ':' must be a number")
-    kind.node.inject(sim, int(index or 0), {})
+    try:  # through the node, so the kind's parameters get their defaults (gpu_xid's xid)
+        sim.inject(name, f"{kind.node.part}-{index or 0}")
+    except ValueError as err:
+        raise ExpectError(f"--sim-fault {spec}: {err}") from None
 
 
 def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
