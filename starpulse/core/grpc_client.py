@@ -75,7 +75,7 @@ class Move(enum.Enum):
 
     SAME = "same"  # the same controller again, after the backoff
     NEXT = "next"  # the next controller in the list, after the backoff
-    LEADER = "leader"  # the leader a standby named (the next one when it named none), at once
+    LEADER = "leader"  # the leader a standby named (the next one when it named none), backoff restarted
 
 
 # The controller is not serving at this address (down, unreachable, shutting down, a relay with
@@ -179,7 +179,9 @@ class Reconnector:
     ) -> None:
         """Run ``session(target)`` until ``stopping()``; ``ended()`` after each, however it ended.
 
-        While ``paused()`` no session starts (a simulated cut network); it is polled every 0.2 s.
+        While ``paused()`` no session starts (a simulated cut network); it is polled every 0.2 s
+        with a plain sleep: an owner's wake-up event is set by every new report, and waiting on a
+        set event returns without yielding, which would spin the event loop.
         """
         while not stopping():
             if paused():

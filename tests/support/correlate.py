@@ -13,19 +13,6 @@ from controller.fabric import Fabric, generate_fabric
 from starpulse.core.clock import FakeClock
 
 
-def opened_incidents(changes: list[ConditionChange], clock: FakeClock) -> list[Incident]:
-    """The incidents a correlator (in-memory store) opens for ``changes`` once they settle."""
-    corr = Correlator(
-        None,
-        IncidentStore(sqlite3.connect(":memory:", isolation_level=None)),
-        CorrelationConfig(settle_s=2.0, resolve_hold_s=60.0),
-        clock=clock,
-    )
-    corr.on_changes(changes)
-    clock.advance(3)
-    return [inc for change, inc in corr.tick() if change == "opened"]
-
-
 @pytest.fixture(scope="module")
 def fabric() -> Fabric:
     return generate_fabric(nodes=32, rails=8, nodes_per_block=16, spines=8)
@@ -93,3 +80,16 @@ def opened(*conds: Condition) -> list[ConditionChange]:
 def settle(corr: Correlator, clock: FakeClock) -> list[tuple[str, Incident]]:
     clock.advance(corr.config.settle_s)
     return corr.tick()
+
+
+def opened_incidents(changes: list[ConditionChange], clock: FakeClock) -> list[Incident]:
+    """The incidents a correlator (in-memory store) opens for ``changes`` once they settle."""
+    corr = Correlator(
+        None,
+        IncidentStore(sqlite3.connect(":memory:", isolation_level=None)),
+        CorrelationConfig(settle_s=2.0, resolve_hold_s=60.0),
+        clock=clock,
+    )
+    corr.on_changes(changes)
+    clock.advance(3)
+    return [inc for change, inc in corr.tick() if change == "opened"]

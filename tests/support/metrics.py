@@ -24,6 +24,8 @@ from controller.metrics import ControllerMetrics
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
+PROMTOOL = shutil.which("promtool")
+
 
 def exposition(node: str, inventory: ipb.Inventory, report: tpb.Report | None, status: AgentStatus | None) -> str:
     registry = CollectorRegistry()
@@ -65,9 +67,6 @@ def promtool_check(text: str) -> None:
         [PROMTOOL, "check", "metrics"], check=False, input=text, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-PROMTOOL = shutil.which("promtool")
 
 
 def sim_cycle(
