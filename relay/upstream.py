@@ -10,13 +10,12 @@ ended too, and the agents replay whatever the controller had not acked.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Sequence
 
 import grpc
 import structlog
 
-from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, follow_leader_hint
+from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -42,9 +41,10 @@ class Upstream:
         backoff: Backoff | None = None,
         seed: int | None = None,
     ) -> None:
-        if not targets:
-            raise ValueError("at least one controller address is needed")
-        self.targets = list(targets)
+        # Which controller next and how long to wait: the rule every starpulse client shares.
+        self.reconnect = Reconnector(targets, backoff, seed, name="relay")
+        self.targets = self.reconnect.targets  # the same list: a leader a standby names is added to it
+        self.backoff = self.reconnect.backoff
         self.relay_id = relay_id
         self._on_down = on_down
         self._on_lost = on_lost
@@ -53,9 +53,6 @@ class Upstream:
         self.max_batch_bytes = max_batch_bytes
         self.max_pending_bytes = max_pending_bytes
         self.version = version
-        self.backoff = backoff or Backoff()
-        self._rng = random.Random(seed)
-        self._target_index = 0
         self._pending: list[spb.RelayedAgentMessage] = []
         self._pending_bytes = 0
         self._has_pending = asyncio.Event()
@@ -87,30 +84,8 @@ class Upstream:
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self) -> None:
-        while not self._stopping:
-            target = self.targets[self._target_index % len(self.targets)]
-            try:
-                await self._session(target)
-            except asyncio.CancelledError:
-                if self._stopping:
-                    break
-                raise
-            except grpc.aio.AioRpcError as err:
-                log.warning("relay_upstream_failed", target=target, code=err.code().name, detail=err.details())
-                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    self._follow_leader(target, err)
-                else:
-                    self._target_index += 1
-            except Exception:
-                log.exception("relay_upstream_error", target=target)
-                self._target_index += 1
-            finally:
-                self._lost()
-            if self._stopping:
-                break
-            delay = self.backoff.next_delay(self._rng)
-            log.info("relay_upstream_reconnect_wait", delay_s=round(delay, 2))
-            await asyncio.sleep(delay)
+        """Connect and carry batches until stop(); reconnect by the shared rule (``after_failure``)."""
+        await self.reconnect.run(self._session, stopping=lambda: self._stopping, ended=self._lost)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -127,15 +102,6 @@ class Upstream:
         self._room.set()
         if was_ready:
             self._on_lost()
-
-    def _follow_leader(self, target: str, err: grpc.aio.AioRpcError) -> None:
-        index = follow_leader_hint(self.targets, target, err)
-        if index is None:
-            self._target_index += 1
-            return
-        self._target_index = index
-        self.backoff.reset()
-        log.info("relay_follow_leader", standby=target, leader=self.targets[index])
 
     async def _session(self, target: str) -> None:
         # The agent's channel settings, with room for whole batches.
@@ -154,9 +120,9 @@ class Upstream:
             await call.write(spb.RelayUp(hello=spb.RelayHello(relay_id=self.relay_id, version=self.version)))
             first = await asyncio.wait_for(call.read(), timeout=30)
             if first is grpc.aio.EOF:
-                raise ConnectionError("controller closed the relay stream without accepting it")
+                raise NotAccepted("controller closed the relay stream without accepting it")
             self.generation += 1
-            self.backoff.reset()
+            self.reconnect.accepted()
             self.ready.set()
             log.info("relay_upstream_connected", target=target, generation=self.generation)
             reader = asyncio.create_task(self._read_loop(call))

@@ -101,7 +101,7 @@ def test_bad_mixed_scenarios_are_one_line(change: dict[str, Any], message: str) 
 
 def test_agent_metrics_name_vendor_and_model_and_the_neutral_fields(tmp_path: Path) -> None:
     """starpulse_gpu_info carries vendor and model; the neutral fields are their own series."""
-    from tests.agent.test_agent_metrics import exposition, find, one
+    from tests.support.metrics import exposition, find, one
 
     sim = SimNode("node-002", tmp_path, gpus=2, nics=1, vendor="amd")
     sim.inject("amd_ras_uncorrectable", "gpu-1", count=3)

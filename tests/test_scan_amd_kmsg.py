@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_scan_verdict import by_rule, scan
+from tests.support.scan import by_rule, scan
 
 DEV = "amdgpu 0000:c1:00.0:"
 VM_FAULT = "[gfxhub] page fault (src_id:0 ring:24 vmid:8 pasid:32770, for process python pid 1 thread python pid 1)"

@@ -7,18 +7,16 @@ must flag exactly those two ports.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import shared_fixture
+from tests.support.scan import STARPULSE, by_rule, scan
 
-STARPULSE = [sys.executable, "-m", "starpulse.app.cli"]
 RAILS = [f"mlx5_{i}" for i in (0, 1, 4, 5, 6, 7, 8, 9)]
 ALL_PORTS = [f"{d}/1" for d in [*RAILS, "mlx5_bond_0"]]
 # The recording's own counters: excessive_buffer_overrun_errors and link_downed sit at their
@@ -26,18 +24,6 @@ ALL_PORTS = [f"{d}/1" for d in [*RAILS, "mlx5_bond_0"]]
 # since before the window": an info note to clear the counters, not a fault.
 SATURATION_RULES = {"nic.phy_errors", "nic.flap"}
 CLEAR_NOTE = "clear the port counters (perfquery -R / reset), it can no longer show new errors"
-
-
-def scan(*args: str, timeout: float = 60) -> tuple[int, dict, str]:
-    out = subprocess.run(
-        [*STARPULSE, "scan", "--json", "--window", "0.2", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    data = json.loads(out.stdout) if out.stdout.strip() else {}
-    return out.returncode, data, out.stderr
 
 
 @pytest.fixture
@@ -59,13 +45,6 @@ def derived_root(tmp_path: Path) -> Path:
     (ib / "mlx5_4/ports/1/phys_state").write_text("3: Disabled\n")
     (ib / "mlx5_5/ports/1/rate").write_text("200 Gb/sec (4X HDR)\n")
     return tmp_path / "derived"
-
-
-def by_rule(data: dict) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for c in data["verdict"]["conditions"]:
-        out.setdefault(c["rule"], set()).add(c["component"])
-    return out
 
 
 def test_recorded_tree_without_a_driver(recorded_root: Path, tmp_path: Path) -> None:

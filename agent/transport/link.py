@@ -10,7 +10,6 @@ newest unsent one is kept while the controller is away.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -19,7 +18,7 @@ import structlog
 
 from agent.transport.buffer import EventBuffer
 from agent.transport.delta import ReportDelta
-from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, follow_leader_hint
+from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -43,16 +42,15 @@ class ControllerLink:
         max_in_flight: int = 1000,
         seed: int | None = None,
     ) -> None:
-        if not targets:
-            raise ValueError("at least one controller address is needed")
-        self.targets = list(targets)
+        # Which controller next and how long to wait: the rule every starpulse client shares.
+        self.reconnect = Reconnector(targets, backoff, seed, name="agent")
+        self.targets = self.reconnect.targets  # the same list: a leader a standby names is added to it
+        self.backoff = self.reconnect.backoff
         self._hello = hello
         self.buffer = buffer
         self._on_command = on_command
         self._credentials = credentials
-        self.backoff = backoff or Backoff()
         self.max_in_flight = max_in_flight
-        self._rng = random.Random(seed)
         self._wake = asyncio.Event()
         self._latest_report: tpb.Report | None = None
         # seq -> when the buffer held it (wall-clock us): the event's buffered_us stamp. Only
@@ -62,7 +60,6 @@ class ControllerLink:
         self._stopping = False
         self._blocked = False
         self._call: grpc.aio.StreamStreamCall | None = None
-        self._target_index = 0
         self._command_tasks: set[asyncio.Task[None]] = set()
         self.connected = asyncio.Event()
         self.acked_event_seq = 0
@@ -104,46 +101,14 @@ class ControllerLink:
 
     # -- lifecycle ------------------------------------------------------------------
     async def run(self) -> None:
-        """Connect and stream until stop(); reconnect with backoff on any failure."""
-        while not self._stopping:
-            if self._blocked:
-                # A plain sleep: _wake is set by every new report, and waiting on a set
-                # event returns without yielding, which would spin the whole event loop.
-                await asyncio.sleep(0.2)
-                continue
-            target = self.targets[self._target_index % len(self.targets)]
-            try:
-                await self._session(target)
-            except asyncio.CancelledError:
-                if self._stopping:
-                    break
-                raise
-            except grpc.aio.AioRpcError as err:
-                log.warning("controller_stream_failed", target=target, code=err.code().name, detail=err.details())
-                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
-                    self._target_index += 1
-                elif err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    self._follow_leader(target, err)
-            except Exception:
-                log.exception("controller_stream_error", target=target)
-            finally:
-                self.connected.clear()
-                self._call = None
-            if self._stopping:
-                break
-            delay = self.backoff.next_delay(self._rng)
-            log.info("controller_reconnect_wait", delay_s=round(delay, 2))
-            await asyncio.sleep(delay)
+        """Connect and stream until stop(); reconnect on any failure, by the shared rule (``after_failure``)."""
+        await self.reconnect.run(
+            self._session, stopping=lambda: self._stopping, ended=self._ended, paused=lambda: self._blocked
+        )
 
-    def _follow_leader(self, target: str, err: grpc.aio.AioRpcError) -> None:
-        """A standby said who leads: go there next (added to the list when new); no hint: try the next one."""
-        index = follow_leader_hint(self.targets, target, err)
-        if index is None:
-            self._target_index += 1
-            return
-        self._target_index = index
-        self.backoff.reset()  # not a failure of the controllers: go straight to the leader
-        log.info("controller_follow_leader", standby=target, leader=self.targets[index])
+    def _ended(self) -> None:
+        self.connected.clear()
+        self._call = None
 
     async def stop(self) -> None:
         """Stop streaming; unsent events stay in the buffer for the next start."""
@@ -170,13 +135,13 @@ class ControllerLink:
             await call.write(spb.AgentMessage(hello=hello))
             first = await asyncio.wait_for(call.read(), timeout=30)
             if first is grpc.aio.EOF or not first.HasField("welcome"):
-                raise ConnectionError("controller closed the stream without a Welcome")
+                raise NotAccepted("controller closed the stream without a Welcome")
             welcome = first.welcome
             self._apply_ack(welcome.acked_event_seq, welcome.acked_report_seq)
             self.report_interval_hint_s = welcome.report_interval_s
             self.delta.reset(enabled=welcome.accepts_delta_reports)
             self.connects += 1
-            self.backoff.reset()
+            self.reconnect.accepted()
             self.connected.set()
             log.info(
                 "controller_connected",

@@ -144,6 +144,3 @@ class DemoTraining:
                     proc.kill()
                 await proc.wait()
         log.info("demo_training_stopped", job=self.job, nodes=cur.nodes)
-
-    def rank_logs(self) -> list[Path]:
-        return sorted(self.log_dir.glob(f"{self.job}-*.log"))

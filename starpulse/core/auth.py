@@ -154,14 +154,6 @@ def check_admin(config: AuthConfig, context: Any) -> str:
     return "token"
 
 
-async def require_admin(config: AuthConfig, context: grpc.aio.ServicerContext) -> None:
-    """Abort the call (UNAUTHENTICATED / PERMISSION_DENIED) unless the caller is an admin."""
-    try:
-        check_admin(config, context)
-    except Denied as denied:
-        await context.abort(denied.code, denied.message)
-
-
 def _needs_credential(config: AuthConfig, method: str) -> bool:
     """Whether a call to ``method`` (``/package.Service/Method``) must carry the admin credential."""
     if method.startswith(ADMIN_PREFIX):

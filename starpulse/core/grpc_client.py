@@ -1,17 +1,22 @@
-"""What every starpulse gRPC client does alike: channel options, reconnect backoff, and
-following a standby controller's hint to the leader.
+"""What every starpulse gRPC client does alike: channel options, the reconnect loop with its
+backoff, and which failure moves on to the next controller.
 
 The agent's link and the relay's upstream are both clients of the controller; neither owns
-this, so it lives on the shared floor.
+this, so it lives on the shared floor, and both reconnect by the one rule in ``after_failure``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import random
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 import structlog
+
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
 
@@ -59,3 +64,142 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+class NotAccepted(ConnectionError):
+    """The target closed the stream before accepting it (no Welcome, no relay accept)."""
+
+
+class Move(enum.Enum):
+    """Where a client goes after a stream failed (see ``after_failure``)."""
+
+    SAME = "same"  # the same controller again, after the backoff
+    NEXT = "next"  # the next controller in the list, after the backoff
+    LEADER = "leader"  # the leader a standby named (the next one when it named none), backoff restarted
+
+
+# The controller is not serving at this address (down, unreachable, shutting down, a relay with
+# no controller behind it, a crashed handler, no answer in time, not this service at all):
+# another controller may be.
+FAIL_OVER_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+def after_failure(exc: BaseException) -> Move:
+    """The one reconnect rule of every starpulse client, by how the stream ended.
+
+    - FAILED_PRECONDITION: a standby refused and names the leader: ``LEADER``.
+    - A code in ``FAIL_OVER_CODES``, or a target that never accepted the stream (``NotAccepted``,
+      or no answer within the accept wait: ``TimeoutError``): ``NEXT``.
+    - Any other status (RESOURCE_EXHAUSTED, CANCELLED, INVALID_ARGUMENT, PERMISSION_DENIED,
+      UNAUTHENTICATED, NOT_FOUND, INTERNAL, ...): the controller is alive and answered about this
+      stream. Only the leader accepts streams, so another controller would send us back to it:
+      ``SAME``, after the backoff.
+    - Any other exception (a stream ended cleanly after it was accepted, a fault on our side): ``SAME``.
+    """
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code = exc.code()
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return Move.LEADER
+        return Move.NEXT if code in FAIL_OVER_CODES else Move.SAME
+    if isinstance(exc, NotAccepted | TimeoutError):
+        return Move.NEXT
+    return Move.SAME
+
+
+class Reconnector:
+    """Runs a client's sessions one after another, choosing each one's controller by ``after_failure``.
+
+    ``targets`` is shared with the owner and grows when a standby names a leader not in it;
+    the backoff restarts when a session says it was accepted (``accepted()``) and when a
+    standby points at the leader (not a failure of the controllers). Waits go through ``clock``.
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[str],
+        backoff: Backoff | None = None,
+        seed: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        name: str = "agent",
+    ) -> None:
+        if not targets:
+            raise ValueError("at least one controller address is needed")
+        self.targets = list(targets)
+        self.backoff = backoff or Backoff()
+        self.index = 0
+        self.name = name  # which client this is, in the log events
+        self._rng = random.Random(seed)
+        self._clock = clock
+
+    @property
+    def target(self) -> str:
+        """The controller the next session goes to."""
+        return self.targets[self.index % len(self.targets)]
+
+    def accepted(self) -> None:
+        """The session's stream was accepted: the next failure starts the backoff over."""
+        self.backoff.reset()
+
+    def failed(self, target: str, exc: Exception) -> Move:
+        """Apply the rule to a session that ended with ``exc``: move on (or not); returns the move made."""
+        move = after_failure(exc)
+        if isinstance(exc, grpc.aio.AioRpcError):
+            log.warning(
+                "client_stream_failed", client=self.name, target=target, code=exc.code().name, detail=exc.details()
+            )
+            if move is Move.LEADER:
+                index = follow_leader_hint(self.targets, target, exc)
+                if index is not None:
+                    self.index = index
+                    self.backoff.reset()  # not a failure of the controllers: go straight to the leader
+                    log.info("client_follow_leader", client=self.name, standby=target, leader=self.targets[index])
+                    return move
+                move = Move.NEXT  # a refusal that names no leader (or the one just tried)
+        elif move is Move.NEXT:  # the target did not accept the stream: expected, no traceback
+            log.warning("client_stream_not_accepted", client=self.name, target=target, error=repr(exc))
+        else:
+            log.exception("client_stream_error", client=self.name, target=target)
+        if move is Move.NEXT:
+            self.index += 1
+        return move
+
+    async def run(
+        self,
+        session: Callable[[str], Awaitable[None]],
+        stopping: Callable[[], bool],
+        ended: Callable[[], None],
+        paused: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Run ``session(target)`` until ``stopping()``; ``ended()`` after each, however it ended.
+
+        While ``paused()`` no session starts (a simulated cut network); it is polled every 0.2 s
+        with a plain sleep: an owner's wake-up event is set by every new report, and waiting on a
+        set event returns without yielding, which would spin the event loop.
+        """
+        while not stopping():
+            if paused():
+                await self._clock.sleep(0.2)
+                continue
+            target = self.target
+            try:
+                await session(target)
+            except asyncio.CancelledError:
+                if stopping():
+                    break
+                raise
+            except Exception as exc:
+                self.failed(target, exc)
+            finally:
+                ended()
+            if stopping():
+                break
+            delay = self.backoff.next_delay(self._rng)
+            log.info("client_reconnect_wait", client=self.name, delay_s=round(delay, 2))
+            await self._clock.sleep(delay)

@@ -460,11 +460,12 @@ class TestKmsgCollector:
             c.close()
 
     def test_idle_tail_wakes_on_news_not_on_a_timer(self, tmp_path):
-        """With a 30 s poll interval an appended line still arrives at once (inotify), and close() is prompt."""
+        """With an hour's poll interval an appended line still arrives at once (inotify), and close()
+        wakes the tail: were it to wait out the poll, the test would hang to pytest's timeout."""
         p = tmp_path / "kmsg"
         p.write_text("")
         sink = _Sink()
-        c = KmsgCollector(str(p), sink, poll_interval_s=30.0)
+        c = KmsgCollector(str(p), sink, poll_interval_s=3600.0)
         try:
             c.start()
             assert c.wait_ready()
@@ -476,9 +477,8 @@ class TestKmsgCollector:
             os.replace(nxt, p)  # rotated in one step: the next file is read from its start
             assert wait_for(lambda: len(sink.kinds()) == 2, timeout_s=5.0)
         finally:
-            started = time.monotonic()
             c.close()
-        assert not c.running and time.monotonic() - started < 5.0
+        assert not c.running
 
     def test_missing_path_is_unsupported(self, tmp_path):
         """A path that does not exist is unsupported, and close() is idempotent."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.test_kmsg_corpus import FORMS, reshape
+from tests.support.kmsg_corpus import FORMS, reshape
 from tools.kmsg_corpus import VENDOR_DIRS, corpus_files, score_file
 
 FILES = corpus_files(VENDOR_DIRS["amd"])

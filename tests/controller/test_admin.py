@@ -16,14 +16,14 @@ import grpc
 import pytest
 
 from controller.detect.model import Incident
-from controller.fabric import generate_fabric
-from controller.heal.guards import GuardConfig
 from controller.heal.healer import Healer
 from controller.heal.scheduler.sim import SimScheduler
 from controller.heal.states import AUTOMATIC, NodeHealState
-from controller.service import Controller, ControllerConfig, HealSettings
+from controller.service import Controller
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
+from tests.support.admin import refused
+from tests.support.admin import start_rig as _start
 
 S = NodeHealState
 
@@ -38,26 +38,6 @@ class Rig:
     def healer(self) -> Healer:
         assert self.controller.healer is not None
         return self.controller.healer
-
-
-async def _start(
-    tmp_path: Path, heal: bool, mode: str = "enforce"
-) -> tuple[Controller, SimScheduler, grpc.aio.Channel]:
-    fabric = generate_fabric(5, 2, 2, 4, 2, spares=1)  # node-000..node-005; node-005 is the spare
-    sim = SimScheduler(fabric.nodes())
-    config = ControllerConfig(
-        listen="127.0.0.1:0",
-        http="127.0.0.1:0",
-        db_path=tmp_path / "c.db",
-        fabric=fabric,
-        jobs={"train-1": ["node-000", "node-001"]},
-        heal=HealSettings(scheduler=sim, guards=GuardConfig(mode=mode)) if heal else None,  # type: ignore[arg-type]
-        grace_s=0.5,
-    )
-    controller = Controller(config)
-    await controller.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{controller.grpc_port}", options=[("grpc.enable_http_proxy", 0)])
-    return controller, sim, channel
 
 
 @pytest.fixture
@@ -82,12 +62,6 @@ async def manual_rig(tmp_path: Path) -> AsyncIterator[Rig]:
 
 def req(node: str, actor: str = "alice", reason: str = "bad fan", force: bool = False) -> spb.NodeActionRequest:
     return spb.NodeActionRequest(node=node, reason=reason, actor=actor, force=force)
-
-
-async def refused(call: object) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call  # type: ignore[misc]
-    return info.value
 
 
 class TestNodeActions:

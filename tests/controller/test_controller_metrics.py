@@ -10,29 +10,8 @@ from prometheus_client import generate_latest
 from controller.metrics import ControllerMetrics
 from controller.service import Controller, ControllerConfig
 from starpulse.core.vocab import EVICTABLE_KINDS
-from tests.agent.test_agent_metrics import find, one, promtool_check, samples
 from tests.helpers import free_port
-
-
-def controller_exposition() -> str:
-    """A controller registry with every family exercised, as a busy controller would have it."""
-    m = ControllerMetrics()
-    m.reports.inc(3)
-    m.samples.labels("gpu").inc(24)
-    m.events.labels("xid").inc()
-    m.rejected.labels("rate_limited").inc()
-    m.streams.set(2)
-    m.nodes.labels("online").set(2)
-    m.nodes.labels("unreachable").set(1)
-    m.ingest_seconds.observe(0.002)
-    m.incidents_open.labels("gpu_fault").set(1)
-    m.detection_seconds.observe(2.5)
-    m.command_queue.set(1)
-    m.evictions.labels("gpu_fault", "incident").inc()
-    m.breaker_open.labels("eviction").set(1)
-    m.set_outbox_depth_source(lambda: 4)
-    m.alert_notifications.labels("webhook", "sent").inc()
-    return generate_latest(m.registry).decode()
+from tests.support.metrics import controller_exposition, find, one, promtool_check, samples
 
 
 class TestControllerSeries:

@@ -10,46 +10,23 @@ import pytest
 
 from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.incidents import IncidentStore
-from controller.detect.model import Condition, ConditionChange, Incident
+from controller.detect.model import Condition, ConditionChange
 from controller.fabric import Fabric, generate_fabric
 from starpulse.core import vocab
 from starpulse.core.clock import FakeClock
 from starpulse.core.vocab import EVICTABLE_KINDS
+from tests.support import correlate as shared
+from tests.support.correlate import gpu_xid, heartbeat, nic_down, node, opened, settle
 
-
-@pytest.fixture(scope="module")
-def fabric() -> Fabric:
-    return generate_fabric(nodes=32, rails=8, nodes_per_block=16, spines=8)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1_000_000)
+# Pytest fixtures shared with the grouping and switch-witness tests.
+clock = shared.clock
+fabric = shared.fabric
 
 
 @pytest.fixture
 def store() -> IncidentStore:
     conn = sqlite3.connect(":memory:", isolation_level=None)
     return IncidentStore(conn)
-
-
-def node(i: int, width: int = 3) -> str:
-    return f"node-{i:0{width}d}"
-
-
-def nic_down(n: int, rail: int, clock: FakeClock, severity: str = "critical", width: int = 3) -> Condition:
-    return Condition(
-        rule="nic_link_down",
-        component=f"{node(n, width)}/nic-{rail}",
-        component_type="nic",
-        category="nic_link",
-        node=node(n, width),
-        severity=severity,  # type: ignore[arg-type]
-        action="check_link",
-        message="port down",
-        first_seen_ms=clock.time_ms(),
-        last_seen_ms=clock.time_ms(),
-    )
 
 
 def switch_cond(
@@ -75,50 +52,10 @@ def switch_cond(
     )
 
 
-def gpu_xid(n: int, gpu: int, clock: FakeClock, width: int = 3) -> Condition:
-    return Condition(
-        rule="xid_79",
-        component=f"{node(n, width)}/gpu-{gpu}",
-        component_type="gpu",
-        category="gpu",
-        node=node(n, width),
-        severity="fatal",
-        action="reboot",
-        message="Xid 79: GPU has fallen off the bus",
-        first_seen_ms=clock.time_ms(),
-        last_seen_ms=clock.time_ms(),
-        evidence={"xid": 79},
-    )
-
-
-def heartbeat(n: int, clock: FakeClock, width: int = 3) -> Condition:
-    return Condition(
-        rule="heartbeat_lost",
-        component=node(n, width),
-        component_type="node",
-        category="heartbeat",
-        node=node(n, width),
-        severity="critical",
-        action="investigate",
-        message="no report for 30s",
-        first_seen_ms=clock.time_ms(),
-        last_seen_ms=clock.time_ms(),
-    )
-
-
-def opened(*conds: Condition) -> list[ConditionChange]:
-    return [ConditionChange("opened", c) for c in conds]
-
-
 def resolved(clock: FakeClock, *conds: Condition) -> list[ConditionChange]:
     for c in conds:
         c.resolved_ms = clock.time_ms()
     return [ConditionChange("resolved", c) for c in conds]
-
-
-def settle(corr: Correlator, clock: FakeClock) -> list[tuple[str, Incident]]:
-    clock.advance(corr.config.settle_s)
-    return corr.tick()
 
 
 def make(fabric: Fabric | None, store: IncidentStore, clock: FakeClock, **kw: object) -> Correlator:

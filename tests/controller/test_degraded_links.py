@@ -4,16 +4,14 @@ seen to at a service window (action ``check_hardware``), the job keeps its node.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
-from controller.detect.correlate import CorrelationConfig, Correlator
-from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
 from controller.heal.policy import ALERT_ONLY, load_policy
-from starpulse.core.clock import FakeClock
-from tests.controller.test_conditions import NODE, _pcie_link, compute_node, good_report, make_engine
-from tests.controller.test_healer import _healer
+from tests.support.conditions import NODE, compute_node, good_report, make_engine
+from tests.support.conditions import pcie_link as _pcie_link
+from tests.support.correlate import opened_incidents
+from tests.support.heal import make_healer as _healer
 
 
 def _incidents(mutate) -> list[Incident]:  # type: ignore[no-untyped-def]
@@ -27,19 +25,6 @@ def _incidents(mutate) -> list[Incident]:  # type: ignore[no-untyped-def]
         changes += engine.on_report(node, r)
         clock.advance(20)
     return opened_incidents(changes, clock)
-
-
-def opened_incidents(changes: list[ConditionChange], clock: FakeClock) -> list[Incident]:
-    """The incidents a correlator (in-memory store) opens for ``changes`` once they settle."""
-    corr = Correlator(
-        None,
-        IncidentStore(sqlite3.connect(":memory:", isolation_level=None)),
-        CorrelationConfig(settle_s=2.0, resolve_hold_s=60.0),
-        clock=clock,
-    )
-    corr.on_changes(changes)
-    clock.advance(3)
-    return [inc for change, inc in corr.tick() if change == "opened"]
 
 
 def _retraining(r) -> None:  # type: ignore[no-untyped-def]

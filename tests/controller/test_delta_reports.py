@@ -18,8 +18,8 @@ from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import compute_node, good_report, make_engine
 from tests.helpers import free_port, make_sim_agent, wait_for
+from tests.support.conditions import compute_node, good_report, make_engine
 
 NIC5 = "node-003/nic-5"
 

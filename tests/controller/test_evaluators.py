@@ -16,7 +16,7 @@ from controller.detect.model import Rule
 from controller.detect.rules import KINDS, RuleSet, parse_rules
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import NODE, compute_node, good_report, opened, resolved
+from tests.support.conditions import NODE, compute_node, good_report, opened, resolved
 
 GPU5 = f"{NODE}/gpu-5"
 

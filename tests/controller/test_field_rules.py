@@ -14,7 +14,7 @@ from controller.detect.rules import RulesError, RuleSet, load_rules, parse_rules
 from starpulse.core.clock import FakeClock
 from starpulse.core.units import BadValue
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import NODE, compute_node, good_report
+from tests.support.conditions import NODE, compute_node, good_report
 
 GPU5 = f"{NODE}/gpu-5"
 NIC5 = f"{NODE}/nic-5"

@@ -15,7 +15,7 @@ from controller.detect.incidents import IncidentStore
 from controller.fabric import Fabric
 from starpulse.core.clock import FakeClock
 from starpulse.core.vocab import EVICTABLE_KINDS
-from tests.controller.test_correlate import clock, fabric, gpu_xid, heartbeat, nic_down, opened
+from tests.support.correlate import clock, fabric, gpu_xid, heartbeat, nic_down, opened
 
 __all__ = ["clock", "fabric"]  # the correlator tests' fixtures, used here by name
 

@@ -15,7 +15,8 @@ import grpc
 from controller.detect.model import Incident
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-from tests.controller.test_admin import _start, refused
+from tests.support.admin import refused
+from tests.support.admin import start_rig as _start
 
 
 def gpu_incident(iid: str = "inc-000042", node: str = "node-002") -> Incident:
@@ -90,7 +91,7 @@ async def test_a_person_resolves_an_open_incident_and_the_listeners_hear_why(tmp
     from controller.detect.correlate import CorrelationConfig
     from controller.detect.pipeline import DetectionConfig
     from controller.service import Controller, ControllerConfig
-    from tests.controller.test_web_api import feed, gpu_xid
+    from tests.support.web import feed, gpu_xid
 
     config = ControllerConfig(
         listen="127.0.0.1:0",

@@ -7,7 +7,7 @@ tests/test_scan_verdict.py)."""
 from __future__ import annotations
 
 from starpulse.app.nodecheck import Expected, judge
-from tests.controller.test_conditions import NODE, compute_node, good_report, make_engine, opened, resolved
+from tests.support.conditions import NODE, compute_node, good_report, make_engine, opened, resolved
 
 KEY = ("nic.missing", f"{NODE}/nic-5")
 

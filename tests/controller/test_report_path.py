@@ -19,7 +19,7 @@ from controller.detect.linkkey import links_key
 from controller.ingest.validate import InvalidMessage, validate_report
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import NODE, RULES, compute_node, good_report, make_engine, opened, resolved
+from tests.support.conditions import NODE, RULES, compute_node, good_report, make_engine, opened, resolved
 
 GPU5 = f"{NODE}/gpu-5"
 LINKS = 18

@@ -6,7 +6,7 @@ from agent.transport.delta import ReportDelta
 from controller.detect.model import ConditionChange
 from controller.detect.view import ReportView
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_conditions import compute_node, good_report, make_engine
+from tests.support.conditions import compute_node, good_report, make_engine
 
 WATCHED = ("counters/symbol_error", "counters/link_downed", "hw_counters/out_of_sequence")
 LINK_COUNTERS = ("crc_flit_errors", "crc_data_errors")

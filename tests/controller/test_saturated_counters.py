@@ -18,7 +18,7 @@ from controller.detect.incidents import IncidentStore
 from controller.detect.model import Condition, ConditionChange
 from controller.heal.policy import ALERT_ONLY, load_policy
 from starpulse.core.clock import FakeClock
-from tests.controller.test_conditions import NODE, compute_node, good_report, make_engine, opened
+from tests.support.conditions import NODE, compute_node, good_report, make_engine, opened
 
 NIC = f"{NODE}/nic-5"
 PHY = ("nic.phy_errors", NIC)

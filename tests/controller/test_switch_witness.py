@@ -26,7 +26,7 @@ from starpulse.core.vocab import EVICTABLE_KINDS
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_correlate import clock, fabric, nic_down, opened, settle
+from tests.support.correlate import clock, fabric, nic_down, opened, settle
 
 __all__ = ["clock", "fabric"]  # the correlator tests' fixtures, used here by name
 

@@ -13,8 +13,8 @@ import pytest
 from agent.collectors.kmsg.reader import classify
 from controller.detect.model import Incident
 from controller.heal.policy import ALERT_ONLY, evidence_xids, load_policy
-from tests.controller.test_conditions import compute_node, make_engine
-from tests.controller.test_degraded_links import opened_incidents
+from tests.support.conditions import compute_node, make_engine
+from tests.support.correlate import opened_incidents
 
 # Line shapes as the driver prints them (Fabric Manager user guide; public bug reports).
 FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 12022, Fatal, Link 36 (0x00000011 0x00000000 0x00000000)"

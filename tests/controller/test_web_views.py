@@ -10,18 +10,18 @@ import json
 import re
 from typing import Any
 
-import tests.controller.test_web_api as web_api
 from controller.outputs.web.page import SNAPSHOT_SLOT, embed
 from controller.service import Controller
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.test_web_api import Client, get_json, register
+from tests.support import web as shared
+from tests.support.web import Client, get_json, register
 
 # The web API tests' fixtures: the fabric (8 nodes + 1 spare), a controller on it, a client.
-fabric = web_api.fabric
-ctl = web_api.ctl
-client = web_api.client
+fabric = shared.fabric
+ctl = shared.ctl
+client = shared.client
 
 SNAPSHOT = re.compile(r'<script id="snapshot" type="application/json">(.*?)</script>', re.S)
 

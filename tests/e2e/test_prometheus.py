@@ -25,9 +25,8 @@ from agent.factory import build_agent
 from agent.runtime import AgentConfig
 from agent.sim.node import SimNode
 from controller.service import Controller, ControllerConfig
-from tests.agent.test_agent_metrics import agent_expositions
-from tests.controller.test_controller_metrics import controller_exposition
 from tests.helpers import free_port
+from tests.support.metrics import agent_expositions, controller_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"

@@ -147,7 +147,7 @@ class TestFailover:
                 for a in agents:
                     a.start()
                 await wait_for(lambda: all(a.agent.link.connected.is_set() for a in agents), 40, "agents connected")
-                assert all(a.agent.link.targets[a.agent.link._target_index % 2] == first for a in agents)
+                assert all(a.agent.link.reconnect.target == first for a in agents)
 
                 base = _emit(agents, 8, 0)
                 (sched / "gate").write_text("hold the drain")
@@ -199,7 +199,7 @@ class TestFailover:
                     missing = sorted(set(range(1, acked + 1)) - set(seqs))  # acked means stored
                     extra = sorted(s for s in set(seqs) if seqs.count(s) > 1 or not 1 <= s <= last)
                     assert (missing, extra) == ([], []), f"{node}: lost {missing}, duplicated/unknown {extra}"
-                assert all(a.agent.link.targets[a.agent.link._target_index % 2] == address[new] for a in agents)
+                assert all(a.agent.link.reconnect.target == address[new] for a in agents)
                 print(f"\nfailover: leader killed -> new leader elected {t_new - t_kill:.2f} s (lease TTL 2 s)")
             finally:
                 for a in agents:

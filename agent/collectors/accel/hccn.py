@@ -261,11 +261,6 @@ class HccnPortCollector:
         if optical.rx_los is not None:
             out["rx_los"] = f"{optical.rx_los:#x}"
         return {k: v for k, v in out.items() if v}
-        if optical.present is not None:
-            out["optical"] = "present" if optical.present else "not present"
-        if optical.rx_los is not None:
-            out["rx_los"] = f"{optical.rx_los:#x}"
-        return {k: v for k, v in out.items() if v}
 
     def _peers(self) -> list[ipb.LldpNeighbor]:
         return [p.peer for _, p in sorted(self._ports.items()) if p.peer is not None]
