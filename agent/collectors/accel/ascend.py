@@ -86,7 +86,8 @@ class AscendNpuCollector:
     ) -> None:
         self._run = run
         self._sink = sink
-        self._levels = faults.load_fault_levels(fault_codes) if fault_codes is not None else {}
+        # MindCluster's own table unless the operator names another one.
+        self._levels = faults.load_fault_levels(fault_codes) if fault_codes is not None else faults.default_levels()
         self._watch = DeviceWatch(VENDOR, SOURCE)
         self._codes: dict[tuple[int, int], set[str]] = {}  # codes already reported, per (npu, chip)
         self._chip_count: int | None = None
