@@ -47,6 +47,7 @@ class SimNode:
         rate_gbps: float = 400.0,
         throughput_gbps: float = 180.0,
         vendor: str = "nvidia",
+        npu_layout: str = "910B",
     ) -> None:
         if vendor not in SIM_VENDORS:
             raise ValueError(f"sim vendor {vendor!r} is not one of {SIM_VENDORS}")
@@ -59,7 +60,11 @@ class SimNode:
         )
         self.nvml = FakeNvml(gpu_count=gpus, seed=seed, pci_buses=self._gpu_buses(gpus))
         self.amdsmi = FakeAmdSmi(gpu_count=gpus, pci_buses=self._gpu_buses(gpus)) if vendor == "amd" else None
-        self.npu_smi = FakeNpuSmi(npu_count=gpus, pci_buses=self._gpu_buses(gpus)) if vendor == "ascend" else None
+        self.npu_smi = (
+            FakeNpuSmi(npu_count=gpus, pci_buses=self._gpu_buses(gpus), layout=npu_layout)
+            if vendor == "ascend"
+            else None
+        )
         self.kmsg = FakeKmsg(str(self.workdir / "kmsg"))
         self.gpus = gpus
         self.nics = nics

@@ -29,7 +29,6 @@ from agent.collectors.accel.hccn import TOOL as HCCN_TOOL
 from agent.collectors.accel.hccn import HccnPortCollector, find_hccn_tool
 from agent.collectors.accel.watch import DeviceWatch
 from agent.collectors.base import CollectorUnsupported, FindingSink
-from starpulse.core import vocab
 from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -120,10 +119,10 @@ class AscendNpuCollector:
                 index=index,
                 vendor=VENDOR,
                 interconnect=self.interconnect,
-                pci_bus_id=chip.bus_id,
+                pci_bus_id=chip.pci,
                 model=f"Ascend {chip.model}" if not chip.model.startswith("Ascend") else chip.model,
                 serial=f"npu{chip.npu_id}-chip{chip.chip_id}",
-                memory_total_bytes=chip.hbm_total_mb * 1024 * 1024,
+                memory_total_bytes=chip.device_memory_mb[1] * 1024 * 1024,
                 link_count=len(hccs.links) if (hccs := self._hccs(chip)) is not None else 0,
             )
 
@@ -138,7 +137,7 @@ class AscendNpuCollector:
                     if link.errors is not None:
                         sample.errors = link.errors
                 gpu.links_down = hccs.links_down
-            pci = vocab.canonical_pci(chip.bus_id)
+            pci = chip.pci
             out.extend(self._watch.judge(gpu, pci))
             out.extend(self._health_findings(index, chip, pci))
         return out
@@ -197,8 +196,9 @@ def _fill(gpu: tpb.GpuSample, chip: NpuChip) -> None:
         gpu.power_w = chip.power_w
     if chip.aicore_pct is not None:
         gpu.utilization_gpu_pct = chip.aicore_pct
-    if chip.hbm_total_mb:
-        gpu.memory_total_bytes = chip.hbm_total_mb * 1024 * 1024
-        gpu.memory_used_bytes = chip.hbm_used_mb * 1024 * 1024
+    used, total = chip.device_memory_mb
+    if total:
+        gpu.memory_total_bytes = total * 1024 * 1024
+        gpu.memory_used_bytes = used * 1024 * 1024
     if chip.health == "unknown":
         gpu.lost = True  # npu-smi's UNKNOWN: the device does not exist or has not started
