@@ -129,3 +129,27 @@ def test_scan_reads_each_layout_from_the_tool_on_path(layout: str, tmp_path: Pat
     (f,) = [f for f in data["findings"] if f["kind"] == "accel_fault"]
     assert (f["attributes"]["npu"], f["attributes"]["chip"]) == (str(3 // per), str(3 % per))
     assert rc == 1
+
+
+def test_health_codes_however_they_are_written() -> None:
+    """Space separated as printed, with a 0x or commas as some versions and quotes add them."""
+    from agent.collectors.accel.ascend_parse import parse_npu_health
+
+    text = "\tHealth status : Critical\n\tError code : 0x80E18005, 8c03a000\n\tError information : HBM\n"
+    health = parse_npu_health(text)
+    assert (health.health, health.error_codes, health.error_information) == (
+        "critical",
+        ["80E18005", "8C03A000"],
+        ["HBM"],
+    )
+    assert parse_npu_health("\tHealth Status : OK\n\tError Code : NA\n").error_codes == []
+
+
+def test_an_alarm_without_a_code_is_still_a_finding() -> None:
+    """npu-smi says Alarm but lists no code: the chip is looked at, once, not passed over."""
+    fake = FakeNpuSmi(npu_count=2)
+    fake.npus[1].health = "Alarm"
+    collector = AscendNpuCollector(fake)
+    (f,) = collector.collect(tpb.Report())
+    assert (f.component, f.vendor_code, f.action) == ("gpu-1", "health_alarm", "investigate")
+    assert collector.collect(tpb.Report()) == []

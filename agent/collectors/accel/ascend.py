@@ -29,6 +29,7 @@ from agent.collectors.accel.hccn import TOOL as HCCN_TOOL
 from agent.collectors.accel.hccn import HccnPortCollector, find_hccn_tool
 from agent.collectors.accel.watch import DeviceWatch
 from agent.collectors.base import CollectorUnsupported, FindingSink
+from starpulse.core import vocab
 from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -167,6 +168,21 @@ class AscendNpuCollector:
         health = parse_npu_health(self._run(argv))
         seen = self._codes.setdefault(key, set())
         out: list[Finding] = []
+        if not health.error_codes and health.health == "critical" and "" not in seen:
+            # An alarm npu-smi gives no code for is still an alarm: look at the chip.
+            seen.add("")
+            out.append(
+                self._watch.finding(
+                    "accel_fault",
+                    index,
+                    vocab.ACTION_INVESTIGATE,
+                    f"Ascend chip health {health.health_raw} with no error code",
+                    code=f"health_{health.health_raw.lower()}",
+                    pci=pci,
+                    npu=str(chip.npu_id),
+                    chip=str(chip.chip_id),
+                )
+            )
         for code in health.error_codes:
             if code in seen:
                 continue

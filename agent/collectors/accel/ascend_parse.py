@@ -31,7 +31,7 @@ HEALTH_GRADES = {"ok": "ok", "warning": "warning", "alarm": "critical", "critica
 # A bus id as printed: a PCI address, or "NA"/"-" where the chip has none (a 310B SoC).
 _PCI_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 _PAIR_RE = re.compile(r"(\d+)\s*/\s*(\d+)")
-_CODE = re.compile(r"^[0-9A-Fa-f]{8}$")
+_CODES_RE = re.compile(r"(?<![0-9A-Za-z])(?:0x)?([0-9A-Fa-f]{8})(?![0-9A-Za-z])")
 
 
 @dataclass
@@ -187,12 +187,13 @@ def parse_npu_health(text: str) -> NpuHealth:
         if not sep:
             continue
         key, value = key.strip(), value.strip()
-        if key == "Health Status":
+        if key.lower() == "health status":
             health.health_raw, in_info = value, False
-        elif key == "Error Code":
-            health.error_codes = [c.upper() for c in value.split() if _CODE.match(c)]
+        elif key.lower() == "error code":
+            # Space separated as printed; a "0x" or a comma some versions and quotes add is dropped.
+            health.error_codes = [c.upper() for c in _CODES_RE.findall(value)]
             in_info = False
-        elif key == "Error Information":
+        elif key.lower() == "error information":
             in_info = True
             if value and value != "NA":
                 health.error_information.append(value)
