@@ -87,3 +87,32 @@ def test_bookkeeping_and_follow_on_lines_alone_stay_silent() -> None:
         "[ascend] [drv_pcie] [devdrv_hot_reset_device 5827] Pcie hotreset, rescan device. (bdf=c1:00.0; dev_num=8)",
     ):
         assert classify_ascend(text) is None, text
+
+
+def test_driver_wordings_beyond_the_corpus() -> None:
+    """TS exception messages, AI Core/CPU exceptions and devices written as dev_id(N)."""
+    f = classify_ascend(
+        "[ascend] [ERROR] [devdrv] [devdrv_chan_msg 55] <k:1,1> receive ts exception message from device(6)."
+    )
+    assert f is not None and (f.vendor_code, f.action, f.attributes["device"]) == ("ts_exception", "reset_gpu", "6")
+    f = classify_ascend(
+        "[ascend] [ERROR] [devdrv] [devdrv_update_ai 265] <k:1,1> receive message ai core: 12 exception. dev_id(2)"
+    )
+    assert f is not None
+    assert (f.vendor_code, f.action, f.attributes["device"], f.attributes["core"]) == (
+        "ai_core_exception",
+        "investigate",
+        "2",
+        "12",
+    )
+    f = classify_ascend(
+        "[ascend] [ERROR] [devdrv] [x 245] <k:1,1> receive message ai cpu: 3 heart beat exception. dev_id(2)"
+    )
+    assert f is not None and (f.vendor_code, f.attributes["core"]) == ("ai_cpu_exception", "3")
+
+
+def test_hdc_session_resets_fold_into_the_loss_and_are_silent_alone() -> None:
+    loss = f"{ERR} [drv_soft_fault] [hb_read 203] <k:1,1> Heartbeat lost! (device_id=1; lost_count=3)."
+    reset = "[ascend] [ERROR] [hdcdrv] [hdcdrv_rx_msg_notify 3263] Rx msg notify device reset. (dev_id=1)"
+    assert [f.vendor_code for f in scan_text(f"{loss}\n{reset}\n{reset}\n")] == ["heartbeat_lost"]
+    assert classify_ascend(reset) is None

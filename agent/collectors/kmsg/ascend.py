@@ -10,9 +10,13 @@ prints for a fault, and what Huawei's words make of it:
   broken``, ``Device is abnormal``, ``send_msg unsuccessful``) belong to the loss;
 - a device the host can no longer message (``Device is abnormal. (dev_id=5; ...)``) with no
   heartbeat line before it: reset the chip (our choice; Huawei names none);
-- a task-scheduler firmware exception (``Get mntn message. (exception_id=0x...)``) and the
+- a task-scheduler firmware exception (``Get mntn message. (exception_id=0x...)``, ``receive ts
+  exception message from device(N)``) and the
   mailbox timeouts after it: reset the chip (a 310B, which cannot be reset, needs a reboot);
 - a failed hot reset (``Pcie hotreset error``): reboot the node (our choice);
+- an AI Core or AI CPU that raised an exception (``receive message ai core: 3 exception.
+  dev_id(0)``): the driver takes the core out of use, so the chip runs on fewer cores:
+  investigate (our choice);
 - fault events and black-box exceptions (``ascend_events``): each code's MindCluster level.
 
 A record stays open per device until the driver says it recovered (``fault recover``, a
@@ -36,13 +40,15 @@ __all__ = ["FAMILY", "VENDOR", "classify_ascend", "match_ascend"]
 
 _HEARTBEAT_RE = re.compile(r"\bheart ?beat (?:is )?lost\b(?! workqueue| event)|\blost heart ?beat\b", re.IGNORECASE)
 _ABNORMAL_RE = re.compile(r"\bdevice is abnormal\b", re.IGNORECASE)
-_TS_RE = re.compile(r"\bGet mntn message\b")
+_TS_RE = re.compile(r"\bGet mntn message\b|\breceive ts exception message\b")
+_CORE_RE = re.compile(r"\bai (?P<unit>core|cpu): (?P<core>\d+) (?:heart beat )?exception\b", re.IGNORECASE)
 _EXCEPTION_ID_RE = re.compile(r"\bexception_id=0x(?P<id>[0-9a-fA-F]+)")
 _RESET_FAILED_RE = re.compile(r"\bhot ?reset (?:error|fail(?:ed|ure)?)\b|\bcan ?not hot ?reset\b", re.IGNORECASE)
 # Lines that only follow a fault: the driver stopping messages, messages failing, mailbox timeouts.
 _FOLLOW_RE = re.compile(
     r"heartbeat broken|heart ?beat lost (?:workqueue|event)|stop (?:all )?(?:h2d )?(?:msg|message) send"
-    r"|send_?msg unsuccessful|wait event timeout|channel idle timeout|icm send msg failed|mailbox\S* timeout",
+    r"|send_?msg unsuccessful|wait event timeout|channel idle timeout|icm send msg failed|mailbox\S* timeout"
+    r"|\bdevice reset\b|hot reset flag is set",
     re.IGNORECASE,
 )
 _RECOVERED_RE = re.compile(r"\bfault recover\b|\brescan device\b|heartbeat already initialized", re.IGNORECASE)
@@ -51,6 +57,7 @@ HEARTBEAT = "heartbeat_lost"
 ABNORMAL = "device_abnormal"
 TS_EXCEPTION = "ts_exception"
 RESET_FAILED = "hotreset_failed"
+CORE_EXCEPTION = "core_exception"
 # What a starting line may fold into (the open record's code), when it is of the same device.
 _FOLDS_INTO = {HEARTBEAT: {HEARTBEAT}, ABNORMAL: {HEARTBEAT, ABNORMAL}}
 
@@ -80,6 +87,8 @@ def _starts(line: AscendLine) -> str:
         return TS_EXCEPTION
     if _RESET_FAILED_RE.search(line.rest):
         return RESET_FAILED
+    if _CORE_RE.search(line.rest):
+        return CORE_EXCEPTION
     return ""
 
 
@@ -94,6 +103,11 @@ def _new(code: str, line: AscendLine) -> Finding:
         m = _EXCEPTION_ID_RE.search(line.rest)
         attrs = {"exception": "0x" + m.group("id").lower()} if m else {}
         return finding(code, vocab.ACTION_RESET_GPU, f"Ascend task-scheduler firmware exception on {who}", dev, attrs)
+    if code == CORE_EXCEPTION:
+        m = _CORE_RE.search(line.rest)
+        unit, core = ("AI " + m.group("unit").upper(), m.group("core")) if m else ("AI core", "")
+        message = f"{unit} {core} of Ascend {who} raised an exception and was taken out of service"
+        return finding(f"ai_{unit[3:].lower()}_exception", vocab.ACTION_INVESTIGATE, message, dev, {"core": core})
     return finding(code, vocab.ACTION_REBOOT, f"hot reset of Ascend {who} failed", dev)
 
 

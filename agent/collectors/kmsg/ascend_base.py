@@ -6,8 +6,8 @@ levels) or, in builds that keep a host log, ``[ascend] [module] [WARN] [function
 People quote the lines trimmed (``[ascend] [devdrv] devdrv_imu_mbx3_notifier  Get mntn ...``), and
 the device side's ``sklogd`` puts its own prefix in front; the parser takes whatever of the parts
 is there. The device is a number in the text (``dev_id=3``, ``device_id=3``, ``(device=5)``,
-``udevid=12``, ``Device=3``): the driver's device id, which on a host is the chip's logical id,
-the index npu-smi and the Ascend backend give it.
+``udevid=12``, ``Device=3``, ``dev_id(3)``, ``device(3)``): the driver's device id, which on a
+host is the chip's logical id, the index npu-smi and the Ascend backend give it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ _HEAD_RE = re.compile(
     r"(?:<[^>]*>\s*)?(?P<rest>.*)$"
 )
 _DEVICE_RE = re.compile(
-    r"\b(?:dev_id|device_id|devid|udevid|dev|device|Device|index_id)\s*[=:]\s*(?P<n>\d+)|\(dev (?P<m>\d+);"
+    r"\b(?:dev_id|device_id|devid|udevid|dev|device|Device|index_id)\s*(?:[=:]\s*(?P<n>\d+)|\((?P<p>\d+)\))"
+    r"|\(dev (?P<m>\d+);"
 )
 
 
@@ -49,7 +50,7 @@ def parse(message: str) -> AscendLine | None:
         return None
     rest = m.group("rest")
     dev = _DEVICE_RE.search(rest)
-    device = (dev.group("n") or dev.group("m")) if dev is not None else ""
+    device = (dev.group("n") or dev.group("p") or dev.group("m")) if dev is not None else ""
     return AscendLine(m.group("module") or "", m.group("func") or "", rest, device, m.group("err") is not None)
 
 
