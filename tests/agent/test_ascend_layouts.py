@@ -153,3 +153,30 @@ def test_an_alarm_without_a_code_is_still_a_finding() -> None:
     (f,) = collector.collect(tpb.Report())
     assert (f.component, f.vendor_code, f.action) == ("gpu-1", "health_alarm", "investigate")
     assert collector.collect(tpb.Report()) == []
+
+
+def test_tables_not_seen_before_still_give_their_chips() -> None:
+    """A quote with its spaces collapsed, a Phy-ID printed '-', a model with a space, readings 'NA'."""
+    collapsed = (
+        "| NPU Name | Health | Power(W) Temp(C) Hugepages-Usage(page)|\n"
+        "| Chip | Bus-Id | AICore(%) Memory-Usage(MB) HBM-Usage(MB) |\n"
+        "| 0 310P3 | OK | 89.2 39 0 / 0 |\n"
+        "| 0 | 0000:81:00.0 | 0 0 / 0 1460/ 44280 |\n"
+    )
+    (chip,) = parse_npu_smi_info(collapsed)
+    assert (chip.model, chip.bus_id, chip.power_w, chip.hbm_used_mb, chip.hbm_total_mb) == (
+        "310P3",
+        "0000:81:00.0",
+        89.2,
+        1460,
+        44280,
+    )
+    odd = (
+        "| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|\n"
+        "| Chip  Phy-ID              | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |\n"
+        "| 4     Ascend 910B3        | UNKNOWN       | NA          NA                NA   / NA            |\n"
+        "| 0     -                   | 0000:41:00.0  | NA          NA   / NA         NA   / NA            |\n"
+    )
+    (chip,) = parse_npu_smi_info(odd)
+    assert (chip.npu_id, chip.chip_id, chip.phy_id, chip.model, chip.health) == (4, 0, None, "Ascend 910B3", "unknown")
+    assert (chip.power_w, chip.aicore_pct, chip.device_memory_mb) == (None, None, (0, 0))

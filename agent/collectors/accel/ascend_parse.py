@@ -102,10 +102,16 @@ def _cells(line: str) -> list[str] | None:
     return [c.strip() for c in text[1:-1].split("|")]
 
 
-def _ints(text: str) -> list[int] | None:
-    """All whitespace-separated words of ``text`` as integers; None if any is not one."""
+def _ids(text: str) -> tuple[int, int | None] | None:
+    """``0`` or ``0  3`` (chip, then Phy-ID or Device; ``-``/``NA`` where not given); None if not ids."""
     words = text.split()
-    return [int(w) for w in words] if words and all(w.isdigit() for w in words) else None
+    if not words or len(words) > 2 or not words[0].isdigit():
+        return None
+    if len(words) == 1:
+        return int(words[0]), None
+    if words[1].isdigit():
+        return int(words[0]), int(words[1])
+    return (int(words[0]), None) if words[1].upper() in ("-", "NA", "N/A") else None
 
 
 @dataclass
@@ -138,12 +144,11 @@ def _second_row(cells: list[str], chip: NpuChip, columns: _Columns) -> bool:
     """``| 0  [phy] | bus | aicore  mem / total  [hbm / total] |`` filled into ``chip``; False if not one."""
     if len(cells) < 3:
         return False
-    ids = _ints(cells[0])
+    ids = _ids(cells[0])
     bus = cells[1]
-    if ids is None or len(ids) > 2 or not (_PCI_RE.match(bus) or bus.upper() in ("NA", "N/A", "-")):
+    if ids is None or not (_PCI_RE.match(bus) or bus.upper() in ("NA", "N/A", "-")):
         return False
-    chip.chip_id = ids[0]
-    chip.phy_id = ids[1] if len(ids) > 1 else None
+    chip.chip_id, chip.phy_id = ids
     chip.bus_id = bus
     words = cells[2].split()
     chip.aicore_pct = _number(words[0]) if words else None
