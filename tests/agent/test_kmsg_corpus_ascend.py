@@ -20,8 +20,8 @@ FILES = corpus_files(VENDOR_DIRS["ascend"])
 def test_the_ascend_corpus_covers_every_fault_family() -> None:
     """Heartbeat losses, device loss, TS exceptions, failed resets, fault events and black-box records, with sources."""
     faults = [f for _p, d in FILES for f in d["faults"]]
-    assert len(faults) >= 15
-    assert {f["category"] for f in faults} == {"heartbeat", "link", "firmware", "reset", "event", "bbox"}
+    assert len(faults) >= 20
+    assert {f["category"] for f in faults} == {"heartbeat", "link", "firmware", "reset", "event", "bbox", "core"}
     codes = {c for f in faults for c in f["code"]}
     for code in ("heartbeat_lost", "device_abnormal", "ts_exception", "bbox_exception", "80E18005"):
         assert code in codes, code
