@@ -10,6 +10,7 @@ many real fault lines the scanner reads right.
     python -m tools.kmsg_corpus            # the table
     python -m tools.kmsg_corpus --wrong    # and every line it gets wrong, with what it said
     python -m tools.kmsg_corpus --vendor amd   # the AMD corpus (tests/fixtures/kmsg/amd/)
+    python -m tools.kmsg_corpus --vendor ascend   # the Ascend corpus (tests/fixtures/kmsg/ascend/)
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS_DIRS = (ROOT / "tests" / "fixtures" / "kmsg" / "real", ROOT.parent / "shared" / "fixtures" / "kmsg-public")
 CATEGORIES = ("xid", "sxid", "nic", "benign")
 # Each vendor's corpus; a fault record may name its own "category" (AMD: ras, vmfault, hang, fw).
-VENDOR_DIRS = {"nvidia": CORPUS_DIRS, "amd": (ROOT / "tests" / "fixtures" / "kmsg" / "amd",)}
+# A record's "device" is the device number the driver printed (Ascend's dev_id), as a string.
+VENDOR_DIRS = {
+    "nvidia": CORPUS_DIRS,
+    "amd": (ROOT / "tests" / "fixtures" / "kmsg" / "amd",),
+    "ascend": (ROOT / "tests" / "fixtures" / "kmsg" / "ascend",),
+}
 
 
 @dataclass
@@ -132,6 +138,8 @@ def judge_finding(fault: dict[str, Any], f: Finding) -> str:
         return f"code {f.vendor_code}"
     if "pci" in fault and not _same_pci(fault["pci"], f.pci):
         return f"pci {f.pci}"
+    if "device" in fault and f.attributes.get("device") != fault["device"]:
+        return f"device {f.attributes.get('device')}"
     if "netdev" in fault and f.attributes.get("netdev") != fault["netdev"]:
         return f"netdev {f.attributes.get('netdev')}"
     if f.action not in fault.get("action", [f.action]):

@@ -41,6 +41,7 @@ class SimParts:
         rate_gbps: float = 400.0,
         throughput_gbps: float = 180.0,
         vendor: str = "nvidia",
+        npu_layout: str = "910B",
     ) -> None:
         if vendor not in SIM_VENDORS:
             raise ValueError(f"sim vendor {vendor!r} is not one of {SIM_VENDORS}")
@@ -53,7 +54,11 @@ class SimParts:
         )
         self.nvml = FakeNvml(gpu_count=gpus, seed=seed, pci_buses=self._gpu_buses(gpus))
         self.amdsmi = FakeAmdSmi(gpu_count=gpus, pci_buses=self._gpu_buses(gpus)) if vendor == "amd" else None
-        self.npu_smi = FakeNpuSmi(npu_count=gpus, pci_buses=self._gpu_buses(gpus)) if vendor == "ascend" else None
+        self.npu_smi = (
+            FakeNpuSmi(npu_count=gpus, pci_buses=self._gpu_buses(gpus), layout=npu_layout)
+            if vendor == "ascend"
+            else None
+        )
         self.kmsg = FakeKmsg(str(self.workdir / "kmsg"))
         self.gpus = gpus
         self.nics = nics

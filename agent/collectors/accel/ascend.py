@@ -86,7 +86,8 @@ class AscendNpuCollector:
     ) -> None:
         self._run = run
         self._sink = sink
-        self._levels = faults.load_fault_levels(fault_codes) if fault_codes is not None else {}
+        # MindCluster's own table unless the operator names another one.
+        self._levels = faults.load_fault_levels(fault_codes) if fault_codes is not None else faults.default_levels()
         self._watch = DeviceWatch(VENDOR, SOURCE)
         self._codes: dict[tuple[int, int], set[str]] = {}  # codes already reported, per (npu, chip)
         self._chip_count: int | None = None
@@ -119,10 +120,10 @@ class AscendNpuCollector:
                 index=index,
                 vendor=VENDOR,
                 interconnect=self.interconnect,
-                pci_bus_id=chip.bus_id,
+                pci_bus_id=chip.pci,
                 model=f"Ascend {chip.model}" if not chip.model.startswith("Ascend") else chip.model,
                 serial=f"npu{chip.npu_id}-chip{chip.chip_id}",
-                memory_total_bytes=chip.hbm_total_mb * 1024 * 1024,
+                memory_total_bytes=chip.device_memory_mb[1] * 1024 * 1024,
                 link_count=len(hccs.links) if (hccs := self._hccs(chip)) is not None else 0,
             )
 
@@ -137,7 +138,7 @@ class AscendNpuCollector:
                     if link.errors is not None:
                         sample.errors = link.errors
                 gpu.links_down = hccs.links_down
-            pci = vocab.canonical_pci(chip.bus_id)
+            pci = chip.pci
             out.extend(self._watch.judge(gpu, pci))
             out.extend(self._health_findings(index, chip, pci))
         return out
@@ -167,6 +168,21 @@ class AscendNpuCollector:
         health = parse_npu_health(self._run(argv))
         seen = self._codes.setdefault(key, set())
         out: list[Finding] = []
+        if not health.error_codes and health.health == "critical" and "" not in seen:
+            # An alarm npu-smi gives no code for is still an alarm: look at the chip.
+            seen.add("")
+            out.append(
+                self._watch.finding(
+                    "accel_fault",
+                    index,
+                    vocab.ACTION_INVESTIGATE,
+                    f"Ascend chip health {health.health_raw} with no error code",
+                    code=f"health_{health.health_raw.lower()}",
+                    pci=pci,
+                    npu=str(chip.npu_id),
+                    chip=str(chip.chip_id),
+                )
+            )
         for code in health.error_codes:
             if code in seen:
                 continue
@@ -196,8 +212,9 @@ def _fill(gpu: tpb.GpuSample, chip: NpuChip) -> None:
         gpu.power_w = chip.power_w
     if chip.aicore_pct is not None:
         gpu.utilization_gpu_pct = chip.aicore_pct
-    if chip.hbm_total_mb:
-        gpu.memory_total_bytes = chip.hbm_total_mb * 1024 * 1024
-        gpu.memory_used_bytes = chip.hbm_used_mb * 1024 * 1024
+    used, total = chip.device_memory_mb
+    if total:
+        gpu.memory_total_bytes = total * 1024 * 1024
+        gpu.memory_used_bytes = used * 1024 * 1024
     if chip.health == "unknown":
         gpu.lost = True  # npu-smi's UNKNOWN: the device does not exist or has not started

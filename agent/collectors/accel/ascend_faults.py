@@ -1,17 +1,21 @@
 """Ascend DCMI fault codes to starpulse actions, through MindCluster's handling levels.
 
-Huawei's MindCluster files every DCMI fault code under one handling level; its table (the
-device plugin's ``faultCode.json``) is Huawei's, so it is not shipped here: the agent reads it
-where the operator keeps it (``fault_codes`` of the Ascend backend, a JSON file with a
-``codes`` list of ``{"code", "mindcluster_level"}``). What is ours is the mapping of each level
-to an action, below. A code the table does not hold is handled as MindCluster documents for
-unknown codes: by the chip's health, a Warning needing nothing, anything worse SeparateNPU.
+Huawei's MindCluster files every DCMI fault code under one handling level (the device plugin's
+``faultCode.json``). The product's table ships with the agent, re-expressed as facts (level ->
+codes, the source named inside): ``ascend_fault_levels.json``, used by default, so each code's
+documented handling decides the action. An operator may point ``fault_codes`` of the Ascend
+backend at another table: that shape, or a ``codes`` list of ``{"code", "mindcluster_level"}``
+rows. What is ours is the mapping of each level to an action, below. A code the table does not
+hold is handled as MindCluster documents for unknown codes: by the chip's health, a Warning
+needing nothing, anything worse SeparateNPU.
 """
 
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from starpulse.core import vocab
 
@@ -27,6 +31,8 @@ LEVEL_ACTION: dict[str, str] = {
     "SeparateNPU": vocab.ACTION_CONTACT_SUPPORT,  # unrecoverable: isolate the chip
 }
 UNKNOWN_CODE_LEVEL = "SeparateNPU"
+# MindCluster's table as shipped with the agent (see the file's "source").
+DEFAULT_TABLE = Path(__file__).with_name("ascend_fault_levels.json")
 
 
 class FaultCodeError(ValueError):
@@ -38,15 +44,31 @@ def load_fault_levels(path: str | Path) -> dict[str, str]:
     where = Path(path)
     try:
         data = json.loads(where.read_text())
-        rows = data["codes"]
-        # A row without a level is a code the device plugin does not list: an unknown code.
-        levels = {str(r["code"]).upper(): str(r["mindcluster_level"]) for r in rows if r.get("mindcluster_level")}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        levels = _levels_of(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise FaultCodeError(f"{where}: not a fault-code table ({exc.__class__.__name__}: {exc})") from None
     unknown = sorted({lvl for lvl in levels.values() if lvl not in LEVEL_ACTION})
     if unknown:
         raise FaultCodeError(f"{where}: levels {', '.join(unknown)} have no action")
     return levels
+
+
+def _levels_of(data: dict[str, Any]) -> dict[str, str]:
+    """Code -> level from either table shape: ``codes`` rows, or ``levels`` (level -> list of codes)."""
+    if "codes" in data:
+        # A row without a level is a code the device plugin does not list: an unknown code.
+        rows = data["codes"]
+        return {str(r["code"]).upper(): str(r["mindcluster_level"]) for r in rows if r.get("mindcluster_level")}
+    levels = data["levels"]
+    if not all(isinstance(codes, list) for codes in levels.values()):
+        raise TypeError("'levels' must map each level to a list of codes")
+    return {str(c).upper(): str(level) for level, codes in levels.items() for c in codes}
+
+
+@cache
+def default_levels() -> dict[str, str]:
+    """MindCluster's table shipped with the agent (read once; callers must not change it)."""
+    return load_fault_levels(DEFAULT_TABLE)
 
 
 def level_of(code: str, levels: dict[str, str], health: str) -> str:

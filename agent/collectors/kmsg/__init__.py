@@ -10,6 +10,7 @@ agent's live tail and ``starpulse scan --kmsg FILE`` agree on what a line means.
     nvidia  Xid / fallen off the bus / SXid / peermem
     mlx5    ConnectX driver faults
     amdgpu  AMD GPU driver faults (RAS, poison, resets, ring timeouts)
+    ascend  Huawei Ascend NPU driver faults (heartbeat, device loss, TS exceptions, fault events)
     reader  families in order, with per-log state -> findings
     tail    the collector that follows /dev/kmsg or a file
 """

@@ -13,13 +13,13 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 
-from agent.collectors.kmsg import amdgpu, mlx5, nvidia
+from agent.collectors.kmsg import amdgpu, ascend, mlx5, nvidia
 from agent.collectors.kmsg.family import Family, State, _Folded
 from agent.collectors.kmsg.lines import KernelRecord, numbered_records
 from starpulse.core.findings import Finding
 
 # Every pattern family, asked in this order. A backend's family (e.g. amdgpu) is one more entry.
-FAMILIES: tuple[Family, ...] = (nvidia.FAMILY, mlx5.FAMILY, amdgpu.FAMILY)
+FAMILIES: tuple[Family, ...] = (nvidia.FAMILY, mlx5.FAMILY, amdgpu.FAMILY, ascend.FAMILY)
 
 
 class LogReader:
