@@ -229,11 +229,6 @@ class Correlator:
         inc = self._open.get(incident_id)
         return replace(inc) if inc is not None else self.store.get(incident_id)
 
-    def incident_of(self, key: Key) -> Incident | None:
-        """The open incident a condition belongs to, if any."""
-        iid = self._owner.get(key)
-        return self._open.get(iid) if iid else None
-
     # -- internals -----------------------------------------------------------------------
 
     def _resume(self) -> None:

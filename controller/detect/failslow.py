@@ -386,13 +386,6 @@ class FailSlowDetector:
                 out.setdefault(group, []).append(node)
         return out
 
-    def deviations(self) -> dict[str, list[Deviation]]:
-        """Every node currently slower than its group on some signal (one evaluation, no persistence)."""
-        found: dict[str, list[Deviation]] = {}
-        for _ in self._deviation_steps(found, math.inf):
-            pass
-        return found
-
     # Complexity over 15 on purpose: a generator that yields between groups: its loop state cannot be split into helpers
     # without passing it all along.
     def _deviation_steps(self, found: dict[str, list[Deviation]], nodes_per_step: float) -> Iterator[None]:  # noqa: C901

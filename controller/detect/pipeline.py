@@ -19,10 +19,9 @@ Everything per report is dictionary work; grouping and fail-slow run on their ow
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -84,12 +83,6 @@ class IncidentListener(Protocol):
 
 def _unbound(verdict: ReportResult) -> None:
     raise RuntimeError("Detection.decide before bind(): the TelemetryServicer binds its verdict sink")
-
-
-def incident_to_dict(incident: Incident) -> dict[str, object]:
-    out = asdict(incident)
-    out["condition_keys"] = [list(k) for k in incident.condition_keys]
-    return out
 
 
 class Detection:
@@ -427,7 +420,3 @@ class Detection:
         if change is not None:
             self._feed([change])
         self.topology.forget(node_id)
-
-
-def evidence_json(incident: Incident) -> str:
-    return json.dumps(incident.evidence, sort_keys=True, default=str)

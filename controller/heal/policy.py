@@ -36,7 +36,6 @@ incident (same id, flap damping) counts once.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -550,8 +549,3 @@ def _positive_int(raw: Any, where: str, errors: list[str]) -> int | None:
         errors.append(f"{where}: expected a whole number >= 1, got {raw!r}")
         return None
     return raw
-
-
-def kinds_covered(policy: Policy) -> Iterable[str]:
-    """Kinds with an explicit entry, by name (for `starpulse heal policy show`)."""
-    return sorted(policy.kinds)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -469,20 +469,3 @@ class RepairLoop:
 
 def _row(r: tuple[Any, ...]) -> Repair:
     return Repair(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]))
-
-
-def repairs_of(conn: sqlite3.Connection, nodes: Iterable[str]) -> dict[str, Repair]:
-    """The repair rows of ``nodes`` (for ``incident show`` and the API); {} without the table."""
-    out: dict[str, Repair] = {}
-    try:
-        for n in nodes:
-            r = conn.execute(
-                "SELECT node, incident_id, kind, rung, started_ms, deadline_ms, boot_before, evidence "
-                "FROM heal_repairs WHERE node = ?",
-                (n,),
-            ).fetchone()
-            if r:
-                out[n] = _row(r)
-    except sqlite3.OperationalError:
-        return {}
-    return out
