@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kmsg_corpus import FORMS, reshape
-from tools.kmsg_corpus import VENDOR_DIRS, corpus_files, score_file
+from tests.support.kmsg_corpus import FORMS, record_params, wrong_in_form
+from tools.kmsg_corpus import VENDOR_DIRS, corpus_files
 
 FILES = corpus_files(VENDOR_DIRS["amd"])
 
@@ -30,13 +30,7 @@ def test_the_amd_corpus_covers_every_fault_family() -> None:
             assert f["source"] in doc["sources"], (path.name, f["lines"])
 
 
-def _records():
-    for path, doc in FILES:
-        for v in score_file(path, doc):
-            yield pytest.param(v, id=f"{path.name}:{v.lines[0]}:{v.category}")
-
-
-@pytest.mark.parametrize("verdict", list(_records()))
+@pytest.mark.parametrize("verdict", record_params(FILES))
 def test_amd_corpus_record(verdict) -> None:
     """Each fault record gives AMD's kind, code, device, process and action once; benign lines give nothing."""
     assert verdict.right, f"{verdict.why}: {verdict.text}"
@@ -46,6 +40,5 @@ def test_amd_corpus_record(verdict) -> None:
 @pytest.mark.parametrize(("path", "doc"), FILES, ids=[p.name for p, _ in FILES])
 def test_amd_corpus_in_every_form(path: Path, doc, form: str) -> None:
     """Prefixes, timestamps and month names change nothing an amdgpu record means."""
-    lines = reshape(path.read_text(encoding="utf-8").splitlines(), form)
-    wrong = [v for v in score_file(path, doc, lines) if not v.right]
-    assert not wrong, [f"{v.lines[0]} {v.why}: {v.text[:90]}" for v in wrong[:5]]
+    wrong = wrong_in_form(path, doc, form)
+    assert not wrong, wrong[:5]

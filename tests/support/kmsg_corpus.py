@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from agent.collectors.kmsg import parse_line
+from tools.kmsg_corpus import score_file
 
 # Forms that print a multi-line record as indented continuation lines (the rest: one line each).
 INDENTING = {"dmesg", "dmesg-raw", "dmesg-T", "dmesg-iso", "dmesg-decode-iso"}
@@ -39,3 +44,15 @@ def reshape(lines: list[str], form: str) -> list[str]:
         rec = parse_line(line)
         out.append("" if rec is None else FORMS[form](rec.message, i))
     return out
+
+
+def record_params(files: list[tuple[Path, dict[str, Any]]]) -> list[Any]:
+    """One pytest param per scored record of a vendor's corpus files, named by file, line and category."""
+    verdicts = [(path, v) for path, doc in files for v in score_file(path, doc)]
+    return [pytest.param(v, id=f"{path.name}:{v.lines[0]}:{v.category}") for path, v in verdicts]
+
+
+def wrong_in_form(path: Path, doc: dict[str, Any], form: str) -> list[str]:
+    """The records of a corpus file read wrong once the whole log is rewritten in ``form``."""
+    lines = reshape(path.read_text(encoding="utf-8").splitlines(), form)
+    return [f"{v.lines[0]} {v.why}: {v.text[:90]}" for v in score_file(path, doc, lines) if not v.right]
