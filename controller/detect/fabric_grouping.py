@@ -183,6 +183,9 @@ class Grouper:
                 cause.note.setdefault("explained_stragglers", []).append(node)
             else:
                 self._add(out, "straggler", node, "node", [c], [node])
+        for c in by_cat.pop("agent", []):  # never explained by a fault: someone else speaks as the node
+            node = c.node or c.component
+            self._add(out, "agent_conflict", node, "node", [c], [node])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])

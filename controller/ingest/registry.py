@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -53,6 +53,7 @@ class NodeRecord:
     commands: asyncio.Queue[spb.Command] = field(default_factory=asyncio.Queue)
     full_report_needed: bool = False  # ask the agent for a full report with the next ack
     boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
+    takeovers: int = 0  # foreign stream takeovers since the controller started (issue 32)
 
     def to_stored(self) -> StoredNode:
         return StoredNode(
@@ -101,6 +102,7 @@ class NodeRegistry:
         last_seen_flush_s: float = 15.0,
         listeners: Sequence[IngestListener] = (),
         stages: StageTracker | None = None,
+        on_takeover: Callable[[NodeRecord, str, str], None] | None = None,
     ) -> None:
         """``listeners``: who hears each recorded report, batch of events and presence change
         (the decision core); ``stages``: the per-stage latency trace (events' received mark)."""
@@ -113,6 +115,7 @@ class NodeRegistry:
         self.nodes: dict[str, NodeRecord] = {}
         self.listeners: list[IngestListener] = list(listeners)
         self.stages = stages
+        self._on_takeover = on_takeover  # a foreign stream replaced a node's live one (the decision core)
         self._stream_counter = 0
         self._started_ms = clock.time_ms()
         self._presence_dirty: set[str] = set()
@@ -195,6 +198,12 @@ class NodeRegistry:
         if old_state != ONLINE:
             self._notify_presence(node, old_state, ONLINE)
         return node
+
+    def taken_over(self, node: NodeRecord, old_peer: str, new_peer: str) -> None:
+        """A stream that is not the agent's own reconnect replaced ``node``'s live stream."""
+        node.takeovers += 1
+        if self._on_takeover is not None:
+            self._on_takeover(node, old_peer, new_peer)
 
     def disconnected(self, node: NodeRecord, token: int) -> None:
         if node.stream_token == token:

@@ -75,6 +75,11 @@ class OpenStream:
     pending: int = 0  # reports handed over whose verdict is not back yet
     drained: asyncio.Event | None = None  # set when pending reaches 0 (the stream is ending)
     rejected: StreamRejected | None = None  # a verdict found a report invalid: the stream ends with this
+    epoch: str = ""  # the Hello's buffer epoch and stream generation: an own reconnect or another agent
+    generation: int = 0
+    boot_id: str = ""
+    peer: str = ""
+    replaced: StreamRejected | None = None  # a newer stream for the node took over: this one ends with it
 
     def hand_over(self, message: spb.AgentMessage, started: float) -> None:
         """A decoded report that passed validation, to the decider."""
@@ -125,6 +130,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         controller_id: str = "",
         identity_of: Any = None,
         report_ack_interval_s: float = 0.0,
+        silence_limit_s: float = 0.0,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -135,6 +141,9 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         self.report_interval_s = report_interval_s
         self.controller_id = controller_id
         self.report_ack_interval_s = report_ack_interval_s
+        # What the agent is told (Welcome.silence_limit_s): a stream that sent and heard nothing
+        # back this long is dead. Report acks are spaced report_ack_interval_s, so well above it.
+        self.silence_limit_s = silence_limit_s or max(30.0, 3 * report_ack_interval_s)
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
         self._active: dict[str, asyncio.Task[Any]] = {}
@@ -161,44 +170,20 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
 
     async def serve(self, context: grpc.aio.ServicerContext, relayed: RelayedContext | None = None) -> None:
         """One agent stream, direct (``context`` is gRPC's) or relayed (both are the RelayedStream)."""
-        try:
-            first = await self._read(context)
-        except StreamRejected as bad:
-            await self._reject(context, bad.code, bad.reason, bad.detail)
+        hello = await self._read_hello(context)
+        if hello is None:
             return
-        if first is grpc.aio.EOF:
-            return
-        if first.WhichOneof("body") != "hello":
-            await self._reject(
-                context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello", "the first message must be Hello"
-            )
-            return
-        hello = first.hello
-        try:
-            validate_hello(hello)
-        except InvalidMessage as exc:
-            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_hello", str(exc))
-            return
-        if self._identity_of is not None:
-            identity = self._identity_of(context)
-            if identity != hello.node_id:
-                await self._reject(
-                    context,
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    "identity_mismatch",
-                    f"certificate names {identity!r}, hello claims {hello.node_id!r}",
-                )
-                return
         try:
             node = self.registry.register(hello)
         except UnknownNode as exc:
             await self._reject(context, grpc.StatusCode.NOT_FOUND, "unknown_node", str(exc))
             return
         token = node.stream_token
-        previous = self._active.get(node.node_id)
-        if previous is not None and not previous.done():
-            # A reconnect while the old stream is half-open: the new one wins.
-            previous.cancel()
+        peer = context.peer()
+        previous = self._streams.get(node.node_id)
+        foreign = False
+        if previous is not None and previous.replaced is None:
+            foreign = self._take_over(previous, hello, peer)
         me = asyncio.current_task()
         assert me is not None
         self._active[node.node_id] = me
@@ -210,6 +195,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     report_interval_s=self.report_interval_s,
                     controller_id=self.controller_id,
                     accepts_delta_reports=True,
+                    silence_limit_s=self.silence_limit_s,
+                    replaced_live_stream=foreign,
                 )
             )
         )
@@ -225,6 +212,10 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             ack_needed,
             writer,
             relayed.reject if relayed is not None else None,
+            epoch=hello.buffer_epoch,
+            generation=hello.stream_generation,
+            boot_id=hello.boot_id,
+            peer=peer,
         )
         self._streams[node.node_id] = stream
         if relayed is not None:
@@ -234,6 +225,11 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             await self._read_messages(context, stream)
         except StreamRejected as exc:
             rejected = exc
+        except asyncio.CancelledError:
+            if stream.replaced is None:
+                raise  # the controller is stopping
+            me.uncancel()  # cancelled by _take_over only to wake the read: end with its status
+            rejected = stream.replaced
         finally:
             if relayed is not None:
                 relayed.reports = None
@@ -249,6 +245,89 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             log.info("agent_stream_closed", node=node.node_id)
         if rejected is not None:
             await self._reject(context, rejected.code, rejected.reason, rejected.detail)
+
+    async def _read_hello(self, context: grpc.aio.ServicerContext) -> spb.Hello | None:
+        """The stream's first message, a valid Hello from the node the certificate names; else
+        the stream is ended with its status and None comes back."""
+        try:
+            first = await self._read(context)
+        except StreamRejected as bad:
+            await self._reject(context, bad.code, bad.reason, bad.detail)
+            return None
+        if first is grpc.aio.EOF:
+            return None
+        if first.WhichOneof("body") != "hello":
+            await self._reject(
+                context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello", "the first message must be Hello"
+            )
+            return None
+        hello: spb.Hello = first.hello
+        try:
+            validate_hello(hello)
+        except InvalidMessage as exc:
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_hello", str(exc))
+            return None
+        if self._identity_of is not None:
+            identity = self._identity_of(context)
+            if identity != hello.node_id:
+                await self._reject(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "identity_mismatch",
+                    f"certificate names {identity!r}, hello claims {hello.node_id!r}",
+                )
+                return None
+        return hello
+
+    def _take_over(self, previous: OpenStream, hello: spb.Hello, peer: str) -> bool:
+        """A Hello for a node whose stream is open: the newest stream wins, the old one is told.
+
+        Who wins: always the newest. An agent whose own stream went half-open (its network
+        blinked, the controller has not noticed yet) must get back at once, and the controller
+        cannot tell a dead stream from a live one before its silence limit. The replaced stream
+        ends with ABORTED, which its agent acts on (reconnects after its backoff, by the shared
+        rule), so a real agent displaced by an imposter comes back and displaces it in turn: the
+        fight is seen (``agent_conflict``), never a silent orphan. An own reconnect (same buffer
+        epoch, a higher stream generation or a new boot) is routine; anything else is a second
+        claimant of the node's identity: logged as a security event and counted. Returns
+        whether it was foreign.
+        """
+        own = previous.epoch == hello.buffer_epoch and (
+            hello.stream_generation == 0  # an agent older than stream generations
+            or previous.generation == 0
+            or hello.stream_generation > previous.generation
+            or hello.boot_id not in ("", previous.boot_id)
+        )
+        node = previous.node
+        detail = (
+            f"node {node.node_id}: this stream was replaced by a newer stream for the same node"
+            f" from {peer}; reconnect if this agent is the node's own"
+        )
+        previous.replaced = StreamRejected(grpc.StatusCode.ABORTED, "replaced", detail)
+        if previous.reject is not None:  # relayed: wake its read with the status
+            previous.reject(grpc.StatusCode.ABORTED, "replaced", detail)
+        else:
+            task = self._active.get(node.node_id)
+            if task is not None and not task.done():
+                task.cancel()  # direct: its read is woken by the cancel and ends with the status
+        kind = "reconnect" if own else "foreign"
+        self.metrics.stream_takeovers.labels(kind).inc()
+        if own:
+            log.info("agent_stream_replaced_by_reconnect", node=node.node_id, old_peer=previous.peer, new_peer=peer)
+            return False
+        log.warning(
+            "agent_stream_takeover",
+            security=True,
+            node=node.node_id,
+            old_peer=previous.peer,
+            new_peer=peer,
+            old_epoch=previous.epoch,
+            new_epoch=hello.buffer_epoch,
+            old_generation=previous.generation,
+            new_generation=hello.stream_generation,
+        )
+        self.registry.taken_over(node, previous.peer, peer)
+        return True
 
     async def _read_messages(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
         node, bucket, decider = stream.node, stream.bucket, self.decider

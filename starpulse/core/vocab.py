@@ -78,6 +78,7 @@ INCIDENT_KINDS: Final[tuple[str, ...]] = (
     "link_fault",
     "partition",
     "node_down",
+    "agent_conflict",  # two live agents claim one node (issue 32): whose telemetry is it?
     "other",
 )
 # Only these may name a node to evict. Switch, link, partition and node_down incidents are the
