@@ -30,6 +30,9 @@ CommandHandler = Callable[[spb.Command], Awaitable[spb.CommandResult]]
 # A controller that answers nothing for this long while we send is gone, whatever TCP says
 # (used until a Welcome names its own limit: Welcome.silence_limit_s).
 DEFAULT_SILENCE_LIMIT_S = 60.0
+# A stream displaced sooner than this after it was welcomed is a fight over the node (an
+# imposter coming straight back): the reconnect backoff keeps growing instead of starting over.
+STABLE_STREAM_S = 10.0
 
 
 class StreamSilent(TimeoutError):
@@ -86,7 +89,7 @@ class ControllerLink:
         self._unanswered_since: float | None = None  # first write since the controller last spoke
         self.replaced = 0  # streams the controller ended because another stream took the node over
         self.silent_streams = 0  # streams ended here because the controller went silent
-        self._replaced_last = False  # the last stream was replaced: keep backing off, do not reset
+        self._replaced_last = False  # the last stream was displaced soon after it began: keep backing off
 
     # -- producer side -------------------------------------------------------------
     def wake(self) -> None:
@@ -162,6 +165,7 @@ class ControllerLink:
             self.report_interval_hint_s = welcome.report_interval_s
             self.delta.reset(enabled=welcome.accepts_delta_reports)
             self.connects += 1
+            welcomed_at = time.monotonic()
             self.silence_limit_s = welcome.silence_limit_s or DEFAULT_SILENCE_LIMIT_S
             self._unanswered_since = None
             if not self._replaced_last:
@@ -190,7 +194,7 @@ class ControllerLink:
                     # Another stream for this node took over: reconnect (after the backoff) and
                     # say so; if it was an imposter, the controller sees the fight.
                     self.replaced += 1
-                    self._replaced_last = True
+                    self._replaced_last = time.monotonic() - welcomed_at < STABLE_STREAM_S
                     log.warning("agent_stream_replaced", security=True, target=target, detail=err.details())
                 raise
             finally:

@@ -133,7 +133,7 @@ def _diagnostic(raw: Any, where: str, errors: list[str]) -> Diagnostic | None:
         if key not in _DIAG_KEYS:
             errors.append(f"{where}: unknown key {key!r} (expected one of {', '.join(_DIAG_KEYS)})")
     name = str(raw.get("name", ""))
-    if not DIAG_NAME.match(name):
+    if not DIAG_NAME.fullmatch(name):
         errors.append(f"{where}.name: {name!r} is not a diagnostic name (lower case, digits, _)")
     timeout = _duration(raw.get("timeout", "10m"), f"{where}.timeout", errors)
     passes = str(raw.get("pass", "exit_ok"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from operator import attrgetter
 
+from starpulse.core.joblimits import MAX_CHECKPOINT_PATH, MAX_JOB_NAME, job_name_problem, step_time_problem
 from starpulse.core.names import InvalidName, validate_node_id
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -81,9 +82,21 @@ def validate_report(report: tpb.Report) -> None:
         if not isfinite(rate):
             raise InvalidMessage(f"nic {nic.rdma_device}.rate_gbps is not a finite number ({rate})")
     for step in report.job_steps:
-        _finite(f"job_steps[{step.job}].step_time_s", step.step_time_s)
-        if len(step.job) > MAX_NAME:
-            raise InvalidMessage("job name too long")
+        _job_step(step)
+
+
+def _job_step(step: tpb.JobStepSample) -> None:
+    """The limits the agent's job socket applies too (starpulse.core.joblimits): one definition."""
+    problem = job_name_problem(step.job)
+    if problem is not None:
+        raise InvalidMessage(f"job_steps[{step.job[:MAX_JOB_NAME]!r}].job {problem}")
+    problem = step_time_problem(step.step_time_s)
+    if problem is None and len(step.checkpoint_path) > MAX_CHECKPOINT_PATH:
+        problem = f"checkpoint_path is longer than {MAX_CHECKPOINT_PATH} characters"
+    elif problem is not None:
+        problem = f"step_time_s {problem}"
+    if problem is not None:
+        raise InvalidMessage(f"job_steps[{step.job}/{step.rank}].{problem}")
 
 
 def validate_event(event: tpb.Event) -> None:
