@@ -55,7 +55,7 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
 
 
 async def _send_lines(path: str, lines: list[str]) -> None:
-    reader, writer = await asyncio.open_unix_connection(path)
+    _reader, writer = await asyncio.open_unix_connection(path)
     for line in lines:
         writer.write(line.encode() + b"\n")
     await writer.drain()
