@@ -31,7 +31,7 @@ from starpulse.core import sdnotify
 from starpulse.core.auth import AuthInterceptor
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port, ensure_free
-from starpulse.core.tls import load_server_credentials, peer_node_id, server_ssl_context
+from starpulse.core.tls import ADMIN_CERT_NAME, load_server_credentials, peer_node_id, server_ssl_context
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
 log = structlog.get_logger(__name__)
@@ -122,6 +122,7 @@ class Controller:
             controller_id=config.controller_id,
             identity_of=relayed_or_peer_node_id if config.tls is not None else None,
             report_ack_interval_s=config.report_ack_interval_s,
+            not_nodes=frozenset({ADMIN_CERT_NAME, *config.auth.admin_cert_names, *config.relays}),
         )
         self.relay = RelayServicer(
             self.telemetry,

@@ -131,6 +131,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         identity_of: Any = None,
         report_ack_interval_s: float = 0.0,
         silence_limit_s: float = 0.0,
+        not_nodes: frozenset[str] = frozenset(),
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -146,6 +147,9 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         self.silence_limit_s = silence_limit_s or max(30.0, 3 * report_ack_interval_s)
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
+        # Certificates whose role is not "node" (the CLI's admin certificate, a relay's own):
+        # refused on a telemetry stream even when the Hello names them (issue 32).
+        self._not_nodes = not_nodes
         self._active: dict[str, asyncio.Task[Any]] = {}
         self._streams: dict[str, OpenStream] = {}  # node -> its open stream (where verdicts are answered)
         # Awaited before every ack (HA: the events must be in etcd before the agent may forget them).
@@ -269,6 +273,15 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             return None
         if self._identity_of is not None:
             identity = self._identity_of(context)
+            if identity in self._not_nodes:
+                await self._reject(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "role_mismatch",
+                    f"certificate {identity!r} is not a node's (an admin or relay certificate): it cannot open a"
+                    " telemetry stream as a node",
+                )
+                return None
             if identity != hello.node_id:
                 await self._reject(
                     context,
