@@ -18,6 +18,7 @@ from controller.heal.states import NodeHealState, lifecycle_counts
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
 from controller.ingest.servicer import TelemetryServicer
 from controller.metrics import ControllerMetrics
+from controller.outputs import http_logs
 from controller.outputs.admin import AdminServicer
 from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, Outbox
@@ -200,6 +201,8 @@ class Controller:
             http_auth=cfg.http_auth,
             secure=ssl_context is not None,
         )
+        # aiohttp logs a request it cannot parse with the raw line: never with a credential in it.
+        http_logs.install(cfg.http_auth.tokens or ())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = split_host_port(cfg.http)
