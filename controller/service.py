@@ -15,6 +15,7 @@ from controller.core import DecisionCore
 from controller.detect.shards import ShardLost
 from controller.fabric import load_fabric
 from controller.heal.states import NodeHealState, lifecycle_counts
+from controller.ingest.quota import IngestQuota
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
 from controller.ingest.servicer import TelemetryServicer
 from controller.metrics import ControllerMetrics
@@ -124,6 +125,7 @@ class Controller:
             identity_of=relayed_or_peer_node_id if config.tls is not None else None,
             report_ack_interval_s=config.report_ack_interval_s,
             not_nodes=frozenset({ADMIN_CERT_NAME, *config.auth.admin_cert_names, *config.relays}),
+            quota=IngestQuota(self.store.connection, self.clock),
         )
         self.relay = RelayServicer(
             self.telemetry,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import structlog
 
+from starpulse.core.eventlimits import fit_event
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
@@ -147,6 +148,16 @@ class EventBuffer:
             numbered = tpb.Event()
             numbered.CopyFrom(event)
             numbered.seq = self._next_seq
+            # The controller's own limits: an event past them would end the stream at every
+            # resend, so it is cut to fit here, once, before it is stored.
+            cuts = fit_event(numbered)
+            if cuts:
+                log.warning(
+                    "event_fitted_to_limits",
+                    kind=tpb.EventKind.Name(numbered.kind),
+                    component=numbered.component,
+                    cut=cuts[:8],
+                )
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute(

@@ -11,10 +11,12 @@ import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
+from controller.ingest.validate import InvalidMessage
 from controller.metrics import ControllerMetrics
 from controller.stages import StageTracker
 from controller.store import Store, StoredNode
@@ -28,6 +30,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# The most an event's seq may run ahead of the node's stored position on one stream: events on a
+# stream are contiguous, and a buffer's overflow is settled at Hello (oldest_buffered_event_seq).
+MAX_SEQ_JUMP = 1_000_000
+# An agent stamp further than this from the controller's clock is flagged (logged with both
+# dates, counted, shown on the node page): its events' times cannot be compared with others'.
+MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
 PRESENCE_ROWS_PER_FLUSH = 250  # last-seen rows a sweep writes (state changes come on top)
 ONLINE = "online"
 UNREACHABLE = "unreachable"
@@ -54,6 +62,7 @@ class NodeRecord:
     full_report_needed: bool = False  # ask the agent for a full report with the next ack
     boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
     takeovers: int = 0  # foreign stream takeovers since the controller started (issue 32)
+    clock_skew_ms: int = 0  # agent's clock minus ours, when past MAX_CLOCK_SKEW_MS (0: within it)
 
     def to_stored(self) -> StoredNode:
         return StoredNode(
@@ -199,6 +208,27 @@ class NodeRegistry:
             self._notify_presence(node, old_state, ONLINE)
         return node
 
+    def _check_clock(self, node: NodeRecord, stamp_ms: int) -> None:
+        """Flag an agent whose stamps are far from our clock; log each change once, with dates."""
+        skew = stamp_ms - self._clock_ms()
+        skewed = abs(skew) > MAX_CLOCK_SKEW_MS
+        if skewed == (node.clock_skew_ms != 0):
+            if skewed:
+                node.clock_skew_ms = skew
+            return
+        node.clock_skew_ms = skew if skewed else 0
+        if skewed:
+            self.metrics.clock_skewed.inc()
+        else:
+            self.metrics.clock_skewed.dec()
+        log.warning(
+            "agent_clock_skewed" if skewed else "agent_clock_back_in_step",
+            node=node.node_id,
+            agent_time=_iso(stamp_ms),
+            controller_time=_iso(self._clock_ms()),
+            skew_s=round(skew / 1000, 1),
+        )
+
     def taken_over(self, node: NodeRecord, old_peer: str, new_peer: str) -> None:
         """A stream that is not the agent's own reconnect replaced ``node``'s live stream."""
         node.takeovers += 1
@@ -232,6 +262,8 @@ class NodeRegistry:
         if verdict.lldp is not None:
             node.lldp = verdict.lldp
         node.latest_report = verdict.report  # None with shards: the report stays in its shard
+        if verdict.timestamp_ms:
+            self._check_clock(node, verdict.timestamp_ms)
         for listener in self.listeners:
             try:
                 listener.on_report(node, verdict)
@@ -247,6 +279,12 @@ class NodeRegistry:
             if ev.seq <= acked:
                 self.metrics.duplicate_events.inc()
                 continue
+            if ev.seq > acked + MAX_SEQ_JUMP:
+                # Taken, every real event below it would read as a replay and be dropped: one
+                # forged number would silence the node's events for the rest of the epoch.
+                raise InvalidMessage(
+                    f"event seq {ev.seq} jumps {ev.seq - acked} past the last stored ({acked}; max jump {MAX_SEQ_JUMP})"
+                )
             if ev.seq > acked + 1:
                 lost = ev.seq - acked - 1
                 log.warning("event_gap", node=node.node_id, expected=acked + 1, got=ev.seq)
@@ -259,6 +297,8 @@ class NodeRegistry:
             for ev in fresh:
                 kind = tpb.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower()
                 self.stages.received(node.node_id, ev.seq, kind, ev.component, (ev.read_us, ev.buffered_us, ev.sent_us))
+        if fresh[-1].timestamp_ms:
+            self._check_clock(node, fresh[-1].timestamp_ms)
         self.store.insert_events(node.node_id, node.epoch, fresh, self._clock_ms(), acked)
         node.acked_event_seq = acked
         for ev in fresh:
@@ -375,3 +415,11 @@ class NodeRegistry:
         waiter = self._command_waiters.get(result.id)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
+
+
+def _iso(ms: int) -> str:
+    """A stamp with its date (UTC): a clock a day off reads as the same time of day otherwise."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms (not a date)"

@@ -23,6 +23,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from controller.ingest.decider import ReportDecider
+from controller.ingest.quota import IngestQuota
 from controller.ingest.ratelimit import TokenBucket
 from controller.ingest.registry import NodeRecord, NodeRegistry, UnknownNode
 from controller.ingest.validate import InvalidMessage, validate_event, validate_hello, validate_report
@@ -132,6 +133,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         report_ack_interval_s: float = 0.0,
         silence_limit_s: float = 0.0,
         not_nodes: frozenset[str] = frozenset(),
+        quota: IngestQuota | None = None,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -150,6 +152,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         # Certificates whose role is not "node" (the CLI's admin certificate, a relay's own):
         # refused on a telemetry stream even when the Hello names them (issue 32).
         self._not_nodes = not_nodes
+        self.quota = quota  # what one node may store per minute (None: unbounded)
         self._active: dict[str, asyncio.Task[Any]] = {}
         self._streams: dict[str, OpenStream] = {}  # node -> its open stream (where verdicts are answered)
         # Awaited before every ack (HA: the events must be in etcd before the agent may forget them).
@@ -381,8 +384,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                         await decider.room()
                     continue
                 if which == "event":
-                    validate_event(msg.event)
-                    self.registry.record_events(node, [msg.event])
+                    self._take_event(node, msg.event)
                 elif which == "command_result":
                     self.registry.touch(node)
                     self.registry.command_result(node, msg.command_result)
@@ -399,6 +401,15 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc)) from None
             self.metrics.ingest_seconds.observe(time.perf_counter() - started)
             ack_needed.set()
+
+    def _take_event(self, node: NodeRecord, event: Any) -> None:
+        """One event: checked (InvalidMessage), charged to the node's write quota, then stored."""
+        validate_event(event)
+        if self.quota is not None:
+            over = self.quota.charge(node.node_id, 1, event.ByteSize())
+            if over is not None:
+                raise StreamRejected(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota", over)
+        self.registry.record_events(node, [event])
 
     def on_verdict(self, verdict: ReportResult) -> None:
         """A report was decided (here or in a shard): record it and ack it, or end its stream if invalid."""
