@@ -12,6 +12,8 @@ clients sending hand-made Hellos:
   live stream;
 - an agent's own reconnect while its old stream is half-open (same epoch, higher generation):
   routine, the old stream is ended, nothing is raised;
+- the agent speaks through a relay and the imposter directly: the relayed stream is told the
+  same way (its relay passes the status on) and the agent comes back through the relay;
 - a controller that accepts the stream and then never answers (an orphaned stream, a wedged
   handler): the agent notices by its bound on unanswered sends and reconnects.
 """
@@ -26,11 +28,12 @@ from typing import Any
 import grpc
 import pytest
 
+from controller.outputs.web.node import node_json
 from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
-from tests.helpers import free_port, make_sim_agent, wait_for
+from tests.helpers import free_port, make_relay, make_sim_agent, wait_for
 
 NODE = "node-000"
 
@@ -125,6 +128,8 @@ async def test_imposter_hello_does_not_silence_the_agent(controller: Controller,
         assert _takeovers(controller, "foreign") == 2  # imposter over agent, agent back over imposter
         assert _takeovers(controller, "reconnect") == 0
         assert controller.registry.nodes[NODE].takeovers == 2
+        page = node_json(NODE, controller.registry.nodes[NODE], {}, False, controller.clock.time_ms())
+        assert page["stream_takeovers"] == 2  # the node page shows it
         await wait_for(
             lambda: any(i.kind == "agent_conflict" for i in controller.detection.correlator.incidents()),
             what="an agent_conflict incident",
@@ -184,6 +189,27 @@ async def test_hello_for_another_node_takes_nothing_over(controller: Controller)
     finally:
         await a.close()
         await b.close()
+
+
+async def test_relayed_agent_is_told_and_comes_back(controller: Controller, tmp_path: Path) -> None:
+    relay_port = free_port()
+    relay = make_relay(controller.grpc_port, relay_port)
+    await relay.start()
+    agent = make_sim_agent(NODE, tmp_path, [f"127.0.0.1:{relay_port}"], interval_s=0.2)
+    agent.start()
+    imposter = RawStream(controller.grpc_port)
+    try:
+        link = agent.agent.link
+        await wait_for(lambda: _latest_seq(controller) >= 2, what="the relayed agent reporting")
+        await imposter.open(_hello("imposter-epoch"))
+        seq_at_takeover = _latest_seq(controller)
+        await wait_for(lambda: link.replaced == 1 and link.connects == 2, what="the relayed agent told and back")
+        await wait_for(lambda: _latest_seq(controller) > seq_at_takeover + 2, what="relayed reports after it")
+        assert await asyncio.wait_for(imposter.ended, 10) == grpc.StatusCode.ABORTED
+    finally:
+        await imposter.close()
+        await agent.halt()
+        await relay.stop()
 
 
 class _SilentTelemetry(sgrpc.TelemetryServicer):

@@ -67,6 +67,8 @@
       ...fact("model", first.model),
       ...fact("hostname", node.hostname),
       ...fact("agent", node.agent_version),
+      // Only when it happened: another client took this node's stream over (see its agent_conflict incident).
+      ...(node.stream_takeovers ? fact("stream taken over", node.stream_takeovers + " times by another claimant of this node") : []),
       // Only when off: an agent clock past the controller's limit (its stamps shown with their date).
       ...(node.clock_skew_s == null
         ? []
