@@ -14,6 +14,8 @@ clients sending hand-made Hellos:
   routine, the old stream is ended, nothing is raised;
 - the agent speaks through a relay and the imposter directly: the relayed stream is told the
   same way (its relay passes the status on) and the agent comes back through the relay;
+- a flood of Hellos for one node from ten clients in turn: each is told when the next takes
+  over, the conflict is raised once and updated, the controller serves other nodes throughout;
 - a controller that accepts the stream and then never answers (an orphaned stream, a wedged
   handler): the agent notices by its bound on unanswered sends and reconnects.
 """
@@ -174,6 +176,30 @@ async def test_replayed_hello_with_an_old_generation_is_foreign(controller: Cont
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_flood_of_hellos_is_seen_and_survived(controller: Controller) -> None:
+    streams = [RawStream(controller.grpc_port) for _ in range(10)]
+    try:
+        for i, stream in enumerate(streams):
+            await stream.open(_hello(f"flood-{i}"))
+        for stream in streams[:-1]:
+            assert await asyncio.wait_for(stream.ended, 10) == grpc.StatusCode.ABORTED
+        assert not streams[-1].ended.done()  # the newest holds the node
+        assert _takeovers(controller, "foreign") == 9
+        assert controller.core.conflicts.active(NODE)
+        await wait_for(
+            lambda: [i.kind for i in controller.detection.correlator.incidents()].count("agent_conflict") == 1,
+            what="one agent_conflict incident, not nine",
+        )
+        other = RawStream(controller.grpc_port)
+        try:
+            assert not (await other.open(_hello("e-other", node_id="node-001"))).replaced_live_stream
+        finally:
+            await other.close()
+    finally:
+        for stream in streams:
+            await stream.close()
 
 
 async def test_hello_for_another_node_takes_nothing_over(controller: Controller) -> None:
