@@ -57,6 +57,21 @@ class StreamRejected(Exception):
 
 
 @dataclass(eq=False, slots=True)
+class StreamClaim:
+    """A stream's claim to its node, made the moment its Hello is accepted (before any await,
+    so two Hellos arriving together cannot both miss each other): who it is, and how to end it."""
+
+    node: NodeRecord
+    task: asyncio.Task[Any]
+    reject: Callable[[grpc.StatusCode, str, str], None] | None  # a relayed stream's; None: cancel the task
+    epoch: str  # the Hello's buffer epoch and stream generation: an own reconnect or another agent
+    generation: int
+    boot_id: str
+    peer: str
+    replaced: StreamRejected | None = None  # a newer stream for the node took over: this one ends with it
+
+
+@dataclass(eq=False, slots=True)
 class OpenStream:
     """One open agent stream's reports as ingest follows them, whoever decides them.
 
@@ -76,11 +91,6 @@ class OpenStream:
     pending: int = 0  # reports handed over whose verdict is not back yet
     drained: asyncio.Event | None = None  # set when pending reaches 0 (the stream is ending)
     rejected: StreamRejected | None = None  # a verdict found a report invalid: the stream ends with this
-    epoch: str = ""  # the Hello's buffer epoch and stream generation: an own reconnect or another agent
-    generation: int = 0
-    boot_id: str = ""
-    peer: str = ""
-    replaced: StreamRejected | None = None  # a newer stream for the node took over: this one ends with it
 
     def hand_over(self, message: spb.AgentMessage, started: float) -> None:
         """A decoded report that passed validation, to the decider."""
@@ -153,7 +163,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         # refused on a telemetry stream even when the Hello names them (issue 32).
         self._not_nodes = not_nodes
         self.quota = quota  # what one node may store per minute (None: unbounded)
-        self._active: dict[str, asyncio.Task[Any]] = {}
+        self._claims: dict[str, StreamClaim] = {}  # node -> the stream that holds it now
         self._streams: dict[str, OpenStream] = {}  # node -> its open stream (where verdicts are answered)
         # Awaited before every ack (HA: the events must be in etcd before the agent may forget them).
         self.before_ack: Callable[[], Awaitable[Any]] | None = None
@@ -186,14 +196,20 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             await self._reject(context, grpc.StatusCode.NOT_FOUND, "unknown_node", str(exc))
             return
         token = node.stream_token
-        peer = context.peer()
-        previous = self._streams.get(node.node_id)
-        foreign = False
-        if previous is not None and previous.replaced is None:
-            foreign = self._take_over(previous, hello, peer)
         me = asyncio.current_task()
         assert me is not None
-        self._active[node.node_id] = me
+        claim = StreamClaim(
+            node,
+            me,
+            relayed.reject if relayed is not None else None,
+            epoch=hello.buffer_epoch,
+            generation=hello.stream_generation,
+            boot_id=hello.boot_id,
+            peer=context.peer(),
+        )
+        previous = self._claims.get(node.node_id)
+        foreign = previous is not None and previous.replaced is None and self._take_over(previous, claim)
+        self._claims[node.node_id] = claim
         await context.write(
             spb.ControllerMessage(
                 welcome=spb.Welcome(
@@ -219,10 +235,6 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             ack_needed,
             writer,
             relayed.reject if relayed is not None else None,
-            epoch=hello.buffer_epoch,
-            generation=hello.stream_generation,
-            boot_id=hello.boot_id,
-            peer=peer,
         )
         self._streams[node.node_id] = stream
         if relayed is not None:
@@ -233,10 +245,10 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         except StreamRejected as exc:
             rejected = exc
         except asyncio.CancelledError:
-            if stream.replaced is None:
+            if claim.replaced is None:
                 raise  # the controller is stopping
             me.uncancel()  # cancelled by _take_over only to wake the read: end with its status
-            rejected = stream.replaced
+            rejected = claim.replaced
         finally:
             if relayed is not None:
                 relayed.reports = None
@@ -245,8 +257,8 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             await asyncio.gather(writer, return_exceptions=True)
             self.metrics.streams.dec()
             self.registry.disconnected(node, token)
-            if self._active.get(node.node_id) is me:
-                del self._active[node.node_id]
+            if self._claims.get(node.node_id) is claim:
+                del self._claims[node.node_id]
             if self._streams.get(node.node_id) is stream:
                 del self._streams[node.node_id]
             log.info("agent_stream_closed", node=node.node_id)
@@ -295,7 +307,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 return None
         return hello
 
-    def _take_over(self, previous: OpenStream, hello: spb.Hello, peer: str) -> bool:
+    def _take_over(self, previous: StreamClaim, new: StreamClaim) -> bool:
         """A Hello for a node whose stream is open: the newest stream wins, the old one is told.
 
         Who wins: always the newest. An agent whose own stream went half-open (its network
@@ -308,41 +320,39 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         claimant of the node's identity: logged as a security event and counted. Returns
         whether it was foreign.
         """
-        own = previous.epoch == hello.buffer_epoch and (
-            hello.stream_generation == 0  # an agent older than stream generations
+        own = previous.epoch == new.epoch and (
+            new.generation == 0  # an agent older than stream generations
             or previous.generation == 0
-            or hello.stream_generation > previous.generation
-            or hello.boot_id not in ("", previous.boot_id)
+            or new.generation > previous.generation
+            or new.boot_id not in ("", previous.boot_id)
         )
         node = previous.node
         detail = (
             f"node {node.node_id}: this stream was replaced by a newer stream for the same node"
-            f" from {peer}; reconnect if this agent is the node's own"
+            f" from {new.peer}; reconnect if this agent is the node's own"
         )
         previous.replaced = StreamRejected(grpc.StatusCode.ABORTED, "replaced", detail)
         if previous.reject is not None:  # relayed: wake its read with the status
             previous.reject(grpc.StatusCode.ABORTED, "replaced", detail)
-        else:
-            task = self._active.get(node.node_id)
-            if task is not None and not task.done():
-                task.cancel()  # direct: its read is woken by the cancel and ends with the status
+        elif not previous.task.done():
+            previous.task.cancel()  # direct: its read is woken by the cancel and ends with the status
         kind = "reconnect" if own else "foreign"
         self.metrics.stream_takeovers.labels(kind).inc()
         if own:
-            log.info("agent_stream_replaced_by_reconnect", node=node.node_id, old_peer=previous.peer, new_peer=peer)
+            log.info("agent_stream_replaced_by_reconnect", node=node.node_id, old_peer=previous.peer, new_peer=new.peer)
             return False
         log.warning(
             "agent_stream_takeover",
             security=True,
             node=node.node_id,
             old_peer=previous.peer,
-            new_peer=peer,
+            new_peer=new.peer,
             old_epoch=previous.epoch,
-            new_epoch=hello.buffer_epoch,
+            new_epoch=new.epoch,
             old_generation=previous.generation,
-            new_generation=hello.stream_generation,
+            new_generation=new.generation,
         )
-        self.registry.taken_over(node, previous.peer, peer)
+        self.registry.taken_over(node, previous.peer, new.peer)
         return True
 
     async def _read_messages(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
