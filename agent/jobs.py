@@ -48,6 +48,9 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET = "/run/starpulse/jobs.sock"
 MAX_LINE = 64 * 1024
+# Connections held at once: every rank keeps one, and a local process opening them without end
+# would take the agent's file descriptors from its collectors.
+MAX_CONNECTIONS = 1024
 AVG_WINDOW = 8  # steps in the moving average
 
 
@@ -166,9 +169,11 @@ class JobGateway:
         mode: int = 0o660,
         alive: Callable[[int], bool] = pid_alive,
         max_ranks: int = MAX_RANKS_PER_NODE,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.socket_path = socket_path
         self.max_ranks = max_ranks  # registrations kept: a local process cannot grow the agent without end
+        self.max_connections = max_connections
         self.stale_after_s = stale_after_s
         self.mode = mode
         self._alive = alive
@@ -204,6 +209,10 @@ class JobGateway:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_pid = _peer_pid(writer)
+        if len(self._writers) >= self.max_connections:
+            log.warning("job_gateway_connections_full", peer_pid=peer_pid, max_connections=self.max_connections)
+            writer.close()
+            return
         self._writers[writer] = set()
         try:
             while True:

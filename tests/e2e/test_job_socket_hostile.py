@@ -8,7 +8,9 @@ controller on loopback:
 - a rank past the wire's uint32, a negative rank, a rank that is a string or a bool;
 - a NaN, an Infinity, a negative and a string step time; a step past uint64;
 - a checkpoint path of 5,000 characters, a line of 100,000; an unknown op; a line that is not JSON;
-- registrations without end (the number kept per node is bounded).
+- registrations without end (the number kept per node is bounded);
+- connections without end, held open (the number served at once is bounded; the ranks already
+  connected keep working).
 
 What must hold: the node keeps reporting (no report refused), the good ranks' progress
 arrives whole, the bad field is dropped (not the rank), and nothing bad reaches the controller.
@@ -156,4 +158,26 @@ async def test_registrations_per_node_are_bounded(short_dir: Path) -> None:
         # The ones kept still take their progress.
         assert gateway.handle({"op": "step", "job": "flood", "rank": 1, "step": 4, "step_time_s": 1.0}) == ("flood", 1)
     finally:
+        await gateway.close()
+
+
+async def test_connections_at_once_are_bounded(short_dir: Path) -> None:
+    gateway = JobGateway(str(short_dir / "jobs.sock"), max_connections=4)
+    await gateway.start()
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(4):
+            _reader, writer = await asyncio.open_unix_connection(gateway.socket_path)
+            held.append(writer)
+        await wait_for(lambda: len(gateway._writers) == 4, what="four connections served")
+        reader, extra = await asyncio.open_unix_connection(gateway.socket_path)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at once
+        extra.close()
+        # A connection already held still registers.
+        held[0].write(json.dumps({"op": "register", "job": "j", "rank": 0}).encode() + b"\n")
+        await held[0].drain()
+        await wait_for(lambda: [r.job for r in gateway.ranks()] == ["j"], what="the held connection's rank")
+    finally:
+        for writer in held:
+            writer.close()
         await gateway.close()
