@@ -293,6 +293,13 @@ class Store:
             out.append(StoredEventRow(nid, ev, received))
         return out
 
+    def last_event_seq(self, node_id: str, epoch: str) -> int:
+        """The highest seq stored for ``node_id`` in buffer epoch ``epoch`` (0: none); one index probe."""
+        (seq,) = self._db.execute(
+            "SELECT MAX(seq) FROM events WHERE node_id = ? AND epoch = ?", (node_id, epoch)
+        ).fetchone()
+        return int(seq or 0)
+
     def count_events(self, node_id: str | None = None) -> int:
         if node_id:
             (n,) = self._db.execute("SELECT COUNT(*) FROM events WHERE node_id = ?", (node_id,)).fetchone()

@@ -188,10 +188,12 @@ class NodeRegistry:
             log.info("node_rebooted", node=node.node_id, old_boot=node.boot_id, new_boot=hello.boot_id)
         node.boot_id = hello.boot_id or node.boot_id
         if node.epoch != hello.buffer_epoch:
-            # A new buffer file on the agent: its sequence starts over, in a new epoch.
+            # A new buffer file on the agent: its sequence starts over, in a new epoch. Or an
+            # epoch seen before (the real agent back after another client claimed the node):
+            # it resumes where its events were stored, not at 0 (no false loss, no resend).
             log.info("node_new_buffer_epoch", node=node.node_id, old=node.epoch, new=hello.buffer_epoch)
             node.epoch = hello.buffer_epoch
-            node.acked_event_seq = 0
+            node.acked_event_seq = self.store.last_event_seq(node.node_id, hello.buffer_epoch)
         if hello.oldest_buffered_event_seq > node.acked_event_seq + 1:
             lost = hello.oldest_buffered_event_seq - node.acked_event_seq - 1
             log.warning("node_events_lost_in_agent", node=node.node_id, lost=lost)

@@ -36,6 +36,7 @@ from controller.service import Controller, ControllerConfig
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
+from starpulse.v1 import telemetry_pb2 as tpb
 from tests.helpers import free_port, make_relay, make_sim_agent, wait_for
 
 NODE = "node-000"
@@ -121,11 +122,16 @@ async def test_imposter_hello_does_not_silence_the_agent(controller: Controller,
     """An imposter's Hello ends the agent's stream with ABORTED; the agent reconnects and reports
     again; the takeover is foreign, and the two live claimants raise an agent_conflict incident."""
     agent = make_sim_agent(NODE, tmp_path, [f"127.0.0.1:{controller.grpc_port}"], interval_s=0.2)
+    for i in range(3):
+        agent.agent.buffer.append(
+            tpb.Event(kind=tpb.EVENT_KIND_KERNEL, severity=tpb.SEVERITY_WARNING, component="host", message=f"e{i}")
+        )
     agent.start()
     imposter = RawStream(controller.grpc_port)
     try:
         link = agent.agent.link
         await wait_for(lambda: _latest_seq(controller) >= 2, what="the agent reporting")
+        await wait_for(lambda: controller.registry.nodes[NODE].acked_event_seq == 3, what="the agent's events stored")
         welcome = await imposter.open(_hello("imposter-epoch"))
         assert welcome.replaced_live_stream, "the imposter displaced a live stream: the Welcome says so"
         assert welcome.silence_limit_s > 0
@@ -136,6 +142,10 @@ async def test_imposter_hello_does_not_silence_the_agent(controller: Controller,
         scraped = generate_latest(_registry_of(agent.agent.metrics_collector())).decode()
         assert f'starpulse_agent_streams_replaced_total{{node="{NODE}"}} 1.0' in scraped  # the node's own /metrics
         assert await asyncio.wait_for(imposter.ended, 10) == grpc.StatusCode.ABORTED  # it lost in turn
+        # The imposter's epoch did not cost the agent its place: no event called lost, none twice.
+        assert controller.registry.nodes[NODE].acked_event_seq == 3
+        assert controller.metrics.lost_events._value.get() == 0
+        assert controller.store.count_events(NODE) == 3
         assert _takeovers(controller, "foreign") == 2  # imposter over agent, agent back over imposter
         assert _takeovers(controller, "reconnect") == 0
         assert controller.registry.nodes[NODE].takeovers == 2
