@@ -91,7 +91,7 @@ CONTROLLER_ERRORS = [
     ({"ingets": {}}, "ingets: unknown key, did you mean 'ingest'?"),
     ({"frobnicate": 1}, "frobnicate: unknown key"),
     ({"ingest": 5}, "ingest: must be a mapping, got 5"),
-    ({"notify": {"receivers": "x"}}, "notify.receivers: must be a list"),
+    ({"notify": {"receivers": "x"}}, "notify.receivers: must be a list of mappings, got 'x'"),
     ({"notify": {"recievers": []}}, "notify: unknown key 'recievers'"),
     (
         {"tls": {"ca_file": "ca.pem"}},
@@ -264,7 +264,7 @@ def test_env_bool_and_null(tmp_path: Path) -> None:
             {"STARPULSE_INGEST": "x", "STARPULSE_DETECTION__CORRELATION": "1"},
             "STARPULSE_DETECTION__CORRELATION: detection.correlation is a section, not a setting",
         ),
-        ({"STARPULSE_NOTIFY__BATCH_SIZE": "0"}, "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be >= 1"),
+        ({"STARPULSE_NOTIFY__BATCH_SIZE": "0"}, "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be an integer >= 1, got 0"),
     ],
 )
 def test_env_overrides_invalid_name_the_variable(tmp_path: Path, env: dict[str, str], message: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from starpulse.core.schema.tree import ConfigError, Leaf, Node, Schema, Section, Spec, join_key
+from starpulse.core.schema.tree import ConfigError, Leaf, Node, Schema, Section, Spec, join_key, record_section
 
 ENV_PREFIX = "STARPULSE_"
 
@@ -205,10 +205,35 @@ class Reading:
         if sec.switch and not values.pop(sec.switch):
             return None
         try:
-            return sec.cls(**values)
+            built = sec.cls(**values)
         except ValueError as exc:  # the dataclass's own checks, across its fields
             self.err(sec.key, str(exc))
             return _FAILED
+        return self._problems(sec, built)
+
+    def _problems(self, sec: Section, built: Any) -> Any:
+        """A section's checks across its keys (``problems()``: (key below the section, what is wrong))."""
+        check = getattr(built, "problems", None)
+        if not callable(check):
+            return built
+        found = list(check())
+        for sub, msg in found:
+            self.err(join_key(sec.key, sub), msg)
+        return _FAILED if found else built
+
+    def _records(self, leaf: Leaf, value: Any) -> Any:
+        """A list (``records``) or mapping (``record_map``) of sections, each item keyed where it sits."""
+        assert leaf.item is not None
+        if leaf.kind == "records":
+            items = [(f"{leaf.key}[{i}]", i, v) for i, v in enumerate(value)]
+        else:
+            items = [(join_key(leaf.key, str(k)), k, v) for k, v in value.items()]
+        built = {at: self._section(record_section(leaf.item, at), v) for at, _, v in items}
+        if any(v is _FAILED for v in built.values()):
+            return _FAILED
+        if leaf.kind == "records":
+            return [built[at] for at, _, _ in items]
+        return {k: built[at] for at, k, _ in items}
 
     def _value(self, leaf: Leaf, value: Any) -> Any:
         """The checked value (a path as Path, relative to its file), or _FAILED after an error."""
@@ -220,6 +245,8 @@ class Reading:
         if not _valid(leaf, value):
             self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
             return _FAILED
+        if leaf.kind in ("records", "record_map"):
+            return self._records(leaf, value)
         if leaf.kind == "path":
             path = Path(value).expanduser()
             base = self.base_dir_of(leaf.key)
@@ -249,6 +276,7 @@ def _in_bounds(s: Spec, value: float) -> bool:
         (s.gt is not None and not value > s.gt)
         or (s.ge is not None and not value >= s.ge)
         or (s.le is not None and not value <= s.le)
+        or (s.lt is not None and not value < s.lt)
     )
 
 
@@ -260,7 +288,12 @@ def _valid(leaf: Leaf, value: Any) -> bool:
     if k == "bool":
         return isinstance(value, bool)
     if k in ("str", "path"):
-        return isinstance(value, str) and not (s.nonempty and not value.strip()) and (k == "str" or bool(value))
+        return (
+            isinstance(value, str)
+            and not (s.nonempty and not value.strip())
+            and (k == "str" or bool(value))
+            and (not s.prefix or value.startswith(s.prefix))
+        )
     if k == "address":
         return isinstance(value, str) and ((s.empty and value == "") or address_ok(value))
     if k == "enum":
@@ -273,8 +306,12 @@ def _valid(leaf: Leaf, value: Any) -> bool:
             and not (leaf.choices and any(v not in leaf.choices for v in value))
             and not (s.address and not all(address_ok(v) for v in value))
         )
-    if k == "map":
+    if k in ("map", "record_map"):
         return isinstance(value, dict)
+    if k == "records":
+        return isinstance(value, list)
+    if k == "str_map":
+        return isinstance(value, dict) and all(isinstance(n, str) and isinstance(v, str) for n, v in value.items())
     return isinstance(value, dict) and all(  # list_map
         isinstance(n, str) and isinstance(v, list) and v and all(isinstance(a, str) and a for a in v)
         for n, v in value.items()

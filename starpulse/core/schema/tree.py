@@ -43,6 +43,8 @@ class Spec:
     gt: float | None = None
     ge: float | None = None
     le: float | None = None
+    lt: float | None = None
+    prefix: tuple[str, ...] = ()  # a string must start with one of these (e.g. http://, https://)
     choices: tuple[str, ...] = ()  # a list's items come from these
     address: bool = False  # HOST:PORT (a list: every item)
     empty: bool = False  # with address: "" is allowed too (not set)
@@ -129,12 +131,13 @@ class Leaf:
     """One setting: its dotted key, its kind (from the annotation) and its rules."""
 
     key: str
-    kind: str  # str address path int float bool enum list list_map map
+    kind: str  # str address path int float bool enum list list_map map str_map records record_map
     spec: Spec
     default: Any  # MISSING: required
     nullable: bool = False
     choices: tuple[str, ...] = ()  # enum values, or a list's items
     as_tuple: bool = False
+    item: type | None = None  # records, record_map: the dataclass each item is read as
 
     @property
     def name(self) -> str:
@@ -147,7 +150,8 @@ class Leaf:
     def expect(self) -> str:
         """What a valid value looks like, for messages and rendered files."""
         s = self.spec
-        bounds = [f"{op} {v:g}" for op, v in ((">", s.gt), (">=", s.ge), ("<=", s.le)) if v is not None]
+        pairs = ((">", s.gt), (">=", s.ge), ("<", s.lt), ("<=", s.le))
+        bounds = [f"{op} {v:g}" for op, v in pairs if v is not None]
         rng = (" " + " and ".join(bounds)) if bounds else ""
         if self.kind == "list":
             if self.choices:
@@ -158,7 +162,7 @@ class Leaf:
                 base = "a non-empty " + base[2:]
         else:
             base = {
-                "str": "a non-empty string" if s.nonempty else "a string",
+                "str": _str_expect(s),
                 "address": "HOST:PORT or empty" if s.empty else "HOST:PORT",
                 "path": "a path",
                 "int": "an integer" + rng,
@@ -167,8 +171,16 @@ class Leaf:
                 "enum": "one of " + ", ".join(self.choices),
                 "map": "a mapping",
                 "list_map": "a mapping of names to lists of strings",
+                "str_map": "a mapping of names to strings",
+                "records": "a list of mappings",
+                "record_map": "a mapping of names to mappings",
             }[self.kind]
         return base + (", or null" if self.nullable else "")
+
+
+def _str_expect(s: Spec) -> str:
+    base = "a non-empty string" if s.nonempty else "a string"
+    return base + (" starting with " + " or ".join(s.prefix) if s.prefix else "")
 
 
 @dataclass(frozen=True)
@@ -250,8 +262,23 @@ def _section(cls: type, key: str, doc: str, switch: str, switch_doc: str) -> Sec
         kind, choices, as_tuple = _kind(hint, where)
         if kind == "str" and spec.address:
             kind = "address"
-        children[f.name] = Leaf(sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple)
+        item = _item_class(hint) if kind in ("records", "record_map") else None
+        children[f.name] = Leaf(sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple, item)
     return Section(key, cls, doc, children, switch)
+
+
+def record_section(cls: type, key: str) -> Section:
+    """The section one item of a ``records``/``record_map`` setting is read as, keyed where it sits."""
+    return _section(cls, key, _doc_of(cls), "", "")
+
+
+def _is_record(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _item_class(hint: Any) -> type:
+    item: type = get_args(hint)[-1]
+    return item
 
 
 def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
@@ -271,8 +298,13 @@ def _kind(hint: Any, where: str) -> tuple[str, tuple[str, ...], bool]:
         return "enum", tuple(str(a) for a in args), False
     if origin is list and args == (str,):
         return "list", (), False
+    if origin is list and args and _is_record(args[0]):
+        return "records", (), False
     if origin is tuple and args == (str, ...):
         return "list", (), True
     if origin is dict and args and args[0] is str:
-        return ("list_map" if args[1] == list[str] else "map"), (), False
+        if _is_record(args[1]):
+            return "record_map", (), False
+        kinds = {list[str]: "list_map", str: "str_map"}
+        return kinds.get(args[1], "map"), (), False
     raise TypeError(f"{where}: type {hint!r} is not one a settings file can hold")
