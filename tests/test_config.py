@@ -264,7 +264,10 @@ def test_env_bool_and_null(tmp_path: Path) -> None:
             {"STARPULSE_INGEST": "x", "STARPULSE_DETECTION__CORRELATION": "1"},
             "STARPULSE_DETECTION__CORRELATION: detection.correlation is a section, not a setting",
         ),
-        ({"STARPULSE_NOTIFY__BATCH_SIZE": "0"}, "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be an integer >= 1, got 0"),
+        (
+            {"STARPULSE_NOTIFY__BATCH_SIZE": "0"},
+            "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be an integer >= 1, got 0",
+        ),
     ],
 )
 def test_env_overrides_invalid_name_the_variable(tmp_path: Path, env: dict[str, str], message: str) -> None:

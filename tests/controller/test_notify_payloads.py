@@ -271,7 +271,10 @@ class TestConfig:
         ("receiver", "message"),
         [
             ({"type": "webhook", "url": "http://x", "secret": "k"}, "receivers[0].name: is required"),
-            ({"name": "a", "type": "slack", "url": "http://x"}, "receivers[0].type: must be one of alertmanager_webhook, alertmanager_api, webhook, got 'slack'"),
+            (
+                {"name": "a", "type": "slack", "url": "http://x"},
+                "receivers[0].type: must be one of alertmanager_webhook, alertmanager_api, webhook, got 'slack'",
+            ),
             ({"name": "a", "type": "webhook", "url": "http://x"}, "receivers[0].secret: a 'webhook' receiver"),
             ({"name": "a", "type": "webhook", "url": "ftp://x", "secret": "k"}, "receivers[0].url"),
             (

@@ -115,9 +115,7 @@ class NotifyConfig:
         default_factory=list, metadata=meta("Where alerts go; none: alerts off (docs/alerts.md)")
     )
     external_url: str = setting("", "This controller's URL, for externalURL and generatorURL in payloads")
-    poll_interval_s: float = setting(
-        1.0, "Seconds: the longest the delivery loop sleeps without being woken", ge=0.01
-    )
+    poll_interval_s: float = setting(1.0, "Seconds: the longest the delivery loop sleeps without being woken", ge=0.01)
     batch_size: int = setting(50, "Outbox items taken per pass", ge=1)
     concurrency: int = setting(8, "Deliveries in flight at once", ge=1)
     retention_s: float = setting(

@@ -242,11 +242,22 @@ class Reading:
                 return None
             self.err(leaf.key, f"must be {leaf.expect()}, got null")
             return _FAILED
+        if leaf.kind == "list" and leaf.choices and isinstance(value, list) and value:
+            bad = [i for i, v in enumerate(value) if v not in leaf.choices]
+            for i in bad:  # each item that is not one of the choices, by its index
+                self.err(f"{leaf.key}[{i}]", f"must be one of {', '.join(leaf.choices)}, got {show(value[i])}")
+            if bad:
+                return _FAILED
         if not _valid(leaf, value):
             self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
             return _FAILED
         if leaf.kind in ("records", "record_map"):
             return self._records(leaf, value)
+        if leaf.kind == "maps":  # each item's keys are its consumer's to check
+            bad = [i for i, item in enumerate(value) if not isinstance(item, dict)]
+            for i in bad:
+                self.err(f"{leaf.key}[{i}]", f"must be a mapping, got {show(value[i])}")
+            return _FAILED if bad else value
         if leaf.kind == "path":
             path = Path(value).expanduser()
             base = self.base_dir_of(leaf.key)
@@ -308,7 +319,7 @@ def _valid(leaf: Leaf, value: Any) -> bool:
         )
     if k in ("map", "record_map"):
         return isinstance(value, dict)
-    if k == "records":
+    if k in ("records", "maps"):
         return isinstance(value, list)
     if k == "str_map":
         return isinstance(value, dict) and all(isinstance(n, str) and isinstance(v, str) for n, v in value.items())

@@ -131,7 +131,7 @@ class Leaf:
     """One setting: its dotted key, its kind (from the annotation) and its rules."""
 
     key: str
-    kind: str  # str address path int float bool enum list list_map map str_map records record_map
+    kind: str  # str address path int float bool enum list list_map map str_map records record_map maps
     spec: Spec
     default: Any  # MISSING: required
     nullable: bool = False
@@ -173,6 +173,7 @@ class Leaf:
                 "list_map": "a mapping of names to lists of strings",
                 "str_map": "a mapping of names to strings",
                 "records": "a list of mappings",
+                "maps": "a list of mappings",
                 "record_map": "a mapping of names to mappings",
             }[self.kind]
         return base + (", or null" if self.nullable else "")
@@ -262,6 +263,8 @@ def _section(cls: type, key: str, doc: str, switch: str, switch_doc: str) -> Sec
         kind, choices, as_tuple = _kind(hint, where)
         if kind == "str" and spec.address:
             kind = "address"
+        if kind == "str" and spec.choices:
+            kind = "enum"
         item = _item_class(hint) if kind in ("records", "record_map") else None
         children[f.name] = Leaf(sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple, item)
     return Section(key, cls, doc, children, switch)
@@ -300,6 +303,8 @@ def _kind(hint: Any, where: str) -> tuple[str, tuple[str, ...], bool]:
         return "list", (), False
     if origin is list and args and _is_record(args[0]):
         return "records", (), False
+    if origin is list and args and get_origin(args[0]) is dict:
+        return "maps", (), False
     if origin is tuple and args == (str, ...):
         return "list", (), True
     if origin is dict and args and args[0] is str:
