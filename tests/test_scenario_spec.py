@@ -156,19 +156,31 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("job too big", {**BASE, "jobs": [{"name": "j", "nodes": 5}]}, "jobs[0].nodes: 5 nodes but"),
     ("job dup", {**BASE, "jobs": [{"name": "j", "nodes": 1}, {"name": "j", "nodes": 1}]}, "jobs[1].name: duplicate"),
     ("job no name", {**BASE, "jobs": [{"nodes": 1}]}, "jobs[0].name: is required"),
-    ("expect kind", {**BASE, "expect": {"incidents": [{"kind": "meltdown"}]}}, "expect.incidents[0].kind: must be one of gpu_fault, host_fault"),
+    (
+        "expect kind",
+        {**BASE, "expect": {"incidents": [{"kind": "meltdown"}]}},
+        "expect.incidents[0].kind: must be one of gpu_fault, host_fault",
+    ),
     (
         "expect root",
         {**BASE, "expect": {"incidents": [{"kind": "switch_fault", "root_cause": "leaf-b9-r0"}]}},
         "expect.incidents[0].root_cause",
     ),
-    ("expect forbid", {**BASE, "expect": {"forbid_kinds": ["nope"]}}, "expect.forbid_kinds[0]: must be one of gpu_fault, host_fault"),
+    (
+        "expect forbid",
+        {**BASE, "expect": {"forbid_kinds": ["nope"]}},
+        "expect.forbid_kinds[0]: must be one of gpu_fault, host_fault",
+    ),
     (
         "expect clash",
         {**BASE, "expect": {"incidents": [{"kind": "gpu_fault"}], "forbid_kinds": ["gpu_fault"]}},
         "expect.forbid_kinds: forbids 'gpu_fault'",
     ),
-    ("expect max", {**BASE, "expect": {"max_incidents": -1}}, "expect.max_incidents: must be an integer >= 0, or null, got -1"),
+    (
+        "expect max",
+        {**BASE, "expect": {"max_incidents": -1}},
+        "expect.max_incidents: must be an integer >= 0, or null, got -1",
+    ),
     (
         "expect max below",
         {**BASE, "expect": {"incidents": [{"kind": "gpu_fault"}, {"kind": "nic_fault"}], "max_incidents": 1}},

@@ -324,7 +324,8 @@ class TestConfig:
             "notify.yaml: batch_size: must be an integer >= 1, got 0",
             "notify.yaml: bogus: unknown key",
             "notify.yaml: receivers[0].name: is required",
-            "notify.yaml: receivers[0].type: must be one of alertmanager_webhook, alertmanager_api, webhook, got 'slack'",
+            "notify.yaml: receivers[0].type: must be one of alertmanager_webhook, alertmanager_api, webhook, "
+            "got 'slack'",
             "notify.yaml: receivers[0].url: must be a string starting with http:// or https://, got 'ftp://x'",
             "notify.yaml: receivers[1].backoff.jitter: must be a number >= 0 and < 1, got 2",
             "notify.yaml: receivers[1].headers: must be a mapping of names to strings, got {'a': 1}",
