@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import yaml
 
 from starpulse.core.schema.tree import ConfigError, Leaf, Node, Schema, Section, Spec, join_key, record_section
+from starpulse.core.units import BadValue, parse_quantity
 
 ENV_PREFIX = "STARPULSE_"
 
@@ -243,21 +245,15 @@ class Reading:
             self.err(leaf.key, f"must be {leaf.expect()}, got null")
             return _FAILED
         if leaf.kind == "list" and leaf.choices and isinstance(value, list) and value:
-            bad = [i for i, v in enumerate(value) if v not in leaf.choices]
-            for i in bad:  # each item that is not one of the choices, by its index
-                self.err(f"{leaf.key}[{i}]", f"must be one of {', '.join(leaf.choices)}, got {show(value[i])}")
-            if bad:
-                return _FAILED
+            return self._choices(leaf, value)
         if not _valid(leaf, value):
             self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
             return _FAILED
-        if leaf.kind in ("records", "record_map"):
-            return self._records(leaf, value)
-        if leaf.kind == "maps":  # each item's keys are its consumer's to check
-            bad = [i for i, item in enumerate(value) if not isinstance(item, dict)]
-            for i in bad:
-                self.err(f"{leaf.key}[{i}]", f"must be a mapping, got {show(value[i])}")
-            return _FAILED if bad else value
+        compound = self._COMPOUND.get(leaf.kind)
+        if compound is not None:
+            return compound(self, leaf, value)
+        if leaf.spec.number_keys:
+            return {str(k): v for k, v in value.items()}
         if leaf.kind == "path":
             path = Path(value).expanduser()
             base = self.base_dir_of(leaf.key)
@@ -267,6 +263,52 @@ class Reading:
         if leaf.as_tuple:
             return tuple(value)
         return value
+
+    def _choices(self, leaf: Leaf, value: list[Any]) -> Any:
+        """A list whose items come from ``choices``: each item that does not, by its index."""
+        bad = [i for i, v in enumerate(value) if v not in leaf.choices]
+        for i in bad:
+            self.err(f"{leaf.key}[{i}]", f"must be one of {', '.join(leaf.choices)}, got {show(value[i])}")
+        if bad:
+            return _FAILED
+        if not _valid(leaf, value):
+            self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
+            return _FAILED
+        return tuple(value) if leaf.as_tuple else value
+
+    def _flag_record(self, leaf: Leaf, value: Any) -> Any:
+        """true/false, or a mapping read as the leaf's dataclass."""
+        if isinstance(value, bool):
+            return value
+        assert leaf.item is not None
+        return self._section(record_section(leaf.item, leaf.key), value)
+
+    def _quantity(self, leaf: Leaf, value: Any) -> Any:
+        """A quantity with its unit ("5m", 300, {value, unit}) as the canonical unit's number."""
+        try:
+            amount = parse_quantity(value, leaf.spec.quantity).value
+        except BadValue as exc:
+            self.err(leaf.key, str(exc))
+            return _FAILED
+        if not _in_bounds(leaf.spec, amount):
+            self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
+            return _FAILED
+        return amount
+
+    def _maps(self, leaf: Leaf, value: list[Any]) -> Any:
+        """A list of free mappings: each item that is not one, by its index (the keys are its consumer's)."""
+        bad = [i for i, item in enumerate(value) if not isinstance(item, dict)]
+        for i in bad:
+            self.err(f"{leaf.key}[{i}]", f"must be a mapping, got {show(value[i])}")
+        return _FAILED if bad else value
+
+    _COMPOUND: ClassVar[dict[str, Callable[[Reading, Leaf, Any], Any]]] = {
+        "records": _records,
+        "record_map": _records,
+        "flag_record": _flag_record,
+        "quantity": _quantity,
+        "maps": _maps,
+    }
 
 
 def did_you_mean(name: str, options: Mapping[str, Any]) -> str:
@@ -298,17 +340,22 @@ def _valid(leaf: Leaf, value: Any) -> bool:
         return number and (k == "float" or isinstance(value, int)) and _in_bounds(s, value)
     if k == "bool":
         return isinstance(value, bool)
+    if k == "int_list":
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if k in ("quantity", "flag_record"):
+        return True  # read by their own step in Reading._value
     if k in ("str", "path"):
         return (
             isinstance(value, str)
             and not (s.nonempty and not value.strip())
             and (k == "str" or bool(value))
             and (not s.prefix or value.startswith(s.prefix))
+            and (not s.pattern or re.fullmatch(s.pattern, value) is not None)
         )
     if k == "address":
         return isinstance(value, str) and ((s.empty and value == "") or address_ok(value))
     if k == "enum":
-        return value in leaf.choices
+        return not isinstance(value, bool) and value in (leaf.literal or leaf.choices)
     if k == "list":
         return (
             isinstance(value, list)
@@ -322,7 +369,12 @@ def _valid(leaf: Leaf, value: Any) -> bool:
     if k in ("records", "maps"):
         return isinstance(value, list)
     if k == "str_map":
-        return isinstance(value, dict) and all(isinstance(n, str) and isinstance(v, str) for n, v in value.items())
+        keys_ok = all(isinstance(n, str) or (s.number_keys and isinstance(n, int)) for n in value)
+        return (
+            isinstance(value, dict)
+            and keys_ok
+            and all(isinstance(v, str) and (not leaf.choices or v in leaf.choices) for v in value.values())
+        )
     return isinstance(value, dict) and all(  # list_map
         isinstance(n, str) and isinstance(v, list) and v and all(isinstance(a, str) and a for a in v)
         for n, v in value.items()

@@ -45,6 +45,9 @@ class Spec:
     le: float | None = None
     lt: float | None = None
     prefix: tuple[str, ...] = ()  # a string must start with one of these (e.g. http://, https://)
+    pattern: str = ""  # a string must match this regular expression whole
+    quantity: tuple[str, ...] = ()  # a float read by starpulse.core.units ("5m", 300, {value, unit})
+    number_keys: bool = False  # a mapping's keys may be numbers (YAML's 79:), read as their text
     choices: tuple[str, ...] = ()  # a list's items come from these
     address: bool = False  # HOST:PORT (a list: every item)
     empty: bool = False  # with address: "" is allowed too (not set)
@@ -131,13 +134,15 @@ class Leaf:
     """One setting: its dotted key, its kind (from the annotation) and its rules."""
 
     key: str
-    kind: str  # str address path int float bool enum list list_map map str_map records record_map maps
+    kind: str  # str address path int float bool enum list int_list list_map map str_map records record_map maps
+    #            quantity flag_record
     spec: Spec
     default: Any  # MISSING: required
     nullable: bool = False
     choices: tuple[str, ...] = ()  # enum values, or a list's items
     as_tuple: bool = False
-    item: type | None = None  # records, record_map: the dataclass each item is read as
+    item: type | None = None  # records, record_map, flag_record: the dataclass each item is read as
+    literal: tuple[Any, ...] = ()  # enum: the Literal's own values (an int Literal is not its text)
 
     @property
     def name(self) -> str:
@@ -166,12 +171,23 @@ class Leaf:
                 "address": "HOST:PORT or empty" if s.empty else "HOST:PORT",
                 "path": "a path",
                 "int": "an integer" + rng,
+                "int_list": "a list of integers",
+                "quantity": "a "
+                + " or ".join(s.quantity)
+                + " quantity (e.g. "
+                + _QUANTITY_EG.get(s.quantity[0], "5")
+                + ")"
+                + rng
+                if s.quantity
+                else "",
+                "flag_record": "true, false or a mapping",
                 "float": "a number" + rng,
                 "bool": "true or false",
                 "enum": "one of " + ", ".join(self.choices),
                 "map": "a mapping",
                 "list_map": "a mapping of names to lists of strings",
-                "str_map": "a mapping of names to strings",
+                "str_map": "a mapping of names to "
+                + ("one of " + ", ".join(self.choices) if self.choices else "strings"),
                 "records": "a list of mappings",
                 "maps": "a list of mappings",
                 "record_map": "a mapping of names to mappings",
@@ -179,8 +195,13 @@ class Leaf:
         return base + (", or null" if self.nullable else "")
 
 
+_QUANTITY_EG = {"time": "90s, 5m, 24h"}
+
+
 def _str_expect(s: Spec) -> str:
     base = "a non-empty string" if s.nonempty else "a string"
+    if s.pattern:
+        base += f" matching {s.pattern}"
     return base + (" starting with " + " or ".join(s.prefix) if s.prefix else "")
 
 
@@ -265,8 +286,13 @@ def _section(cls: type, key: str, doc: str, switch: str, switch_doc: str) -> Sec
             kind = "address"
         if kind == "str" and spec.choices:
             kind = "enum"
-        item = _item_class(hint) if kind in ("records", "record_map") else None
-        children[f.name] = Leaf(sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple, item)
+        if kind == "float" and spec.quantity:
+            kind = "quantity"
+        item = _item_class(hint) if kind in ("records", "record_map", "flag_record") else None
+        literal = tuple(get_args(hint)) if kind == "enum" and get_origin(hint) is Literal else ()
+        children[f.name] = Leaf(
+            sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple, item, literal
+        )
     return Section(key, cls, doc, children, switch)
 
 
@@ -280,7 +306,7 @@ def _is_record(hint: Any) -> bool:
 
 
 def _item_class(hint: Any) -> type:
-    item: type = get_args(hint)[-1]
+    item: type = next(a for a in reversed(get_args(hint)) if _is_record(a))
     return item
 
 
@@ -301,6 +327,10 @@ def _kind(hint: Any, where: str) -> tuple[str, tuple[str, ...], bool]:
         return "enum", tuple(str(a) for a in args), False
     if origin is list and args == (str,):
         return "list", (), False
+    if origin is list and args == (int,):
+        return "int_list", (), False
+    if origin in (types.UnionType, typing.Union) and bool in args and any(_is_record(a) for a in args):
+        return "flag_record", (), False
     if origin is list and args and _is_record(args[0]):
         return "records", (), False
     if origin is list and args and get_origin(args[0]) is dict:
