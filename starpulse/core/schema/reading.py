@@ -197,11 +197,11 @@ class Reading:
             if isinstance(node, Section):
                 values[name] = self._section(node, raw.get(name))
             elif name in raw:
-                values[name] = self._value(node, raw[name])
+                values[node.attr or name] = self._value(node, raw[name])
             elif node.required:
                 self.missing(node.key)
             else:
-                values[name] = node.default
+                values[node.attr or name] = node.default
         if len(self.errors) > before or any(v is _FAILED for v in values.values()):
             return _FAILED
         if sec.switch and not values.pop(sec.switch):
@@ -223,6 +223,17 @@ class Reading:
             self.err(join_key(sec.key, sub), msg)
         return _FAILED if found else built
 
+    def _item(self, sec: Section, name: Any, raw: Any) -> Any:
+        """One item of a list or mapping of sections; ``problems_as(name)``: checks that need its name."""
+        built = self._section(sec, raw)
+        check = getattr(built, "problems_as", None)
+        if built is _FAILED or not callable(check):
+            return built
+        found = list(check(str(name)))
+        for sub, msg in found:
+            self.err(join_key(sec.key, sub) if sub else sec.key, msg)
+        return _FAILED if found else built
+
     def _records(self, leaf: Leaf, value: Any) -> Any:
         """A list (``records``) or mapping (``record_map``) of sections, each item keyed where it sits."""
         assert leaf.item is not None
@@ -230,7 +241,7 @@ class Reading:
             items = [(f"{leaf.key}[{i}]", i, v) for i, v in enumerate(value)]
         else:
             items = [(join_key(leaf.key, str(k)), k, v) for k, v in value.items()]
-        built = {at: self._section(record_section(leaf.item, at), v) for at, _, v in items}
+        built = {at: self._item(record_section(leaf.item, at), k, v) for at, k, v in items}
         if any(v is _FAILED for v in built.values()):
             return _FAILED
         if leaf.kind == "records":
@@ -280,6 +291,14 @@ class Reading:
         """true/false, or a mapping read as the leaf's dataclass."""
         if isinstance(value, bool):
             return value
+        if not isinstance(value, dict):
+            self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
+            return _FAILED
+        assert leaf.item is not None
+        return self._section(record_section(leaf.item, leaf.key), value)
+
+    def _record(self, leaf: Leaf, value: Any) -> Any:
+        """An optional mapping read as the leaf's dataclass."""
         assert leaf.item is not None
         return self._section(record_section(leaf.item, leaf.key), value)
 
@@ -295,6 +314,20 @@ class Reading:
             return _FAILED
         return amount
 
+    def _list_map(self, leaf: Leaf, value: dict[Any, Any]) -> Any:
+        """Names to non-empty lists of strings (from ``choices`` when given): each entry, each item, by its key."""
+        before = len(self.errors)
+        one = "one of " + ", ".join(leaf.choices) if leaf.choices else "a non-empty string"
+        for name, items in value.items():
+            at = join_key(leaf.key, str(name))
+            if not isinstance(name, str) or not isinstance(items, list) or not items:
+                self.err(at, f"must be a non-empty list, each {one}, got {show(items)}")
+                continue
+            for i, item in enumerate(items):
+                if not isinstance(item, str) or not item or (leaf.choices and item not in leaf.choices):
+                    self.err(f"{at}[{i}]", f"must be {one}, got {show(item)}")
+        return _FAILED if len(self.errors) > before else value
+
     def _maps(self, leaf: Leaf, value: list[Any]) -> Any:
         """A list of free mappings: each item that is not one, by its index (the keys are its consumer's)."""
         bad = [i for i, item in enumerate(value) if not isinstance(item, dict)]
@@ -306,8 +339,10 @@ class Reading:
         "records": _records,
         "record_map": _records,
         "flag_record": _flag_record,
+        "record": _record,
         "quantity": _quantity,
         "maps": _maps,
+        "list_map": _list_map,
     }
 
 
@@ -364,8 +399,8 @@ def _valid(leaf: Leaf, value: Any) -> bool:
             and not (leaf.choices and any(v not in leaf.choices for v in value))
             and not (s.address and not all(address_ok(v) for v in value))
         )
-    if k in ("map", "record_map"):
-        return isinstance(value, dict)
+    if k in ("map", "record_map", "record"):
+        return isinstance(value, dict) and not (s.nonempty and not value)
     if k in ("records", "maps"):
         return isinstance(value, list)
     if k == "str_map":
@@ -375,10 +410,7 @@ def _valid(leaf: Leaf, value: Any) -> bool:
             and keys_ok
             and all(isinstance(v, str) and (not leaf.choices or v in leaf.choices) for v in value.values())
         )
-    return isinstance(value, dict) and all(  # list_map
-        isinstance(n, str) and isinstance(v, list) and v and all(isinstance(a, str) and a for a in v)
-        for n, v in value.items()
-    )
+    return isinstance(value, dict)  # list_map: each entry checked by Reading._list_map
 
 
 def _yaml_value(text: str) -> Any:

@@ -48,6 +48,7 @@ class Spec:
     pattern: str = ""  # a string must match this regular expression whole
     quantity: tuple[str, ...] = ()  # a float read by starpulse.core.units ("5m", 300, {value, unit})
     number_keys: bool = False  # a mapping's keys may be numbers (YAML's 79:), read as their text
+    file_key: str = ""  # the key in the file when it cannot be the field's name (``pass``)
     choices: tuple[str, ...] = ()  # a list's items come from these
     address: bool = False  # HOST:PORT (a list: every item)
     empty: bool = False  # with address: "" is allowed too (not set)
@@ -135,7 +136,7 @@ class Leaf:
 
     key: str
     kind: str  # str address path int float bool enum list int_list list_map map str_map records record_map maps
-    #            quantity flag_record
+    #            quantity flag_record record
     spec: Spec
     default: Any  # MISSING: required
     nullable: bool = False
@@ -143,6 +144,7 @@ class Leaf:
     as_tuple: bool = False
     item: type | None = None  # records, record_map, flag_record: the dataclass each item is read as
     literal: tuple[Any, ...] = ()  # enum: the Literal's own values (an int Literal is not its text)
+    attr: str = ""  # the dataclass field, where the file's key differs (Spec.file_key)
 
     @property
     def name(self) -> str:
@@ -181,11 +183,13 @@ class Leaf:
                 if s.quantity
                 else "",
                 "flag_record": "true, false or a mapping",
+                "record": "a mapping",
                 "float": "a number" + rng,
                 "bool": "true or false",
                 "enum": "one of " + ", ".join(self.choices),
                 "map": "a mapping",
-                "list_map": "a mapping of names to lists of strings",
+                "list_map": "a mapping of names to non-empty lists of "
+                + ("items from " + ", ".join(self.choices) if self.choices else "strings"),
                 "str_map": "a mapping of names to "
                 + ("one of " + ", ".join(self.choices) if self.choices else "strings"),
                 "records": "a list of mappings",
@@ -195,7 +199,7 @@ class Leaf:
         return base + (", or null" if self.nullable else "")
 
 
-_QUANTITY_EG = {"time": "90s, 5m, 24h"}
+_QUANTITY_EG = {"time": "60s, 10m, 24h"}
 
 
 def _str_expect(s: Spec) -> str:
@@ -274,7 +278,11 @@ def _section(cls: type, key: str, doc: str, switch: str, switch_doc: str) -> Sec
         if spec is None:
             raise TypeError(f"{where}: not a documented setting (use setting(), meta() or section())")
         hint, nullable = _unwrap_optional(hints[f.name])
-        sub_key = join_key(key, f.name)
+        name = spec.file_key or f.name
+        sub_key = join_key(key, name)
+        if _is_record(hint) and nullable and not spec.switch:  # an optional mapping: None when absent
+            children[name] = Leaf(sub_key, "record", spec, f.default, True, item=hint, attr=f.name)
+            continue
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             children[f.name] = _section(hint, sub_key, spec.doc or _doc_of(hint), spec.switch, spec.switch_doc)
             continue
@@ -290,8 +298,8 @@ def _section(cls: type, key: str, doc: str, switch: str, switch_doc: str) -> Sec
             kind = "quantity"
         item = _item_class(hint) if kind in ("records", "record_map", "flag_record") else None
         literal = tuple(get_args(hint)) if kind == "enum" and get_origin(hint) is Literal else ()
-        children[f.name] = Leaf(
-            sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple, item, literal
+        children[name] = Leaf(
+            sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple, item, literal, f.name
         )
     return Section(key, cls, doc, children, switch)
 
