@@ -58,8 +58,8 @@ CONTROLLER_ERRORS = [
     ),
     (
         {"detection": {"failslow": {"signals": ["power_w", "bogus"]}}},
-        "detection.failslow.signals: must be a list with items from sm_clock_mhz, power_w, gpu_util_pct, "
-        "nic_gbps, step_time_s, got ['power_w', 'bogus']",
+        "detection.failslow.signals[1]: must be one of sm_clock_mhz, power_w, gpu_util_pct, "
+        "nic_gbps, step_time_s, got 'bogus'",
     ),
     (
         {"detection": {"failslow": {"job_ttl_s": "1h"}}},
@@ -82,7 +82,7 @@ CONTROLLER_ERRORS = [
     ({"server": {"db_path": 5}}, "server.db_path: must be a path, got 5"),
     (
         {"fabric": {"jobs": {"j1": "node-1"}}},
-        "fabric.jobs: must be a mapping of names to lists of strings, got {'j1': 'node-1'}",
+        "fabric.jobs.j1: must be a non-empty list, each a non-empty string, got 'node-1'",
     ),
     (
         {"ingest": {"heartbeat_timout_s": 3}},
