@@ -261,3 +261,7 @@ def test_every_fault_and_fabric_check_in_one_run() -> None:
         "expect.incidents[0].root_cause",
         "expect.evictions",
     ]
+
+
+def test_an_empty_jobs_key_is_no_jobs_as_before() -> None:
+    assert parse_scenario({**BASE, "jobs": None}, "mem").jobs == []

@@ -111,7 +111,7 @@ class DiagnosticKeys:
     """One check the node's agent runs before a repaired node returns."""
 
     name: str = field(metadata=meta("The agent's configured name", pattern=DIAG_NAME.pattern))
-    timeout: float = setting(600.0, "Its time limit", quantity=_TIME, gt=0)
+    timeout: float = setting(600.0, "Its time limit", quantity=_TIME, ge=0)
     passes: str = setting("exit_ok", "How its output is read: " + ", ".join(PASS_KINDS), file_key="pass")
     args: str = setting("", "Passed to the agent's template as {args}")
 
@@ -150,16 +150,16 @@ class LemonKeys:
 class RepairKeys:
     """After the eviction: the repair ladder, validation and return (controller/heal/ladder.py)."""
 
-    ladders: dict[str, list[str]] = setting({}, "Rungs a node climbs, per incident kind", choices=RUNGS)
+    ladders: dict[str, list[str]] | None = setting(None, "Rungs a node climbs, per incident kind", choices=RUNGS)
     timeouts: TimeoutKeys = section(TimeoutKeys)
-    validation: dict[str, ValidationKeys] = setting({}, "What must hold before a node returns, per kind")
+    validation: dict[str, ValidationKeys] | None = setting(None, "What must hold before a node returns, per kind")
     return_to: str = setting("spare", "Where validated nodes go", choices=RETURN_TO)
     spare_target: int = setting(1, "Validated nodes refill the pool to this many spares", ge=0)
     lemon: LemonKeys = section(LemonKeys)
 
     def problems(self) -> Problems:
         why = f"the last rung must be {RETIRE!r}, so a node that never passes is taken out"
-        return [(f"ladders.{kind}", why) for kind, rungs in self.ladders.items() if rungs[-1] != RETIRE]
+        return [(f"ladders.{kind}", why) for kind, rungs in (self.ladders or {}).items() if rungs[-1] != RETIRE]
 
 
 @dataclass(frozen=True)
@@ -188,10 +188,10 @@ def repair_policy(r: RepairKeys) -> RepairPolicy:
             tuple(Diagnostic(d.name, d.timeout, d.passes, d.args) for d in v.diagnostics),
             v.clear_within,
         )
-        for kind, v in r.validation.items()
+        for kind, v in (r.validation or {}).items()
     }
     return RepairPolicy(
-        {**default.ladders, **{k: tuple(v) for k, v in r.ladders.items()}},
+        {**default.ladders, **{k: tuple(v) for k, v in (r.ladders or {}).items()}},
         {"reset_gpu": r.timeouts.reset_gpu, "reboot": r.timeouts.reboot},
         {**default.validations, **validations},
         r.return_to,

@@ -121,3 +121,10 @@ def test_first_rung_honours_the_request_and_the_lemon_score() -> None:
     assert p.first_rung("gpu_fault", "reset_gpu", 1) == 1  # came back recently: skip the reset
     assert p.first_rung("gpu_fault", None, 9) == 2  # never past retire
     assert p.ladder("straggler") == ("reboot", "retire")
+
+
+def test_empty_repair_keys_keep_their_defaults_as_before() -> None:
+    """`ladders:` or `validation:` left empty in YAML (null) was accepted before the schema: it still is."""
+    repair = {"ladders": None, "validation": None, "timeouts": None, "lemon": None}
+    p = policy_from_dict({"version": 1, "kinds": {"gpu_fault": {"action": "evict"}}, "repair": repair}).repair
+    assert p == RepairPolicy()

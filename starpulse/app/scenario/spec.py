@@ -137,7 +137,7 @@ class ScenarioFile:
         ["nvidia"], "Accelerator vendor per block, repeating", choices=SIM_VENDORS, nonempty=True
     )
     guards: GuardLimits = field(default_factory=GuardLimits, metadata=meta("Healer guard limits"))
-    jobs: list[JobSpec] = setting([], "Training jobs")
+    jobs: list[JobSpec] | None = setting([], "Training jobs")
     faults: list[dict[str, Any]] = setting([], "Faults on the timeline (keys: the fault table's)")
     expect: Expectations = field(default_factory=Expectations, metadata=meta("What the run must show"))
 
@@ -262,7 +262,7 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         source=source,
         vendors=list(f.vendors),
         guards={k: v for k, v in vars(f.guards).items() if v is not None},
-        jobs=list(f.jobs),
+        jobs=list(f.jobs or []),
         expect=f.expect if data.get("expect") is not None else None,
     )
     try:
