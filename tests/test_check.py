@@ -109,3 +109,14 @@ def test_unreadable_and_malformed_files_are_one_line_each_never_a_traceback(tmp_
     assert code == 2
     assert [line.split(": ")[0] for line in lines] == [str(bad_yaml), str(listed), str(missing), str(tmp_path)]
     assert "not valid YAML" in lines[0] and "must be a mapping" in lines[1] and "cannot read" in lines[2]
+
+
+def test_a_controller_file_reports_every_notify_error_under_notify(tmp_path: Path) -> None:
+    path = write(tmp_path, "controller.yaml", {"notify": {"batch_size": 0, "receivers": [{"name": "a", "type": "x"}]}})
+    code, lines = check(str(path))
+    assert code == 2
+    assert lines == [
+        f"{path}: notify.receivers[0].type: must be one of alertmanager_webhook, alertmanager_api, webhook, got 'x'",
+        f"{path}: notify.receivers[0].url: is required",
+        f"{path}: notify.batch_size: must be an integer >= 1, got 0",
+    ]
