@@ -88,13 +88,29 @@ def fabric_from_dict(data: Any, source: str = "<fabric>") -> Fabric:
     if not isinstance(data, Mapping):
         raise FabricFileError(f"{source}: top level must be an object, got {type(data).__name__}")
     reading = Reading(_SCHEMA, source, dict(data))
-    f = reading.read()
-    if f is None:
+    f = reading.read()  # None on a top-level error: the vertices and links are checked all the same
+    key = "vertices" if data.get("vertices") is not None else "nodes"
+    graph = _graph(reading, key, _mappings(data.get(key)), _mappings(data.get("links")))
+    if reading.errors or f is None:
         raise FabricFileError(reading.errors)
-    key, vertices = ("vertices", f.vertices) if f.vertices is not None else ("nodes", f.nodes or [])
+    try:
+        return Fabric(graph, f.params)
+    except FabricError as exc:
+        raise FabricFileError(f"{source}: {exc}") from None
+
+
+def _mappings(items: Any) -> list[Any]:
+    """A list's items as they stand (the schema reported a non-mapping one): None for those."""
+    return [item if isinstance(item, Mapping) else None for item in items] if isinstance(items, list) else []
+
+
+def _graph(reading: Reading, key: str, vertices: list[Any], links: list[Any]) -> nx.Graph:
+    """The graph of every vertex and link without a problem; each problem reported, keyed where it sits."""
     graph = nx.Graph()
     refused: set[str] = set()  # vertices with a problem: their links are not reported again
     for i, v in enumerate(vertices):
+        if v is None:
+            continue
         name, kind = v.get("name"), v.get("kind")
         if type(name) is str and name and name not in graph and kind in REQUIRED_ATTRS and _typed(v, kind):
             graph.add_node(name, **{k: x for k, x in v.items() if k != "name"})
@@ -102,7 +118,9 @@ def fabric_from_dict(data: Any, source: str = "<fabric>") -> Fabric:
         _report(reading, f"{key}[{i}]", _vertex_problems(v, graph))
         if isinstance(name, str):
             refused.add(name)
-    for i, link in enumerate(f.links):
+    for i, link in enumerate(links):
+        if link is None:
+            continue
         a, b = link.get("a"), link.get("b")
         if type(a) is str and type(b) is str:
             if a in graph and b in graph and link.get("kind") in EDGE_KINDS and not graph.has_edge(a, b):
@@ -111,12 +129,7 @@ def fabric_from_dict(data: Any, source: str = "<fabric>") -> Fabric:
             if a in refused or b in refused:
                 continue
         _report(reading, f"links[{i}]", _link_problems(link, graph))
-    if reading.errors:
-        raise FabricFileError(reading.errors)
-    try:
-        return Fabric(graph, f.params)
-    except FabricError as exc:
-        raise FabricFileError(f"{source}: {exc}") from None
+    return graph
 
 
 def _report(reading: Reading, at: str, problems: list[tuple[str, str]]) -> None:

@@ -274,12 +274,8 @@ class TestFabricFiles:
         path.write_text(json.dumps(data))
         with pytest.raises(FabricFileError) as exc:
             load_fabric(path)
-        assert exc.value.errors == [f"{path}: params: must be a mapping, got []"]
-        data["params"] = {}
-        path.write_text(json.dumps(data))
-        with pytest.raises(FabricFileError) as exc:
-            load_fabric(path)
         assert [line.removeprefix(f"{path}: ").split(":")[0] for line in exc.value.errors] == [
+            "params",
             "vertices[0].kind",
             "vertices[1].rail",
             "links[0].a",
