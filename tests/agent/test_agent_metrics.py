@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.collectors.exposition import metric_part
 from agent.collectors.gpu import NvmlGpuCollector
 from agent.factory import build_agent
-from agent.metrics import AgentStatus, metric_part
+from agent.metrics import AgentStatus
 from agent.runtime import AgentConfig, CollectorSet
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.node import SimNode
