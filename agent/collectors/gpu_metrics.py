@@ -134,6 +134,12 @@ def _gpu(f: Families, node: str, s: tpb.GpuSample, info: ipb.GpuInfo | None) -> 
             )
     opt("retired_pages_pending", "starpulse_gpu_retired_pages_pending", "1 when page retirement waits for a reboot.")
     opt_counter("pcie_replay_count", "starpulse_gpu_pcie_replay_total", "PCIe replays (link-level retransmits).")
+    # The link as trained now and as built: a width or generation below its maximum is a
+    # degraded link (the rule gpu.pcie_link_narrow); the current generation also drops when idle.
+    opt("pcie_link_width", "starpulse_gpu_pcie_link_width", "PCIe lanes the link runs on now.")
+    opt("pcie_link_width_max", "starpulse_gpu_pcie_link_width_max", "PCIe lanes the GPU and its slot support.")
+    opt("pcie_link_gen", "starpulse_gpu_pcie_link_generation", "PCIe generation the link runs at now.")
+    opt("pcie_link_gen_max", "starpulse_gpu_pcie_link_generation_max", "PCIe generation the GPU and its slot support.")
     for link in s.nvlinks:
         llv = [*lv, str(link.link)]
         f.gauge("starpulse_gpu_nvlink_up", "1 when the NVLink link is active.", (*L, "link"), llv, 1 if link.up else 0)
