@@ -130,6 +130,7 @@ def test_nodes_lists_each_nodes_accelerators(tmp_path: Path) -> None:
 
     from controller.query.nodes import node_statuses
     from controller.store import Store
+    from starpulse.core.clock import FakeClock
     from starpulse.v1 import inventory_pb2 as ipb
 
     @dataclass
@@ -147,7 +148,9 @@ def test_nodes_lists_each_nodes_accelerators(tmp_path: Path) -> None:
     old = ipb.Inventory()
     old.gpus.add(index=0, model="NVIDIA H100 80GB HBM3")
     rows = node_statuses(
-        [Row("node-002", amd), Row("node-000", old), Row("leaf", ipb.Inventory())], Store(tmp_path / "s.db")
+        [Row("node-002", amd), Row("node-000", old), Row("leaf", ipb.Inventory())],
+        Store(tmp_path / "s.db"),
+        FakeClock(),
     )
     assert [(r.node_id, r.accelerator_vendor, r.accelerator_model) for r in rows] == [
         ("leaf", "", ""),
