@@ -78,7 +78,10 @@ def test_scenario_vendors_by_block_and_guards() -> None:
     [
         ({"vendors": ["nvidia", "intel"]}, "mem: vendors[1]: must be one of nvidia, amd, ascend, got 'intel'"),
         ({"vendors": []}, "mem: vendors: must be a non-empty list"),
-        ({"guards": {"max_fleet_share": 2}}, "mem: guards.max_fleet_share: must be in (0, 1], got 2"),
+        (
+            {"guards": {"max_fleet_share": 2}},
+            "mem: guards.max_fleet_share: must be a number > 0 and <= 1, or null, got 2",
+        ),
         ({"guards": {"breaker": 1}}, "mem: guards.breaker: unknown key"),
         (
             {"faults": [{"at_s": 1, "kind": "amd_xgmi_down", "target": "node-000/gpu-1"}]},
