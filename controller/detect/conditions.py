@@ -8,7 +8,7 @@ to them afterwards):
 - the fast-path plan (controller.detect.plan) and the report path that walks it
   (controller.detect.reports): each sample read once, each evaluator asked about what it
   can judge;
-- event intake (controller.detect.intake) and its windows (controller.detect.windows): each
+- event intake (controller.detect.intake) and its windows (controller.detect.event_windows): each
   event named and handed to the kinds whose rules it matches;
 - the condition lifecycle (controller.detect.lifecycle): open, hold, windows, updates at
   most once per interval, ``resolve_after``, expiry; the evaluators' ``Judge``.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import structlog
 
+from controller.detect.event_windows import EventWindows
 from controller.detect.intake import EventIntake
 from controller.detect.lifecycle import Lifecycle
 from controller.detect.model import Condition, ConditionChange
@@ -30,7 +31,6 @@ from controller.detect.plan import build_plan
 from controller.detect.rates import CounterRate
 from controller.detect.reports import ReportPath
 from controller.detect.rules import RuleSet
-from controller.detect.windows import EventWindows
 from controller.fabric import Fabric
 from controller.ingest.registry import NodeRecord
 from starpulse.core.clock import Clock

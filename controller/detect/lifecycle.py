@@ -24,9 +24,9 @@ from typing import Any
 import structlog
 
 from controller.detect.evaluators.base import EventHit
+from controller.detect.event_windows import EventWindows
 from controller.detect.model import ComponentType, Condition, ConditionChange, ConditionChangeKind, Rule
 from controller.detect.rates import CounterRate
-from controller.detect.windows import EventWindows
 from starpulse.core.clock import Clock
 
 log = structlog.get_logger(__name__)
