@@ -37,7 +37,7 @@ _NIC_EVENTS = frozenset({tpb.EVENT_KIND_NIC_LINK_DOWN, tpb.EVENT_KIND_NIC_LINK_U
 _PORT_EVENTS = frozenset({tpb.EVENT_KIND_SWITCH_PORT_DOWN, tpb.EVENT_KIND_SWITCH_PORT_UP, tpb.EVENT_KIND_PFC_STORM})
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class NodeNames:
     """Per-node naming, rebuilt when the agent re-registers (new inventory) or LLDP changes."""
 
@@ -69,24 +69,28 @@ class Naming:
         if ctx is not None and ctx.token == node.stream_token and ctx.lldp_id == lldp_id:
             return ctx
         inv = node.inventory
+        nid = node.node_id
+        namer = NicNamer(nid, inv, node.lldp or None)
+        indices = frozenset(g.index for g in inv.gpus)
+        nic_by_pci: dict[str, str] = {}
+        nic_inventory: dict[str, str] = {}
+        for n in inv.nics:
+            local = f"{n.rdma_device}/{n.port}"
+            name = namer.nic(local)
+            nic_inventory[local] = name or f"{nid}/{local}"  # as the report path names a port
+            if name is not None and n.pci_address:
+                nic_by_pci[vocab.pci_key(n.pci_address)] = name
         ctx = NodeNames(
             token=node.stream_token,
             lldp_id=lldp_id,
-            namer=NicNamer(node.node_id, inv, node.lldp or None),
+            namer=namer,
             gpu_by_pci={vocab.pci_key(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id},
-            nic_by_pci={},
-            gpu_indices=frozenset(g.index for g in inv.gpus),
-            gpu_comp={},
-            nic_inventory={},
+            nic_by_pci=nic_by_pci,
+            gpu_indices=indices,
+            gpu_comp={i: gpu_name(nid, f"gpu-{i}") for i in indices},
+            nic_inventory=nic_inventory,
             nic_ports={},
         )
-        ctx.gpu_comp = {i: gpu_name(node.node_id, f"gpu-{i}") for i in ctx.gpu_indices}
-        for n in inv.nics:
-            local = f"{n.rdma_device}/{n.port}"
-            name = ctx.namer.nic(local)
-            ctx.nic_inventory[local] = name or f"{node.node_id}/{local}"  # as the report path names a port
-            if name is not None and n.pci_address:
-                ctx.nic_by_pci[vocab.pci_key(n.pci_address)] = name
         self._nodes[node.node_id] = ctx
         return ctx
 
