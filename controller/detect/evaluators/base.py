@@ -319,7 +319,8 @@ class HostEvaluator(Evaluator, ABC):
 
 
 class EventEvaluator(Evaluator, ABC):
-    """Events open its conditions; the engine holds them (``hold``) or counts them in a window."""
+    """A kind only events open: ``accepts`` filters them, and its ``event`` holds or counts them
+    (through the ``Judge`` and the ``Windows``); the lifecycle keeps what it opens."""
 
     @abstractmethod
     def accepts(self, rule: Rule, severity: int, action: str = "") -> bool:
