@@ -40,7 +40,7 @@ MAX_REQUESTED_TIMEOUT_S = 4 * 3600.0  # the longest time limit a controller may 
 def is_configurable(kind: str) -> bool:
     """A kind an operator may configure: a disruptive command, the default diagnostic, or a named one."""
     if kind.startswith(DIAGNOSTIC_PREFIX):
-        return bool(DIAGNOSTIC_NAME.match(kind.removeprefix(DIAGNOSTIC_PREFIX)))
+        return bool(DIAGNOSTIC_NAME.fullmatch(kind.removeprefix(DIAGNOSTIC_PREFIX)))
     return kind in CONFIGURABLE and kind != "diagnostic.NAME"
 
 
@@ -70,7 +70,7 @@ def _validate(name: str, value: str) -> str:
         if not value.isdigit() or int(value) > MAX_GPU_INDEX:
             raise InvalidArgs(f"gpu must be a GPU index (0..{MAX_GPU_INDEX}), got {value!r}")
         return str(int(value))
-    if not SAFE_VALUE.match(value):
+    if not SAFE_VALUE.fullmatch(value):
         raise InvalidArgs(f"{name}={value!r} is not a plain value")
     return value
 

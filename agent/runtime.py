@@ -324,6 +324,8 @@ class Agent:
             reports_sent_total=self.link.reports_sent,
             cycles_total=self.cycles,
             connected=self.link.connected.is_set(),
+            streams_replaced_total=self.link.replaced,
+            streams_silent_total=self.link.silent_streams,
         )
 
     def metrics_collector(self) -> AgentMetricsCollector:

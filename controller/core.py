@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from controller.detect.agent_conflict import AgentConflicts
 from controller.detect.model import ConditionChange, Incident
 from controller.detect.pipeline import Detection, IncidentListener
 from controller.detect.rules import load_rules
@@ -98,7 +99,9 @@ class DecisionCore:
             clock=clock,
             listeners=[self],
             stages=stages,
+            on_takeover=self._taken_over,
         )
+        self.conflicts = AgentConflicts(clock)
         self.jobs = JobRegistry(store.connection, clock)
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
@@ -137,6 +140,7 @@ class DecisionCore:
             ("heartbeat_sweep", self.registry.sweep),
             ("presence_flush", self.registry.flush_presence),
             ("detection_tick", self.detection.tick),
+            ("agent_conflicts", self._conflicts_tick),
         ]
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -235,6 +239,17 @@ class DecisionCore:
             changes: list[ConditionChange] = []
             for _ in self.detection.failslow.evaluation_steps(changes):
                 pass
+            self.detection.feed(changes)
+
+    def _conflicts_tick(self) -> None:
+        changes = self.conflicts.tick()
+        if changes:
+            self.detection.feed(changes)
+
+    def _taken_over(self, node: NodeRecord, old_peer: str, new_peer: str) -> None:
+        """A foreign stream took a node over: a second one within the window is an agent_conflict."""
+        changes = self.conflicts.takeover(node.node_id, old_peer, new_peer)
+        if changes:
             self.detection.feed(changes)
 
     def _record(self, verdict: ReportResult) -> None:

@@ -44,6 +44,18 @@ class ControllerMetrics:
             "starpulse_messages_rejected", "Agent messages refused, by reason.", ["reason"], registry=r
         )
         self.streams = Gauge("starpulse_agent_streams", "Open agent streams.", registry=r)
+        self.clock_skewed = Gauge(
+            "starpulse_agents_clock_skewed",
+            "Nodes whose latest agent timestamp is more than 5 min from the controller's clock.",
+            registry=r,
+        )
+        # Security-relevant: "foreign" is a second claimant of a node's identity (issue 32).
+        self.stream_takeovers = Counter(
+            "starpulse_agent_stream_takeovers",
+            "Agent streams replaced by a newer stream for the same node: reconnect (the agent's own) or foreign.",
+            ["kind"],
+            registry=r,
+        )
         self.relays = Gauge("starpulse_relays_connected", "Relays streaming agents' messages in.", registry=r)
         self.shards_running = Gauge(
             "starpulse_detect_shards", "Detection shard processes running (controller --detect-workers).", registry=r

@@ -395,7 +395,7 @@ class StarpulseJob:
             return []
         found = []
         for entry in entries:
-            m = STEP_DIR_RE.match(entry.name)
+            m = STEP_DIR_RE.fullmatch(entry.name)
             if m and entry.is_dir():
                 found.append((int(m.group(1)), entry))
         return sorted(found, reverse=True)

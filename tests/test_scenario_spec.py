@@ -159,7 +159,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     (
         "expect kind",
         {**BASE, "expect": {"incidents": [{"kind": "meltdown"}]}},
-        "expect.incidents[0].kind: must be one of gpu_fault, host_fault",
+        "expect.incidents[0].kind: must be one of agent_conflict, gpu_fault, host_fault",
     ),
     (
         "expect root",
@@ -169,7 +169,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     (
         "expect forbid",
         {**BASE, "expect": {"forbid_kinds": ["nope"]}},
-        "expect.forbid_kinds[0]: must be one of gpu_fault, host_fault",
+        "expect.forbid_kinds[0]: must be one of agent_conflict, gpu_fault, host_fault",
     ),
     (
         "expect clash",

@@ -27,6 +27,7 @@ CATEGORIES = (
     "heartbeat",  # a node not heard from
     "host",  # disk, memory
     "failslow",  # a node persistently slower than its peers
+    "agent",  # the node's agent itself: two agents claiming the node (controller.detect.agent_conflict)
 )
 
 

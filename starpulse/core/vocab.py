@@ -78,6 +78,7 @@ INCIDENT_KINDS: Final[tuple[str, ...]] = (
     "link_fault",
     "partition",
     "node_down",
+    "agent_conflict",  # two live agents claim one node (issue 32): whose telemetry is it?
     "other",
 )
 # Only these may name a node to evict. Switch, link, partition and node_down incidents are the
@@ -102,7 +103,7 @@ def canonical_pci(bus_id: str) -> str:
     """Linux's "dddd:bb:dd.f" form of any bus id (lower case, 4-digit domain); unparsable
     text comes back stripped and lower-cased, so it can still be shown and compared."""
     text = bus_id.strip().lower().removeprefix("pci:")
-    m = _PCI_RE.match(text)
+    m = _PCI_RE.fullmatch(text)
     if m is None:
         return text
     domain, bus, device, function = m.groups()
@@ -113,7 +114,7 @@ def pci_key(bus_id: str) -> str:
     """The "dddd:bb:dd" key that matches a device however it was written: the kernel log
     names a GPU without its function, so the function is left out."""
     text = bus_id.strip().lower().removeprefix("pci:")
-    m = _PCI_RE.match(text)
+    m = _PCI_RE.fullmatch(text)
     if m is None:
         return text
     domain, bus, device, _function = m.groups()

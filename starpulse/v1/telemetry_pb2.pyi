@@ -29,6 +29,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_AGENT: _ClassVar[EventKind]
     EVENT_KIND_THERMAL_SLOWDOWN: _ClassVar[EventKind]
     EVENT_KIND_ACCEL_FAULT: _ClassVar[EventKind]
+    EVENT_KIND_BUFFER_RESET: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +57,7 @@ EVENT_KIND_KERNEL: EventKind
 EVENT_KIND_AGENT: EventKind
 EVENT_KIND_THERMAL_SLOWDOWN: EventKind
 EVENT_KIND_ACCEL_FAULT: EventKind
+EVENT_KIND_BUFFER_RESET: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity

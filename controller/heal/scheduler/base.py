@@ -144,7 +144,7 @@ class Scheduler(Protocol):
 
 def validate_job_id(job: str) -> str:
     """Return job when it is a safe job name: letters, digits, . _ + - (optionally ns/name)."""
-    if not isinstance(job, str) or not _JOB_ID.match(job):
+    if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
         raise InvalidName(f"invalid job id {job!r}")
     return job
 

@@ -72,7 +72,7 @@ _TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF
 
 def validate_slurm_job_id(job: str) -> str:
     """Return job when it is a Slurm job id (digits, optionally an array task `123_4`)."""
-    if not isinstance(job, str) or not _SLURM_JOB_ID.match(job):
+    if not isinstance(job, str) or not _SLURM_JOB_ID.fullmatch(job):
         raise InvalidName(f"invalid Slurm job id {job!r}")
     return job
 
