@@ -40,6 +40,15 @@ log = structlog.get_logger(__name__)
 DEFAULT_SOCKET = "/run/starpulse/jobs.sock"
 MAX_LINE = 64 * 1024
 AVG_WINDOW = 8  # steps in the moving average
+_OPS = frozenset({"register", "step", "checkpoint_done", "phase"})
+PHASES = frozenset({"starting", "training", "checkpointing", "evaluating"})
+
+
+def _set_phase(state: RankState, phase: object) -> None:
+    """Enter ``phase`` (when it is one we know and differs); its start is the agent's wall clock."""
+    if isinstance(phase, str) and phase in PHASES and phase != state.phase:
+        state.phase = phase
+        state.phase_since_ms = int(time.time() * 1000)
 
 
 @dataclass
@@ -58,6 +67,8 @@ class RankState:
     resumed_from_step: int = 0  # the checkpoint this run of the rank started from (0: fresh start)
     checkpoint_dir: str = ""
     last_seen: float = 0.0  # monotonic
+    phase: str = ""  # starpulse.job phases; "" until the rank says (a library from before phases)
+    phase_since_ms: int = 0  # wall clock when it entered the phase
 
     @property
     def avg_step_time_s(self) -> float:
@@ -184,7 +195,7 @@ class JobGateway:
             rank = int(msg.get("rank", 0))
         except (TypeError, ValueError):
             return None
-        if not isinstance(job, str) or not job or rank < 0 or op not in ("register", "step", "checkpoint_done"):
+        if not isinstance(job, str) or not job or rank < 0 or op not in _OPS:
             log.warning("job_gateway_bad_message", op=op, job=job)
             return None
         key = (job, rank)
@@ -207,6 +218,9 @@ class JobGateway:
                     state.checkpoint_dir = str(msg.get("checkpoint_dir") or "")
                     if msg.get("resumed_from_step") is not None:
                         state.resumed_from_step = int(msg["resumed_from_step"])
+                    if msg.get("step") is not None:  # an agent that restarted: where the rank is
+                        state.step = max(state.step, int(msg["step"]))
+                    _set_phase(state, msg.get("phase") or "starting")
                     if msg.get("last_checkpoint_step") is not None:
                         state.last_checkpoint_step = int(msg["last_checkpoint_step"])
                         state.checkpoint_path = str(msg.get("checkpoint_path") or "")
@@ -223,6 +237,10 @@ class JobGateway:
                     state.step = int(msg.get("step", 0))
                     state.step_time_s = float(msg.get("step_time_s", 0.0))
                     state.recent.append(state.step_time_s)
+                    if state.phase in ("", "starting"):
+                        _set_phase(state, "training")  # a step means training
+                elif op == "phase":
+                    _set_phase(state, msg.get("phase"))
                 else:
                     state.last_checkpoint_step = int(msg.get("step", 0))
                     state.checkpoint_path = str(msg.get("path") or "")
@@ -337,6 +355,8 @@ class JobCollector:
                 pid=max(state.pid, 0),
                 world_size=max(state.world_size, 0),
                 resumed_from_step=max(state.resumed_from_step, 0),
+                phase=state.phase,
+                phase_since_ms=state.phase_since_ms,
             )
         return []
 

@@ -50,6 +50,7 @@ from controller.heal.spares import SparePool
 from controller.heal.states import AUTOMATIC, RemediationStore
 from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
+from controller.jobs.hang import HangDetector
 from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerConfig, HealSettings
@@ -102,6 +103,7 @@ class DecisionCore:
         self.jobs = JobRegistry(store.connection, clock)
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
+        self.hangs = HangDetector(config.hang, clock)
         # The healer reads detection's incidents through late-bound callables: it is built first
         # so that detection is built with every incident listener it has.
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
@@ -137,6 +139,7 @@ class DecisionCore:
             ("heartbeat_sweep", self.registry.sweep),
             ("presence_flush", self.registry.flush_presence),
             ("detection_tick", self.detection.tick),
+            ("hang_check", self.check_hangs),
         ]
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -227,6 +230,22 @@ class DecisionCore:
     def feed(self, changes: list[ConditionChange]) -> None:
         """Condition changes decided on this floor (a job-level verdict): to the correlator."""
         self.detection.feed(changes)
+
+    def check_hangs(self) -> None:
+        """Every ``hang.every_s``: judge each job's progress; verdicts to the correlator (``feed``).
+
+        A job-level verdict, so decided here on the core's floor from the job registry (the
+        hang detector lives on the jobs floor, above detection).
+        """
+        if not self.hangs.due():
+            return
+        changes = self.hangs.evaluate(self.jobs.live())
+        if changes:
+            for change in changes:
+                if change.kind == "opened":
+                    self.metrics.job_hangs_total.labels(str(change.condition.evidence.get("shape", ""))).inc()
+            self.feed(changes)
+            self.metrics.job_hangs_open.set(len(self.hangs.active()))
 
     def tick(self) -> None:
         """One periodic sweep: each step in order, timed; then a fail-slow comparison when due."""

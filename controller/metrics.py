@@ -106,6 +106,15 @@ class ControllerMetrics:
             registry=r,
         )
         self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)
+        self.job_hangs_open = Gauge(
+            "starpulse_job_hangs_open", "Jobs judged hung now (steps stopped past their bound).", registry=r
+        )
+        self.job_hangs_total = Counter(
+            "starpulse_job_hangs_total",
+            "Hangs detected, by shape (stalled: every rank; diverged: some).",
+            ["shape"],
+            registry=r,
+        )
         # Periodic work runs on the event loop between reports: while a step runs, reports wait.
         self.periodic_seconds = Histogram(
             "starpulse_periodic_seconds",

@@ -183,6 +183,9 @@ class Grouper:
                 cause.note.setdefault("explained_stragglers", []).append(node)
             else:
                 self._add(out, "straggler", node, "node", [c], [node])
+        for c in by_cat.pop("hang", []):  # one job's verdict, decided on the jobs floor: its own incident
+            nodes = c.evidence.get("nodes") or ([c.node] if c.node else [])
+            self._add(out, "job_hang", c.component, "job", [c], [str(n) for n in nodes])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])

@@ -104,6 +104,8 @@ class RankRecord:
     world_size: int = 0
     updated_ms: int = 0
     resumed_from_step: int = 0  # what this run of the rank says it resumed from (in memory only)
+    phase: str = ""  # what the rank says it does (starpulse.job phases; in memory only)
+    phase_since_ms: int = 0  # agent wall clock when it entered the phase
 
 
 @dataclass
@@ -416,6 +418,8 @@ class JobRegistry:
                 world_size=s.world_size,
                 updated_ms=now,
                 resumed_from_step=s.resumed_from_step,
+                phase=s.phase,
+                phase_since_ms=s.phase_since_ms,
             )
             self._note_progress(rec, old, new, now, dirty_restarts, dirty_jobs)
             rec.ranks[s.rank] = new
@@ -590,6 +594,11 @@ class JobRegistry:
             history=[replace(h) for h in rec.history],
             now_ms=self._clock_ms(),
         )
+
+    def live(self) -> list[JobRecord]:
+        """The registry's own records, not copies: for readers on this floor and above that only
+        read (hang detection looks at every rank every few seconds; copying 80,000 would cost more)."""
+        return list(self._jobs.values())
 
     def jobs(self) -> list[JobRecord]:
         return [self._snapshot(self._jobs[name]) for name in sorted(self._jobs)]

@@ -78,6 +78,7 @@ INCIDENT_KINDS: Final[tuple[str, ...]] = (
     "link_fault",
     "partition",
     "node_down",
+    "job_hang",  # a job whose steps stopped (controller.jobs.hang); its suspects, if named, in the evidence
     "other",
 )
 # Only these may name a node to evict. Switch, link, partition and node_down incidents are the

@@ -344,7 +344,7 @@ class CollectorStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., supported: _Optional[bool] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., duration_s: _Optional[float] = ...) -> None: ...
 
 class JobStepSample(_message.Message):
-    __slots__ = ("job", "rank", "step", "step_time_s", "last_checkpoint_step", "checkpoint_path", "last_checkpoint_ms", "pid", "world_size", "resumed_from_step")
+    __slots__ = ("job", "rank", "step", "step_time_s", "last_checkpoint_step", "checkpoint_path", "last_checkpoint_ms", "pid", "world_size", "resumed_from_step", "phase", "phase_since_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +355,8 @@ class JobStepSample(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     step: int
@@ -365,7 +367,9 @@ class JobStepSample(_message.Message):
     pid: int
     world_size: int
     resumed_from_step: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., last_checkpoint_ms: _Optional[int] = ..., pid: _Optional[int] = ..., world_size: _Optional[int] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
+    phase: str
+    phase_since_ms: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., last_checkpoint_ms: _Optional[int] = ..., pid: _Optional[int] = ..., world_size: _Optional[int] = ..., resumed_from_step: _Optional[int] = ..., phase: _Optional[str] = ..., phase_since_ms: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta")
