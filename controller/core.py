@@ -52,6 +52,7 @@ from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
 from controller.jobs.hang import HangDetector
 from controller.jobs.registry import JobRegistry
+from controller.jobs.stall import GpuStallDetector
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
@@ -104,6 +105,7 @@ class DecisionCore:
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
         self.hangs = HangDetector(config.hang, clock)
+        self.stalls = GpuStallDetector(config.stall, clock)
         # The healer reads detection's incidents through late-bound callables: it is built first
         # so that detection is built with every incident listener it has.
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
@@ -239,13 +241,14 @@ class DecisionCore:
         """
         if not self.hangs.due():
             return
-        changes = self.hangs.evaluate(self.jobs.live())
+        changes = self.hangs.evaluate(self.jobs.live()) + self.stalls.evaluate()
         if changes:
             for change in changes:
                 if change.kind == "opened":
-                    self.metrics.job_hangs_total.labels(str(change.condition.evidence.get("shape", ""))).inc()
+                    ev = change.condition.evidence
+                    self.metrics.job_hangs_total.labels(str(ev.get("shape", "")), str(ev.get("source", ""))).inc()
             self.feed(changes)
-            self.metrics.job_hangs_open.set(len(self.hangs.active()))
+            self.metrics.job_hangs_open.set(len({c.component for c in self.hangs.active() + self.stalls.active()}))
 
     def tick(self) -> None:
         """One periodic sweep: each step in order, timed; then a fail-slow comparison when due."""
@@ -263,8 +266,11 @@ class DecisionCore:
 
     # -- IngestListener (controller.ingest.registry): what the registry recorded ----------
     def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
-        """A recorded report: detection has it already (it decided it); the job registry takes its ranks."""
+        """A recorded report: detection has it already (it decided it); the job registry takes its ranks,
+        the GPU-signature hang detector its jobs' GPUs (with the NIC rate, when fail-slow sampled one)."""
         self.jobs.on_report(node, verdict)
+        if verdict.job_gpus:
+            self.stalls.observe(node.node_id, verdict.job_gpus, verdict.signals.get("nic_gbps"))
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         self.detection.on_events(node, events)

@@ -111,8 +111,8 @@ class ControllerMetrics:
         )
         self.job_hangs_total = Counter(
             "starpulse_job_hangs_total",
-            "Hangs detected, by shape (stalled: every rank; diverged: some).",
-            ["shape"],
+            "Hangs detected, by shape (stalled: every rank; diverged: some) and source (job_library, gpu_signature).",
+            ["shape", "source"],
             registry=r,
         )
         # Periodic work runs on the event loop between reports: while a step runs, reports wait.

@@ -22,6 +22,7 @@ from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.base import Scheduler
 from controller.jobs.hang import HangConfig
+from controller.jobs.stall import StallConfig
 from controller.outputs.notify import NotifyConfig, NotifyConfigError, parse_notify_config
 from controller.service import ControllerConfig, HealSettings
 from starpulse.app.config.common import (
@@ -87,6 +88,9 @@ class DetectionSection:
     )
     failslow: FailSlowConfig = section(FailSlowConfig, "Fail-slow: a node markedly slower than its peers")
     hang: HangConfig = section(HangConfig, "Hangs: a job whose steps stop moving, judged against its own step time")
+    stall: StallConfig = section(
+        StallConfig, "Hangs without the job library: a job's GPUs busy at idle power, its RDMA traffic flat"
+    )
 
 
 @dataclass
@@ -361,6 +365,7 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
         fabric=fabric,
         detection=detection,
         hang=s.detection.hang,
+        stall=s.detection.stall,
         notify=notify,
         heal=heal,
         ha=s.ha,
