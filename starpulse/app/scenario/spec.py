@@ -470,7 +470,7 @@ def _parse_expect(c: _Checker, raw: Any, fabric: Fabric) -> Expectations:  # noq
         if root is not None:
             if not isinstance(root, str):
                 raise c.fail(f"{where}.root_cause", f"must be a string, got {root!r}")
-            if root:
+            if root and not root.startswith("job:"):  # a job (job_hang) is no fabric component
                 try:
                     fabric.component_type(root)
                 except (KeyError, ValueError) as exc:
