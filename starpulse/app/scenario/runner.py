@@ -20,13 +20,13 @@ import structlog
 from agent.sim.faults import FAULTS
 from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
-from controller.jobs.hang import HangConfig
-from controller.jobs.stall import StallConfig
 from controller.detect.model import Incident
 from controller.detect.pipeline import DetectionConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.sim import SimScheduler
+from controller.jobs.hang import HangConfig
+from controller.jobs.stall import StallConfig
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import FaultSpec, Scenario
