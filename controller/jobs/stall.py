@@ -106,9 +106,9 @@ class GpuStallDetector:
         """Open, keep or resolve each job's ``job_hang_gpu`` condition."""
         now = self.clock.time_ms()
         cutoff = now - int(self.config.window_s * 1000)
-        for samples in self._nic.values():
-            while samples and samples[0][0] < cutoff:
-                samples.popleft()
+        for rates in self._nic.values():
+            while rates and rates[0][0] < cutoff:
+                rates.popleft()
         changes: list[ConditionChange] = []
         for job in sorted(self._jobs):
             nodes = self._jobs[job]
