@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import socket
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import structlog
 
 from agent.jobs import JobGateway
+from agent.stacks import StackCollector
 from starpulse.v1 import service_pb2 as spb
 
 log = structlog.get_logger(__name__)
@@ -115,13 +117,19 @@ class CommandHandler:
         # In-process actions for simulated hardware only (agent.sim.repairs): a simulated GPU
         # cannot be reset by a subprocess. Empty on a real node.
         self.local: dict[str, Callable[[dict[str, str]], Awaitable[tuple[bool, str]]]] = {}
+        self.stacks = StackCollector(gateway)  # never disruptive: needs no operator configuration
 
     async def __call__(self, command: spb.Command) -> spb.CommandResult:
         kind = kind_name(command.kind)
         args = dict(command.args)
         started = time.monotonic()
+        payload = ""
         try:
-            ok, message = await self._dispatch(kind, args)
+            if kind == "collect_stacks":
+                ok, message, data = await self.stacks.collect(args.get("job", ""))
+                payload = json.dumps(data, separators=(",", ":")) if data else ""
+            else:
+                ok, message = await self._dispatch(kind, args)
         except Exception as exc:  # a handler bug must still answer the controller
             log.exception("command_error", id=command.id, kind=kind)
             ok, message = False, f"{type(exc).__name__}: {exc}"
@@ -134,7 +142,7 @@ class CommandHandler:
             message=message,
             duration_s=round(time.monotonic() - started, 3),
         )
-        return spb.CommandResult(id=command.id, ok=ok, message=message)
+        return spb.CommandResult(id=command.id, ok=ok, message=message, payload_json=payload)
 
     async def _dispatch(self, kind: str, args: dict[str, str]) -> tuple[bool, str]:
         if kind == "checkpoint_request":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -52,6 +53,7 @@ from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
 from controller.jobs.hang import HangDetector
 from controller.jobs.registry import JobRegistry
+from controller.jobs.stacks import RankStack, group_stacks, rank_stacks
 from controller.jobs.stall import GpuStallDetector
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerConfig, HealSettings
@@ -106,6 +108,7 @@ class DecisionCore:
             self.jobs.register_job(job, nodes)
         self.hangs = HangDetector(config.hang, clock)
         self.stalls = GpuStallDetector(config.stall, clock)
+        self._stack_tasks: set[asyncio.Task[None]] = set()
         # The healer reads detection's incidents through late-bound callables: it is built first
         # so that detection is built with every incident listener it has.
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
@@ -247,8 +250,57 @@ class DecisionCore:
                 if change.kind == "opened":
                     ev = change.condition.evidence
                     self.metrics.job_hangs_total.labels(str(ev.get("shape", "")), str(ev.get("source", ""))).inc()
+                    if ev.get("source") == "job_library":
+                        self._collect_stacks_soon(str(ev["job"]), [str(n) for n in ev.get("nodes", [])])
             self.feed(changes)
             self.metrics.job_hangs_open.set(len({c.component for c in self.hangs.active() + self.stalls.active()}))
+
+    def _collect_stacks_soon(self, job: str, nodes: list[str]) -> None:
+        """Ask every node of a hung job for its ranks' stacks, as a task (none without a running loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self.collect_stacks(job, nodes))
+        self._stack_tasks.add(task)
+        task.add_done_callback(self._stack_tasks.discard)
+
+    async def collect_stacks(self, job: str, nodes: list[str]) -> None:
+        """COLLECT_STACKS to each node of ``job``; the stacks grouped (controller.jobs.stacks), the
+        outliers named on the hang's condition, which goes to the correlator as an update."""
+        started = self.clock.monotonic()
+        timeout_s = self.config.hang.stacks_timeout_s
+        results = await asyncio.gather(
+            *(
+                self.registry.run_command(
+                    node,
+                    spb.Command(id=f"stacks:{job}:{node}:{self.clock.time_ms()}", kind=spb.COMMAND_KIND_COLLECT_STACKS,
+                                args={"job": job}),
+                    timeout_s,
+                )
+                for node in nodes
+            )
+        )  # fmt: skip
+        stacks: list[RankStack] = []
+        for node, result in zip(nodes, results, strict=True):
+            if result is None:
+                log.warning("job_hang_stacks_unanswered", job=job, node=node)
+                continue
+            if not result.payload_json:
+                log.info("job_hang_stacks_none", job=job, node=node, message=result.message)
+                continue
+            try:
+                payload = json.loads(result.payload_json)
+            except ValueError:
+                log.warning("job_hang_stacks_bad_payload", job=job, node=node)
+                continue
+            if isinstance(payload, dict):
+                stacks += rank_stacks(node, payload)
+        verdict = group_stacks(stacks)
+        self.metrics.job_hang_culprit_seconds.observe(self.clock.monotonic() - started)
+        changes = self.hangs.annotate(job, verdict)
+        if changes:
+            self.feed(changes)
 
     def tick(self) -> None:
         """One periodic sweep: each step in order, timed; then a fail-slow comparison when due."""

@@ -115,6 +115,12 @@ class ControllerMetrics:
             ["shape", "source"],
             registry=r,
         )
+        self.job_hang_culprit_seconds = Histogram(
+            "starpulse_job_hang_stacks_seconds",
+            "Seconds from a hang's incident to its ranks' stacks grouped (who stalled it named, or not).",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
         # Periodic work runs on the event loop between reports: while a step runs, reports wait.
         self.periodic_seconds = Histogram(
             "starpulse_periodic_seconds",

@@ -41,6 +41,7 @@ import structlog
 
 from controller.detect.model import Condition, ConditionChange
 from controller.jobs.registry import INTERRUPTED, JobRecord, RankRecord
+from controller.jobs.stacks import StackVerdict
 from starpulse.core import vocab
 from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
@@ -106,6 +107,12 @@ class HangConfig:
     )
     min_lag_steps: int = setting(
         1, "Steps a stalled rank must be behind the job's furthest rank to be named as a suspect", ge=1
+    )
+    stacks_timeout_s: float = setting(
+        30.0,
+        "Seconds each node of a hung job has to answer with its ranks' stacks (py-spy takes well under a "
+        "second per process; the flight recorder's dump a few)",
+        gt=0,
     )
 
     def __post_init__(self) -> None:
@@ -188,6 +195,7 @@ class HangDetector:
         self._tracks: dict[str, dict[int, _Track]] = {}
         self._steps: dict[str, deque[float]] = {}
         self._open: dict[str, Condition] = {}
+        self._stacks: dict[str, StackVerdict] = {}  # job -> its ranks' stacks, grouped (controller.jobs.stacks)
         self._last_check = float("-inf")
 
     # -- bounds ---------------------------------------------------------------------------
@@ -325,9 +333,34 @@ class HangDetector:
 
     # -- conditions -----------------------------------------------------------------------
 
+    def annotate(self, job: str, stacks: StackVerdict) -> list[ConditionChange]:
+        """The ranks' stacks of a hung job: the groups join its evidence, and the outliers, when
+        the stacks name any, are its suspects (they say more than a step counter)."""
+        cond = self._open.get(job)
+        if cond is None:
+            return []  # resolved while the stacks were collected
+        self._stacks[job] = stacks
+        self._with_stacks(job, cond.evidence)
+        nodes = cond.evidence["suspect_nodes"]
+        cond.node = nodes[0] if len(nodes) == 1 else None
+        cond.message = f"{cond.message.split('; stacks:')[0]}; stacks: {stacks.reason}"
+        log.warning("job_hang_stacks", job=job, reason=stacks.reason, outliers=nodes)
+        return [ConditionChange("updated", cond)]
+
+    def _with_stacks(self, job: str, evidence: dict[str, Any]) -> None:
+        stacks = self._stacks.get(job)
+        if stacks is None:
+            return
+        evidence["stacks"] = stacks.to_evidence()
+        if stacks.outliers:
+            evidence["suspects"] = [{"rank": o.rank, "node": o.node, "pid": o.pid} for o in stacks.outliers]
+            evidence["suspect_nodes"] = sorted({o.node for o in stacks.outliers})
+            evidence["suspects_from"] = "stacks"
+
     def _raise(self, v: HangVerdict, now: int) -> list[ConditionChange]:
-        nodes = v.suspect_nodes
         evidence = v.evidence()
+        self._with_stacks(v.job, evidence)
+        nodes = list(evidence["suspect_nodes"])
         cond = self._open.get(v.job)
         if cond is None:
             cond = self._open[v.job] = Condition(
@@ -358,13 +391,15 @@ class HangDetector:
         cond.last_seen_ms = now
         cond.count += 1
         cond.evidence = evidence
-        cond.message = v.message()
+        stacks = self._stacks.get(v.job)
+        cond.message = v.message() + (f"; stacks: {stacks.reason}" if stacks is not None else "")
         cond.node = nodes[0] if len(nodes) == 1 else None
         if (evidence["suspects"], evidence["shape"]) != before:
             return [ConditionChange("updated", cond)]
         return []
 
     def _resolve(self, job: str, now: int, why: str) -> list[ConditionChange]:
+        self._stacks.pop(job, None)
         cond = self._open.pop(job, None)
         if cond is None:
             return []
