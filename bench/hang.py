@@ -7,8 +7,11 @@ reports decided by a DecisionCore on the system clock.
 Two "nodes" (one JobGateway each) with two ranks each. At ``--hang-step`` rank 3 (node-001)
 spins in ``stuck_in_data_loader``: after the barrier (its peers finish the step and wait in the
 next one: it is one step behind and is named) or before it (everyone waits at the same step:
-nobody is named). Prints, per run, the seconds from the rank's hang to the ``job_hang`` incident
-(the rank prints the time it starts to spin), the bound the detector used and whom it named.
+nobody is named by the steps). Prints, per run, the seconds from the rank's hang to the
+``job_hang`` incident (the rank prints the time it starts to spin), the bound the detector used,
+whom the steps named, and then, from the agents' real command handlers (COLLECT_STACKS: real
+``py-spy dump`` of the real ranks, where py-spy is on PATH), the seconds from the incident to the
+stacks grouped and whom they named.
 
 Reports every ``--report-s`` (default 1 s); hang check every 0.5 s; the training bound is
 clamp(5 x median step, floor, 300 s) with ``--floor-s`` (default 3 s, the production default is
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.commands import CommandHandler
 from agent.jobs import JobCollector, JobGateway
 from controller.core import DecisionCore
 from controller.detect.correlate import CorrelationConfig
@@ -54,8 +58,11 @@ class HangRun:
     hang_step: int
     hang_to_incident_s: float
     bound_s: float
-    suspects: list[dict[str, Any]]
+    suspects: list[dict[str, Any]]  # from the steps, at the incident
     incident_shape: str
+    incident_to_stacks_s: float | None = None  # None: stacks not awaited or never grouped
+    stack_suspects: list[dict[str, Any]] | None = None
+    stacks_reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,7 +72,18 @@ class HangRun:
             "bound_s": self.bound_s,
             "suspects": self.suspects,
             "incident_shape": self.incident_shape,
+            "incident_to_stacks_s": round(self.incident_to_stacks_s, 2) if self.incident_to_stacks_s else None,
+            "stack_suspects": self.stack_suspects,
+            "stacks_reason": self.stacks_reason,
         }
+
+
+async def _agent_commands(core: DecisionCore, node: str, handler: CommandHandler) -> None:
+    """The node's end of the command stream: each command run by the agent's real handler."""
+    record = core.registry.nodes[node]
+    while True:
+        command = await record.commands.get()
+        core.registry.command_result(record, await handler(command))
 
 
 def _free_port() -> int:
@@ -82,6 +100,7 @@ async def run_once(
     report_s: float = 1.0,
     floor_s: float = 3.0,
     timeout_s: float = 90.0,
+    stacks: bool = True,
 ) -> HangRun:
     """One job of four real ranks on two gateways; rank 3 hangs at ``hang_step``; the incident it opens."""
     config = ControllerConfig(
@@ -121,6 +140,8 @@ async def run_once(
                 hang_at.append(float(text.rsplit("at=", 1)[1]))
 
     watcher = asyncio.create_task(watch_odd())
+    agents = [asyncio.create_task(_agent_commands(core, n, CommandHandler(gw))) for n, gw in gateways.items()]
+    run: HangRun | None = None
     seq = 0
     deadline = time.monotonic() + timeout_s
     try:
@@ -133,19 +154,29 @@ async def run_once(
                 core.report(node, report)
             core.tick()
             hangs = [i for i in core.detection.correlator.incidents() if i.kind == "job_hang"]
-            if hangs and hang_at:
+            if hangs and hang_at and run is None:
                 cond = core.hangs.active()[0]
-                return HangRun(
+                run = HangRun(
                     shape=shape,
                     hang_step=hang_step,
                     hang_to_incident_s=hangs[0].opened_ms / 1000.0 - hang_at[0],
                     bound_s=float(cond.evidence["bound_s"]),
-                    suspects=list(cond.evidence["suspects"]),
+                    suspects=list(cond.evidence["step_suspects"]),
                     incident_shape=str(cond.evidence["shape"]),
                 )
+                if not stacks:
+                    return run
+            if run is not None and core.hangs.active() and "stacks" in core.hangs.active()[0].evidence:
+                ev = core.hangs.active()[0].evidence
+                run.incident_to_stacks_s = time.time() - hangs[0].opened_ms / 1000.0
+                run.stack_suspects = [s for s in ev["suspects"]] if ev.get("suspects_from") == "stacks" else []
+                run.stacks_reason = str(ev["stacks"]["reason"])
+                return run
         raise TimeoutError(f"no job_hang incident within {timeout_s:g}s (hang seen: {bool(hang_at)})")
     finally:
         watcher.cancel()
+        for task in agents:
+            task.cancel()
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

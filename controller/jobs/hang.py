@@ -180,7 +180,8 @@ class HangVerdict:
             "phase": self.phase,
             "step": self.step,
             "nodes": self.nodes,
-            "suspects": self.suspects,
+            "suspects": self.suspects,  # the stacks' outliers replace them when they name any
+            "step_suspects": self.suspects,  # whom the step counters name (behind the others)
             "suspect_nodes": self.suspect_nodes,
             "ranks": self.ranks[:256],
         }
