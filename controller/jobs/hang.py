@@ -341,8 +341,10 @@ class HangDetector:
         if cond is None:
             return []  # resolved while the stacks were collected
         self._stacks[job] = stacks
-        self._with_stacks(job, cond.evidence)
-        nodes = cond.evidence["suspect_nodes"]
+        evidence = dict(cond.evidence)  # a new dict: the incident's summary holds the old one
+        self._with_stacks(job, evidence)
+        cond.evidence = evidence
+        nodes = evidence["suspect_nodes"]
         cond.node = nodes[0] if len(nodes) == 1 else None
         cond.message = f"{cond.message.split('; stacks:')[0]}; stacks: {stacks.reason}"
         log.warning("job_hang_stacks", job=job, reason=stacks.reason, outliers=nodes)
