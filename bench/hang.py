@@ -72,7 +72,7 @@ class HangRun:
             "bound_s": self.bound_s,
             "suspects": self.suspects,
             "incident_shape": self.incident_shape,
-            "incident_to_stacks_s": round(self.incident_to_stacks_s, 2) if self.incident_to_stacks_s else None,
+            "incident_to_stacks_s": None if self.incident_to_stacks_s is None else round(self.incident_to_stacks_s, 2),
             "stack_suspects": self.stack_suspects,
             "stacks_reason": self.stacks_reason,
         }
@@ -168,7 +168,8 @@ async def run_once(
                     return run
             if run is not None and core.hangs.active() and "stacks" in core.hangs.active()[0].evidence:
                 ev = core.hangs.active()[0].evidence
-                run.incident_to_stacks_s = time.time() - hangs[0].opened_ms / 1000.0
+                # Stacks grouped before the incident opened (its grouping window) count as at once.
+                run.incident_to_stacks_s = max(0.0, (ev["stacks"]["at_ms"] - hangs[0].opened_ms) / 1000.0)
                 run.stack_suspects = [s for s in ev["suspects"]] if ev.get("suspects_from") == "stacks" else []
                 run.stacks_reason = str(ev["stacks"]["reason"])
                 return run

@@ -340,6 +340,7 @@ class HangDetector:
         cond = self._open.get(job)
         if cond is None:
             return []  # resolved while the stacks were collected
+        stacks.at_ms = self.clock.time_ms()
         self._stacks[job] = stacks
         evidence = dict(cond.evidence)  # a new dict: the incident's summary holds the old one
         self._with_stacks(job, evidence)
@@ -354,7 +355,7 @@ class HangDetector:
         stacks = self._stacks.get(job)
         if stacks is None:
             return
-        evidence["stacks"] = stacks.to_evidence()
+        evidence["stacks"] = {**stacks.to_evidence(), "at_ms": stacks.at_ms}
         if stacks.outliers:
             evidence["suspects"] = [{"rank": o.rank, "node": o.node, "pid": o.pid} for o in stacks.outliers]
             evidence["suspect_nodes"] = sorted({o.node for o in stacks.outliers})

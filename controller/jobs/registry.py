@@ -106,6 +106,7 @@ class RankRecord:
     resumed_from_step: int = 0  # what this run of the rank says it resumed from (in memory only)
     phase: str = ""  # what the rank says it does (starpulse.job phases; in memory only)
     phase_since_ms: int = 0  # agent wall clock when it entered the phase
+    moved_ms: int = 0  # controller clock when its step last changed (in memory only)
 
 
 @dataclass
@@ -213,7 +214,24 @@ class JobRecord:
             "resumed_from_step": self.resumed_from_step,
             "resumed_from_checkpoint": last.resumed_from_checkpoint if last else None,
             "ranks": {r.rank: r.node for r in sorted(self.ranks.values(), key=lambda r: r.rank)},
+            "phase": self.phase,
+            "since_step_s": self.since_step_s,
         }
+
+    @property
+    def phase(self) -> str:
+        """What the job does: a phase other than training any rank is in (its peers wait on it), else training."""
+        phases = {r.phase for r in self.ranks.values() if r.phase}
+        for p in ("checkpointing", "evaluating", "starting"):
+            if p in phases:
+                return p
+        return "training" if phases or self.ranks else ""
+
+    @property
+    def since_step_s(self) -> float | None:
+        """Seconds since any rank's step last changed, as the controller saw it; None: no rank."""
+        moved = [r.moved_ms for r in self.ranks.values() if r.moved_ms]
+        return round((self.now_ms - max(moved)) / 1000.0, 1) if moved and self.now_ms else None
 
 
 class JobRegistry:
@@ -420,6 +438,7 @@ class JobRegistry:
                 resumed_from_step=s.resumed_from_step,
                 phase=s.phase,
                 phase_since_ms=s.phase_since_ms,
+                moved_ms=now if old is None or old.step != s.step else old.moved_ms,
             )
             self._note_progress(rec, old, new, now, dirty_restarts, dirty_jobs)
             rec.ranks[s.rank] = new

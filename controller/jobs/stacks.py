@@ -46,6 +46,7 @@ class StackVerdict:
     outliers: list[RankStack] = field(default_factory=list)
     reason: str = ""
     unread: list[RankStack] = field(default_factory=list)  # ranks whose stack could not be read
+    at_ms: int = 0  # when the controller had them grouped (its clock)
 
     def to_evidence(self) -> dict[str, Any]:
         def group(members: list[RankStack], role: str) -> dict[str, Any]:

@@ -172,6 +172,9 @@ def test_one_rank_stopped_while_the_others_move_is_a_divergence_naming_it(cluste
 def test_a_long_checkpoint_within_its_bound_is_not_a_hang(cluster: Cluster) -> None:
     cluster.job.set_phase("checkpointing")
     cluster.run(600)  # ten minutes writing a checkpoint: far past the training bound, within 900 s
+    shown = cluster.core.jobs.job("llm")
+    assert shown is not None  # what /api/jobs shows: the phase, and how long since the last step
+    assert shown.to_dict()["phase"] == "checkpointing" and 595 <= shown.to_dict()["since_step_s"] <= 605  # type: ignore[operator]
     cluster.job.set_phase("training")
     cluster.run(60)
     assert cluster.hangs() == []
