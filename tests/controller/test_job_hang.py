@@ -248,3 +248,25 @@ def test_a_job_that_never_took_a_step_gets_the_starting_bound(tmp_path: Path) ->
 def test_settings_refuse_a_floor_above_the_cap() -> None:
     with pytest.raises(ValueError, match="floor_s"):
         HangConfig(floor_s=400.0, cap_s=300.0)
+
+
+def test_thirty_minutes_of_healthy_training_open_no_hang(cluster: Cluster) -> None:
+    """The false-hang figure (bench/README): a checkpoint every 5 min (90 s each), an evaluation
+    pass every 10 min (3 min), a straggler at 40 % pace, one agent restart (60 s); 30 min, 0 hangs."""
+    cluster.job.pace[2] = 0.4
+
+    def phase_at(t: int) -> str:
+        m = t % 600
+        if 60 <= m < 150 or 360 <= m < 450:
+            return "checkpointing"
+        return "evaluating" if 180 <= m < 360 else "training"
+
+    def timeline(t: int) -> None:
+        phase = phase_at(t)
+        if phase != cluster.job.phase[0]:
+            cluster.job.set_phase(phase)
+        cluster.job.silent = {"node-001"} if 1000 <= t < 1060 else set()
+
+    cluster.run(1800, during=timeline)
+    assert cluster.hangs() == []
+    assert max(cluster.job.step.values()) > 500  # it trained in between
