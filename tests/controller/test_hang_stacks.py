@@ -74,3 +74,17 @@ def test_a_tie_names_nobody_and_unread_stacks_are_listed() -> None:
     assert verdict.to_evidence()["unread"] == [
         {"rank": 2, "node": "node-000", "error": "py-spy exited 1: Permission denied"}
     ]
+
+
+def test_incident_show_prints_the_groups_outliers_first() -> None:
+    from starpulse.app.cli.incident import stacks_lines
+
+    stacks = rank_stacks("node-000", _payload({0: WAIT, 1: WAIT})) + rank_stacks(
+        "node-001", _payload({2: WAIT, 3: SPIN})
+    )
+    text = stacks_lines(group_stacks(stacks).to_evidence())
+    lines = text.splitlines()
+    assert "not there: rank 3 on node-001" in lines[0]
+    assert lines[1].split() == ["outlier", "ranks", "3", "on", "node-001"]
+    assert lines[2].strip() == "stuck_in_data_loader (train_ranks.py)"
+    assert any(line.split()[:2] == ["waiters", "ranks"] for line in lines)
