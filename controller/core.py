@@ -53,7 +53,7 @@ from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
 from controller.jobs.hang import HangDetector
 from controller.jobs.registry import JobRegistry
-from controller.jobs.stacks import RankStack, group_stacks, rank_stacks
+from controller.jobs.stacks import RankStack, group_stacks, hardware_on, rank_stacks
 from controller.jobs.stall import GpuStallDetector
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerConfig, HealSettings
@@ -297,6 +297,9 @@ class DecisionCore:
             if isinstance(payload, dict):
                 stacks += rank_stacks(node, payload)
         verdict = group_stacks(stacks)
+        cond = next((c for c in self.hangs.active() if c.evidence.get("job") == job), None)
+        named = {o.node for o in verdict.outliers} or set(cond.evidence.get("suspect_nodes", []) if cond else [])
+        verdict.hardware = hardware_on(named, self.open_incidents())
         self.metrics.job_hang_culprit_seconds.observe(self.clock.monotonic() - started)
         changes = self.hangs.annotate(job, verdict)
         if changes:

@@ -17,6 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.detect.model import Incident
+
 # Frames that say nothing about where the program is (the interpreter's entry, runpy, threading).
 _NOISE = frozenset({"<module>", "_run_code", "_run_module_as_main", "run", "_bootstrap", "_bootstrap_inner"})
 
@@ -47,6 +49,7 @@ class StackVerdict:
     reason: str = ""
     unread: list[RankStack] = field(default_factory=list)  # ranks whose stack could not be read
     at_ms: int = 0  # when the controller had them grouped (its clock)
+    hardware: list[dict[str, Any]] = field(default_factory=list)  # open incidents on the named nodes
 
     def to_evidence(self) -> dict[str, Any]:
         def group(members: list[RankStack], role: str) -> dict[str, Any]:
@@ -66,6 +69,7 @@ class StackVerdict:
             "outliers": [{"rank": o.rank, "node": o.node, "pid": o.pid} for o in self.outliers],
             "reason": self.reason,
             "unread": [{"rank": u.rank, "node": u.node, "error": u.error} for u in self.unread],
+            "hardware": self.hardware,
         }
 
 
@@ -100,6 +104,16 @@ def rank_stacks(node: str, payload: dict[str, Any]) -> list[RankStack]:
             )
         )
     return out
+
+
+def hardware_on(nodes: set[str], incidents: list[Incident]) -> list[dict[str, Any]]:
+    """Open incidents on the named nodes (an Xid, a NIC flap, a slow GPU, a straggler): the
+    hardware's word on why a rank there stopped, joined to the hang's evidence."""
+    return [
+        {"id": i.id, "kind": i.kind, "root_cause": i.root_cause, "opened_ms": i.opened_ms}
+        for i in incidents
+        if i.kind != "job_hang" and set(i.affected_nodes) & nodes
+    ]
 
 
 def group_stacks(stacks: list[RankStack]) -> StackVerdict:

@@ -88,3 +88,16 @@ def test_incident_show_prints_the_groups_outliers_first() -> None:
     assert lines[1].split() == ["outlier", "ranks", "3", "on", "node-001"]
     assert lines[2].strip() == "stuck_in_data_loader (train_ranks.py)"
     assert any(line.split()[:2] == ["waiters", "ranks"] for line in lines)
+
+
+def test_hardware_incidents_on_the_named_nodes_join_the_evidence() -> None:
+    from controller.detect.model import Incident
+    from controller.jobs.stacks import hardware_on
+
+    def inc(iid: str, kind: str, nodes: list[str]) -> Incident:
+        return Incident(iid, kind, nodes[0], "node", nodes, [], "critical", "reboot", [], 1000)
+
+    incidents = [inc("i1", "gpu_fault", ["node-001"]), inc("i2", "nic_fault", ["node-002"]),
+                 inc("i3", "job_hang", ["node-001", "node-002"])]  # fmt: skip
+    assert [h["id"] for h in hardware_on({"node-001"}, incidents)] == ["i1"]
+    assert hardware_on(set(), incidents) == []

@@ -36,6 +36,8 @@ def stacks_lines(stacks: dict[str, Any]) -> str:
         lines.append(f"    {g.get('role', '?'):8} ranks {ranks} on {where}{last}")
         for frame in (g.get("frames") or [])[:4]:
             lines.append(f"               {frame}")
+    for h in stacks.get("hardware") or []:
+        lines.append(f"    hardware {h.get('kind')} {h.get('root_cause')} ({h.get('id')}) on a named node")
     for u in stacks.get("unread") or []:
         lines.append(f"    unread   rank {u.get('rank')} on {u.get('node')}: {u.get('error') or 'no stack'}")
     return "\n".join(lines)
