@@ -2,9 +2,10 @@
 in a TCP barrier every step, registered with real agent job gateways (unix sockets), their
 reports decided by a DecisionCore on the system clock.
 
-    python -m bench.hang [--shape after_barrier|before_barrier] [--step-time 0.2] [--runs 3]
+    python -m bench.hang [--shape after_barrier|before_barrier] [--two] [--step-time 0.2] [--runs 3]
 
-Two "nodes" (one JobGateway each) with two ranks each. At ``--hang-step`` rank 3 (node-001)
+Four "nodes" (one JobGateway each) with two ranks each. At ``--hang-step`` rank 3 (node-001)
+(and with ``--two`` also rank 6, node-003: two suspects on two nodes)
 spins in ``stuck_in_data_loader``: after the barrier (its peers finish the step and wait in the
 next one: it is one step behind and is named) or before it (everyone waits at the same step:
 nobody is named by the steps). Prints, per run, the seconds from the rank's hang to the
@@ -47,9 +48,10 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 TRAIN = Path(__file__).resolve().parent.parent / "examples" / "train_ranks.py"
-NODES = ("node-000", "node-001")
+NODES = ("node-000", "node-001", "node-002", "node-003")
 RANKS_PER_NODE = 2
 ODD_RANK = 3  # on node-001
+SECOND_ODD_RANK = 6  # on node-003 (--two: two suspects on two nodes)
 
 
 @dataclass
@@ -101,6 +103,7 @@ async def run_once(
     floor_s: float = 3.0,
     timeout_s: float = 90.0,
     stacks: bool = True,
+    odd_ranks: tuple[int, ...] = (ODD_RANK,),
 ) -> HangRun:
     """One job of four real ranks on two gateways; rank 3 hangs at ``hang_step``; the incident it opens."""
     config = ControllerConfig(
@@ -125,14 +128,14 @@ async def run_once(
                 sys.executable, str(TRAIN), "--job", "llm", "--rank", str(rank), "--world-size", str(world),
                 "--rendezvous", f"127.0.0.1:{port}", "--steps", "100000", "--step-time", str(step_time_s),
                 "--checkpoint-dir", str(workdir / "ck"), "--socket", gateways[node].socket_path,
-                "--hang-rank", str(ODD_RANK), "--hang-step", str(hang_step), "--hang-where", shape,
+                "--hang-rank", ",".join(map(str, odd_ranks)), "--hang-step", str(hang_step), "--hang-where", shape,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             )
         )  # fmt: skip
     hang_at: list[float] = []
 
     async def watch_odd() -> None:
-        stream = procs[ODD_RANK].stdout
+        stream = procs[odd_ranks[0]].stdout
         assert stream is not None
         async for line in stream:
             text = line.decode()
@@ -190,7 +193,10 @@ async def _main(args: argparse.Namespace) -> None:
     runs = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
-            run = await run_once(Path(d), args.shape, args.step_time, args.hang_step, args.report_s, args.floor_s)
+            odd = (ODD_RANK, SECOND_ODD_RANK) if args.two else (ODD_RANK,)
+            run = await run_once(
+                Path(d), args.shape, args.step_time, args.hang_step, args.report_s, args.floor_s, odd_ranks=odd
+            )
         runs.append(run.to_dict())
         print(json.dumps(run.to_dict()), flush=True)
     took = sorted(r["hang_to_incident_s"] for r in runs)
@@ -205,6 +211,7 @@ def main() -> None:
     p.add_argument("--report-s", type=float, default=1.0)
     p.add_argument("--floor-s", type=float, default=3.0)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--two", action="store_true", help="ranks 3 and 6 (node-001, node-003) hang")
     asyncio.run(_main(p.parse_args()))
 
 

@@ -3,7 +3,7 @@
 
     python examples/train_ranks.py --job NAME --rank R --world-size W --rendezvous HOST:PORT \\
         --steps N [--step-time 0.1] [--checkpoint-dir D] [--socket PATH] \\
-        [--hang-rank R --hang-step K --hang-where after_barrier|before_barrier]
+        [--hang-rank R[,R...] --hang-step K --hang-where after_barrier|before_barrier]
 
 Every step each rank works (sleeps ``--step-time``), then meets every other rank in a barrier
 (rank 0 serves it over TCP: each rank sends ``step K`` and blocks until all W arrived, as an
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-time", type=float, default=0.1)
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--socket", default=None)
-    p.add_argument("--hang-rank", type=int, default=-1)
+    p.add_argument("--hang-rank", default="", help="rank(s) that hang, comma-separated")
     p.add_argument("--hang-step", type=int, default=0)
     p.add_argument("--hang-where", choices=("before_barrier", "after_barrier"), default="after_barrier")
     args = p.parse_args(argv)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     job.register()
     print(f"start rank={args.rank} pid={__import__('os').getpid()}", flush=True)
-    odd = args.rank == args.hang_rank
+    odd = str(args.rank) in args.hang_rank.split(",")
     for step in range(1, args.steps + 1):
         started = time.monotonic()
         time.sleep(args.step_time)

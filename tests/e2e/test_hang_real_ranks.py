@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.hang import ODD_RANK, run_once
+from bench.hang import ODD_RANK, SECOND_ODD_RANK, run_once
 
 needs_py_spy = pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (dev extra)")
 
@@ -47,3 +47,18 @@ async def test_without_py_spy_the_hang_is_still_an_incident(monkeypatch: pytest.
         run = await run_once(Path(d), "before_barrier", step_time_s=0.1, hang_step=20)
     assert run.incident_shape == "stalled"
     assert run.stack_suspects == [] and run.stacks_reason == "no stack could be read"
+
+
+@needs_py_spy
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_two_suspects_on_two_nodes_are_both_named() -> None:
+    with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
+        run = await run_once(
+            Path(d), "before_barrier", step_time_s=0.1, hang_step=20, odd_ranks=(ODD_RANK, SECOND_ODD_RANK)
+        )
+    assert run.stack_suspects is not None
+    assert [(s["rank"], s["node"]) for s in run.stack_suspects] == [
+        (ODD_RANK, "node-001"),
+        (SECOND_ODD_RANK, "node-003"),
+    ]
