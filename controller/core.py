@@ -350,7 +350,7 @@ class DecisionCore:
 
     async def stop(self) -> None:
         """Periodic tasks cancelled; the healer finishes its current step; shards end last."""
-        for task in self._tasks:
+        for task in [*self._tasks, *self._stack_tasks]:  # stack collections in flight end too
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
