@@ -103,6 +103,7 @@ class CommandHandler:
         gateway: JobGateway | None,
         allowed: Mapping[str, Sequence[str]] | None = None,
         timeout_s: float = 120.0,
+        job_pids: Callable[[str], list[tuple[int, int]]] | None = None,
     ) -> None:
         self.gateway = gateway
         self.allowed = {k: list(v) for k, v in (allowed or {}).items()}
@@ -117,7 +118,8 @@ class CommandHandler:
         # In-process actions for simulated hardware only (agent.sim.repairs): a simulated GPU
         # cannot be reset by a subprocess. Empty on a real node.
         self.local: dict[str, Callable[[dict[str, str]], Awaitable[tuple[bool, str]]]] = {}
-        self.stacks = StackCollector(gateway)  # never disruptive: needs no operator configuration
+        # Never disruptive: needs no operator configuration.
+        self.stacks = StackCollector(gateway, job_pids=job_pids)
 
     async def __call__(self, command: spb.Command) -> spb.CommandResult:
         kind = kind_name(command.kind)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -80,24 +81,33 @@ async def py_spy_dump(py_spy: str, pid: int, timeout_s: float) -> tuple[list[dic
 class StackCollector:
     """Answers COLLECT_STACKS for the ranks of one job registered with this node's gateway."""
 
-    def __init__(self, gateway: JobGateway | None, py_spy: str | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        gateway: JobGateway | None,
+        py_spy: str | None = None,
+        timeout_s: float = 10.0,
+        job_pids: Callable[[str], list[tuple[int, int]]] | None = None,
+    ) -> None:
+        """``job_pids``: (rank, pid) of a scheduler job's GPU processes here (a job without the job
+        library, known by its Slurm id: ``GpuProcessCollector.pids_of``)."""
         self.gateway = gateway
+        self.job_pids = job_pids
         self.py_spy = find_py_spy(py_spy)
         self.timeout_s = timeout_s
         self._said_missing = False
 
     async def collect(self, job: str) -> tuple[bool, str, dict[str, Any]]:
         """(ok, one-line message, payload) for ``job``'s ranks on this node."""
-        if self.gateway is None:
-            return False, "no job gateway on this agent", {}
-        ranks = [r for r in self.gateway.ranks() if r.job == job and r.pid > 0]
+        ranks = [(r.rank, r.pid) for r in self.gateway.ranks() if r.job == job and r.pid > 0] if self.gateway else []
+        if not ranks and self.job_pids is not None:
+            ranks = self.job_pids(job)  # no job library: the job's GPU processes, by its Slurm id
         if not ranks:
-            return False, f"no registered ranks of job {job!r} on this node", {}
+            return False, f"no ranks of job {job!r} on this node", {}
         payload: dict[str, Any] = {"job": job, "py_spy": bool(self.py_spy), "ranks": []}
         if self.py_spy is None and not self._said_missing:
             log.warning("py_spy_missing", detail="py-spy is not installed: hangs are detected, culprits not named")
             self._said_missing = True
-        results = await asyncio.gather(*(self._one(r.rank, r.pid) for r in ranks))
+        results = await asyncio.gather(*(self._one(rank, pid) for rank, pid in ranks))
         payload["ranks"] = list(results)
         got = sum(1 for r in results if r["frames"])
         if self.py_spy is None:

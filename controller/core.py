@@ -250,8 +250,7 @@ class DecisionCore:
                 if change.kind == "opened":
                     ev = change.condition.evidence
                     self.metrics.job_hangs_total.labels(str(ev.get("shape", "")), str(ev.get("source", ""))).inc()
-                    if ev.get("source") == "job_library":
-                        self._collect_stacks_soon(str(ev["job"]), [str(n) for n in ev.get("nodes", [])])
+                    self._collect_stacks_soon(str(ev["job"]), [str(n) for n in ev.get("nodes", [])])
             self.feed(changes)
             self.metrics.job_hangs_open.set(len({c.component for c in self.hangs.active() + self.stalls.active()}))
 
@@ -297,11 +296,11 @@ class DecisionCore:
             if isinstance(payload, dict):
                 stacks += rank_stacks(node, payload)
         verdict = group_stacks(stacks)
-        cond = next((c for c in self.hangs.active() if c.evidence.get("job") == job), None)
+        cond = next((c for c in self.hangs.active() + self.stalls.active() if c.evidence.get("job") == job), None)
         named = {o.node for o in verdict.outliers} or set(cond.evidence.get("suspect_nodes", []) if cond else [])
         verdict.hardware = hardware_on(named, self.open_incidents())
         self.metrics.job_hang_culprit_seconds.observe(self.clock.monotonic() - started)
-        changes = self.hangs.annotate(job, verdict)
+        changes = self.hangs.annotate(job, verdict) + self.stalls.annotate(job, verdict)
         if changes:
             self.feed(changes)
 

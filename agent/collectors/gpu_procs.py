@@ -105,5 +105,25 @@ class GpuProcessCollector:
             del self._jobs[pid]  # a pid that left: it may be reused by another job
         return []
 
+    def pids_of(self, job: str) -> list[tuple[int, int]]:
+        """(rank, pid) of the processes of Slurm job ``job`` seen on this node's GPUs last cycle;
+        the rank from ``SLURM_PROCID`` where the environment says it, else -1."""
+        out = []
+        for pid, (name, _) in list(self._jobs.items()):
+            if name == job:
+                out.append((_procid(self._procfs, pid), pid))
+        return sorted(out)
+
     def close(self) -> None:
         return None
+
+
+def _procid(procfs: str, pid: int) -> int:
+    try:
+        with open(f"{procfs}/{pid}/environ", "rb") as fh:
+            for entry in fh.read().split(b"\0"):
+                if entry.startswith(b"SLURM_PROCID="):
+                    return int(entry.split(b"=", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return -1

@@ -207,17 +207,23 @@ class Healer:
         place), or restart it in place when the evidence names none, at most
         ``hang_restarts_in_place`` times in ``hang_restart_window_s`` before a person is called.
 
-        The job library's verdict waits for the ranks' stacks (an update of the incident follows
-        them, named or not); the GPU signature's has no stacks to wait for.
+        Either verdict (the job library's, the GPU signature's) waits for the ranks' stacks: the
+        controller asks for them as the verdict opens, and an update of the incident follows them,
+        named or not (unanswered within ``hang.stacks_timeout_s``: "no stack could be read").
         """
         evidence = [e.get("evidence") or {} for e in incident.evidence]
-        if not evidence or any(e.get("source") == "job_library" and "stacks" not in e for e in evidence):
+        if not evidence or any("stacks" not in e for e in evidence):
             return  # the stacks' verdict is on its way
         job = str(evidence[0].get("job", ""))
-        # One remediation per hang; a hang that recurs reopens the same incident with a new condition.
-        episode = (incident.id, max(int(e.get("first_seen_ms") or 0) for e in incident.evidence))
+        # One remediation per hang: a hang that recurs reopens the same incident with new conditions;
+        # a second verdict joining the first (the GPU signature after the steps) is the same hang.
+        active = [int(e.get("first_seen_ms") or 0) for e in incident.evidence if e.get("resolved_ms") is None]
+        episode = (incident.id, min(active, default=0))
         if episode in self._hang_seen:
             return  # acted on (or held for a person) already
+        rec = self.jobs.job(job)
+        if rec is not None and rec.state != "running":
+            return  # interrupted or restarting already: its hang ends with the old run
         self._hang_seen.add(episode)
         suspects = sorted({str(n) for e in evidence for n in e.get("suspect_nodes") or []})
         record = {"incident": incident.id, "kind": incident.kind, "job": job}

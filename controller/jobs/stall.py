@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from controller.detect.model import Condition, ConditionChange
+from controller.jobs.stacks import StackVerdict
 from starpulse.core import vocab
 from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
@@ -131,6 +132,24 @@ class GpuStallDetector:
 
     def active(self) -> list[Condition]:
         return [self._open[j] for j in sorted(self._open)]
+
+    def annotate(self, job: str, stacks: StackVerdict) -> list[ConditionChange]:
+        """The stacks of the job's GPU processes (by Slurm id): grouped, and the outliers named."""
+        cond = self._open.get(job)
+        if cond is None:
+            return []
+        stacks.at_ms = self.clock.time_ms()
+        evidence = {**cond.evidence, "stacks": {**stacks.to_evidence(), "at_ms": stacks.at_ms}}
+        if stacks.outliers:
+            evidence["suspects"] = [{"rank": o.rank, "node": o.node, "pid": o.pid} for o in stacks.outliers]
+            evidence["suspect_nodes"] = sorted({o.node for o in stacks.outliers})
+            evidence["suspects_from"] = "stacks"
+        cond.evidence = evidence  # a new dict: the incident's summary holds the old one
+        nodes = evidence["suspect_nodes"]
+        cond.node = nodes[0] if len(nodes) == 1 else None
+        cond.message = f"{cond.message.split('; stacks:')[0]}; stacks: {stacks.reason}"
+        log.warning("job_hang_stacks", job=job, source="gpu_signature", reason=stacks.reason, outliers=nodes)
+        return [ConditionChange("updated", cond)]
 
     def _judge(self, job: str, nodes: dict[str, _NodeJob], now: int) -> dict[str, Any] | None:
         """The evidence when every node held the signature for the whole window, else None."""

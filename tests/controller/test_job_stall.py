@@ -4,8 +4,12 @@ decision core on a FakeClock opens the same ``job_hang`` incident the job librar
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import pytest
+
+from agent.commands import CommandHandler
 from agent.factory import build_collectors
 from agent.sim.node import SimNode
 from controller.core import DecisionCore
@@ -108,3 +112,42 @@ def test_busy_gpus_at_full_power_with_quiet_nics_are_not_a_hang(tmp_path: Path) 
             sim._throughput = [0.0] * sim.nics
     fleet.run(120)
     assert fleet.hangs() == []
+
+
+async def test_a_stall_without_the_job_library_asks_the_nodes_for_the_job_processes_stacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agents find the hung job's ranks by its Slurm id among their GPU processes (no job
+    gateway knows it) and answer COLLECT_STACKS; without py-spy every rank is listed as unread,
+    and the hang's evidence says so instead of naming anyone."""
+    monkeypatch.setenv("PATH", "/nonexistent")  # no py-spy: the answer is the ranks, unread
+    fleet = Fleet(tmp_path)
+    handlers = {
+        name: CommandHandler(None, job_pids=next(c.pids_of for c in plan.collectors if hasattr(c, "pids_of")))
+        for name, plan in fleet.plans.items()
+    }
+
+    async def agent(name: str) -> None:
+        record = fleet.core.registry.nodes[name]
+        while True:
+            command = await record.commands.get()
+            fleet.core.registry.command_result(record, await handlers[name](command))
+
+    agents = [asyncio.create_task(agent(n)) for n in fleet.sims]
+    try:
+        fleet.run(30)
+        for sim in fleet.sims.values():
+            sim.collective_stall(True)
+        for _ in range(14):  # 70 s, a report interval at a time, the agents answering in between
+            fleet.run(REPORT_S)
+            await fleet.clock.run_for(0.0)
+        [cond] = fleet.core.stalls.active()
+        stacks = cond.evidence["stacks"]
+        assert stacks["reason"] == "no stack could be read"
+        assert sorted((u["node"], u["rank"]) for u in stacks["unread"]) == sorted(
+            (n, r) for n in fleet.sims for r in range(2)
+        )
+        assert cond.evidence["suspects"] == []
+    finally:
+        for task in agents:
+            task.cancel()
