@@ -52,6 +52,8 @@ MAX_LINE = 64 * 1024
 # would take the agent's file descriptors from its collectors.
 MAX_CONNECTIONS = 1024
 AVG_WINDOW = 8  # steps in the moving average
+_OPS = frozenset({"register", "step", "checkpoint_done", "phase"})
+PHASES = frozenset({"starting", "training", "checkpointing", "evaluating"})
 
 
 @dataclass
@@ -70,10 +72,19 @@ class RankState:
     resumed_from_step: int = 0  # the checkpoint this run of the rank started from (0: fresh start)
     checkpoint_dir: str = ""
     last_seen: float = 0.0  # monotonic
+    phase: str = ""  # starpulse.job phases; "" until the rank says (a library from before phases)
+    phase_since_ms: int = 0  # wall clock when it entered the phase
 
     @property
     def avg_step_time_s(self) -> float:
         return sum(self.recent) / len(self.recent) if self.recent else self.step_time_s
+
+
+def _set_phase(state: RankState, phase: object) -> None:
+    """Enter ``phase`` (when it is one we know and differs); its start is the agent's wall clock."""
+    if isinstance(phase, str) and phase in PHASES and phase != state.phase:
+        state.phase = phase
+        state.phase_since_ms = int(time.time() * 1000)
 
 
 def pid_alive(pid: int) -> bool:
@@ -254,7 +265,7 @@ class JobGateway:
         op = msg.get("op")
         job = msg.get("job")
         rank = msg.get("rank", 0)
-        if op not in ("register", "step", "checkpoint_done"):
+        if op not in _OPS:
             log.warning("job_gateway_bad_message", op=str(op)[:64], job=str(job)[:MAX_JOB_NAME], field="op")
             return None
         problem = job_name_problem(job)
@@ -289,6 +300,10 @@ class JobGateway:
                 if step_time is not None:
                     state.step_time_s = step_time
                     state.recent.append(step_time)
+                if state.phase in ("", "starting"):
+                    _set_phase(state, "training")  # a step means training
+            elif op == "phase":
+                _set_phase(state, msg.get("phase"))
             else:
                 state.last_checkpoint_step = fields.integer("step", "last_checkpoint_step", state.last_checkpoint_step)
                 state.checkpoint_path = fields.text("path", MAX_CHECKPOINT_PATH, "")
@@ -318,6 +333,9 @@ class JobGateway:
             state.last_checkpoint_step = fields.integer("last_checkpoint_step", "last_checkpoint_step", 0)
             state.checkpoint_path = fields.text("checkpoint_path", MAX_CHECKPOINT_PATH, "")
             state.last_checkpoint_ms = fields.integer("last_checkpoint_ms", "last_checkpoint_ms", 0)
+        if fields.msg.get("step") is not None:  # an agent that restarted: where the rank is
+            state.step = max(state.step, fields.integer("step", "step", 0))
+        _set_phase(state, fields.msg.get("phase") or "starting")
         log.info(
             "job_rank_registered",
             job=state.job,
@@ -425,6 +443,8 @@ class JobCollector:
                 pid=max(state.pid, 0),
                 world_size=max(state.world_size, 0),
                 resumed_from_step=max(state.resumed_from_step, 0),
+                phase=state.phase,
+                phase_since_ms=state.phase_since_ms,
             )
         return []
 

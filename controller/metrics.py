@@ -118,6 +118,21 @@ class ControllerMetrics:
             registry=r,
         )
         self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)
+        self.job_hangs_open = Gauge(
+            "starpulse_job_hangs_open", "Jobs judged hung now (steps stopped past their bound).", registry=r
+        )
+        self.job_hangs_total = Counter(
+            "starpulse_job_hangs_total",
+            "Hangs detected, by shape (stalled: every rank; diverged: some) and source (job_library, gpu_signature).",
+            ["shape", "source"],
+            registry=r,
+        )
+        self.job_hang_culprit_seconds = Histogram(
+            "starpulse_job_hang_stacks_seconds",
+            "Seconds from a hang's incident to its ranks' stacks grouped (who stalled it named, or not).",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
         # Periodic work runs on the event loop between reports: while a step runs, reports wait.
         self.periodic_seconds = Histogram(
             "starpulse_periodic_seconds",

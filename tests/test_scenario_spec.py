@@ -142,7 +142,11 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("partition target", with_fault(at_s=1, kind="partition", target="node-000"), "faults[1].target: a partition"),
     ("partition bad node", with_fault(at_s=1, kind="partition", targets=["node-000", "x"]), "faults[1].targets[1]"),
     ("partition a gpu", with_fault(at_s=1, kind="partition", targets=["node-000/gpu-1"]), "faults[1].targets[0]"),
-    ("targets elsewhere", with_fault(at_s=1, kind="node_down", targets=["node-000"]), "only a partition"),
+    (
+        "targets elsewhere",
+        with_fault(at_s=1, kind="node_down", targets=["node-000"]),
+        "only a collective_stall or a partition takes `targets`",
+    ),
     ("fault not a map", {**BASE, "faults": ["node_down"]}, "faults[0]: must be a mapping"),
     ("faults not a list", {**BASE, "faults": {"at_s": 1}}, "faults: must be a list"),
     ("no name", {k: v for k, v in BASE.items() if k != "name"}, "name: is required"),

@@ -190,6 +190,9 @@ class Grouper:
                 self._add(out, "agent_conflict", node, "node", [c], [node])
             else:  # its own troubles (a damaged buffer): seen and alerted, never a reason to evict
                 self._add(out, "other", c.component, c.component_type, [c], [node])
+        for c in by_cat.pop("hang", []):  # one job's verdict, decided on the jobs floor: its own incident
+            nodes = c.evidence.get("nodes") or ([c.node] if c.node else [])
+            self._add(out, "job_hang", c.component, "job", [c], [str(n) for n in nodes])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])

@@ -41,6 +41,7 @@ from google.protobuf.message import DecodeError
 from controller import gcpolicy
 from controller.detect.conditions import ConditionEngine
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.gpu_jobs import job_gpu_signature
 from controller.detect.model import ConditionChange
 from controller.detect.rules import load_rules
 from controller.ingest.registry import ONLINE, NodeRecord
@@ -177,6 +178,7 @@ class Shard:
         result.signals, result.job = self.failslow.extract(node_id, report)
         if report.job_steps:
             result.job_steps = list(report.job_steps)
+        result.job_gpus = job_gpu_signature(report)
         return result
 
     def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> list[EventsOpened]:

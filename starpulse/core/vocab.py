@@ -79,11 +79,16 @@ INCIDENT_KINDS: Final[tuple[str, ...]] = (
     "partition",
     "node_down",
     "agent_conflict",  # two live agents claim one node (issue 32): whose telemetry is it?
+    "job_hang",  # a job whose steps stopped (controller.jobs.hang); its suspects, if named, in the evidence
     "other",
 )
 # Only these may name a node to evict. Switch, link, partition and node_down incidents are the
 # fabric's or unknown: evicting their nodes would punish healthy machines for the network.
-EVICTABLE_KINDS: Final[frozenset[str]] = frozenset({"gpu_fault", "node_fault", "nic_fault", "straggler", "host_fault"})
+# A job_hang names a node only when its ranks' stacks or steps single one out (the healer's hang
+# path, controller.heal.healer); without one it restarts the job in place and evicts nobody.
+EVICTABLE_KINDS: Final[frozenset[str]] = frozenset(
+    {"gpu_fault", "node_fault", "nic_fault", "straggler", "host_fault", "job_hang"}
+)
 
 
 def may_evict(kind: str) -> bool:

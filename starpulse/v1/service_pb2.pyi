@@ -16,11 +16,13 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_RUN_DIAGNOSTIC: _ClassVar[CommandKind]
     COMMAND_KIND_GPU_RESET: _ClassVar[CommandKind]
     COMMAND_KIND_REBOOT: _ClassVar[CommandKind]
+    COMMAND_KIND_COLLECT_STACKS: _ClassVar[CommandKind]
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_CHECKPOINT_REQUEST: CommandKind
 COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
 COMMAND_KIND_GPU_RESET: CommandKind
 COMMAND_KIND_REBOOT: CommandKind
+COMMAND_KIND_COLLECT_STACKS: CommandKind
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "stream_generation", "boot_id")
@@ -102,14 +104,16 @@ class Command(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("id", "ok", "message")
+    __slots__ = ("id", "ok", "message", "payload_json")
     ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     ok: bool
     message: str
-    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    payload_json: str
+    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., payload_json: _Optional[str] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
     __slots__ = ("welcome", "ack", "command")

@@ -132,7 +132,11 @@ class Scheduler(Protocol):
     async def job_nodes(self, job: str) -> list[str]: ...
 
     async def requeue(self, job: str, exclude: list[str], prefer: list[str]) -> ActionResult:
-        """Restart job away from `exclude`, on `prefer` (the spares) when given."""
+        """Restart job away from `exclude`, on `prefer` (the spares) when given.
+
+        Both empty: restart it where it runs (a hung job whose evidence names no node); the
+        caller's planned-action log makes that exactly-once, not the scheduler.
+        """
         ...
 
     async def signal_job(self, job: str, signal: str) -> ActionResult:

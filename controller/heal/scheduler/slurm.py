@@ -366,7 +366,7 @@ class SlurmScheduler:
         t0 = time.monotonic()
         state = fields.get("JobState", "")
         old_nodes = await self._hostnames(fields.get("NodeList", ""))
-        if state == "RUNNING" and not set(old_nodes) & set(exclude):
+        if state == "RUNNING" and exclude and not set(old_nodes) & set(exclude):  # none: restart in place
             return ActionResult.success(f"job {job} already running on {','.join(old_nodes)}")
         if state != "PENDING":
             res = await self._run("scontrol", "requeue", job)
