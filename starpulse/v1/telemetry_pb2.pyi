@@ -368,7 +368,7 @@ class JobStepSample(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., last_checkpoint_ms: _Optional[int] = ..., pid: _Optional[int] = ..., world_size: _Optional[int] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta")
+    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta", "probe_results")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +379,7 @@ class Report(_message.Message):
     JOB_STEPS_FIELD_NUMBER: _ClassVar[int]
     LLDP_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_DELTA_FIELD_NUMBER: _ClassVar[int]
+    PROBE_RESULTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
@@ -389,7 +390,38 @@ class Report(_message.Message):
     job_steps: _containers.RepeatedCompositeFieldContainer[JobStepSample]
     lldp: LldpUpdate
     counters_delta: bool
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ...) -> None: ...
+    probe_results: _containers.RepeatedCompositeFieldContainer[ProbeResult]
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ..., probe_results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ...) -> None: ...
+
+class ProbeResult(_message.Message):
+    __slots__ = ("local_nic", "peer_nic", "src_port", "sent", "lost", "rtt_p50_us", "rtt_p99_us", "rtt_stdev_us", "responder_us", "plan_version", "window_ms", "via", "peer_restarted")
+    LOCAL_NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_NIC_FIELD_NUMBER: _ClassVar[int]
+    SRC_PORT_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_US_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_US_FIELD_NUMBER: _ClassVar[int]
+    RTT_STDEV_US_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_US_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    PEER_RESTARTED_FIELD_NUMBER: _ClassVar[int]
+    local_nic: str
+    peer_nic: str
+    src_port: int
+    sent: int
+    lost: int
+    rtt_p50_us: float
+    rtt_p99_us: float
+    rtt_stdev_us: float
+    responder_us: float
+    plan_version: int
+    window_ms: int
+    via: str
+    peer_restarted: bool
+    def __init__(self, local_nic: _Optional[str] = ..., peer_nic: _Optional[str] = ..., src_port: _Optional[int] = ..., sent: _Optional[int] = ..., lost: _Optional[int] = ..., rtt_p50_us: _Optional[float] = ..., rtt_p99_us: _Optional[float] = ..., rtt_stdev_us: _Optional[float] = ..., responder_us: _Optional[float] = ..., plan_version: _Optional[int] = ..., window_ms: _Optional[int] = ..., via: _Optional[str] = ..., peer_restarted: _Optional[bool] = ...) -> None: ...
 
 class LldpUpdate(_message.Message):
     __slots__ = ("neighbors",)
