@@ -180,10 +180,14 @@ def nic_addresses(fabric: Fabric, nics: Iterable[str], template: str) -> dict[st
     return out
 
 
-def _ports(local: str, peer: str, flows: int) -> list[int]:
-    """``flows`` consecutive source ports from a place in the ephemeral range stable per pair
-    (an ECMP hash spreads consecutive ports as well as any others)."""
-    start = _EPHEMERAL + zlib.crc32(f"{local}>{peer}".encode()) % (16384 - flows)
+def _ports(local: str, flows: int) -> list[int]:
+    """``flows`` consecutive source ports from a place in the ephemeral range stable per NIC.
+
+    The same ports for all of a NIC's targets: the agent binds one socket per port (the
+    destination is in the ECMP hash too, so each pair's flows still spread), and an ECMP
+    hash spreads consecutive ports as well as any others.
+    """
+    start = _EPHEMERAL + zlib.crc32(local.encode()) % (16384 - flows)
     return list(range(start, start + flows))
 
 
@@ -249,9 +253,10 @@ def plan_mesh(
             continue
         scale = 0.25 if config.where == "thin_on_jobs" and busy(fabric.host_of(nic)) else 1.0
         each = budget * scale / len(peers)
+        ports = _ports(nic, flows)
         for peer, purpose in peers:
             plan.targets[fabric.host_of(nic)].append(
-                PlannedTarget(nic, peer, purpose, _ports(nic, peer, flows), packets_per_s=each)
+                PlannedTarget(nic, peer, purpose, ports, packets_per_s=each)
             )
     # No NIC answers more than the budget: scale down what is aimed at an over-subscribed one.
     received = plan.received_pps()
