@@ -51,6 +51,7 @@ from controller.heal.states import AUTOMATIC, RemediationStore
 from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
 from controller.jobs.registry import JobRegistry
+from controller.mesh import ProbeMesh
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
@@ -132,12 +133,24 @@ class DecisionCore:
         if self.detection.shards is not None:
             shards = self.detection.shards
             metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
+        # The probe mesh (issue 29): planned from the fabric, pushed on the streams, replanned on change.
+        self.mesh: ProbeMesh | None = None
+        if fabric is not None and config.detection.probes.enabled:
+            self.mesh = ProbeMesh(
+                fabric,
+                config.detection.probes,
+                self.registry,
+                busy=lambda node: bool(self.jobs.jobs_of(node)),
+                clock=clock,
+            )
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self._periodic: list[tuple[str, Callable[[], object]]] = [
             ("heartbeat_sweep", self.registry.sweep),
             ("presence_flush", self.registry.flush_presence),
             ("detection_tick", self.detection.tick),
         ]
+        if self.mesh is not None:
+            self._periodic.append(("probe_mesh", self.mesh.tick))
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._heal_task: asyncio.Task[None] | None = None
@@ -246,12 +259,16 @@ class DecisionCore:
     def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
         """A recorded report: detection has it already (it decided it); the job registry takes its ranks."""
         self.jobs.on_report(node, verdict)
+        if verdict.lldp is not None and self.mesh is not None:
+            self.mesh.changed()  # learned wiring may have moved a cable
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         self.detection.on_events(node, events)
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         self.detection.on_presence(node, old_state, new_state)
+        if self.mesh is not None:
+            self.mesh.changed()
 
     # -- life -----------------------------------------------------------------------------
     async def start_shards(self) -> None:

@@ -9,6 +9,7 @@ same protocol where rdma-core's ``pyverbs`` is present.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable
 from typing import Protocol
@@ -52,10 +53,9 @@ class UdpEndpoint:
         return self._sock.fileno()
 
     def send(self, data: bytes, address: str, port: int) -> None:
-        try:
+        # A full queue or an unreachable route is a lost probe, which is what it counts as.
+        with contextlib.suppress(OSError):
             self._sock.sendto(data, (address, port))
-        except (BlockingIOError, OSError):
-            pass  # a full queue or an unreachable route is a lost probe, which is what it counts as
 
     def receive(self) -> tuple[bytes, str, int] | None:
         try:

@@ -14,6 +14,7 @@ that window: its missed replies are its restart, not the network's loss.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import os
@@ -82,8 +83,7 @@ class Prober:
         self._pending: spb.ProbePlan | None = None
         self._results: list[tpb.ProbeResult] = []
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # made by start(): none for an idle agent
         self._thread: threading.Thread | None = None
         self.epoch = int.from_bytes(os.urandom(4), "big") or 1
         self.plan = spb.ProbePlan()
@@ -91,7 +91,7 @@ class Prober:
         self.answered_total = 0
         self.bind_errors = 0
         # run state, touched by the thread only
-        self._sel = selectors.DefaultSelector()
+        self._sel: selectors.BaseSelector | None = None
         self._responders: list[Endpoint] = []
         self._senders: dict[tuple[str, int], Endpoint] = {}
         self._flows: list[_Flow] = []
@@ -119,6 +119,10 @@ class Prober:
         return out
 
     def start(self) -> None:
+        self._wake = socket.socketpair()
+        self._wake[0].setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake[0], selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
         self._thread.start()
 
@@ -127,20 +131,23 @@ class Prober:
         self._poke()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._thread = None
         self._close_endpoints()
-        self._sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        if self._sel is not None:
+            self._sel.close()
+        if self._wake is not None:
+            for s in self._wake:
+                s.close()
+            self._wake = None
 
     def _poke(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                self._wake[1].send(b"x")
 
     # -- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        assert self._sel is not None and self._wake is not None
         while not self._stop.is_set():
             self._maybe_switch()
             now = self._clock()
@@ -151,10 +158,8 @@ class Prober:
             wait_ns = self._next_wake(now) - now
             for key, _ in self._sel.select(timeout=max(0.0, wait_ns / 1e9)):
                 if key.data is None:
-                    try:
-                        self._wake_r.recv(512)
-                    except OSError:
-                        pass
+                    with contextlib.suppress(OSError):
+                        self._wake[0].recv(512)
                 else:
                     self._readable(*key.data)
 
@@ -218,6 +223,7 @@ class Prober:
             self.bind_errors += 1
             log.warning("probe_bind_failed", address=address, port=port, error=str(exc))
             return None
+        assert self._sel is not None
         self._sel.register(ep.fileno(), selectors.EVENT_READ, (ep, nic, port))
         if responder:
             self._responders.append(ep)
@@ -228,7 +234,8 @@ class Prober:
     def _close_endpoints(self) -> None:
         for ep in [*self._responders, *self._senders.values()]:
             try:
-                self._sel.unregister(ep.fileno())
+                if self._sel is not None:
+                    self._sel.unregister(ep.fileno())
             except (KeyError, ValueError, OSError):
                 pass
             ep.close()
@@ -306,29 +313,36 @@ class Prober:
 
     def _close_window(self, now: int) -> None:
         window_ms = max(1, self.plan.window_s) * 1000
-        out: list[tpb.ProbeResult] = []
+        # A flow that lost probes is reported on its own (its source port names it); the clean
+        # flows of one target over one spine are summed into one result with source port 0, so
+        # a report carries tens of results per window, not one per flow.
+        groups: dict[tuple[str, str, str, int, bool], list[_Flow]] = {}
         for f in self._flows:
-            if f.sent == 0:
-                continue
-            rtts = sorted(f.rtts_us)
+            if f.sent:
+                key = (f.local_nic, f.peer_nic, f.via, f.src_port if f.lost else 0, f.restarted)
+                groups.setdefault(key, []).append(f)
+        out: list[tpb.ProbeResult] = []
+        for (local, peer, via, sport, restarted), fs in groups.items():
+            rtts = sorted(r for f in fs for r in f.rtts_us)
             answered = len(rtts)
             out.append(
                 tpb.ProbeResult(
-                    local_nic=f.local_nic,
-                    peer_nic=f.peer_nic,
-                    src_port=f.src_port,
-                    sent=f.sent,
-                    lost=f.lost,
+                    local_nic=local,
+                    peer_nic=peer,
+                    src_port=sport,
+                    sent=sum(f.sent for f in fs),
+                    lost=sum(f.lost for f in fs),
                     rtt_p50_us=_quantile(rtts, 0.5),
                     rtt_p99_us=_quantile(rtts, 0.99),
                     rtt_stdev_us=statistics.pstdev(rtts) if answered > 1 else 0.0,
-                    responder_us=f.processing_us / answered if answered else 0.0,
+                    responder_us=sum(f.processing_us for f in fs) / answered if answered else 0.0,
                     plan_version=self.plan.version,
                     window_ms=window_ms,
-                    via=f.via,
-                    peer_restarted=f.restarted,
+                    via=via,
+                    peer_restarted=restarted,
                 )
             )
+        for f in self._flows:
             f.sent, f.lost, f.rtts_us, f.processing_us, f.restarted = 0, 0, [], 0.0, False
         with self._lock:
             self._results.extend(out)

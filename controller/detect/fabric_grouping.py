@@ -183,6 +183,8 @@ class Grouper:
                 cause.note.setdefault("explained_stragglers", []).append(node)
             else:
                 self._add(out, "straggler", node, "node", [c], [node])
+        for c in by_cat.pop("path", []):  # probes' loss above a leaf, its uplink not traced
+            self._add(out, "path_fault", c.component, "network", [c], [])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])

@@ -27,6 +27,7 @@ CATEGORIES = (
     "heartbeat",  # a node not heard from
     "host",  # disk, memory
     "failslow",  # a node persistently slower than its peers
+    "path",  # probes lose or slow down above a leaf, on an uplink not yet traced (controller.detect.probes)
 )
 
 

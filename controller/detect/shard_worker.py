@@ -42,6 +42,7 @@ from controller import gcpolicy
 from controller.detect.conditions import ConditionEngine
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
 from controller.detect.model import ConditionChange
+from controller.detect.probes import observations
 from controller.detect.rules import load_rules
 from controller.ingest.registry import ONLINE, NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_event, validate_report
@@ -176,6 +177,8 @@ class Shard:
         result.signals, result.job = self.failslow.extract(node_id, report)
         if report.job_steps:
             result.job_steps = list(report.job_steps)
+        if report.probe_results:
+            result.probes = list(observations(report))  # decoded here, localised in the controller
         return result
 
     def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> list[EventsOpened]:

@@ -204,47 +204,15 @@ def plan_mesh(
     paused = {n for n in eligible if config.where == "idle_only" and busy(n)}
     probing = sorted(eligible - paused)
     plan = MeshPlan(version=version, paused=paused)
-    on = set(probing)
     nics = [nic for n in probing for nic in fabric.nics_of(n) if fabric.leaf_of(nic) is not None]
     plan.addresses = nic_addresses(fabric, nics, config.address_template)
+    pairs: dict[str, list[tuple[str, str]]] = {nic: [] for nic in nics}  # nic -> (peer, purpose)
+    _hostping(fabric, probing, plan.addresses, pairs)
+    few = _same_leaf(fabric, set(probing), config.min_leaf_nics, pairs)
+    _cross(fabric, plan.addresses, few, config.cross_targets, pairs)
 
     spines = max((len(fabric.spines_of(leaf)) for leaf in fabric.leaves()), default=1)
     flows = flows_for(spines, config.ecmp_cover_p)
-    pairs: dict[str, list[tuple[str, str]]] = {nic: [] for nic in nics}  # nic -> (peer, purpose)
-
-    # hostping: each node's NICs in a ring across rails.
-    for node in probing:
-        own = sorted((n for n in fabric.nics_of(node) if n in plan.addresses), key=fabric.rail_of)
-        if len(own) >= 2:
-            for i, nic in enumerate(own):
-                pairs[nic].append((own[(i + 1) % len(own)], "hostping"))
-
-    # same leaf: a ring over the leaf's probing NICs, where there are enough of them.
-    few: set[str] = set()
-    for leaf in fabric.leaves():
-        under = [n for n in fabric.nics_on_leaf(leaf) if fabric.host_of(n) in on]
-        if len(under) >= config.min_leaf_nics:
-            for i, nic in enumerate(under):
-                pairs[nic].append((under[(i + 1) % len(under)], "leaf"))
-        else:
-            few.update(under)
-
-    # cross-block: same rail, ring offsets over the rail's leaves that have probing NICs.
-    by_rail: dict[int, list[list[str]]] = {}
-    for leaf in sorted(fabric.leaves(), key=lambda lf: (fabric.graph.nodes[lf]["rail"], fabric.block_of(lf))):
-        under = [n for n in fabric.nics_on_leaf(leaf) if n in plan.addresses]
-        if under:
-            by_rail.setdefault(int(fabric.graph.nodes[leaf]["rail"]), []).append(under)
-    for leaves in by_rail.values():
-        if len(leaves) < 2:
-            continue
-        for li, under in enumerate(leaves):
-            for si, nic in enumerate(under):
-                want = config.cross_targets + (1 if nic in few else 0)
-                for d in range(1, min(want, len(leaves) - 1) + 1):
-                    other = leaves[(li + d) % len(leaves)]
-                    pairs[nic].append((other[si % len(other)], "cross"))
-
     budget = config.packets_per_s_per_nic
     for node in probing:
         plan.targets[node] = []
@@ -255,9 +223,7 @@ def plan_mesh(
         each = budget * scale / len(peers)
         ports = _ports(nic, flows)
         for peer, purpose in peers:
-            plan.targets[fabric.host_of(nic)].append(
-                PlannedTarget(nic, peer, purpose, ports, packets_per_s=each)
-            )
+            plan.targets[fabric.host_of(nic)].append(PlannedTarget(nic, peer, purpose, ports, packets_per_s=each))
     # No NIC answers more than the budget: scale down what is aimed at an over-subscribed one.
     received = plan.received_pps()
     for ts in plan.targets.values():
@@ -274,3 +240,51 @@ def plan_mesh(
         flows_per_target=flows,
     )
     return plan
+
+
+def _hostping(
+    fabric: Fabric, probing: list[str], addresses: dict[str, str], pairs: dict[str, list[tuple[str, str]]]
+) -> None:
+    """Each node's NICs in a ring across rails: leaf -> spine -> leaf, with no one else."""
+    for node in probing:
+        own = sorted((n for n in fabric.nics_of(node) if n in addresses), key=fabric.rail_of)
+        if len(own) >= 2:
+            for i, nic in enumerate(own):
+                pairs[nic].append((own[(i + 1) % len(own)], "hostping"))
+
+
+def _same_leaf(fabric: Fabric, on: set[str], min_nics: int, pairs: dict[str, list[tuple[str, str]]]) -> set[str]:
+    """A ring over each leaf's probing NICs where there are enough; returns the NICs of leaves with too few."""
+    few: set[str] = set()
+    for leaf in fabric.leaves():
+        under = [n for n in fabric.nics_on_leaf(leaf) if fabric.host_of(n) in on]
+        if len(under) >= min_nics:
+            for i, nic in enumerate(under):
+                pairs[nic].append((under[(i + 1) % len(under)], "leaf"))
+        else:
+            few.update(under)
+    return few
+
+
+def _cross(
+    fabric: Fabric,
+    addresses: dict[str, str],
+    few: set[str],
+    targets: int,
+    pairs: dict[str, list[tuple[str, str]]],
+) -> None:
+    """Same rail, other blocks: ring offsets 1..targets over the rail's leaves with probing NICs."""
+    by_rail: dict[int, list[list[str]]] = {}
+    for leaf in sorted(fabric.leaves(), key=lambda lf: (fabric.graph.nodes[lf]["rail"], fabric.block_of(lf))):
+        under = [n for n in fabric.nics_on_leaf(leaf) if n in addresses]
+        if under:
+            by_rail.setdefault(int(fabric.graph.nodes[leaf]["rail"]), []).append(under)
+    for leaves in by_rail.values():
+        if len(leaves) < 2:
+            continue
+        for li, under in enumerate(leaves):
+            for si, nic in enumerate(under):
+                want = targets + (1 if nic in few else 0)
+                for d in range(1, min(want, len(leaves) - 1) + 1):
+                    other = leaves[(li + d) % len(leaves)]
+                    pairs[nic].append((other[si % len(other)], "cross"))

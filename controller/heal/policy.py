@@ -72,7 +72,7 @@ EVICTING_ACTIONS: frozenset[str] = frozenset({EVICT, RESET_GPU, REBOOT, RMA})
 """Actions that move jobs off the node (reset/reboot/rma all start with an eviction)."""
 AGENT_COMMANDS: tuple[str, ...] = (RESET_GPU, REBOOT)
 
-NEVER_EVICT_KINDS: frozenset[str] = frozenset({"switch_fault", "link_fault", "partition", "node_down"})
+NEVER_EVICT_KINDS: frozenset[str] = frozenset({"switch_fault", "link_fault", "path_fault", "partition", "node_down"})
 """The node is not the culprit (or is unreachable): alert only, always."""
 
 _MATCH_KEYS = ("actions", "rules", "severities", "xids")

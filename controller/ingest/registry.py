@@ -53,6 +53,9 @@ class NodeRecord:
     commands: asyncio.Queue[spb.Command] = field(default_factory=asyncio.Queue)
     full_report_needed: bool = False  # ask the agent for a full report with the next ack
     boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
+    connected_ms: int = 0  # when its current stream said Hello (probe results from before are not trusted)
+    probe_plan: spb.ProbePlan | None = None  # its part of the probe mesh, pushed on its stream
+    stream_wake: asyncio.Event | None = None  # wakes its stream's writer (a new probe plan)
 
     def to_stored(self) -> StoredNode:
         return StoredNode(
@@ -186,6 +189,7 @@ class NodeRegistry:
             self.metrics.lost_events.inc(lost)
             node.acked_event_seq = hello.oldest_buffered_event_seq - 1
         node.last_seen_ms = now
+        node.connected_ms = now
         node.state = ONLINE
         self.presence_version += 1
         node.connected = True
@@ -323,6 +327,15 @@ class NodeRegistry:
 
     def _count_state(self, state: str) -> int:
         return sum(1 for node in self.nodes.values() if node.state == state)
+
+    def push_probe_plan(self, node_id: str, plan: spb.ProbePlan) -> None:
+        """The node's new part of the probe mesh: sent on its stream now, or when it connects."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        node.probe_plan = plan
+        if node.stream_wake is not None:
+            node.stream_wake.set()
 
     # -- commands --------------------------------------------------------------------
     def send_command(self, node_id: str, command: spb.Command) -> None:

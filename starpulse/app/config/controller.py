@@ -17,6 +17,7 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.pipeline import DetectionConfig
 from controller.fabric import Fabric, load_fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
@@ -85,6 +86,9 @@ class DetectionSection:
         CorrelationConfig, "Grouping conditions into incidents on the fabric: how long to wait, how many make a pattern"
     )
     failslow: FailSlowConfig = section(FailSlowConfig, "Fail-slow: a node markedly slower than its peers")
+    probes: ProbeConfig = section(
+        ProbeConfig, "Probe mesh (issue 29): who probes whom on the rails, the budget, and localising what probes see"
+    )
 
 
 @dataclass
@@ -353,7 +357,9 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
     fields = gather(s, ControllerConfig)
     if fabric is not None:  # loaded already: the simulated scheduler runs its nodes
         fields["fabric_path"] = None
-    detection = DetectionConfig(s.detection.correlation, s.detection.failslow, **gather(s.detection, DetectionConfig))
+    detection = DetectionConfig(
+        s.detection.correlation, s.detection.failslow, s.detection.probes, **gather(s.detection, DetectionConfig)
+    )
     config = ControllerConfig(
         **fields,
         fabric=fabric,
