@@ -99,6 +99,7 @@ class DecisionCore:
             clock=clock,
             listeners=[self],
             stages=stages,
+            sweep_interval_s=config.sweep_interval_s,
         )
         self.jobs = JobRegistry(store.connection, clock)
         for job, nodes in config.jobs.items():
@@ -142,6 +143,7 @@ class DecisionCore:
                 self.registry,
                 busy=lambda node: bool(self.jobs.jobs_of(node)),
                 clock=clock,
+                on_planned=lambda plan: metrics.probe_mesh_targets.set(sum(len(t) for t in plan.targets.values())),
             )
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self._periodic: list[tuple[str, Callable[[], object]]] = [

@@ -33,12 +33,15 @@ class ProbeMesh:
         *,
         busy: Callable[[str], bool],
         clock: Clock,
+        on_planned: Callable[[MeshPlan], None] | None = None,
     ) -> None:
+        """``on_planned``: hears each new plan (the metrics' target count)."""
         self.fabric = fabric
         self.config = config
         self.registry = registry
         self.busy = busy
         self.clock = clock
+        self.on_planned = on_planned
         self.plan: MeshPlan | None = None
         self.plan_seconds = 0.0
         self._stale = True
@@ -78,6 +81,8 @@ class ProbeMesh:
         for node in online:
             self.registry.push_probe_plan(node, plan.for_node(node, self.config))
         self.plan_seconds = time.perf_counter() - started
+        if self.on_planned is not None:
+            self.on_planned(plan)
         self.plan, self._inputs, self._stale, self._last = plan, (online, busy), False, self.clock.monotonic()
         log.info("probe_mesh_pushed", version=version, nodes=len(online), seconds=round(self.plan_seconds, 3))
         return plan

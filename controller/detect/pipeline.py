@@ -228,6 +228,7 @@ class Detection:
         self._fold(node, signals, job, report.timestamp_ms, lldp)
         if self.probes is not None and report.probe_results:
             self.probes.add(nid, observations(report))
+            self.metrics.probe_results.inc(len(report.probe_results))
         self._verdicts(
             ReportResult(
                 node_id=nid,
@@ -280,6 +281,7 @@ class Detection:
                 self._fold(node, verdict.signals, verdict.job, verdict.timestamp_ms, verdict.lldp)
                 if self.probes is not None and verdict.probes:
                     self.probes.add(node.node_id, [ProbeObs(*o) for o in verdict.probes])
+                    self.metrics.probe_results.inc(len(verdict.probes))
         self._verdicts(verdict)
 
     def _fold(
@@ -380,6 +382,9 @@ class Detection:
         if self.probes is not None and self.probes.due():
             try:
                 changes += self.probes.run()
+                self.metrics.probe_loss.clear()
+                for b in self.probes.last_blames:
+                    self.metrics.probe_loss.labels(b.component, b.kind).set(round(b.rate, 5))
             except Exception:
                 log.exception("probe_localisation_failed")
         self._feed(changes)

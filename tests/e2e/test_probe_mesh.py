@@ -49,7 +49,9 @@ async def test_agents_probe_each_other_and_a_lossy_leaf_is_blamed(tmp_path: Path
     data_plane = SimProbeFabric(fabric.leaf_of, fabric.spines_of)
     await ctl.start()
     agents = [
-        make_sim_agent(node, tmp_path, [f"127.0.0.1:{port}"], interval_s=0.5, seed=i, prober=Prober(fate=data_plane.fate))
+        make_sim_agent(
+            node, tmp_path, [f"127.0.0.1:{port}"], interval_s=0.5, seed=i, prober=Prober(fate=data_plane.fate)
+        )
         for i, node in enumerate(fabric.nodes())
     ]
     try:
