@@ -118,6 +118,9 @@ class ProbeLocaliser:
         self._open: dict[tuple[str, str], Condition] = {}
         self._last_run = clock.monotonic()
         self.last_blames: list[Blame] = []
+        # Every probed component's health over the last window (the dashboard's colours, the
+        # CLI's worst links): kind, sent, lost, loss share, the worst network p99 through it.
+        self.health: dict[str, dict[str, Any]] = {}
 
     # -- input ---------------------------------------------------------------------------
     def add(self, node: str, obs: list[ProbeObs]) -> None:
@@ -139,6 +142,7 @@ class ProbeLocaliser:
         while self._window and self._window[0][0] < horizon:
             self._window.popleft()
         paths = self._paths(horizon)
+        self.health = self._health(paths)
         blames = self._vote(paths, "loss")
         explained = {b.component for b in blames}
         slow = [p for p in paths if not explained.intersection(p.comps)]
@@ -173,6 +177,35 @@ class ProbeLocaliser:
                         comps += [o.via, fab.link_name(la, o.via), fab.link_name(lb, o.via)]
                 out.append(_Path(o, tuple(comps), la == lb, la))
         return out
+
+    def _health(self, paths: list[_Path]) -> dict[str, dict[str, Any]]:
+        acc: dict[str, list[float]] = {}  # component -> [sent, lost, worst p99]
+        for p in paths:
+            o = p.obs
+            for c in p.comps:
+                a = acc.get(c)
+                if a is None:
+                    a = acc[c] = [0, 0, 0.0]
+                a[0] += o.sent
+                a[1] += o.lost
+                if o.sent > o.lost and o.rtt_p99_us > a[2]:
+                    a[2] = o.rtt_p99_us
+        return {
+            c: {
+                "kind": self._kind(c),
+                "sent": int(sent),
+                "lost": int(lost),
+                "loss": round(lost / sent, 5) if sent else 0.0,
+                "p99_us": round(p99, 1),
+            }
+            for c, (sent, lost, p99) in acc.items()
+        }
+
+    def worst(self, limit: int = 10, kinds: tuple[str, ...] = ("link", "leaf", "spine")) -> list[dict[str, Any]]:
+        """The most lossy (then slowest) probed components of these kinds, worst first."""
+        rows = [{"component": c, **h} for c, h in self.health.items() if h["kind"] in kinds]
+        rows.sort(key=lambda r: (-r["loss"], -r["p99_us"], r["component"]))
+        return rows[:limit]
 
     def _vote(self, paths: list[_Path], what: str) -> list[Blame]:
         cfg = self.config

@@ -18,6 +18,7 @@ from controller.fabric import generate_fabric
 from controller.fabric.model import Fabric
 from controller.fabric.probeplan import ProbeConfig
 from controller.metrics import ControllerMetrics
+from controller.outputs.web.api import probe_links_json
 from controller.settings import ControllerConfig
 from controller.store import Store
 from starpulse.core.clock import FakeClock
@@ -104,6 +105,11 @@ def test_loss_on_one_leaf_spine_cable_blames_that_cable(tmp_path: Path) -> None:
     mesh.run(30)
     inc = _only(mesh.incidents())
     assert (inc.kind, inc.root_cause) == ("link_fault", cable)
+    # seen by people: the worst link first (topology show), red on the dashboard's fabric view
+    probes = mesh.core.detection.probes
+    assert probes is not None and probes.worst()[0]["component"] == cable
+    levels = {p["name"]: p["level"] for p in probe_links_json(probes.health)}
+    assert levels[cable] == "bad" and set(levels.values()) == {"bad", "ok"}
 
 
 def test_an_untraced_uplink_is_a_path_fault_above_its_leaf_not_the_leaf(tmp_path: Path) -> None:
