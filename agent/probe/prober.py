@@ -313,13 +313,15 @@ class Prober:
 
     def _close_window(self, now: int) -> None:
         window_ms = max(1, self.plan.window_s) * 1000
-        # A flow that lost probes is reported on its own (its source port names it); the clean
-        # flows of one target over one spine are summed into one result with source port 0, so
-        # a report carries tens of results per window, not one per flow.
+        # A flow that lost probes is reported on its own (its source port and spine name it); the
+        # clean flows of one target are summed into one result with source port 0 and no spine
+        # (ECMP spreads them evenly), so a report carries tens of results per window, not one per flow.
         groups: dict[tuple[str, str, str, int, bool], list[_Flow]] = {}
+        slow = self.plan.slow_us or float("inf")
         for f in self._flows:
             if f.sent:
-                key = (f.local_nic, f.peer_nic, f.via, f.src_port if f.lost else 0, f.restarted)
+                alone = f.lost > 0 or (bool(f.rtts_us) and max(f.rtts_us) >= slow)
+                key = (f.local_nic, f.peer_nic, f.via if alone else "", f.src_port if alone else 0, f.restarted)
                 groups.setdefault(key, []).append(f)
         out: list[tpb.ProbeResult] = []
         for (local, peer, via, sport, restarted), fs in groups.items():

@@ -31,6 +31,7 @@ class SimProbeFabric:
     loss: dict[str, float] = field(default_factory=dict)  # component -> drop probability per crossing
     delay_s: dict[str, float] = field(default_factory=dict)  # component -> added round-trip seconds
     base_rtt_us: float = 8.0
+    _paths: dict[tuple[str, str, int], tuple[list[str], str]] = field(default_factory=dict, repr=False)
 
     def inject_loss(self, component: str, share: float) -> None:
         """``component``: a leaf or spine (silent drop), 'a<->b' (a cable), a NIC (its cable), a node."""
@@ -49,6 +50,13 @@ class SimProbeFabric:
 
     def path(self, local_nic: str, peer_nic: str, src_port: int) -> tuple[list[str], str]:
         """The components a flow's probe and reply cross, and the spine it takes ("" within a leaf)."""
+        key = (local_nic, peer_nic, src_port)
+        known = self._paths.get(key)
+        if known is None:
+            known = self._paths[key] = self._path(local_nic, peer_nic, src_port)
+        return known
+
+    def _path(self, local_nic: str, peer_nic: str, src_port: int) -> tuple[list[str], str]:
         a, b = self.leaf_of(local_nic), self.leaf_of(peer_nic)
         hosts = [local_nic.rsplit("/", 1)[0], peer_nic.rsplit("/", 1)[0]]
         comps = [local_nic, peer_nic, *hosts]
@@ -65,11 +73,14 @@ class SimProbeFabric:
 
     def fate(self, local_nic: str, peer_nic: str, src_port: int) -> PathFate:
         comps, spine = self.path(local_nic, peer_nic, src_port)
+        via = spine if self.traced else ""
+        if not self.loss and not self.delay_s:
+            return PathFate(via=via)
         keep = 1.0
         for c in comps:
             keep *= (1 - self.loss.get(c, 0.0)) ** 2  # there and back
         delay = sum(self.delay_s.get(c, 0.0) for c in comps)
-        return PathFate(drop=1 - keep, delay_s=delay, via=spine if self.traced else "")
+        return PathFate(drop=1 - keep, delay_s=delay, via=via)
 
     def window_results(
         self, plan: spb.ProbePlan, rng: random.Random, *, window_s: float | None = None
@@ -85,7 +96,8 @@ class SimProbeFabric:
             for port in ports:
                 fate = self.fate(t.local_nic, t.peer_nic, port)
                 lost = sum(1 for _ in range(per_flow) if rng.random() < fate.drop) if fate.drop else 0
-                key = (t.local_nic, t.peer_nic, fate.via, port if lost else 0)
+                alone = lost > 0 or (plan.slow_us > 0 and self.base_rtt_us + fate.delay_s * 1e6 >= plan.slow_us)
+                key = (t.local_nic, t.peer_nic, fate.via if alone else "", port if alone else 0)
                 c = counts.setdefault(key, [0, 0])
                 c[0] += per_flow
                 c[1] += lost

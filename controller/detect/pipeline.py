@@ -299,6 +299,8 @@ class Detection:
                 self.cadence.saw(node.node_id, timestamp_ms)
             if lldp is not None:
                 self.topology.update(node)
+                if self.probes is not None:
+                    self.probes.forget_paths()  # learned wiring may have moved a cable under a path
         except Exception:
             log.exception("report_fold_failed", node=node.node_id)
 

@@ -92,6 +92,17 @@ class _Path(NamedTuple):
     comps: tuple[str, ...]
     same_leaf: bool
     leaf: str  # the local leaf (for the path check)
+    # Leaf-spine cables a result summed over its flows (no spine named) crossed in even shares:
+    # they count towards those cables' traffic (the denominators), never their votes.
+    spread: tuple[tuple[str, float], ...] = ()  # (component, its share of the result's traffic)
+
+
+class _Where(NamedTuple):
+    comps: tuple[str, ...]
+    same_leaf: bool
+    leaf: str
+    hosts: tuple[str, str]
+    spread: tuple[tuple[str, float], ...]
 
 
 class ProbeLocaliser:
@@ -112,7 +123,9 @@ class ProbeLocaliser:
         self.clock = clock
         self.node_ok = node_ok
         self.every_s = every_s
-        self._window: deque[tuple[int, str, list[ProbeObs]]] = deque()
+        # (local NIC, peer NIC, via) -> its windows' results, oldest first: (received ms, result)
+        self._window: dict[tuple[str, str, str], deque[tuple[int, ProbeObs]]] = {}
+        self._comps: dict[tuple[str, str, str], _Where | None] = {}
         self._streak: dict[tuple[str, str], int] = {}  # (rule, component) -> localisations in a row
         self._clean: dict[tuple[str, str], int] = {}
         self._open: dict[tuple[str, str], Condition] = {}
@@ -124,8 +137,19 @@ class ProbeLocaliser:
 
     # -- input ---------------------------------------------------------------------------
     def add(self, node: str, obs: list[ProbeObs]) -> None:
-        if obs:
-            self._window.append((self.clock.time_ms(), node, obs))
+        """A report's results; a restarted peer's are left out (its losses were its restart)."""
+        now = self.clock.time_ms()
+        for o in obs:
+            if not o.restarted:
+                key = (o.local_nic, o.peer_nic, o.via)
+                q = self._window.get(key)
+                if q is None:
+                    q = self._window[key] = deque()
+                q.append((now, o))
+
+    def forget_paths(self) -> None:
+        """The fabric's wiring changed: paths are worked out again."""
+        self._comps.clear()
 
     def due(self) -> bool:
         now = self.clock.monotonic()
@@ -139,8 +163,6 @@ class ProbeLocaliser:
         """The components to blame for what the window holds (no state changes)."""
         now = self.clock.time_ms()
         horizon = now - int(self.config.localise_window_s * 1000)
-        while self._window and self._window[0][0] < horizon:
-            self._window.popleft()
         paths = self._paths(horizon)
         self.health = self._health(paths)
         blames = self._vote(paths, "loss")
@@ -150,33 +172,64 @@ class ProbeLocaliser:
         return [self._uplink_or_leaf(b, paths) for b in blames]
 
     def _paths(self, horizon: int) -> list[_Path]:
-        fab = self.fabric
+        """One path per (local NIC, peer NIC, spine) with its window's results summed."""
         ok: dict[str, bool] = {}
         out: list[_Path] = []
-        for _, _, batch in self._window:
-            for o in batch:
-                if o.restarted or o.local_nic not in fab or o.peer_nic not in fab:
-                    continue
-                if fab.kind(o.local_nic) != "nic" or fab.kind(o.peer_nic) != "nic":
-                    continue
-                a, b = fab.host_of(o.local_nic), fab.host_of(o.peer_nic)
-                for n in (a, b):
-                    if n not in ok:
-                        ok[n] = self.node_ok(n, horizon)
-                if not (ok[a] and ok[b]):
-                    continue
-                la, lb = fab.leaf_of(o.local_nic), fab.leaf_of(o.peer_nic)
-                if la is None or lb is None:
-                    continue
-                comps = [o.local_nic, o.peer_nic, a, la]
+        for key in list(self._window):
+            q = self._window[key]
+            while q and q[0][0] < horizon:
+                q.popleft()
+            if not q:
+                del self._window[key]
+                continue
+            found = self._path_of(key)
+            if found is None:
+                continue
+            a, b = found.hosts
+            for n in (a, b):
+                if n not in ok:
+                    ok[n] = self.node_ok(n, horizon)
+            if not (ok[a] and ok[b]):
+                continue
+            sent = lost = 0
+            p99 = responder = 0.0
+            for _, o in q:
+                sent += o.sent
+                lost += o.lost
+                if o.sent > o.lost:
+                    p99 = max(p99, o.rtt_p99_us)
+                    responder = max(responder, o.responder_us)
+            obs = ProbeObs(key[0], key[1], key[2], sent, lost, p99, responder, False)
+            out.append(_Path(obs, found.comps, found.same_leaf, found.leaf, found.spread))
+        return out
+
+    def _path_of(self, key: tuple[str, str, str]) -> _Where | None:
+        """The components on a key's path (cached until the wiring changes); None off the fabric."""
+        if key in self._comps:
+            return self._comps[key]
+        fab = self.fabric
+        local, peer, via = key
+        found: _Where | None = None
+        if local in fab and peer in fab and fab.kind(local) == "nic" and fab.kind(peer) == "nic":
+            la, lb = fab.leaf_of(local), fab.leaf_of(peer)
+            if la is not None and lb is not None:
+                a, b = fab.host_of(local), fab.host_of(peer)
+                comps = [local, peer, a, la]
+                spread: list[tuple[str, float]] = []
                 if b != a:
                     comps.append(b)
                 if lb != la:
                     comps.append(lb)
-                    if o.via and o.via in fab and fab.kind(o.via) == "spine":
-                        comps += [o.via, fab.link_name(la, o.via), fab.link_name(lb, o.via)]
-                out.append(_Path(o, tuple(comps), la == lb, la))
-        return out
+                    if via and via in fab and fab.kind(via) == "spine":
+                        comps += [via, fab.link_name(la, via), fab.link_name(lb, via)]
+                    elif not via:
+                        spines = [s for s in fab.spines_of(la) if s in fab.spines_of(lb)]
+                        for s in spines:
+                            share = 1 / len(spines)
+                            spread += [(s, share), (fab.link_name(la, s), share), (fab.link_name(lb, s), share)]
+                found = _Where(tuple(comps), la == lb, la, (a, b), tuple(spread))
+        self._comps[key] = found
+        return found
 
     def _health(self, paths: list[_Path]) -> dict[str, dict[str, Any]]:
         acc: dict[str, list[float]] = {}  # component -> [sent, lost, worst p99]
@@ -190,6 +243,11 @@ class ProbeLocaliser:
                 a[1] += o.lost
                 if o.sent > o.lost and o.rtt_p99_us > a[2]:
                     a[2] = o.rtt_p99_us
+            for c, share in p.spread:
+                a = acc.get(c)
+                if a is None:
+                    a = acc[c] = [0, 0, 0.0]
+                a[0] += o.sent * share
         return {
             c: {
                 "kind": self._kind(c),
@@ -210,31 +268,29 @@ class ProbeLocaliser:
     def _vote(self, paths: list[_Path], what: str) -> list[Blame]:
         cfg = self.config
         blames: list[Blame] = []
-        left = list(paths)
+        min_bad = cfg.min_lost if what == "loss" else 3
+        min_rate = cfg.loss_threshold if what == "loss" else 0.5
+        sent: dict[str, float] = {}
+        for p in paths:  # the denominators: everything through each component
+            self._count(sent, p, self._badness(p.obs, what)[1])
+        left = paths
+        bad_paths = [p for p in paths if self._badness(p.obs, what)[0]]
         for _ in range(16):  # at most this many faults named at once
-            votes: dict[str, float] = {}
-            sent: dict[str, int] = {}
+            if not bad_paths:
+                break
             lost: dict[str, int] = {}
-            for p in left:
-                bad, total = self._badness(p.obs, what)
+            for p in bad_paths:
+                bad = self._badness(p.obs, what)[0]
                 for c in p.comps:
-                    sent[c] = sent.get(c, 0) + total
-                    if bad:
-                        lost[c] = lost.get(c, 0) + bad
-                        votes[c] = votes.get(c, 0.0) + bad
-            suspects = [
-                c
-                for c, v in votes.items()
-                if lost[c] >= (cfg.min_lost if what == "loss" else 3)
-                and lost[c] / sent[c] >= (cfg.loss_threshold if what == "loss" else 0.5)
-            ]
+                    lost[c] = lost.get(c, 0) + bad
+            suspects = [c for c, v in lost.items() if v >= min_bad and v / max(1, sent[c]) >= min_rate]
             if not suspects:
                 break
-            top = max(votes[c] for c in suspects)
-            tied = [c for c in suspects if votes[c] >= _TIE * top]
-            best = max(tied, key=lambda c: (lost[c] / sent[c], votes[c], c))
+            top = max(lost[c] for c in suspects)
+            tied = [c for c in suspects if lost[c] >= _TIE * top]
+            best = max(tied, key=lambda c: (lost[c] / max(1, sent[c]), lost[c], c))
             culprits = sorted(
-                (p.obs for p in left if best in p.comps and self._badness(p.obs, what)[0]),
+                (p.obs for p in bad_paths if best in p.comps),
                 key=lambda o: (-o.lost, -o.rtt_p99_us, o.local_nic, o.peer_nic),
             )
             pairs: list[dict[str, Any]] = [
@@ -249,9 +305,24 @@ class ProbeLocaliser:
                 }
                 for o in culprits
             ]
-            blames.append(Blame(best, self._kind(best), what, votes[best], sent[best], lost[best], pairs))
-            left = [p for p in left if best not in p.comps]
+            blames.append(Blame(best, self._kind(best), what, lost[best], round(sent[best]), lost[best], pairs))
+            # what the blamed component explains leaves the vote, denominators included
+            kept: list[_Path] = []
+            for p in left:
+                if best in p.comps:
+                    self._count(sent, p, -self._badness(p.obs, what)[1])
+                else:
+                    kept.append(p)
+            left = kept
+            bad_paths = [p for p in bad_paths if best not in p.comps]
         return blames
+
+    @staticmethod
+    def _count(sent: dict[str, float], p: _Path, total: int) -> None:
+        for c in p.comps:
+            sent[c] = sent.get(c, 0) + total
+        for c, share in p.spread:
+            sent[c] = sent.get(c, 0) + total * share
 
     def _badness(self, o: ProbeObs, what: str) -> tuple[int, int]:
         if what == "loss":

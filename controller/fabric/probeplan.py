@@ -130,6 +130,7 @@ class MeshPlan:
             payload_bytes=max(16, config.mtu_bytes - 28),
             timeout_ms=config.timeout_ms,
             window_s=config.window_s,
+            slow_us=config.rtt_threshold_us,
         )
         for t in self.targets.get(node, []):
             plan.listen[t.local_nic] = self.addresses[t.local_nic]

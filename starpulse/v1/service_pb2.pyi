@@ -118,7 +118,7 @@ class ControllerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., probe_plan: _Optional[_Union[ProbePlan, _Mapping]] = ...) -> None: ...
 
 class ProbePlan(_message.Message):
-    __slots__ = ("version", "paused", "targets", "listen", "port", "dscp", "payload_bytes", "timeout_ms", "window_s")
+    __slots__ = ("version", "paused", "targets", "listen", "port", "dscp", "payload_bytes", "timeout_ms", "window_s", "slow_us")
     class ListenEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class ProbePlan(_message.Message):
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    SLOW_US_FIELD_NUMBER: _ClassVar[int]
     version: int
     paused: bool
     targets: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
@@ -144,7 +145,8 @@ class ProbePlan(_message.Message):
     payload_bytes: int
     timeout_ms: int
     window_s: int
-    def __init__(self, version: _Optional[int] = ..., paused: _Optional[bool] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., listen: _Optional[_Mapping[str, str]] = ..., port: _Optional[int] = ..., dscp: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., window_s: _Optional[int] = ...) -> None: ...
+    slow_us: float
+    def __init__(self, version: _Optional[int] = ..., paused: _Optional[bool] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., listen: _Optional[_Mapping[str, str]] = ..., port: _Optional[int] = ..., dscp: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., window_s: _Optional[int] = ..., slow_us: _Optional[float] = ...) -> None: ...
 
 class ProbeTarget(_message.Message):
     __slots__ = ("local_nic", "local_address", "peer_nic", "peer_address", "src_ports", "packets_per_s", "purpose")
