@@ -126,6 +126,7 @@ class ProbeLocaliser:
         # (local NIC, peer NIC, via) -> its windows' results, oldest first: (received ms, result)
         self._window: dict[tuple[str, str, str], deque[tuple[int, ProbeObs]]] = {}
         self._comps: dict[tuple[str, str, str], _Where | None] = {}
+        self._spreads: dict[tuple[str, str], tuple[tuple[str, float], ...]] = {}  # leaf pair -> shares
         self._streak: dict[tuple[str, str], int] = {}  # (rule, component) -> localisations in a row
         self._clean: dict[tuple[str, str], int] = {}
         self._open: dict[tuple[str, str], Condition] = {}
@@ -215,7 +216,7 @@ class ProbeLocaliser:
             if la is not None and lb is not None:
                 a, b = fab.host_of(local), fab.host_of(peer)
                 comps = [local, peer, a, la]
-                spread: list[tuple[str, float]] = []
+                spread: tuple[tuple[str, float], ...] = ()
                 if b != a:
                     comps.append(b)
                 if lb != la:
@@ -223,16 +224,34 @@ class ProbeLocaliser:
                     if via and via in fab and fab.kind(via) == "spine":
                         comps += [via, fab.link_name(la, via), fab.link_name(lb, via)]
                     elif not via:
-                        spines = [s for s in fab.spines_of(la) if s in fab.spines_of(lb)]
-                        for s in spines:
-                            share = 1 / len(spines)
-                            spread += [(s, share), (fab.link_name(la, s), share), (fab.link_name(lb, s), share)]
-                found = _Where(tuple(comps), la == lb, la, (a, b), tuple(spread))
+                        spread = self._spread(la, lb)
+                found = _Where(tuple(comps), la == lb, la, (a, b), spread)
         self._comps[key] = found
         return found
 
+    def _spread(self, la: str, lb: str) -> tuple[tuple[str, float], ...]:
+        """The spines and cables between two leaves, each with its even share (one tuple per pair)."""
+        known = self._spreads.get((la, lb))
+        if known is None:
+            fab = self.fabric
+            spines = [s for s in fab.spines_of(la) if s in fab.spines_of(lb)]
+            shares: list[tuple[str, float]] = []
+            for s in spines:
+                share = 1 / len(spines)
+                shares += [(s, share), (fab.link_name(la, s), share), (fab.link_name(lb, s), share)]
+            known = self._spreads[(la, lb)] = tuple(shares)
+        return known
+
+    @staticmethod
+    def _spread_out(acc: dict[str, float], pending: dict[int, list[Any]]) -> None:
+        """Add what summed results carried between leaf pairs to their spines and cables, once per pair."""
+        for spread, total in pending.values():
+            for c, share in spread:
+                acc[c] = acc.get(c, 0.0) + total * share
+
     def _health(self, paths: list[_Path]) -> dict[str, dict[str, Any]]:
         acc: dict[str, list[float]] = {}  # component -> [sent, lost, worst p99]
+        pending: dict[int, list[Any]] = {}
         for p in paths:
             o = p.obs
             for c in p.comps:
@@ -243,11 +262,19 @@ class ProbeLocaliser:
                 a[1] += o.lost
                 if o.sent > o.lost and o.rtt_p99_us > a[2]:
                     a[2] = o.rtt_p99_us
-            for c, share in p.spread:
-                a = acc.get(c)
-                if a is None:
-                    a = acc[c] = [0, 0, 0.0]
-                a[0] += o.sent * share
+            if p.spread:
+                slot = pending.get(id(p.spread))
+                if slot is None:
+                    pending[id(p.spread)] = [p.spread, o.sent]
+                else:
+                    slot[1] += o.sent
+        spread_sent: dict[str, float] = {}
+        self._spread_out(spread_sent, pending)
+        for c, extra in spread_sent.items():
+            a = acc.get(c)
+            if a is None:
+                a = acc[c] = [0, 0, 0.0]
+            a[0] += extra
         return {
             c: {
                 "kind": self._kind(c),
@@ -270,11 +297,11 @@ class ProbeLocaliser:
         blames: list[Blame] = []
         min_bad = cfg.min_lost if what == "loss" else 3
         min_rate = cfg.loss_threshold if what == "loss" else 0.5
-        sent: dict[str, float] = {}
-        for p in paths:  # the denominators: everything through each component
-            self._count(sent, p, self._badness(p.obs, what)[1])
-        left = paths
         bad_paths = [p for p in paths if self._badness(p.obs, what)[0]]
+        if not bad_paths:
+            return blames  # a clean fabric costs one pass
+        sent = self._count(paths, what, 1)  # the denominators: everything through each component
+        left = paths
         for _ in range(16):  # at most this many faults named at once
             if not bad_paths:
                 break
@@ -307,22 +334,29 @@ class ProbeLocaliser:
             ]
             blames.append(Blame(best, self._kind(best), what, lost[best], round(sent[best]), lost[best], pairs))
             # what the blamed component explains leaves the vote, denominators included
-            kept: list[_Path] = []
-            for p in left:
-                if best in p.comps:
-                    self._count(sent, p, -self._badness(p.obs, what)[1])
-                else:
-                    kept.append(p)
-            left = kept
+            gone = [p for p in left if best in p.comps]
+            for c, v in self._count(gone, what, -1).items():
+                sent[c] = sent.get(c, 0.0) + v
+            left = [p for p in left if best not in p.comps]
             bad_paths = [p for p in bad_paths if best not in p.comps]
         return blames
 
-    @staticmethod
-    def _count(sent: dict[str, float], p: _Path, total: int) -> None:
-        for c in p.comps:
-            sent[c] = sent.get(c, 0) + total
-        for c, share in p.spread:
-            sent[c] = sent.get(c, 0) + total * share
+    def _count(self, paths: list[_Path], what: str, sign: int) -> dict[str, float]:
+        """Traffic through each component (summed results spread over spines once per leaf pair)."""
+        sent: dict[str, float] = {}
+        pending: dict[int, list[Any]] = {}
+        for p in paths:
+            total = sign * self._badness(p.obs, what)[1]
+            for c in p.comps:
+                sent[c] = sent.get(c, 0.0) + total
+            if p.spread:
+                slot = pending.get(id(p.spread))
+                if slot is None:
+                    pending[id(p.spread)] = [p.spread, total]
+                else:
+                    slot[1] += total
+        self._spread_out(sent, pending)
+        return sent
 
     def _badness(self, o: ProbeObs, what: str) -> tuple[int, int]:
         if what == "loss":
