@@ -80,6 +80,7 @@ class Controller:
         self.notifier = Notifier(
             config.notify,
             Outbox(self.store.connection, self.clock),
+            self.clock,
             metrics_hook=lambda outcome, receiver, n: self.metrics.alert_notifications.labels(receiver, outcome).inc(n),
             stages=self.stages,
         )

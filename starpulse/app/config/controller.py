@@ -377,12 +377,13 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
 def _notify(reading: Reading, raw: dict[str, Any]) -> NotifyConfig | None:
     try:
         return parse_notify_config(raw, "\0", base_dir=reading.base_dir_of("notify"))
-    except NotifyConfigError as exc:  # "\0: key: problem", keyed below notify
-        key, sep, rest = str(exc).removeprefix("\0: ").partition(": ")
-        if sep:
-            reading.err(f"notify.{key}", rest)
-        else:
-            reading.err("notify", key)
+    except NotifyConfigError as exc:  # each "\0: key: problem", keyed below notify
+        for line in exc.errors:
+            key, sep, rest = line.removeprefix("\0: ").partition(": ")
+            if sep:
+                reading.err(f"notify.{key}", rest)
+            else:
+                reading.err("notify", key)
         return None
 
 
