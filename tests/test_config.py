@@ -628,7 +628,9 @@ def test_agent_lldp_socket_and_sim_shape(tmp_path: Path) -> None:
 
 
 def test_the_probe_mesh_section_reaches_detection_and_bad_values_name_their_key(tmp_path: Path) -> None:
-    path = write(tmp_path, {"detection": {"probes": {"enabled": True, "where": "idle_only", "packets_per_s_per_nic": 5}}})
+    path = write(
+        tmp_path, {"detection": {"probes": {"enabled": True, "where": "idle_only", "packets_per_s_per_nic": 5}}}
+    )
     cfg = load_controller_config(path, {})
     probes = cfg.detection.probes
     assert (probes.enabled, probes.where, probes.packets_per_s_per_nic) == (True, "idle_only", 5.0)

@@ -185,7 +185,7 @@ def test_probe_results_are_decoded_in_the_shard_and_carried_in_the_verdict() -> 
 
     from controller.detect.probes import ProbeObs
 
-    shard = Shard(ShardSettings())
+    shard = Shard(ShardSettings(), FakeClock())
     report = tpb.Report(seq=1)
     report.probe_results.add(local_nic="n/nic-0", peer_nic="m/nic-0", via="spine-1", sent=200, lost=3, rtt_p99_us=9.0)
     report.probe_results.add(local_nic="n/nic-0", peer_nic="k/nic-0", sent=0)  # nothing sent: nothing to say
