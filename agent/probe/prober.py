@@ -148,20 +148,23 @@ class Prober:
     # -- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
         assert self._sel is not None and self._wake is not None
+        timeout = 0.0
         while not self._stop.is_set():
+            # Read what arrived before anything can time out: a thread that was not scheduled
+            # for a while must not count replies waiting in its sockets as lost.
+            for key, _ in self._sel.select(timeout=timeout):
+                if key.data is None:
+                    with contextlib.suppress(OSError):
+                        self._wake[0].recv(512)
+                else:
+                    self._readable(*key.data)
             self._maybe_switch()
             now = self._clock()
             self._send_due(now)
             self._expire(now)
             if self.plan.targets and now >= self._window_end:
                 self._close_window(now)
-            wait_ns = self._next_wake(now) - now
-            for key, _ in self._sel.select(timeout=max(0.0, wait_ns / 1e9)):
-                if key.data is None:
-                    with contextlib.suppress(OSError):
-                        self._wake[0].recv(512)
-                else:
-                    self._readable(*key.data)
+            timeout = max(0.0, (self._next_wake(now) - now) / 1e9)
 
     def _next_wake(self, now: int) -> int:
         wake = now + 1_000_000_000
