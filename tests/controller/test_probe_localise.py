@@ -4,6 +4,7 @@ quiet, a restarting peer not a network fault, and a leaf blamed by probes and co
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from controller.fabric import generate_fabric
 from controller.fabric.model import Fabric
 from controller.fabric.probeplan import ProbeConfig
 from controller.metrics import ControllerMetrics
+from controller.outputs.query import topology_response
 from controller.outputs.web.api import probe_links_json
+from controller.query.live import LiveQueries
 from controller.settings import ControllerConfig
 from controller.store import Store
 from starpulse.core.clock import FakeClock
@@ -110,6 +113,11 @@ def test_loss_on_one_leaf_spine_cable_blames_that_cable(tmp_path: Path) -> None:
     assert probes is not None and probes.worst()[0]["component"] == cable
     levels = {p["name"]: p["level"] for p in probe_links_json(probes.health)}
     assert levels[cable] == "bad" and set(levels.values()) == {"bad", "ok"}
+    queries = LiveQueries(mesh.core.store, mesh.core.detection, mesh.core.registry, mesh.core.jobs)
+    view = queries.topology()
+    assert view is not None
+    summary = json.loads(topology_response(view).summary_json)  # what `starpulse topology show` prints
+    assert summary["probe_worst"][0]["component"] == cable and summary["node"] == 32
 
 
 def test_an_untraced_uplink_is_a_path_fault_above_its_leaf_not_the_leaf(tmp_path: Path) -> None:
