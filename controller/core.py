@@ -56,6 +56,7 @@ from controller.jobs.hang import HangDetector
 from controller.jobs.registry import JobRegistry
 from controller.jobs.stacks import RankStack, group_stacks, hardware_on, rank_stacks
 from controller.jobs.stall import GpuStallDetector
+from controller.mesh import ProbeMesh
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
@@ -104,6 +105,7 @@ class DecisionCore:
             listeners=[self],
             stages=stages,
             on_takeover=self._taken_over,
+            sweep_interval_s=config.sweep_interval_s,
         )
         self.conflicts = AgentConflicts(clock)
         self.jobs = JobRegistry(store.connection, clock)
@@ -142,6 +144,17 @@ class DecisionCore:
         if self.detection.shards is not None:
             shards = self.detection.shards
             metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
+        # The probe mesh (issue 29): planned from the fabric, pushed on the streams, replanned on change.
+        self.mesh: ProbeMesh | None = None
+        if fabric is not None and config.detection.probes.enabled:
+            self.mesh = ProbeMesh(
+                fabric,
+                config.detection.probes,
+                self.registry,
+                busy=lambda node: bool(self.jobs.jobs_of(node)),
+                clock=clock,
+                on_planned=lambda plan: metrics.probe_mesh_targets.set(sum(len(t) for t in plan.targets.values())),
+            )
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self._periodic: list[tuple[str, Callable[[], object]]] = [
             ("heartbeat_sweep", self.registry.sweep),
@@ -150,6 +163,8 @@ class DecisionCore:
             ("agent_conflicts", self._conflicts_tick),
             ("hang_check", self.check_hangs),
         ]
+        if self.mesh is not None:
+            self._periodic.append(("probe_mesh", self.mesh.tick))
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._heal_task: asyncio.Task[None] | None = None
@@ -340,12 +355,16 @@ class DecisionCore:
         self.jobs.on_report(node, verdict)
         if verdict.job_gpus:
             self.stalls.observe(node.node_id, verdict.job_gpus, verdict.signals.get("nic_gbps"))
+        if verdict.lldp is not None and self.mesh is not None:
+            self.mesh.changed()  # learned wiring may have moved a cable
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         self.detection.on_events(node, events)
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         self.detection.on_presence(node, old_state, new_state)
+        if self.mesh is not None:
+            self.mesh.changed()
 
     # -- life -----------------------------------------------------------------------------
     async def start_shards(self) -> None:

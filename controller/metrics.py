@@ -56,6 +56,25 @@ class ControllerMetrics:
             ["kind"],
             registry=r,
         )
+        self.lag = Gauge(
+            "starpulse_controller_lag_seconds",
+            "How late the last heartbeat sweep ran: the controller's own lag (a node is not called down for it).",
+            registry=r,
+        )
+        self.probe_results = Counter(
+            "starpulse_probe_results",
+            "Probe results (one flow or one target's clean flows, one window) received.",
+            registry=r,
+        )
+        self.probe_loss = Gauge(
+            "starpulse_probe_loss_ratio",
+            "Loss share through each component the probe localisation names (issue 29), by its kind.",
+            ["component", "kind"],
+            registry=r,
+        )
+        self.probe_mesh_targets = Gauge(
+            "starpulse_probe_mesh_targets", "Probe targets in the current mesh plan, all nodes together.", registry=r
+        )
         self.relays = Gauge("starpulse_relays_connected", "Relays streaming agents' messages in.", registry=r)
         self.shards_running = Gauge(
             "starpulse_detect_shards", "Detection shard processes running (controller --detect-workers).", registry=r

@@ -625,3 +625,17 @@ def test_agent_lldp_socket_and_sim_shape(tmp_path: Path) -> None:
     bad = write(tmp_path, {**AGENT_MIN, "hardware": {"sim_nics": 29}}, "bad.yaml")
     expected = f"{bad}: hardware.sim_nics: must be an integer >= 0 and <= 28, got 29"
     assert errors_of(load_agent_config, bad, {}) == [expected]
+
+
+def test_the_probe_mesh_section_reaches_detection_and_bad_values_name_their_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, {"detection": {"probes": {"enabled": True, "where": "idle_only", "packets_per_s_per_nic": 5}}}
+    )
+    cfg = load_controller_config(path, {})
+    probes = cfg.detection.probes
+    assert (probes.enabled, probes.where, probes.packets_per_s_per_nic) == (True, "idle_only", 5.0)
+    bad = write(tmp_path, {"detection": {"probes": {"where": "sometimes", "dscp": 99}}}, "bad.yaml")
+    errors = errors_of(load_controller_settings, bad, {})
+    assert len(errors) == 2
+    assert any("detection.probes.where" in e and "sometimes" in e for e in errors)
+    assert any("detection.probes.dscp" in e for e in errors)

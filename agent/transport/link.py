@@ -55,6 +55,7 @@ class ControllerLink:
         backoff: Backoff | None = None,
         max_in_flight: int = 1000,
         seed: int | None = None,
+        on_probe_plan: Callable[[spb.ProbePlan], None] | None = None,
     ) -> None:
         # Which controller next and how long to wait: the rule every starpulse client shares.
         self.reconnect = Reconnector(targets, backoff, seed, name="agent")
@@ -63,6 +64,7 @@ class ControllerLink:
         self._hello = hello
         self.buffer = buffer
         self._on_command = on_command
+        self._on_probe_plan = on_probe_plan
         self._credentials = credentials
         self.max_in_flight = max_in_flight
         self._wake = asyncio.Event()
@@ -111,6 +113,11 @@ class ControllerLink:
             # LLDP updates are sent only on change: carry one forward rather than lose it.
             if self._latest_report.HasField("lldp") and not report.HasField("lldp"):
                 report.lldp.CopyFrom(self._latest_report.lldp)
+            # Probe results are each window's once: carry the unsent ones forward too.
+            if self._latest_report.probe_results:
+                newer = list(report.probe_results)
+                del report.probe_results[:]
+                report.probe_results.extend([*self._latest_report.probe_results, *newer])
         self._latest_report = report
         self._wake.set()
 
@@ -223,6 +230,9 @@ class ControllerLink:
                 if msg.ack.full_report_needed:
                     self.delta.force_full()
                 self._wake.set()
+            elif which == "probe_plan":
+                if self._on_probe_plan is not None:
+                    self._on_probe_plan(msg.probe_plan)
             elif which == "command":
                 task = asyncio.create_task(self._run_command(call, msg.command))
                 self._command_tasks.add(task)

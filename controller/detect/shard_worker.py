@@ -43,6 +43,7 @@ from controller.detect.conditions import ConditionEngine
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
 from controller.detect.gpu_jobs import job_gpu_signature
 from controller.detect.model import ConditionChange
+from controller.detect.probes import observations
 from controller.detect.rules import load_rules
 from controller.ingest.registry import ONLINE, NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_event, validate_report
@@ -179,6 +180,8 @@ class Shard:
         if report.job_steps:
             result.job_steps = list(report.job_steps)
         result.job_gpus = job_gpu_signature(report)
+        if report.probe_results:
+            result.probes = list(observations(report))  # decoded here, localised in the controller
         return result
 
     def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> list[EventsOpened]:

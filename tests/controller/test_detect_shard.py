@@ -176,3 +176,20 @@ def test_frames_round_trip_and_a_torn_frame_is_an_error() -> None:
         os.close(r)
         if w != -1:
             os.close(w)
+
+
+def test_probe_results_are_decoded_in_the_shard_and_carried_in_the_verdict() -> None:
+    """Issue 29: the shard decodes a report's probe results; the verdict carries them, pickled, to the
+    controller's one localiser (which alone holds the whole fabric)."""
+    import pickle
+
+    from controller.detect.probes import ProbeObs
+
+    shard = Shard(ShardSettings(), FakeClock())
+    report = tpb.Report(seq=1)
+    report.probe_results.add(local_nic="n/nic-0", peer_nic="m/nic-0", via="spine-1", sent=200, lost=3, rtt_p99_us=9.0)
+    report.probe_results.add(local_nic="n/nic-0", peer_nic="k/nic-0", sent=0)  # nothing sent: nothing to say
+    raw = spb.AgentMessage(report=report).SerializeToString()
+    results, *_ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""), (OP_REPORT, "n", 1, raw, False, 0.0)])
+    back = pickle.loads(pickle.dumps(results[0]))
+    assert [ProbeObs(*o) for o in back.probes] == [ProbeObs("n/nic-0", "m/nic-0", "spine-1", 200, 3, 9.0, 0.0, False)]
