@@ -109,9 +109,10 @@ class _Where(NamedTuple):
 class _Sums:
     """One key's window, summed as results arrive and expire: what the vote needs without a pass."""
 
-    __slots__ = ("answered", "lost", "results", "sent", "slow")
+    __slots__ = ("answered", "lost", "results", "sent", "slow", "where")
 
-    def __init__(self) -> None:
+    def __init__(self, where: _Where | None) -> None:
+        self.where = where  # the key's path (None off the fabric), refreshed when the wiring changes
         self.results: deque[tuple[int, ProbeObs]] = deque()
         self.sent = 0
         self.lost = 0
@@ -190,6 +191,8 @@ class ProbeLocaliser:
     def add(self, node: str, obs: list[ProbeObs]) -> None:
         """A report's results; a restarted peer's are left out (its losses were its restart)."""
         now = self.clock.time_ms()
+        # what aged out goes as reports come, a little each time, not all at the localisation
+        self._expire(now - int(self.config.localise_window_s * 1000))
         threshold = self.config.rtt_threshold_us
         for o in obs:
             if o.restarted:
@@ -197,8 +200,8 @@ class ProbeLocaliser:
             key = (o.local_nic, o.peer_nic, o.via)
             s = self._window.get(key)
             if s is None:
-                s = self._window[key] = _Sums()
                 where = self._path_of(key)
+                s = self._window[key] = _Sums(where)
                 if where is not None and not self._stale:
                     for h in where.hosts:
                         self._host_keys.setdefault(h, set()).add(key)
@@ -216,15 +219,12 @@ class ProbeLocaliser:
         s.answered = s.sent > s.lost
         if s.lost > 0 or s.slow > 0:
             self._bad[key] = None
-        else:
+        elif lost or slow:  # it may have been bad until now
             self._bad.pop(key, None)
-        if self._stale:
+        where = s.where
+        if where is None or self._stale:
             return
-        where = self._path_of(key)
-        if where is None:
-            return
-        ans = int(s.answered) - int(was)
-        self._apply(where, sent, lost, ans)
+        self._apply(where, sent, lost, int(s.answered) - int(was))
 
     def _apply(self, where: _Where, sent: int, lost: int, ans: int) -> None:
         csent, clost, cans = self._csent, self._clost, self._cans
@@ -252,7 +252,7 @@ class ProbeLocaliser:
             if not s.results:
                 del self._window[key]
                 self._bad.pop(key, None)
-                where = self._path_of(key)
+                where = s.where
                 if where is not None and not self._stale:
                     for h in where.hosts:
                         keys = self._host_keys.get(h)
@@ -268,7 +268,7 @@ class ProbeLocaliser:
         self._psent, self._pans = {}, {}
         self._host_keys = {}
         for key, s in self._window.items():
-            where = self._path_of(key)
+            where = s.where = self._path_of(key)
             if where is None:
                 continue
             for h in where.hosts:
@@ -331,12 +331,10 @@ class ProbeLocaliser:
 
     def _live(self) -> Iterable[tuple[tuple[str, str, str], _Where]]:
         """Every counted key on the fabric with its path (a full scan: only where a blame needs it)."""
-        for key in self._window:
-            if key in self._excluded:
-                continue
-            where = self._path_of(key)
-            if where is not None:
-                yield key, where
+        excluded = self._excluded
+        for key, s in self._window.items():
+            if s.where is not None and key not in excluded:
+                yield key, s.where
 
     def _path_of(self, key: tuple[str, str, str]) -> _Where | None:
         """The components on a key's path (cached until the wiring changes); None off the fabric."""
