@@ -57,8 +57,11 @@ class UdpEndpoint:
         try:
             self._sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (dscp & 0x3F) << 2)
             self._sock.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
-            with contextlib.suppress(OSError):
+            self.stamps = True  # the kernel stamps what arrives: the prober may wake in batches
+            try:
                 self._sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            except OSError:
+                self.stamps = False
             self._sock.setblocking(False)
             self._sock.bind((address, port))
         except OSError:

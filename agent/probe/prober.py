@@ -74,15 +74,17 @@ class Prober:
         fate: FateOf | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         seed: int | None = None,
-        tick_s: float = 0.01,
+        tick_s: float = 0.05,
     ) -> None:
         """``tick_s``: the thread wakes at most this often and does everything due in one go
         (sends, replies, reads), so its cost follows the ticks, not the packets; the kernel's
-        receive stamps keep round trips exact where the endpoint gives them."""
+        receive stamps keep round trips exact. Only where every endpoint has them (``stamps``):
+        without, a reply read a tick late would look a tick slower, so the thread wakes per packet."""
         self._endpoints = endpoints
         self._fate = fate
         self._clock = clock
         self._tick_ns = int(tick_s * 1e9)
+        self._batch_ns = 0  # the tick where every open endpoint stamps its arrivals, else 0
         self._rt_offset: int | None = None  # CLOCK_REALTIME - our clock, for the kernel's stamps
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -164,7 +166,7 @@ class Prober:
         last = 0
         stamps = self._clock is time.monotonic_ns
         while not self._stop.is_set():
-            rest = last + self._tick_ns - self._clock()
+            rest = last + self._batch_ns - self._clock()
             if rest > 0 and self._idle is not None:
                 # batch: what arrives or falls due meanwhile is done together at the next tick
                 for _ in self._idle.select(timeout=rest / 1e9):
@@ -212,6 +214,7 @@ class Prober:
         if plan is None:
             return
         self._close_endpoints()
+        self._batch_ns = 0
         self.plan = plan
         self._flows, self._due, self._outstanding, self._delayed = [], [], {}, []
         if plan.paused:
@@ -235,6 +238,8 @@ class Prober:
                 self._flows.append(_Flow(t.local_nic, t.peer_nic, t.peer_address, plan.port, sport, interval))
                 heapq.heappush(self._due, (now + int(self._rng.random() * interval), index))
         self._window_end = now + max(1, plan.window_s) * 1_000_000_000
+        endpoints = [*self._responders, *self._senders.values()]
+        self._batch_ns = self._tick_ns if endpoints and all(getattr(e, "stamps", False) for e in endpoints) else 0
         log.info(
             "probe_plan_applied",
             version=plan.version,
