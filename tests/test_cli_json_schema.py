@@ -26,6 +26,7 @@ from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app import cli
 from starpulse.app.cli.common import JSON_SCHEMA_PREFIX
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,8 @@ async def controller(tmp_path: Path) -> AsyncIterator[tuple[Controller, str]]:
             db_path=tmp_path / "c.db",
             fabric=fabric,
             heal=HealSettings(SimScheduler(list(fabric.nodes())), guards=GuardConfig(mode="manual")),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     incident = ctl.detection.incidents.open(

@@ -20,6 +20,7 @@ import pytest
 from controller.detect.model import Incident
 from controller.service import Controller, ControllerConfig
 from starpulse.app.cli.tables import Col, colour_wanted, render
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port
 
 ESC = "\x1b["
@@ -58,7 +59,10 @@ def test_colour_decision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    ctl = Controller(ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"))
+    ctl = Controller(
+        ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"),
+        clock=SYSTEM_CLOCK,
+    )
     await ctl.start()
     ctl.detection.incidents.open(
         Incident(

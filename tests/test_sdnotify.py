@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from starpulse.core import sdnotify
+from starpulse.core.clock import SYSTEM_CLOCK
 
 
 class FakeSystemd:
@@ -124,7 +125,8 @@ async def test_controller_sends_ready_watchdog_then_stopping(
     monkeypatch.setenv("WATCHDOG_USEC", "200000")  # 0.2 s: a ping every 0.1 s of sweeps
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
     ctl = Controller(
-        ControllerConfig(listen="127.0.0.1:0", http="127.0.0.1:0", db_path=tmp_path / "c.db", sweep_interval_s=0.05)
+        ControllerConfig(listen="127.0.0.1:0", http="127.0.0.1:0", db_path=tmp_path / "c.db", sweep_interval_s=0.05),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     try:

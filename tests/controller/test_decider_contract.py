@@ -24,6 +24,7 @@ from controller.detect.pipeline import DetectionConfig
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -168,7 +169,8 @@ async def rig(tmp_path: Path, workers: int, request: pytest.FixtureRequest) -> A
             db_path=tmp_path / "controller.db",
             report_ack_interval_s=0.0,  # every verdict acked: the contract, not the spacing
             detection=DetectionConfig(workers=workers),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     heard = Heard()
     ctl.registry.listeners.append(heard)

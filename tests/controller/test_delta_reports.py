@@ -13,7 +13,7 @@ from controller.detect.failslow import FailSlowDetector
 from controller.detect.model import ConditionChange
 from controller.detect.rates import CounterRate
 from controller.service import Controller, ControllerConfig
-from starpulse.core.clock import FakeClock
+from starpulse.core.clock import SYSTEM_CLOCK, FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -300,7 +300,10 @@ class TestNvLinksOnDeltas:
 # -- over the wire ---------------------------------------------------------------------------
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    ctl = Controller(ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"))
+    ctl = Controller(
+        ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"),
+        clock=SYSTEM_CLOCK,
+    )
     await ctl.start()
     yield ctl
     await ctl.stop()

@@ -17,6 +17,7 @@ from controller.service import Controller, ControllerConfig
 from starpulse.app import cli
 from starpulse.app.config.controller import load_controller_settings
 from starpulse.core.auth import HttpAuthConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.schema import ConfigError
 from starpulse.core.tls import make_test_ca, node_id_from_peercert
 
@@ -31,7 +32,7 @@ def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def client_for(tmp_path: Path, auth: HttpAuthConfig) -> Client:
-    ctl = Controller(ControllerConfig(db_path=tmp_path / "c.db"))
+    ctl = Controller(ControllerConfig(db_path=tmp_path / "c.db"), clock=SYSTEM_CLOCK)
     app = build_app(ctl.registry, ctl.store, ctl.metrics, healthy=lambda: True, queries=ctl.queries, http_auth=auth)
     client: Client = TestClient(TestServer(app))
     await client.start_server()

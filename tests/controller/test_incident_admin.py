@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from controller.detect.model import Incident
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from tests.support.admin import refused
@@ -99,7 +100,7 @@ async def test_a_person_resolves_an_open_incident_and_the_listeners_hear_why(tmp
         db_path=tmp_path / "c.db",
         detection=DetectionConfig(correlation=CorrelationConfig(settle_s=0, resolve_hold_s=3600)),
     )
-    controller = Controller(config)
+    controller = Controller(config, clock=SYSTEM_CLOCK)
     await controller.start()
     heard: list[tuple[str, str]] = []
 

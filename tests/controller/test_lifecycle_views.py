@@ -37,7 +37,7 @@ def fabric() -> Fabric:
 
 @pytest.fixture
 async def ctl(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Controller]:
-    controller = Controller(ControllerConfig(db_path=tmp_path / "c.db", fabric=fabric), FakeClock(1_000_000))
+    controller = Controller(ControllerConfig(db_path=tmp_path / "c.db", fabric=fabric), clock=FakeClock(1_000_000))
     for name in fabric.nodes():
         inv = ipb.Inventory(gpus=[ipb.GpuInfo() for _ in range(8)])
         controller.registry.register(spb.Hello(node_id=name, role=ipb.NODE_ROLE_COMPUTE, inventory=inv))
@@ -156,7 +156,10 @@ async def test_controller_with_healing_serves_its_breaker_on_the_chip(tmp_path: 
     from controller.service import HealSettings
 
     heal = HealSettings(scheduler=SimScheduler())
-    ctl = Controller(ControllerConfig(db_path=tmp_path / "c.db", http="127.0.0.1:0", listen="127.0.0.1:0", heal=heal))
+    ctl = Controller(
+        ControllerConfig(db_path=tmp_path / "c.db", http="127.0.0.1:0", listen="127.0.0.1:0", heal=heal),
+        clock=SYSTEM_CLOCK,
+    )
     await ctl.start()
     try:
         assert ctl.healer is not None
@@ -179,7 +182,8 @@ async def test_nodes_command_shows_and_filters_lifecycle(tmp_path: Path, fabric:
     import sys
 
     ctl = Controller(
-        ControllerConfig(db_path=tmp_path / "c.db", fabric=fabric, http="127.0.0.1:0", listen="127.0.0.1:0")
+        ControllerConfig(db_path=tmp_path / "c.db", fabric=fabric, http="127.0.0.1:0", listen="127.0.0.1:0"),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
 
@@ -223,7 +227,7 @@ async def test_spare_pool_on_the_dashboard_and_metrics(tmp_path: Path, fabric: F
     heal = HealSettings(scheduler=SimScheduler(list(fabric.nodes())))
     config = ControllerConfig(db_path=tmp_path / "c.db", fabric=fabric, http="127.0.0.1:0", listen="127.0.0.1:0",
                               heal=heal)  # fmt: skip
-    ctl = Controller(config)
+    ctl = Controller(config, clock=SYSTEM_CLOCK)
     await ctl.start()
     try:
         (spare,) = fabric.spares()

@@ -60,7 +60,7 @@ async def ctl(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Controller]:
         detection=DetectionConfig(correlation=correlation),
         jobs={"llama": ["node-000", "node-001"]},
     )
-    controller = Controller(config, clock)
+    controller = Controller(config, clock=clock)
     for name in fabric.nodes():
         inv = ipb.Inventory(gpus=[ipb.GpuInfo() for _ in range(8)])
         controller.registry.register(spb.Hello(node_id=name, role=ipb.NODE_ROLE_COMPUTE, inventory=inv))

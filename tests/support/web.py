@@ -30,7 +30,7 @@ def make_controller(tmp_path: Path, fabric: Fabric | None, clock: FakeClock | No
             fabric=fabric,
             detection=DetectionConfig(correlation=CorrelationConfig(settle_s=0, resolve_hold_s=0)),
         ),
-        clock,
+        clock=clock,
     )
 
 
