@@ -48,7 +48,7 @@ async def _controller(tmp_path: Path, clock: FakeClock | None = None) -> Control
             db_path=tmp_path / "c.db",
             allowed_nodes=[NODE, "node-001"],
         ),
-        clock,
+        clock=clock,
     )
     await ctl.start()
     return ctl
