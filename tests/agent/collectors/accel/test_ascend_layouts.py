@@ -23,11 +23,11 @@ from agent.sim.fake_npu_smi import LAYOUTS, FakeNpuSmi
 from agent.sim.node import SimNode
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.app.cli.test_scan_verdict import by_rule, scan
 from tests.test_mixed_fleet import one_cycle
-from tests.test_scan_verdict import by_rule, scan
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ascend" / "npu-smi"
-ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "ascend" / "npu-smi"
+ROOT = Path(__file__).resolve().parents[4]
 # layout -> (chips per NPU, model in the inventory, has a PCI address, has HBM)
 SHAPES = {
     "910B": (1, "Ascend 910B4", True, True),

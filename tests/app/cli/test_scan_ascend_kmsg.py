@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_scan_verdict import by_rule, scan
+from tests.app.cli.test_scan_verdict import by_rule, scan
 
 LOSS = "[ 9.1] [ascend] [ERROR] [drv_soft_fault] [hb_read 203] <k:1,1> Heartbeat lost! (device_id=3; lost_count=3)."
 EVENT = "[ 9.2] [ascend] [dms_module] [dms_event_get 394] <d:1,1> read fault event success.(dev_id=4; event_id={})"

@@ -15,7 +15,7 @@ from controller.heal.scheduler.base import ActionResult, SchedulerError, sanitiz
 from controller.heal.scheduler.slurm import expand_hostlist
 from starpulse.core.names import InvalidName
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 T = TypeVar("T")
 
 

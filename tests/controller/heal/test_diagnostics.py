@@ -10,7 +10,7 @@ from controller.heal.diagnostics import dcgmi_verdict, judge
 from controller.heal.ladder import RepairPolicy
 from controller.heal.policy import PolicyError, policy_from_dict
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgmi"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "dcgmi"
 
 
 def fixture(name: str) -> str:

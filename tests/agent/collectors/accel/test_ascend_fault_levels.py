@@ -19,7 +19,7 @@ from agent.sim.fake_npu_smi import FakeNpuSmi
 from starpulse.v1 import telemetry_pb2 as tpb
 
 PRODUCT = (
-    Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vendors" / "ascend" / "fault-codes.mindcluster.json"
+    Path(__file__).resolve().parents[5] / "shared" / "fixtures" / "vendors" / "ascend" / "fault-codes.mindcluster.json"
 )
 # faultCode.json files A2301001 under RestartBusiness and SeparateNPU; the shipped table keeps the worse.
 RESOLVED = {"A2301001": "SeparateNPU"}

@@ -12,7 +12,7 @@ from controller.fabric import generate_fabric
 from controller.fabric.io import save_fabric
 from starpulse.app.check import detect_kind
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = [
     ROOT / "deploy" / "controller.yaml",
     ROOT / "deploy" / "agent.yaml",

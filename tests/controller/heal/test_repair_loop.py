@@ -35,7 +35,7 @@ from starpulse.v1 import service_pb2 as spb
 
 S = NodeHealState
 NODE = "node-002"
-DCGMI_PASS = Path(__file__).resolve().parents[1] / "fixtures" / "dcgmi" / "dcgm-3.1.0-r-json-pass.txt"
+DCGMI_PASS = Path(__file__).resolve().parents[2] / "fixtures" / "dcgmi" / "dcgm-3.1.0-r-json-pass.txt"
 
 
 def incident(iid: str = "inc-1", kind: str = "gpu_fault", node: str = NODE) -> Incident:

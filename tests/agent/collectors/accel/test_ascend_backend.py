@@ -20,7 +20,7 @@ from agent.sim.fake_npu_smi import FakeNpuSmi
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vendors" / "ascend"
+SHARED = Path(__file__).resolve().parents[5] / "shared" / "fixtures" / "vendors" / "ascend"
 FAULT_CODES = SHARED / "fault-codes.mindcluster.json"
 
 
@@ -135,7 +135,7 @@ class TestGenerated:
 
 # -- HCCS links (npu-smi info -t hccs), judged like any vendor's interconnect links -----------------
 
-HCCS = Path(__file__).resolve().parents[1] / "fixtures" / "ascend" / "npu-smi"
+HCCS = Path(__file__).resolve().parents[3] / "fixtures" / "ascend" / "npu-smi"
 
 
 def test_hccs_fixtures_parse_into_links() -> None:

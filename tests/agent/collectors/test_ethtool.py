@@ -10,7 +10,7 @@ from agent.collectors.ethtool import EthtoolCollector, parse_ethtool_stats, pars
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
 
-SAMPLE = Path(__file__).resolve().parent.parent / "fixtures" / "ethtool" / "mlx5_ens1f0np0.txt"
+SAMPLE = Path(__file__).resolve().parents[2] / "fixtures" / "ethtool" / "mlx5_ens1f0np0.txt"
 
 
 def report(*netdevs: str) -> tpb.Report:

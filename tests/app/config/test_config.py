@@ -18,7 +18,7 @@ from starpulse.app.config.agent import load_agent_config
 from starpulse.app.config.controller import load_controller_config, load_controller_settings
 from starpulse.app.config.relay import load_relay_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 AGENT_MIN = {"agent": {"node_id": "node-001", "controllers": ["127.0.0.1:50051"]}}
 

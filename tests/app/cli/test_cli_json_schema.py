@@ -29,7 +29,7 @@ from starpulse.app.cli.common import JSON_SCHEMA_PREFIX
 from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "tests" / "scenarios"
 
 

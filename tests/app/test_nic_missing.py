@@ -2,7 +2,7 @@
 
 One definition for the controller (the inventory the node registered with) and for
 `starpulse scan --expect` (that inventory plus the ports the file names; through the CLI in
-tests/test_scan_verdict.py)."""
+tests/app/cli/test_scan_verdict.py)."""
 
 from __future__ import annotations
 

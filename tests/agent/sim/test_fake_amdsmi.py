@@ -25,7 +25,7 @@ import pytest
 from agent.sim import fake_amdsmi
 from agent.sim.fake_amdsmi import FakeAmdSmi, FakeProcessorHandle
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def pinned_requirement() -> str:

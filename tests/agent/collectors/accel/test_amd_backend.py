@@ -16,7 +16,7 @@ from agent.sim.fake_amdsmi import MI300X_MARKET_NAME, MI300X_XGMI_LINKS, FakeAmd
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def started(gpus: int = 8) -> tuple[FakeAmdSmi, AmdGpuCollector]:

@@ -13,7 +13,7 @@ from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "lldp"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "lldp"
 ONE = (FIX / "one_neighbor.json").read_text()
 SEVERAL = (FIX / "several_neighbors.json").read_text()
 
