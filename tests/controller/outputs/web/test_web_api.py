@@ -125,7 +125,7 @@ async def test_gpu_and_link_faults(ctl: Controller, fabric: Fabric, client: Clie
 
 
 async def test_fabric_without_declared_fabric_lists_nodes(tmp_path: Path) -> None:
-    ctl = make_controller(tmp_path, None)
+    ctl = make_controller(tmp_path, None, SYSTEM_CLOCK)
     register(ctl, "gpu-b")
     register(ctl, "gpu-a")
     register(ctl, "tor-1", role=ipb.NODE_ROLE_SWITCH)
