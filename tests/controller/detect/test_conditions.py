@@ -322,6 +322,13 @@ EVENT_CASES = [
     ("gpu.ecc_dbe", event(tpb.EVENT_KIND_ECC_DBE, "gpu-5"), f"{NODE}/gpu-5", "critical", "reset_gpu"),
     ("nic.driver_error", event(tpb.EVENT_KIND_NIC_DRIVER_ERROR, "ibp5"), f"{NODE}/nic-5", "warning", "investigate"),
     ("host.kernel", event(tpb.EVENT_KIND_KERNEL, "nvidia-peermem"), NODE, "warning", "investigate"),
+    (
+        "agent.buffer_reset",
+        event(tpb.EVENT_KIND_BUFFER_RESET, "agent", severity=tpb.SEVERITY_WARNING),
+        NODE,
+        "warning",
+        "investigate",
+    ),
     *(
         (f"gpu.accel_fault.{action}", _accel(action), f"{NODE}/gpu-5", severity, action)
         for action, severity in (
