@@ -44,6 +44,7 @@ from controller.detect.shard_worker import ShardSettings
 from controller.fabric import Fabric
 from controller.heal.guards import Guards
 from controller.heal.healer import Healer
+from controller.heal.inservice import FleetServiceLedger, retired_nodes
 from controller.heal.policy import Policy, SqliteHealHistory, load_policy
 from controller.heal.repair import RepairConfig, RepairLoop
 from controller.heal.spares import SparePool
@@ -100,6 +101,7 @@ class DecisionCore:
             stages=stages,
         )
         self.jobs = JobRegistry(store.connection, clock)
+        self.fleet_service = FleetServiceLedger(store.connection)  # the GPU-days of the fleet report
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
         # The healer reads detection's incidents through late-bound callables: it is built first
@@ -137,6 +139,7 @@ class DecisionCore:
             ("heartbeat_sweep", self.registry.sweep),
             ("presence_flush", self.registry.flush_presence),
             ("detection_tick", self.detection.tick),
+            ("fleet_service", self.sync_fleet_service),
         ]
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -200,6 +203,15 @@ class DecisionCore:
         if record is None or record.state != "online":
             return False
         return not any(policy.holds(i, node) for i in self.detection.correlator.incidents(active_only=True))
+
+    def sync_fleet_service(self) -> None:
+        """Open a ``fleet_service`` interval for every compute node heard, close retired nodes'."""
+        nodes = {
+            n.node_id: (len(n.inventory.gpus), n.first_seen_ms)
+            for n in self.registry.nodes.values()
+            if n.role == ipb.NODE_ROLE_COMPUTE
+        }
+        self.fleet_service.sync(nodes, retired_nodes(self.store.connection), self.clock.time_ms())
 
     def fleet_size(self) -> int:
         if self.fabric is not None:

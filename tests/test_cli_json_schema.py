@@ -53,6 +53,7 @@ def cases(grpc: str, incident: str, scenario: Path) -> dict[str, tuple[list[str]
         "incidents": (["incidents", *c], "incidents"),
         "spares": (["spares", *c], "spares"),
         "jobs": (["jobs", *c], "jobs"),
+        "report": (["report", *c], "fleet-report"),
         "incident show": (["incident", "show", incident, *c], "incident"),
         "incident ack": (["incident", "ack", incident, "--reason", "seen", *c], "incident-action"),
         "incident resolve": (["incident", "resolve", incident, "--reason", "checked", *c], "incident-action"),
