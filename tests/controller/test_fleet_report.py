@@ -14,8 +14,8 @@ import pytest
 
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import Incident
-from controller.heal.inservice import FleetServiceLedger, service_intervals
 from controller.heal import repair
+from controller.heal.inservice import FleetServiceLedger, service_intervals
 from controller.heal.states import NodeHealState, RemediationStore
 from controller.jobs.registry import JobRegistry
 from controller.query.fleet import ReportSettings, cause_of, fleet_report
@@ -27,6 +27,7 @@ S = NodeHealState
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
 T0 = 1_700_000_000_000
+History = tuple[Store, FakeClock]
 
 
 def _incident(kind: str, node: str, at_ms: int, rules: list[str], jobs: list[str] | None = None) -> Incident:
@@ -60,7 +61,7 @@ def _save_repair(store: Store, node: str, incident: str, steps: list[tuple[str, 
 
 
 @pytest.fixture
-def history(tmp_path: Path) -> tuple[Store, FakeClock, dict[str, str]]:
+def history(tmp_path: Path) -> History:
     """Ten days of a four-node, 8-GPU fleet; node-3 retired at day 5 (35 node-days, 280 GPU-days).
 
     Faults: an Xid on node-0 (gpu), a DBE on node-1 (hbm_ecc), a NIC on node-2, a link (switch/cable),
@@ -86,7 +87,8 @@ def history(tmp_path: Path) -> tuple[Store, FakeClock, dict[str, str]]:
     jobs.mark_resumed("llm", clock.time_ms() + 10 * 60_000, 49_100)
     # the ranks' step at the fault and their first step after it (their samples are not replayed here)
     store.connection.execute(
-        "UPDATE heal_job_restarts SET interrupted_step = 50000, first_step_ms = ?, first_step = 49101 WHERE job = 'llm'",
+        "UPDATE heal_job_restarts SET interrupted_step = 50000, first_step_ms = ?, first_step = 49101 "
+        "WHERE job = 'llm'",
         (clock.time_ms() + 30 * 60_000,),
     )
     _evict_and_return(heal, clock, "node-0", ids["xid"], 3600)
@@ -121,11 +123,11 @@ def history(tmp_path: Path) -> tuple[Store, FakeClock, dict[str, str]]:
         )
     store.connection.execute("UPDATE heal_jobs SET world_size = 16, first_seen_ms = ?", (T0,))
     clock.set_ms(T0 + 10 * DAY_MS)
-    return store, clock, ids
+    return store, clock
 
 
-def test_a_known_history_gives_the_exact_rate_mttr_and_ettr(history: tuple[Store, FakeClock, dict[str, str]]) -> None:
-    store, clock, ids = history
+def test_a_known_history_gives_the_exact_rate_mttr_and_ettr(history: History) -> None:
+    store, _ = history
     report = fleet_report(store.connection, T0, T0 + 10 * DAY_MS)
     assert report.node_days == pytest.approx(35.0)
     assert report.gpu_days == pytest.approx(280.0)
@@ -158,9 +160,9 @@ def test_a_known_history_gives_the_exact_rate_mttr_and_ettr(history: tuple[Store
 
 
 def test_a_wrongful_eviction_needs_the_clean_time_to_have_passed(
-    history: tuple[Store, FakeClock, dict[str, str]],
+    history: History,
 ) -> None:
-    store, _, _ = history
+    store, _ = history
     early = fleet_report(store.connection, T0, T0 + 5 * DAY_MS)  # node-0 back on day 1: 4 clean days so far
     assert (early.wrongful, early.wrongful_pending) == ([], 1)
     short = fleet_report(store.connection, T0, T0 + 5 * DAY_MS, ReportSettings(clean_s=3 * 86400.0))
@@ -168,17 +170,17 @@ def test_a_wrongful_eviction_needs_the_clean_time_to_have_passed(
 
 
 def test_a_fault_within_the_clean_time_makes_the_eviction_rightful(
-    history: tuple[Store, FakeClock, dict[str, str]],
+    history: History,
 ) -> None:
-    store, clock, _ = history
+    store, _ = history
     IncidentStore(store.connection).open(_incident("gpu_fault", "node-0", T0 + 3 * DAY_MS, ["gpu.xid.reboot"]))
     report = fleet_report(store.connection, T0, T0 + 10 * DAY_MS)
     assert report.wrongful == []
     assert report.by_cause["gpu"] == 2
 
 
-def test_lemons_are_nodes_with_repeated_faults_in_the_window(history: tuple[Store, FakeClock, dict[str, str]]) -> None:
-    store, _, _ = history
+def test_lemons_are_nodes_with_repeated_faults_in_the_window(history: History) -> None:
+    store, _ = history
     incidents = IncidentStore(store.connection)
     for day in (6, 7, 8):
         incidents.open(_incident("gpu_fault", "node-1", T0 + day * DAY_MS, ["gpu.xid.reboot"]))
@@ -188,12 +190,10 @@ def test_lemons_are_nodes_with_repeated_faults_in_the_window(history: tuple[Stor
     assert fewer.lemons == []  # only days 8 (and 7.5+) inside a 2.5-day window: 1 fault
 
 
-def test_the_figures_are_the_same_after_a_restart_and_without_events(
-    tmp_path: Path, history: tuple[Store, FakeClock, dict[str, str]]
-) -> None:
+def test_the_figures_are_the_same_after_a_restart_and_without_events(tmp_path: Path, history: History) -> None:
     """Computed from incidents, remediations and job records: a reopened file (a restarted
     controller, a standby's copy) with its events gone gives the same report."""
-    store, clock, _ = history
+    store, clock = history
     before = StoreQueries(store, clock).fleet_report(10 * 86400.0).to_dict()
     store.connection.execute("DELETE FROM events")
     store.close()
