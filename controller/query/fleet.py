@@ -242,7 +242,7 @@ def fleet_report(
         nodes_in_service=len(open_now),
         gpus_in_service=sum(i.gpus for i in open_now),
         faults=faults,
-        by_cause=dict(by_cause),
+        by_cause={c: n for c, n in by_cause.items() if n},
         mtbf_fleet_h=(until_ms - since_ms) / 3_600_000 / faults if faults else None,
         mtbf_node_h=node_ms / 3_600_000 / faults if faults else None,
         mttr_pool_s=mttr_pool,
@@ -431,3 +431,21 @@ def _fault_of(job: str, reason: str, interrupted_ms: int, incidents: list[_Incid
         if inc.kind == kind and (node in inc.nodes or job in inc.jobs):
             best = inc
     return best
+
+
+def headline(report: FleetReport) -> dict[str, float]:
+    """The figures the Prometheus series carry (NaN where a figure cannot be given)."""
+    nan = float("nan")
+    out = {
+        "faults": (report.per_1000_gpu_days(report.faults) or 0.0) if report.gpu_days else nan,
+        "gpu_seconds": report.gpu_days * 86400.0,
+        "mttr_pool_s": statistics.fmean(report.mttr_pool_s) if report.mttr_pool_s else nan,
+        "mttr_job_s": statistics.fmean(report.mttr_job_s) if report.mttr_job_s else nan,
+        "ettr": nan if report.fleet_ettr is None else report.fleet_ettr,
+        "wrongful": float(len(report.wrongful)),
+        "lemons": float(len(report.lemons)),
+    }
+    for cause in CAUSES:
+        rate = report.per_1000_gpu_days(report.by_cause.get(cause, 0))
+        out[f"faults.{cause}"] = nan if rate is None else rate
+    return out
