@@ -118,7 +118,7 @@ class ControllerMetrics:
             registry=r,
         )
         self.fleet_gpu_seconds = Gauge(
-            "starpulse_fleet_gpu_seconds", "GPU-seconds in service over the last 30 days (/86400: GPU-days).", registry=r
+            "starpulse_fleet_gpu_seconds", "GPU-seconds in service, last 30 days (/86400: GPU-days).", registry=r
         )
         self.fleet_mttr = Gauge(
             "starpulse_fleet_mttr_seconds",

@@ -109,9 +109,7 @@ class Controller:
         self.incident_commands = LiveIncidentCommands(self.detection)
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
-        self.metrics.set_fleet_report_source(
-            lambda: headline(self.queries.fleet_report(METRICS_WINDOW_S)), CAUSES
-        )
+        self.metrics.set_fleet_report_source(lambda: headline(self.queries.fleet_report(METRICS_WINDOW_S)), CAUSES)
         self.metrics.set_lifecycle_source(
             [str(st) for st in NodeHealState],
             lambda: {str(k): v for k, v in lifecycle_counts(self.store.connection, self.core.fleet_size()).items()},
