@@ -187,6 +187,18 @@ class RepairLoop:
         log.warning("repair_begin", node=node, incident=incident.id, rung=self._rung(rep), lemon=score)
         return rep
 
+    async def finish(self, node: str, detail: str) -> bool:
+        """Return ``node`` as a repair that validated does (resume, spare or in service, incident
+        resolved), its rungs and waits having passed elsewhere: the fleet simulator draws repair
+        times from data instead of driving agents. False: no repair of this node is under way."""
+        rep = self.repair(node)
+        if rep is None or self.store.state(node) not in (S.EVICTED, S.REPAIRING, S.VALIDATING):
+            return False
+        if self.store.state(node) != S.VALIDATING and not self._move(node, S.VALIDATING, detail, rep):
+            return False
+        await self._return(rep, Verdict(True, detail))
+        return True
+
     def lemon_score(self, node: str) -> int:
         """Returns to service (validating -> spare/in_service) within the lemon window."""
         since = self.clock.time_ms() - int(self.policy.lemon.window_s * 1000)
