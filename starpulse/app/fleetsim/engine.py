@@ -303,6 +303,7 @@ class FleetSim:
                 await self._repaired(*payload)
             elif kind == "resolve":
                 await self._resolve(payload)
+                self._uncordon(payload)
             elif kind == "restart":
                 self._restart(payload)
             elif kind == "breaker_reset":
@@ -406,6 +407,11 @@ class FleetSim:
             return out
         return [cond(cause.rule, component, ctype, rule.category, node)]
 
+    def _uncordon(self, node: str) -> None:
+        """A node the policy only cordoned goes back once its fault is fixed: a person's uncordon."""
+        if self.healer.store.state(node) == S.CORDONED:
+            self.healer.store.transition(node, S.IN_SERVICE, "fixed; uncordoned (simulated)", None, "operator")
+
     async def _publish(self) -> None:
         """Group what waits, and let the healer hear every incident change now, as the live
         sweep (every second) and the healer's loop would before anything else happens."""
@@ -413,6 +419,9 @@ class FleetSim:
         await self.healer.work_queued()
         assert self.healer.repairs is not None
         self.healer.repairs.stop()  # its agent rounds are not simulated: the repair time comes from the mix
+        for record in self.core.registry.nodes.values():  # what the agents would take off their streams
+            while not record.commands.empty():
+                record.commands.get_nowait()
 
     async def _resolve(self, node: str) -> None:
         """The fault's conditions clear, and the correlator hears it once its window has passed."""
