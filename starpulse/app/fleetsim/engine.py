@@ -25,7 +25,7 @@ import math
 import random
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from controller.core import DecisionCore
-from controller.detect.model import Condition, ConditionChange
+from controller.detect.model import ComponentType, Condition, ConditionChange, Rule
 from controller.detect.rules import load_rules
 from controller.fabric import Fabric, generate_fabric
 from controller.heal.healer import Healer
@@ -231,7 +231,7 @@ class FleetSim:
         self.causes = {c.name: c for c in mix.causes}
         base = base or ControllerConfig()
         heal = base.heal
-        self.fabric = _fabric(settings)
+        self.fabric = sim_fabric(settings)
         self.scheduler = SimScheduler(list(self.fabric.nodes()))
         working = [n for n in self.fabric.nodes() if not self.fabric.is_spare(n)]
         self.jobs: dict[str, _Job] = {}
@@ -331,7 +331,7 @@ class FleetSim:
             for job in jobs:
                 self._schedule_restart(job, now + self.jobs[job].spec.restart_overhead_s, "unrecorded")
             return
-        conditions = self._conditions(cause, fault.node)
+        conditions = fault_conditions(self.fabric, self.rules, cause, fault.node, self.clock.time_ms())
         self._open[fault.node] = conditions
         self.core.feed([ConditionChange("opened", c) for c in conditions])
         self._jump(now + self.settle_s + 0.001)
@@ -339,7 +339,6 @@ class FleetSim:
         trips = len(self.healer.guards.breaker.log())
         await self._publish()
         decided = self.healer.decisions[before:]
-        self.result.decisions.extend({**d, "at_s": round(now, 3), "cause": cause.name} for d in decided)
         if len(self.healer.guards.breaker.log()) > trips and self.healer.guards.breaker.is_open:
             self.result.breaker_trips += 1
             self._at(self.now_s() + self.settings.manual_s, "breaker_reset", None)
@@ -376,36 +375,6 @@ class FleetSim:
             j.interruptions += 1
             self.result.interruptions["planned"] += 1
             self._schedule_restart(job, now + j.spec.restart_overhead_s, "planned maintenance")
-
-    def _conditions(self, cause: Cause, node: str) -> list[Condition]:
-        """What detection would hold for this fault: the rule's category, severity and action."""
-        assert cause.rule is not None
-        rule = self.rules.get(cause.rule)
-        if rule is None:
-            raise ValueError(f"mix cause {cause.name}: rule {cause.rule!r} is not in the rules file")
-        now = self.clock.time_ms()
-        rng = random.Random(f"{node}{now}")
-        nic = rng.choice(self.fabric.nics_of(node)) if self.fabric.nics_of(node) else f"{node}/nic-0"
-        component, ctype = {
-            "gpu": (rng.choice(self.fabric.gpus_of(node) or [f"{node}/gpu-0"]), "gpu"),
-            "nic": (nic, "nic"),
-            "cable": (nic, "nic"),
-            "node": (node, "node"),
-        }[cause.component or "node"]
-
-        def cond(rule_id: str, comp: str, comp_type: str, category: str, on: str | None) -> Condition:
-            r = self.rules.get(rule_id, rule)
-            return Condition(rule=rule_id, component=comp, component_type=comp_type, category=category,  # type: ignore[arg-type]
-                             node=on, severity=r.severity, action=r.action, message=f"simulated {cause.name}",
-                             first_seen_ms=now, last_seen_ms=now)  # fmt: skip
-
-        if cause.component == "cable":  # both ends of the cable: the NIC and the leaf's port
-            leaf, port = self.fabric.leaf_of(nic), self.fabric.port_of(nic)
-            out = [cond("nic.port_down", nic, "nic", "nic_link", node)]
-            if leaf and port:
-                out.append(cond(cause.rule, f"{leaf}:{port}", "switch", "switch_port", None))
-            return out
-        return [cond(cause.rule, component, ctype, rule.category, node)]
 
     def _uncordon(self, node: str) -> None:
         """A node the policy only cordoned goes back once its fault is fixed: a person's uncordon."""
@@ -498,6 +467,7 @@ class FleetSim:
 
     def _finish(self, end: float, wall_s: float) -> None:
         self.result.wall_s = wall_s
+        self.result.decisions = list(self.healer.decisions)
         for name, job in self.jobs.items():
             job.finish(end)
             gpus = job.spec.nodes * self.settings.gpus_per_node
@@ -519,7 +489,40 @@ class FleetSim:
             self._tmp.cleanup()
 
 
-def _fabric(settings: SimSettings) -> Fabric:
+def fault_conditions(
+    fabric: Fabric, rules: Mapping[str, Rule], cause: Cause, node: str, now_ms: int
+) -> list[Condition]:
+    """What detection would hold for one fault of ``cause`` on ``node``: the rule's category,
+    severity and action; a cable's fault is both its ends (the NIC and the leaf's port)."""
+    assert cause.rule is not None
+    rule = rules.get(cause.rule)
+    if rule is None:
+        raise ValueError(f"mix cause {cause.name}: rule {cause.rule!r} is not in the rules file")
+    rng = random.Random(f"{node}{now_ms}")
+    nics = fabric.nics_of(node) or [f"{node}/nic-0"]
+    nic = rng.choice(nics)
+    gpu = rng.choice(fabric.gpus_of(node) or [f"{node}/gpu-0"])
+    component, ctype = {"gpu": (gpu, "gpu"), "nic": (nic, "nic"), "cable": (nic, "nic"), "node": (node, "node")}[
+        cause.component or "node"
+    ]
+
+    def cond(rule_id: str, comp: str, comp_type: ComponentType, category: str, on: str | None) -> Condition:
+        r = rules.get(rule_id, rule)
+        return Condition(rule=rule_id, component=comp, component_type=comp_type, category=category, node=on,
+                         severity=r.severity, action=r.action, message=f"simulated {cause.name}",  # type: ignore[arg-type]
+                         first_seen_ms=now_ms, last_seen_ms=now_ms)  # fmt: skip
+
+    if cause.component == "cable":
+        leaf, port = fabric.leaf_of(nic), fabric.port_of(nic)
+        out = [cond("nic.port_down", nic, "nic", "nic_link", node)]
+        if leaf and port:
+            out.append(cond(cause.rule, f"{leaf}:{port}", "switch", "switch_port", None))
+        return out
+    return [cond(cause.rule, component, ctype, rule.category, node)]  # type: ignore[arg-type]
+
+
+def sim_fabric(settings: SimSettings) -> Fabric:
+    """The simulated fleet's fabric: ``nodes`` working nodes and ``spares`` spares, 8 rails at most."""
     rails = min(settings.gpus_per_node, 8)
     per_block = 32 if settings.nodes >= 64 else max(2, settings.nodes // 2)
     return generate_fabric(
