@@ -334,10 +334,9 @@ class FleetSim:
         conditions = fault_conditions(self.fabric, self.rules, cause, fault.node, self.clock.time_ms())
         self._open[fault.node] = conditions
         self.core.feed([ConditionChange("opened", c) for c in conditions])
-        self._jump(now + self.settle_s + 0.001)
         before, evictions = len(self.healer.decisions), len(self.healer.evictions)
         trips = len(self.healer.guards.breaker.log())
-        await self._publish()
+        await self._group_due()
         decided = self.healer.decisions[before:]
         if len(self.healer.guards.breaker.log()) > trips and self.healer.guards.breaker.is_open:
             self.result.breaker_trips += 1
@@ -381,6 +380,15 @@ class FleetSim:
         if self.healer.store.state(node) == S.CORDONED:
             self.healer.store.transition(node, S.IN_SERVICE, "fixed; uncordoned (simulated)", None, "operator")
 
+    async def _group_due(self) -> None:
+        """As detection's grouping task: at each pending condition's due time, group and publish,
+        until nothing fed so far waits (a condition's window is the correlator's own)."""
+        correlator = self.core.detection.correlator
+        while (due := correlator.next_due_ms()) is not None:
+            if due > self.clock.time_ms():
+                self.clock.set_ms(due)
+            await self._publish()
+
     async def _publish(self) -> None:
         """Group what waits, and let the healer hear every incident change now, as the live
         sweep (every second) and the healer's loop would before anything else happens."""
@@ -388,6 +396,8 @@ class FleetSim:
         await self.healer.work_queued()
         assert self.healer.repairs is not None
         self.healer.repairs.stop()  # its agent rounds are not simulated: the repair time comes from the mix
+        for node in self.healer.store.nodes_in(S.EVICTED):
+            self.healer.repairs.enter_rung(node)  # the drive loop's first step: onto the ladder's rung
         for record in self.core.registry.nodes.values():  # what the agents would take off their streams
             while not record.commands.empty():
                 record.commands.get_nowait()
@@ -400,8 +410,8 @@ class FleetSim:
             for c in conditions:
                 c.resolved_ms = now
             self.core.feed([ConditionChange("resolved", c) for c in conditions])
-            self._jump(self.now_s() + self.settle_s + 0.001)
-            await self._publish()
+            await self._group_due()
+            await self._publish()  # a resolved member updates its incident at once
 
     async def _repaired(self, node: str, cause: str) -> None:
         await self._resolve(node)
