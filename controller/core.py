@@ -53,6 +53,7 @@ from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
 from controller.jobs.registry import JobRegistry
 from controller.metrics import ControllerMetrics
+from controller.query.history import HistoryKeeper
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
 from controller.store import Store
@@ -63,6 +64,7 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
+HISTORY_SWEEP_MS = 3_600_000  # the retention sweep's period: days leave the horizon one at a time
 
 
 class DecisionCore:
@@ -102,6 +104,8 @@ class DecisionCore:
         )
         self.jobs = JobRegistry(store.connection, clock)
         self.fleet_service = FleetServiceLedger(store.connection)  # the GPU-days of the fleet report
+        self.history = HistoryKeeper(store.connection, config.history_retention_s)
+        self._history_due_ms = 0
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
         # The healer reads detection's incidents through late-bound callables: it is built first
@@ -140,6 +144,7 @@ class DecisionCore:
             ("presence_flush", self.registry.flush_presence),
             ("detection_tick", self.detection.tick),
             ("fleet_service", self.sync_fleet_service),
+            ("history", self.sweep_history),
         ]
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -212,6 +217,13 @@ class DecisionCore:
             if n.role == ipb.NODE_ROLE_COMPUTE
         }
         self.fleet_service.sync(nodes, retired_nodes(self.store.connection), self.clock.time_ms())
+
+    def sweep_history(self) -> None:
+        """Keep the database bounded: aggregate and delete what left the horizon, once an hour."""
+        now = self.clock.time_ms()
+        if now >= self._history_due_ms:
+            self._history_due_ms = now + HISTORY_SWEEP_MS
+            self.history.sweep(now)
 
     def fleet_size(self) -> int:
         if self.fabric is not None:

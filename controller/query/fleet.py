@@ -117,6 +117,7 @@ class FleetReport:
     wrongful_unknown: int
     lemons: list[dict[str, Any]]
     settings: ReportSettings = field(default_factory=ReportSettings)
+    wrongful_earlier: int = 0  # wrongful evictions of days kept only as daily aggregates
 
     # -- derived ----------------------------------------------------------------------------
     def per_1000_gpu_days(self, n: int) -> float | None:
@@ -180,7 +181,7 @@ class FleetReport:
             },
             "evictions": {
                 "total": self.evictions,
-                "wrongful": len(self.wrongful),
+                "wrongful": len(self.wrongful) + self.wrongful_earlier,
                 "wrongful_nodes": self.wrongful,
                 "pending": self.wrongful_pending,
                 "unknown": self.wrongful_unknown,
@@ -442,7 +443,7 @@ def headline(report: FleetReport) -> dict[str, float]:
         "mttr_pool_s": statistics.fmean(report.mttr_pool_s) if report.mttr_pool_s else nan,
         "mttr_job_s": statistics.fmean(report.mttr_job_s) if report.mttr_job_s else nan,
         "ettr": nan if report.fleet_ettr is None else report.fleet_ettr,
-        "wrongful": float(len(report.wrongful)),
+        "wrongful": float(len(report.wrongful) + report.wrongful_earlier),
         "lemons": float(len(report.lemons)),
     }
     for cause in CAUSES:
