@@ -66,7 +66,7 @@ def cases(grpc: str, incident: str, scenario: Path) -> dict[str, tuple[list[str]
         "breaker reset": (["breaker", "reset", "--reason", "test", *c], "breaker-reset"),
         "topology show": (["topology", "show", *c], "topology"),
         "scenario run": (["scenario", "run", str(scenario)], "scenario-verdict"),
-        "simulate": (["simulate", "--nodes", "8", "--spares", "1", "--days", "1"], "simulation"),
+        "simulate": (["simulate", "--nodes", "2", "--spares", "0", "--days", "0.1"], "simulation"),
     }
 
 
