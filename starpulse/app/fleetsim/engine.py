@@ -61,7 +61,7 @@ class JobSpec:
 
     name: str
     nodes: int
-    checkpoint_interval_s: float = 3600.0
+    checkpoint_interval_s: float = 1800.0
     checkpoint_write_s: float = 60.0
     restart_overhead_s: float = 600.0
 
