@@ -92,32 +92,30 @@ def _closed_form(n_nodes: int, r_f_per_s: float, u0: float, dt: float, w: float)
     return (1 - n_nodes * r_f_per_s * (u0 + dt / 2)) / (1 + w / dt)
 
 
-@pytest.mark.parametrize(("dt", "u0"), [(1800.0, 600.0)])
-def test_lost_time_agrees_with_the_closed_form_within_ten_percent(tmp_path: Path, dt: float, u0: float) -> None:
+def test_lost_time_agrees_with_the_closed_form_within_ten_percent(tmp_path: Path) -> None:
     """With its assumptions met (spares enough, fixed restart overhead, one failure rate), the
-    simulated 1 - ETTR is within 10 % of the closed form's."""
-    nodes, gpus, days = 32, 8, 30.0
-    per_node_day = 0.4  # a high rate, so that a month gives ~ 400 job failures
-    mix = load_mix(_mix(tmp_path, repair_h=0.5, count=int(per_node_day * 1000 * 100), days=100.0, gpus=1000 * gpus))
-    job = JobSpec("llm", nodes, checkpoint_interval_s=dt, checkpoint_write_s=60.0, restart_overhead_s=u0)
+    simulated 1 - ETTR is within 10 % of the closed form's (three settings: bench/fleetsim.py)."""
+    nodes, per_node_day, days, dt, u0, w = 64, 0.2, 20.0, 900.0, 300.0, 30.0  # ~ 250 job failures
+    mix = load_mix(_mix(tmp_path, repair_h=0.5, count=int(per_node_day * 1000 * 100), days=100.0, gpus=8000))
+    job = JobSpec("llm", nodes, checkpoint_interval_s=dt, checkpoint_write_s=w, restart_overhead_s=u0)
     result = simulate(SimSettings(nodes, spares=16, days=days, jobs=(job,), planned=False, seed=7), mix, _base())
     cfg = ControllerConfig().detection.correlation
-    expected = _closed_form(nodes, per_node_day / 86400, u0 + min(cfg.node_window_s, cfg.settle_s), dt, 60.0)
-    assert result.jobs["llm"]["interruptions"] > 300
+    expected = _closed_form(nodes, per_node_day / 86400, u0 + min(cfg.node_window_s, cfg.settle_s), dt, w)
+    assert result.jobs["llm"]["interruptions"] > 200
     assert result.jobs["llm"]["waited_s"] == 0.0  # the assumption holds: no capacity shortage
     assert abs((1 - result.ettr) - (1 - expected)) / (1 - expected) < 0.10
 
 
 def test_the_best_checkpoint_interval_sits_near_young_daly(tmp_path: Path) -> None:
-    """sqrt(2 w / (N r_f)) (~ 900 s here) beats a quarter of it and four times it."""
-    nodes, per_node_day, w = 32, 0.4, 60.0
+    """sqrt(2 w / (N r_f)) (~ 800 s here) beats a quarter of it and four times it."""
+    nodes, per_node_day, w = 16, 1.0, 60.0
     mix = load_mix(_mix(tmp_path, repair_h=0.5, count=int(per_node_day * 1000 * 100), days=100.0, gpus=8000))
     best = math.sqrt(2 * w / (nodes * per_node_day / 86400))
     ettr = {}
     for dt in (best / 4, best, best * 4):
         job = JobSpec("llm", nodes, checkpoint_interval_s=dt, checkpoint_write_s=w, restart_overhead_s=300.0)
-        ettr[dt] = simulate(SimSettings(nodes, 16, 20.0, (job,), planned=False, seed=11), mix, _base()).ettr
-    assert ettr[best] > ettr[best / 4] and ettr[best] > ettr[best * 4]
+        ettr[dt] = simulate(SimSettings(nodes, 16, 6.0, (job,), planned=False, seed=11), mix, _base()).ettr
+    assert ettr[best] > ettr[best / 4] + 0.03 and ettr[best] > ettr[best * 4] + 0.03
 
 
 def test_a_bad_mix_names_the_file_and_the_key(tmp_path: Path) -> None:
