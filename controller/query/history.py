@@ -1,7 +1,8 @@
 """Bounded history (issue 28 item 4): raw rows kept for a horizon, daily aggregates beyond it.
 
-Events, resolved incidents and their history, remediation transitions, finished job restarts
-and closed in-service intervals older than the horizon are deleted (the HA mirror's triggers
+Events, resolved incidents and their history, remediation transitions and finished actions,
+guard grants, GPU fault counts, finished job restarts and closed in-service intervals older
+than the horizon are deleted (the HA mirror's triggers
 carry the deletes to etcd). Before a day leaves the horizon, the figures the fleet report
 needs are written to ``reliability_daily`` (one row per day and figure: faults per cause,
 node- and GPU-milliseconds in service, the MTTR sums and counts, evictions, wrongful ones),
@@ -38,6 +39,9 @@ _EXPIRING = (
     ("heal_transitions", "at_ms", ""),
     ("heal_job_restarts", "interrupted_ms", " AND first_step_ms IS NOT NULL"),
     ("fleet_service", "to_ms", " AND to_ms IS NOT NULL"),
+    ("heal_pending_actions", "updated_ms", " AND status != 'planned'"),  # a planned one is still to do
+    ("heal_grants", "at_ms", ""),  # the budget's and cool-down's windows are minutes to hours
+    ("heal_gpu_faults", "at_ms", ""),  # the escalation window is a day
 )
 
 

@@ -40,6 +40,7 @@ def _fault(store: Store, heal: RemediationStore, clock: FakeClock, node: str, da
     store.insert_events(node, "ep", [tpb.Event(seq=day, timestamp_ms=clock.time_ms(), xid=79)], clock.time_ms(), day)
     for state in (S.DRAINING, S.EVICTED, S.VALIDATING):
         heal.transition(node, state, "r", inc.id)
+    heal.mark_action(heal.plan_action(node, "drain", inc.id).action_id, "done")
     clock.advance(3600 * (day % 7 + 1))
     heal.transition(node, S.IN_SERVICE, "back", inc.id)
     IncidentStore(store.connection).resolve(inc, clock.time_ms())
@@ -80,6 +81,7 @@ def test_aggregates_beyond_the_horizon_give_the_same_report(hundred_days: tuple[
     assert before["faults"] == 3 and before["mttr_pool_n"] == 3
     deleted = HistoryKeeper(store.connection, retention_s=30 * 86400.0).sweep(now)
     assert deleted["events"] == 2 and deleted["incidents"] == 2  # days 1 and 50: older than day 70
+    assert deleted["heal_pending_actions"] == 2
     assert store.count_events() == 1
     assert _figures(report_with_history(store.connection, T0, now)) == before
     # the raw rows alone no longer know the first 70 days
