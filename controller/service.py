@@ -25,6 +25,7 @@ from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, Outbox
 from controller.outputs.query import QueryServicer
 from controller.outputs.web.api import breaker_json
+from controller.query.fleet import CAUSES, headline
 from controller.query.live import LiveIncidentCommands, LiveQueries
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
@@ -44,6 +45,7 @@ TELEMETRY_SERVICE = "starpulse.v1.Telemetry"
 QUERY_SERVICE = "starpulse.v1.Query"
 ADMIN_SERVICE = "starpulse.v1.Admin"
 RELAY_SERVICE = "starpulse.v1.Relay"
+METRICS_WINDOW_S = 30 * 86400.0  # the fleet report's series cover the last 30 days
 
 
 def http_ssl_context(config: ControllerConfig) -> ssl.SSLContext | None:
@@ -111,6 +113,7 @@ class Controller:
         self.incident_commands = LiveIncidentCommands(self.detection)
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
+        self.metrics.set_fleet_report_source(lambda: headline(self.queries.fleet_report(METRICS_WINDOW_S)), CAUSES)
         self.metrics.set_lifecycle_source(
             [str(st) for st in NodeHealState],
             lambda: {str(k): v for k, v in lifecycle_counts(self.store.connection, self.core.fleet_size()).items()},

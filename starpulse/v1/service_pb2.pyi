@@ -382,6 +382,34 @@ class IncidentDetail(_message.Message):
     message: str
     def __init__(self, incident: _Optional[_Union[IncidentInfo, _Mapping]] = ..., timeline_json: _Optional[str] = ..., acked_by: _Optional[str] = ..., acked_ms: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class FleetReportRequest(_message.Message):
+    __slots__ = ("since_s", "clean_s", "lemon_faults", "lemon_window_s")
+    SINCE_S_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_S_FIELD_NUMBER: _ClassVar[int]
+    LEMON_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    LEMON_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    since_s: int
+    clean_s: float
+    lemon_faults: int
+    lemon_window_s: float
+    def __init__(self, since_s: _Optional[int] = ..., clean_s: _Optional[float] = ..., lemon_faults: _Optional[int] = ..., lemon_window_s: _Optional[float] = ...) -> None: ...
+
+class FleetReportResponse(_message.Message):
+    __slots__ = ("report_json", "faults_per_1000_gpu_days", "gpu_days", "faults", "mttr_pool_s", "fleet_ettr")
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_PER_1000_GPU_DAYS_FIELD_NUMBER: _ClassVar[int]
+    GPU_DAYS_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_FIELD_NUMBER: _ClassVar[int]
+    MTTR_POOL_S_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ETTR_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    faults_per_1000_gpu_days: float
+    gpu_days: float
+    faults: int
+    mttr_pool_s: float
+    fleet_ettr: float
+    def __init__(self, report_json: _Optional[str] = ..., faults_per_1000_gpu_days: _Optional[float] = ..., gpu_days: _Optional[float] = ..., faults: _Optional[int] = ..., mttr_pool_s: _Optional[float] = ..., fleet_ettr: _Optional[float] = ...) -> None: ...
+
 class NodeActionRequest(_message.Message):
     __slots__ = ("node", "reason", "actor", "force")
     NODE_FIELD_NUMBER: _ClassVar[int]

@@ -365,7 +365,15 @@ async def test_real_prometheus_scrapes_agent_and_controller(
             "nic rail": 'starpulse_nic_up{node="node-000",rail="0"} == 1',
             # Ingest rate, as the dashboard computes it.
             "ingest rate": "sum(rate(starpulse_reports_received_total[10s])) > 0",
+            # The fleet report's series: the node's GPUs in service count, no fault yet.
+            "fleet gpu-time": 'starpulse_fleet_gpu_seconds{job="starpulse-controller"} > 0',
+            "fleet fault rate": 'starpulse_fleet_fault_rate{job="starpulse-controller",cause="all"} == 0',
         }
+        dash = json.loads(DASHBOARD.read_text())
+        for p in dash["panels"]:  # every query of the fleet panels answers from the real Prometheus
+            if p["title"].startswith("Fleet "):
+                for t in p.get("targets", []):
+                    checks[f"{p['title']} {t['refId']}"] = f"count({t['expr']}) >= 1"
         pending = dict(checks)
         deadline = time.monotonic() + 60
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:

@@ -49,6 +49,7 @@ class ServerSection:
     listen: str = from_field(ControllerConfig, "listen")
     http: str = from_field(ControllerConfig, "http")
     db_path: Path = from_field(ControllerConfig, "db_path")
+    history_retention_s: float = from_field(ControllerConfig, "history_retention_s")
     controller_id: str = from_field(ControllerConfig, "controller_id")
     grace_s: float = from_field(ControllerConfig, "grace_s")
     extra_listen: list[str] = from_field(ControllerConfig, "extra_listen")

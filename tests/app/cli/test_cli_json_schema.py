@@ -54,6 +54,7 @@ def cases(grpc: str, incident: str, scenario: Path) -> dict[str, tuple[list[str]
         "incidents": (["incidents", *c], "incidents"),
         "spares": (["spares", *c], "spares"),
         "jobs": (["jobs", *c], "jobs"),
+        "report": (["report", *c], "fleet-report"),
         "incident show": (["incident", "show", incident, *c], "incident"),
         "incident ack": (["incident", "ack", incident, "--reason", "seen", *c], "incident-action"),
         "incident resolve": (["incident", "resolve", incident, "--reason", "checked", *c], "incident-action"),
@@ -66,6 +67,7 @@ def cases(grpc: str, incident: str, scenario: Path) -> dict[str, tuple[list[str]
         "breaker reset": (["breaker", "reset", "--reason", "test", *c], "breaker-reset"),
         "topology show": (["topology", "show", *c], "topology"),
         "scenario run": (["scenario", "run", str(scenario)], "scenario-verdict"),
+        "simulate": (["simulate", "--nodes", "2", "--spares", "0", "--days", "0.1"], "simulation"),
     }
 
 
