@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from agent.collectors.accel.check import AcceleratorChecker, check_report
 from agent.collectors.base import Collector
 from agent.collectors.kmsg import KmsgCollector
 from agent.commands import CommandHandler
@@ -191,8 +192,11 @@ class Agent:
         starters: Sequence[Callable[[], object]] = (),
         kmsg: KmsgCollector | None = None,
         inventory_hooks: Sequence[Callable[[ipb.Inventory], None]] = (),
+        checker: AcceleratorChecker | None = None,
     ) -> None:
         self.config = config
+        self.checker = checker  # None: no accelerators here to judge (a switch agent)
+        self.accelerator_check: tpb.AcceleratorCheck | None = None  # the latest, for Hello
         self.jobs = JobGateway(config.job_socket) if config.job_socket else None
         if self.jobs is not None:
             collectors = [*collectors, JobCollector(self.jobs)]
@@ -238,6 +242,7 @@ class Agent:
             inventory=self.collectors.inventory,
             agent_version=__version__,
             boot_id=self.boot_id,  # a changed one after a reboot is how the controller confirms it
+            accelerators=self.accelerator_check,
         )
 
     def emit(self, finding: Finding, read_s: float | None = None) -> None:
@@ -286,7 +291,13 @@ class Agent:
             self._before_collect(now - self._last_cycle)
         self._last_cycle = now
         self._report_seq += 1
-        return self.collectors.collect(self._report_seq)
+        result = self.collectors.collect(self._report_seq)
+        if self.checker is not None:
+            change = check_report(self.checker, result.report)
+            self.accelerator_check = result.report.accelerator_check
+            if change is not None:
+                result.findings.append(change)
+        return result
 
     def start_collectors(self) -> None:
         # The kernel-log cursor must be set before describe(), which starts the tail.
@@ -305,6 +316,12 @@ class Agent:
                 hook(inventory)
             except Exception:
                 log.exception("inventory_hook_failed")
+        if self.checker is not None:  # what the backend found at start, for the Hello
+            gpu = next((st for st in self.collectors.states if st.collector.name == "gpu"), None)
+            supported = gpu is not None and gpu.supported
+            self.accelerator_check = self.checker.judge(
+                supported, gpu.reason if gpu is not None else "", len(inventory.gpus)
+            )
         for start in self._starters:
             try:
                 start()

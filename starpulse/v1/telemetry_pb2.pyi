@@ -29,6 +29,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_AGENT: _ClassVar[EventKind]
     EVENT_KIND_THERMAL_SLOWDOWN: _ClassVar[EventKind]
     EVENT_KIND_ACCEL_FAULT: _ClassVar[EventKind]
+    EVENT_KIND_ACCEL_CHECK: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +57,7 @@ EVENT_KIND_KERNEL: EventKind
 EVENT_KIND_AGENT: EventKind
 EVENT_KIND_THERMAL_SLOWDOWN: EventKind
 EVENT_KIND_ACCEL_FAULT: EventKind
+EVENT_KIND_ACCEL_CHECK: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity
@@ -368,7 +370,7 @@ class JobStepSample(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., last_checkpoint_ms: _Optional[int] = ..., pid: _Optional[int] = ..., world_size: _Optional[int] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta")
+    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta", "accelerator_check")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +381,7 @@ class Report(_message.Message):
     JOB_STEPS_FIELD_NUMBER: _ClassVar[int]
     LLDP_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_DELTA_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_CHECK_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
@@ -389,7 +392,28 @@ class Report(_message.Message):
     job_steps: _containers.RepeatedCompositeFieldContainer[JobStepSample]
     lldp: LldpUpdate
     counters_delta: bool
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ...) -> None: ...
+    accelerator_check: AcceleratorCheck
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ..., accelerator_check: _Optional[_Union[AcceleratorCheck, _Mapping]] = ...) -> None: ...
+
+class AcceleratorCheck(_message.Message):
+    __slots__ = ("judged", "backend", "vendor", "tool", "found", "expected", "expected_source", "reason")
+    JUDGED_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    judged: bool
+    backend: str
+    vendor: str
+    tool: str
+    found: int
+    expected: int
+    expected_source: str
+    reason: str
+    def __init__(self, judged: _Optional[bool] = ..., backend: _Optional[str] = ..., vendor: _Optional[str] = ..., tool: _Optional[str] = ..., found: _Optional[int] = ..., expected: _Optional[int] = ..., expected_source: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LldpUpdate(_message.Message):
     __slots__ = ("neighbors",)

@@ -28,6 +28,7 @@ class _Plan:
     inventory_hooks: list[Any]
     before_collect: Any
     sim: Any
+    checker: Any = None  # the accelerator check (None with --backend none: no accelerator asked for)
 
 
 def _backends() -> tuple[str, ...]:
@@ -36,7 +37,7 @@ def _backends() -> tuple[str, ...]:
     return (*BACKENDS, NONE_BACKEND)
 
 
-def _build(args: argparse.Namespace, findings: list[Any]) -> _Plan:
+def _build(args: argparse.Namespace, findings: list[Any], expected: Any = None) -> _Plan:
     """The collectors for the chosen backend; the NIC tree and kernel log are always the user's."""
     from agent.collectors.ethtool import EthtoolCollector
     from agent.collectors.host import HostCollector
@@ -55,7 +56,13 @@ def _build(args: argparse.Namespace, findings: list[Any]) -> _Plan:
         for spec in args.sim_fault or ():
             _inject(sim, spec)
     plan = build_collectors(
-        args.backend, findings.append, sysfs_root=args.sysfs_root or "/sys", kmsg_path=None, sim=sim, lldp=True
+        args.backend,
+        findings.append,
+        sysfs_root=args.sysfs_root or "/sys",
+        kmsg_path=None,
+        sim=sim,
+        lldp=True,
+        expected=expected,
     )
     collectors, hooks = list(plan.collectors), list(plan.inventory_hooks)
     if sim is not None and args.sysfs_root:
@@ -64,7 +71,7 @@ def _build(args: argparse.Namespace, findings: list[Any]) -> _Plan:
             RdmaSysfsCollector(args.sysfs_root) if isinstance(c, RdmaSysfsCollector) else c for c in collectors
         ]
         hooks = [nic_gpu_pairing(args.sysfs_root)]
-    return _Plan(collectors, hooks, plan.before_collect, sim)
+    return _Plan(collectors, hooks, plan.before_collect, sim, plan.checker)
 
 
 def _inject(sim: Any, spec: str) -> None:
@@ -89,6 +96,7 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     """(exit code, output) of one scan; raises _Refused for input the user must fix."""
     from google.protobuf.json_format import MessageToDict
 
+    from agent.collectors.accel.check import check_report
     from agent.collectors.kmsg import scan_file
     from agent.factory import BackendUnavailable
     from agent.runtime import CollectorSet
@@ -102,10 +110,13 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     if args.sysfs_root and not Path(args.sysfs_root).is_dir():
         raise nodecheck.ExpectError(f"--sysfs-root {args.sysfs_root}: no such directory")
     findings: list[Any] = []
+    from agent.collectors.accel.check import Expected
+
+    accel = Expected(expected.gpus, source="--expect") if expected is not None and expected.gpus is not None else None
     try:
-        plan = _build(args, findings)
+        plan = _build(args, findings, accel)
     except BackendUnavailable as exc:
-        raise _Unavailable(f"backend {args.backend} unavailable: {exc}") from None
+        raise _Unavailable(f"could not check: backend {args.backend} unavailable: {exc}") from None
     collectors = CollectorSet(plan.collectors)
     try:
         collectors.probe()
@@ -117,6 +128,8 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             if plan.before_collect is not None:
                 plan.before_collect(1.0)
             result = collectors.collect(seq=seq)
+            if plan.checker is not None:
+                check_report(plan.checker, result.report)  # "could not check" unless the chips were read
             if not result.report.timestamp_ms:
                 result.report.timestamp_ms = int(time.time() * 1000)
             reports.append(result.report)
@@ -184,7 +197,14 @@ def _print_scan(out: dict[str, Any]) -> None:
         )
     for p in verdict["problems"]:
         print(f"could not check: {p}")
-    print(f"verdict: {verdict['status']}")
+    status = verdict["status"]
+    print(f"verdict: {'could not check' if status == nodecheck_unknown() else status}")
+
+
+def nodecheck_unknown() -> str:
+    from starpulse.app.nodecheck import UNKNOWN
+
+    return UNKNOWN
 
 
 def register(sub: Any) -> None:

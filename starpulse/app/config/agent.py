@@ -82,6 +82,24 @@ class HardwareSection:
 
 
 @dataclass
+class AcceleratorsSection:
+    """The accelerators this node must show: a node that shows fewer is "not judged", never healthy."""
+
+    expected_count: int | None = setting(
+        None,
+        "How many accelerators this node has (0: none, so a backend that finds none is fine); "
+        "null: learned at first sight (see learn)",
+        ge=0,
+    )
+    expected_vendor: str = setting("", "Whose they are (nvidia, amd, ascend, a plugin's); '': the backend's")
+    learn: bool = setting(
+        True,
+        "Without expected_count: keep the count first seen in state_dir/accelerators.json and hold the node "
+        "to it (a person confirms it with `starpulse accelerators confirm`)",
+    )
+
+
+@dataclass
 class JobsSection:
     """Training jobs on this node (starpulse.job), and what the controller may run here."""
 
@@ -102,6 +120,7 @@ class AgentFile:
 
     agent: AgentSection = section(AgentSection)
     hardware: HardwareSection = section(HardwareSection)
+    accelerators: AcceleratorsSection = section(AcceleratorsSection)
     jobs: JobsSection = section(JobsSection)
     metrics: MetricsSection = section(MetricsSection)
     tls: TLSFiles = section(TLSFiles, "Mutual TLS to the controller: all three files or none (none: plaintext)")
@@ -183,6 +202,7 @@ class AgentOptions:
     sim_real_netdevs: bool
     tls: TLSSettings | None
     log: LogSection
+    accelerators: AcceleratorsSection | None = None
 
 
 def load_agent_config(
@@ -233,6 +253,7 @@ def _build(reading: Reading, s: AgentFile) -> tuple[AgentConfig, AgentOptions] |
         sim_real_netdevs=hw.sim_real_netdevs,
         tls=tls,
         log=s.log,
+        accelerators=s.accelerators,
     )
     return config, options
 
