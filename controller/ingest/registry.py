@@ -244,7 +244,9 @@ class NodeRegistry:
             was = node.not_judged_why
             node.accelerator_check = verdict.accelerator_check
             if node.not_judged_why != was:
-                log.info("node_judged_changed", node=node.node_id, judged=not node.not_judged_why, why=node.not_judged_why)
+                log.info(
+                    "node_judged_changed", node=node.node_id, judged=not node.not_judged_why, why=node.not_judged_why
+                )
         node.latest_report = verdict.report  # None with shards: the report stays in its shard
         for listener in self.listeners:
             try:
