@@ -12,8 +12,8 @@ import pytest
 
 from agent.sim.fake_npu_smi import FakeNpuSmi
 from controller.fabric import generate_fabric
-from controller.heal.scheduler.sim import SimScheduler
 from controller.heal.guards import GuardConfig
+from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.ascend_tools import FAKES
