@@ -65,6 +65,7 @@ def cases(grpc: str, incident: str, scenario: Path) -> dict[str, tuple[list[str]
         "breaker reset": (["breaker", "reset", "--reason", "test", *c], "breaker-reset"),
         "topology show": (["topology", "show", *c], "topology"),
         "scenario run": (["scenario", "run", str(scenario)], "scenario-verdict"),
+        "accelerators show": (["accelerators", "show", "--state-dir", str(ROOT)], "accelerators"),
     }
 
 

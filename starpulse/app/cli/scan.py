@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, count_flag, print_json, seconds_flag
+from starpulse.app.cli.common import JSON_HELP, count_flag, message_dict, print_json, seconds_flag
 from starpulse.app.cli.tables import Col, print_table
 
 NONE_BACKEND = "none"
@@ -94,8 +94,6 @@ def _inject(sim: Any, spec: str) -> None:
 
 def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     """(exit code, output) of one scan; raises _Refused for input the user must fix."""
-    from google.protobuf.json_format import MessageToDict
-
     from agent.collectors.accel.check import check_report
     from agent.collectors.kmsg import scan_file
     from agent.factory import BackendUnavailable
@@ -143,8 +141,9 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         collectors.close()
     verdict = nodecheck.judge(args.node or inventory.host.hostname or "node", inventory, reports, findings, expected)
     out = {
-        "inventory": MessageToDict(inventory, preserving_proto_field_name=True),
-        "sample": MessageToDict(reports[-1], preserving_proto_field_name=True),
+        # docs/json.md: 64-bit counters and times as numbers, zero values kept, unset optionals null.
+        "inventory": message_dict(inventory),
+        "sample": message_dict(reports[-1]),
         "findings": [f.to_dict() for f in findings],
         "verdict": verdict.to_dict(),
     }

@@ -168,8 +168,22 @@ def _agent_on(config: Any, opt: Any) -> int:
     except BackendUnavailable as exc:
         print(f"starpulse agent: backend {opt.backend} unavailable: {exc}", file=sys.stderr)
         return 2
+    _say_unread(agent)
     asyncio.run(_run_agent(agent))
     return 0
+
+
+def _say_unread(agent: Any) -> None:
+    """One line on stderr when the backend could not be built: the agent runs on, not judged."""
+    from agent.collectors.accel.check import UnreadBackend
+
+    for st in agent.collectors.states:
+        if isinstance(st.collector, UnreadBackend):
+            print(
+                f"starpulse agent: could not check accelerators: {st.collector.unavailable_reason}; running on "
+                "(NICs, kernel log), the controller shows this node as not judged",
+                file=sys.stderr,
+            )
 
 
 def _accelerator_expectation(opt: Any) -> dict[str, Any]:
