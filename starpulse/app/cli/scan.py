@@ -29,6 +29,7 @@ class _Plan:
     before_collect: Any
     sim: Any
     checker: Any = None  # the accelerator check (None with --backend none: no accelerator asked for)
+    scratch: Any = None  # the simulated node's folder (a TemporaryDirectory), removed after the scan
 
 
 def _backends() -> tuple[str, ...]:
@@ -49,12 +50,18 @@ def _build(args: argparse.Namespace, findings: list[Any], expected: Any = None) 
         collectors = [RdmaSysfsCollector(root), EthtoolCollector(), HostCollector(mounts=("/",))]
         return _Plan(collectors, [nic_gpu_pairing(root)], None, None)
     sim = None
+    scratch: Any = None
     if args.backend == "sim":
         from agent.sim.node import SimNode
 
-        sim = SimNode("scan", Path(tempfile.mkdtemp(prefix="starpulse-scan-")), seed=args.seed)
-        for spec in args.sim_fault or ():
-            _inject(sim, spec)
+        scratch = tempfile.TemporaryDirectory(prefix="starpulse-scan-")
+        try:
+            sim = SimNode("scan", Path(scratch.name), seed=args.seed, vendor=_sim_vendor(args.sim_fault or ()))
+            for spec in args.sim_fault or ():
+                _inject(sim, spec)
+        except BaseException:
+            scratch.cleanup()
+            raise
     plan = build_collectors(
         args.backend,
         findings.append,
@@ -71,7 +78,20 @@ def _build(args: argparse.Namespace, findings: list[Any], expected: Any = None) 
             RdmaSysfsCollector(args.sysfs_root) if isinstance(c, RdmaSysfsCollector) else c for c in collectors
         ]
         hooks = [nic_gpu_pairing(args.sysfs_root)]
-    return _Plan(collectors, hooks, plan.before_collect, sim, plan.checker)
+    return _Plan(collectors, hooks, plan.before_collect, sim, plan.checker, scratch if sim is not None else None)
+
+
+def _sim_vendor(specs: Any) -> str:
+    """Whose chips the simulated node has: the vendor the faults asked for (AMD's, Ascend's), else NVIDIA."""
+    from agent.sim.faults import FAULTS
+    from starpulse.app.nodecheck import ExpectError
+
+    vendors = {v for spec in specs if (k := FAULTS.get(spec.partition(":")[0])) is not None and (v := k.needs_vendor)}
+    if len(vendors) > 1:
+        raise ExpectError(
+            f"--sim-fault: one node has one vendor's chips, these faults need {', '.join(sorted(vendors))}"
+        )
+    return vendors.pop() if vendors else "nvidia"
 
 
 def _inject(sim: Any, spec: str) -> None:
@@ -139,6 +159,8 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             findings.extend(collectors.localise(f) for f in scan_file(kmsg))
     finally:
         collectors.close()
+        if plan.scratch is not None:
+            plan.scratch.cleanup()  # nothing left behind in the temp folder
     verdict = nodecheck.judge(args.node or inventory.host.hostname or "node", inventory, reports, findings, expected)
     out = {
         # docs/json.md: 64-bit counters and times as numbers, zero values kept, unset optionals null.

@@ -1,0 +1,55 @@
+"""`starpulse scan --backend sim --sim-fault` for every vendor's fault kinds, leaving nothing behind (issue 30 item 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.scan import STARPULSE, by_rule
+
+
+def _scan(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    argv = [*STARPULSE, "scan", "--backend", "sim", "--window", "0.1", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False), scratch
+
+
+@pytest.mark.parametrize(
+    ("fault", "vendor", "rule", "component"),
+    [
+        ("amd_ras_uncorrectable:2", "amd", "gpu.ecc_dbe", "gpu-2"),
+        ("amd_xgmi_down:1", "amd", "gpu.link_down", "gpu-1"),
+        ("ascend_fault:3", "ascend", "gpu.accel_fault.reset_gpu", "gpu-3"),
+    ],
+)
+def test_vendor_fault_on_a_node_of_that_vendor(
+    tmp_path: Path, fault: str, vendor: str, rule: str, component: str
+) -> None:
+    """The simulated node gets the chips the fault needs; the fault is found, exit 1, no traceback."""
+    proc, scratch = _scan(tmp_path, "--sim-fault", fault, "--node", "n1", "--json")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    data = json.loads(proc.stdout)
+    assert {g["vendor"] for g in data["inventory"]["gpus"]} == {vendor}
+    assert f"n1/{component}" in by_rule(data).get(rule, set()), data["verdict"]
+    assert list(scratch.iterdir()) == []
+
+
+def test_faults_of_two_vendors_are_one_line(tmp_path: Path) -> None:
+    proc, _ = _scan(tmp_path, "--sim-fault", "amd_xgmi_down:1", "--sim-fault", "ascend_fault:2")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "starpulse scan: --sim-fault: one node has one vendor's chips, these faults need amd, ascend"
+    ]
+
+
+def test_sim_scan_leaves_nothing_in_the_temp_folder(tmp_path: Path) -> None:
+    """The simulated node's files (about 4 MB) are removed when the scan ends."""
+    proc, scratch = _scan(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list(scratch.iterdir()) == []
