@@ -1,4 +1,4 @@
-"""`starpulse scan --backend sim --sim-fault` for every vendor's fault kinds, leaving nothing behind (issue 30 item 4)."""
+"""`starpulse scan --backend sim --sim-fault` for every vendor's fault kinds, leaving nothing behind (issue 30)."""
 
 from __future__ import annotations
 
