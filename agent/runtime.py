@@ -124,6 +124,7 @@ class CollectorSet:
 
 
 KMSG_CURSOR = "kmsg_cursor"
+ACCEL_CHECK = "accel_check"  # the accelerator judgement last sent: "true\t" or "false\t<reason>"
 
 
 def read_boot_id(path: str) -> str:
@@ -256,6 +257,8 @@ class Agent:
         meta = None
         if admitted.source == "kmsg" and "kmsg_seq" in admitted.attributes:
             meta = {KMSG_CURSOR: f"{self.boot_id}:{admitted.attributes['kmsg_seq']}"}
+        elif admitted.kind == "accel_check":  # what the controller was told last, kept with the event
+            meta = {ACCEL_CHECK: f"{admitted.attributes.get('judged')}\t{admitted.attributes.get('reason', '')}"}
         wire = admitted.to_event()
         wire.read_us = int((time.time() if read_s is None else read_s) * 1e6)
         event = self.buffer.append(wire, meta=meta)
@@ -316,6 +319,11 @@ class Agent:
                 hook(inventory)
             except Exception:
                 log.exception("inventory_hook_failed")
+        if self.checker is not None:
+            said = self.buffer.get_meta(ACCEL_CHECK)
+            if said is not None:
+                judged, _, reason = said.partition("\t")
+                self.checker.resume(judged == "true", reason)
         if self.checker is not None:  # what the backend found at start, for the Hello
             gpu = next((st for st in self.collectors.states if st.collector.name == "gpu"), None)
             supported = gpu is not None and gpu.supported

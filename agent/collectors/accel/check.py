@@ -121,7 +121,13 @@ class AcceleratorChecker:
                 self.expected = learned.load()
             except LearnedError as exc:  # a broken file must not stop monitoring: judged as if unknown
                 log.warning("accelerators_learned_unreadable", error=str(exc))
-        self._last: tuple[bool, str] | None = None
+        # The judgement last said to the controller; a node never said otherwise is judged there.
+        self._last: tuple[bool, str] = (True, "")
+
+    def resume(self, judged: bool, reason: str) -> None:
+        """Start from what the previous run said last (kept beside the event buffer), so a
+        restart neither repeats an unchanged judgement nor misses clearing an old one."""
+        self._last = (judged, reason)
 
     def judge(self, supported: bool, error: str, found: int) -> tpb.AcceleratorCheck:
         """The check of one cycle: ``supported``/``error`` are the backend collector's state."""
@@ -149,14 +155,16 @@ class AcceleratorChecker:
         return check
 
     def change(self, check: tpb.AcceleratorCheck) -> Finding | None:
-        """An ``accel_check`` finding when the judgement differs from the last one (and on the first)."""
+        """An ``accel_check`` finding when the judgement differs from the last one said."""
         key = (check.judged, check.reason)
         if key == self._last:
             return None
         self._last = key
         if check.judged:
             message = f"{self.tool}: {check.found} {self.vendor} accelerators read"
-            return Finding("accel_check", "node", "info", "none", message, "agent", attributes={"judged": "true"})
+            return Finding(
+                "accel_check", "node", "info", "none", message, "agent", attributes={"judged": "true", "reason": ""}
+            )
         return Finding(
             "accel_check",
             "node",
@@ -164,7 +172,7 @@ class AcceleratorChecker:
             "investigate",
             f"not judged: {check.reason}",
             "agent",
-            attributes={"judged": "false", "tool": self.tool},
+            attributes={"judged": "false", "tool": self.tool, "reason": check.reason},
         )
 
 
