@@ -68,7 +68,7 @@ class TestLearned:
     def test_a_broken_file_is_one_line_and_monitoring_goes_on(self, tmp_path: Path) -> None:
         path = tmp_path / "accelerators.json"
         path.write_text("{not json")
-        with pytest.raises(LearnedError, match="accelerators.json"):
+        with pytest.raises(LearnedError, match=r"accelerators\.json"):
             LearnedInventory(path).load()
         assert checker(learned=LearnedInventory(path)).judge(True, "", 8).judged
 
