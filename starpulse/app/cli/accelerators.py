@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, print_json
+from starpulse.app.cli.common import JSON_HELP, print_json, readable_folder
 
 DEFAULT_STATE_DIR = "/var/lib/starpulse"
 
@@ -71,7 +71,10 @@ def register(sub: Any) -> None:
     cmds = group.add_subparsers(dest="accelerators_command", required=True)
     show = cmds.add_parser("show", help="the learned (or confirmed) expected inventory")
     show.add_argument(
-        "--state-dir", default=DEFAULT_STATE_DIR, help=f"the agent's state folder (default {DEFAULT_STATE_DIR})"
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        type=readable_folder,
+        help=f"the agent's state folder (default {DEFAULT_STATE_DIR})",
     )
     show.add_argument("--json", action="store_true", help=JSON_HELP)
     show.set_defaults(func=cmd_show)
@@ -79,7 +82,10 @@ def register(sub: Any) -> None:
         "confirm", help="vouch for the learned count (or set --count); the agent holds the node to it"
     )
     confirm.add_argument(
-        "--state-dir", default=DEFAULT_STATE_DIR, help=f"the agent's state folder (default {DEFAULT_STATE_DIR})"
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        type=readable_folder,
+        help=f"the agent's state folder (default {DEFAULT_STATE_DIR})",
     )
     confirm.add_argument("--count", type=int, default=None, help="the right count when the learned one is wrong")
     confirm.set_defaults(func=cmd_confirm)

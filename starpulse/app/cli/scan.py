@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, count_flag, message_dict, print_json, seconds_flag
+from starpulse.app.cli.common import (
+    JSON_HELP,
+    count_flag,
+    message_dict,
+    print_json,
+    readable_folder,
+    readable_path,
+    seconds_flag,
+)
 from starpulse.app.cli.tables import Col, print_table
 
 NONE_BACKEND = "none"
@@ -237,9 +245,25 @@ def register(sub: Any) -> None:
         default="nvml",
         help="accelerator backend; 'none' scans without a driver (default: nvml)",
     )
-    s.add_argument("--sysfs-root", default=None, help="root of the sysfs tree to read NICs from (default /sys)")
-    s.add_argument("--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)")
-    s.add_argument("--expect", default=None, metavar="FILE", help="expected inventory (YAML: gpus: 8, nics: [...])")
+    s.add_argument(
+        "--sysfs-root",
+        default=None,
+        type=readable_folder,
+        help="root of the sysfs tree to read NICs from (default /sys)",
+    )
+    s.add_argument(
+        "--kmsg",
+        default=None,
+        type=readable_path,
+        help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)",
+    )
+    s.add_argument(
+        "--expect",
+        default=None,
+        metavar="FILE",
+        type=readable_path,
+        help="expected inventory (YAML: gpus: 8, nics: [...])",
+    )
     seconds_flag(s, "--window", 2.0, "seconds between the two samples, for counter rates")
     s.add_argument("--node", default=None, help="node name in the verdict (default: the host name)")
     count_flag(s, "--seed", 0, "with --backend sim: the node's seed", minimum=0)

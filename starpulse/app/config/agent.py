@@ -17,6 +17,7 @@ from starpulse.app.config.common import (
     Overrides,
     TLSFiles,
     check_node_id,
+    check_path,
     read_settings,
     tls_settings,
 )
@@ -223,6 +224,16 @@ def _build(reading: Reading, s: AgentFile) -> tuple[AgentConfig, AgentOptions] |
     """The one function from settings to an AgentConfig (whether they came from a file or flags)."""
     a, hw = s.agent, s.hardware
     check_node_id(reading, "agent.node_id", a.node_id)
+    check_path(reading, "agent.state_dir", a.state_dir, "folder")
+    check_path(reading, "jobs.socket", s.jobs.socket, "file")
+    check_path(reading, "hardware.lldpcli_socket", hw.lldpcli_socket, "file")
+    # What the agent reads: there on real hardware; the simulator reads its own fakes instead,
+    # so there only a path that cannot exist at all (under a file) is refused.
+    real = hw.backend != "sim"
+    check_path(reading, "hardware.sysfs_root", hw.sysfs_root, "input-folder" if real else "folder")
+    check_path(reading, "hardware.kmsg", hw.kmsg or None, "input" if real else "file")
+    for i, mount in enumerate(hw.mounts):
+        check_path(reading, f"hardware.mounts[{i}]", mount, "input-folder")
     if hw.backend not in backend_names():
         reading.err("hardware.backend", f"must be one of {', '.join(backend_names())}, got {hw.backend!r}")
     try:
