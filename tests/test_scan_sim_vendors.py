@@ -53,3 +53,18 @@ def test_sim_scan_leaves_nothing_in_the_temp_folder(tmp_path: Path) -> None:
     proc, scratch = _scan(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "rule", "words"),
+    [
+        ("nic_down:3", "nic.port_down", "n1/nic-3 (mlx5_3/1, ens4f0np0) is DOWN"),
+        ("gpu_ecc_dbe:2", "gpu.ecc_dbe", "n1/gpu-2 (GPU 2, PCI 00000000:1B:00.0): "),
+        ("ascend_fault:3", "gpu.accel_fault.reset_gpu", "n1/gpu-3 (NPU 3, PCI "),
+    ],
+)
+def test_conditions_name_the_operators_device(tmp_path: Path, fault: str, rule: str, words: str) -> None:
+    """Beside the fabric's name, the device as ibstat / ip link / nvidia-smi / npu-smi show it."""
+    proc, _ = _scan(tmp_path, "--sim-fault", fault, "--node", "n1", "--json")
+    conditions = [c for c in json.loads(proc.stdout)["verdict"]["conditions"] if c["rule"] == rule]
+    assert conditions and conditions[0]["message"].startswith(words), conditions

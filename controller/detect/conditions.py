@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from operator import and_
 from typing import Any
 
@@ -140,6 +140,9 @@ class _NodeCtx:
     nic_inventory: dict[str, str]  # inventory port "mlx5_0/1" -> its component, for nic_set kinds
     # (rdma_device, port) -> ("dev/port", component name, on a rail): the NIC naming of every report
     nic_ports: dict[tuple[str, int], tuple[str, str, bool]]
+    # Issue 30: a component in the node operator's words beside the fabric's name: a NIC's
+    # "mlx5_3/1, eth3" (ibstat, ip link), a GPU's "index 3, PCI 0000:1b:00.0" (nvidia-smi, lspci).
+    words: dict[str, str] = field(default_factory=dict)
 
 
 class ConditionEngine:
@@ -697,7 +700,7 @@ class ConditionEngine:
         cond = entry.cond
         cond.count += 1
         cond.last_seen_ms = now
-        cond.message = message
+        cond.message = self._in_operator_words(cond.node, cond.component, message, evidence)
         keep: dict[str, Any] = {k: cond.evidence[k] for k in ("first_event_ts_ms", "event") if k in cond.evidence}
         cond.evidence = {**evidence, **keep}
         entry.touched_ms = now
@@ -710,6 +713,15 @@ class ConditionEngine:
             cond.action = action or cond.action
             cond.severity = severity or cond.severity  # type: ignore[assignment]
             self._repeat(entry, now)
+
+    def _in_operator_words(self, node: str | None, comp: str, message: str, evidence: dict[str, Any]) -> str:
+        """The message naming a NIC or GPU as the node's operator sees it too (and ``device`` in the evidence)."""
+        ctx = self._ctx.get(node) if node is not None else None
+        words = ctx.words.get(comp) if ctx is not None else None
+        if words is None:
+            return message
+        evidence.setdefault("device", words)
+        return with_operator_words(message, comp, words)
 
     def good(self, owned: Mapping[_Key, _Entry] | None, rule: Rule, comp: str, now: int) -> None:
         """A report shows the good state: after ``resolve_after`` in a row, resolve."""
@@ -737,6 +749,7 @@ class ConditionEngine:
         action: str | None = None,
         severity: str | None = None,
     ) -> _Entry:
+        message = self._in_operator_words(node, comp, message, evidence)
         cond = Condition(
             rule=rule.id,
             component=comp,
@@ -839,10 +852,15 @@ class ConditionEngine:
             nic_ports={},
         )
         ctx.gpu_comp = {i: gpu_name(node.node_id, f"gpu-{i}") for i in ctx.gpu_indices}
+        for g in inv.gpus:
+            kind = "NPU" if g.vendor == "ascend" else "GPU"
+            pci = f", PCI {g.pci_bus_id}" if g.pci_bus_id and g.pci_bus_id != "NA" else ""
+            ctx.words[ctx.gpu_comp[g.index]] = f"{kind} {g.index}{pci}"
         for n in inv.nics:
             local = f"{n.rdma_device}/{n.port}"
             name = ctx.namer.nic(local)
             ctx.nic_inventory[local] = name or f"{node.node_id}/{local}"  # as _nics names a port
+            ctx.words[ctx.nic_inventory[local]] = f"{local}, {n.netdev}" if n.netdev else local
             if name is not None and n.pci_address:
                 ctx.nic_by_pci[vocab.pci_key(n.pci_address)] = name
         self._ctx[node.node_id] = ctx
@@ -890,3 +908,19 @@ def _occurrences(ev: tpb.Event) -> int:
         except ValueError:
             return 1
     return 1
+
+
+def with_operator_words(message: str, comp: str, words: str) -> str:
+    """``message`` naming ``comp`` also as its node's operator sees it (``words``), once.
+
+    "node-001/nic-3 (mlx5_3/1) is DOWN" -> "node-001/nic-3 (mlx5_3/1, eth3) is DOWN";
+    "node-001/gpu-3: ..." -> "node-001/gpu-3 (GPU 3, PCI 0000:1b:00.0): ...".
+    """
+    if words in message:
+        return message
+    local = words.split(",", 1)[0]
+    if f"({local})" in message:
+        return message.replace(f"({local})", f"({words})", 1)
+    if message.startswith(comp):
+        return f"{comp} ({words}){message[len(comp) :]}"
+    return f"{message} [{words}]"
