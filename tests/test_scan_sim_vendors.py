@@ -68,3 +68,17 @@ def test_conditions_name_the_operators_device(tmp_path: Path, fault: str, rule: 
     proc, _ = _scan(tmp_path, "--sim-fault", fault, "--node", "n1", "--json")
     conditions = [c for c in json.loads(proc.stdout)["verdict"]["conditions"] if c["rule"] == rule]
     assert conditions and conditions[0]["message"].startswith(words), conditions
+
+
+def test_scan_json_numbers_are_numbers_and_zeros_stay(tmp_path: Path) -> None:
+    """docs/json.md: 64-bit counters and times as JSON numbers, zero values present, unset optionals null."""
+    proc, _ = _scan(tmp_path, "--json")
+    data = json.loads(proc.stdout)
+    sample = data["sample"]
+    assert isinstance(sample["timestamp_ms"], int) and isinstance(sample["seq"], int)
+    counters = sample["nics"][0]["counters"]
+    assert all(isinstance(v, int) for v in counters.values()) and counters["symbol_error"] == 0
+    assert [g["index"] for g in data["inventory"]["gpus"]][:2] == [0, 1]  # index 0 is not dropped
+    assert sample["gpus"][0]["index"] == 0
+    check = sample["accelerator_check"]
+    assert check["expected"] is None and check["judged"] is True  # no expected inventory given: null, not 0
