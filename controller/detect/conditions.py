@@ -700,7 +700,7 @@ class ConditionEngine:
         cond = entry.cond
         cond.count += 1
         cond.last_seen_ms = now
-        cond.message = self._in_operator_words(cond.node, cond.component, message, evidence)
+        cond.message = self._in_operator_words(cond.node, cond.component, message)
         keep: dict[str, Any] = {k: cond.evidence[k] for k in ("first_event_ts_ms", "event") if k in cond.evidence}
         cond.evidence = {**evidence, **keep}
         entry.touched_ms = now
@@ -714,14 +714,12 @@ class ConditionEngine:
             cond.severity = severity or cond.severity  # type: ignore[assignment]
             self._repeat(entry, now)
 
-    def _in_operator_words(self, node: str | None, comp: str, message: str, evidence: dict[str, Any]) -> str:
-        """The message naming a NIC or GPU as the node's operator sees it too (and ``device`` in the evidence)."""
+    def _in_operator_words(self, node: str | None, comp: str, message: str) -> str:
+        """The message naming a NIC or GPU as the node's operator sees it too (NIC evidence has the
+        port's rdma_device, port and netdev already; a GPU's index is in its component name)."""
         ctx = self._ctx.get(node) if node is not None else None
         words = ctx.words.get(comp) if ctx is not None else None
-        if words is None:
-            return message
-        evidence.setdefault("device", words)
-        return with_operator_words(message, comp, words)
+        return message if words is None else with_operator_words(message, comp, words)
 
     def good(self, owned: Mapping[_Key, _Entry] | None, rule: Rule, comp: str, now: int) -> None:
         """A report shows the good state: after ``resolve_after`` in a row, resolve."""
@@ -749,7 +747,7 @@ class ConditionEngine:
         action: str | None = None,
         severity: str | None = None,
     ) -> _Entry:
-        message = self._in_operator_words(node, comp, message, evidence)
+        message = self._in_operator_words(node, comp, message)
         cond = Condition(
             rule=rule.id,
             component=comp,

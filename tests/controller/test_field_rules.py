@@ -76,7 +76,6 @@ class TestThreshold:
             "op": ">=",
             "threshold": "85C",
             "uuid": "GPU-5",
-            "device": "GPU 5, PCI 00000000:1C:00.0",
         }
         assert feed(engine, clock, gpu5(temperature_c=84)) == []
         assert feed(engine, clock, gpu5(temperature_c=84)) == RESOLVED
