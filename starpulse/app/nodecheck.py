@@ -57,9 +57,9 @@ def load_expected(path: str) -> Expected:
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ExpectError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise ExpectError(f"--expect {path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ExpectError(f"{path}: not YAML/JSON: {str(exc).splitlines()[0]}") from None
+        raise ExpectError(f"--expect {path}: not YAML/JSON: {str(exc).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ExpectError(f"{path}: expected a mapping with 'gpus' and/or 'nics'")
     unknown = set(raw) - {"gpus", "nics"}

@@ -21,8 +21,6 @@ from starpulse.app.cli.common import (
     count_flag,
     message_dict,
     print_json,
-    readable_folder,
-    readable_path,
     seconds_flag,
 )
 from starpulse.app.cli.tables import Col, print_table
@@ -245,23 +243,22 @@ def register(sub: Any) -> None:
         default="nvml",
         help="accelerator backend; 'none' scans without a driver (default: nvml)",
     )
+    # Paths are checked by the scan itself, not by argparse: --prolog parses the same flags and
+    # must fail open (exit 0) on bad input, never refuse the job by an argparse exit 2.
     s.add_argument(
         "--sysfs-root",
         default=None,
-        type=readable_folder,
         help="root of the sysfs tree to read NICs from (default /sys)",
     )
     s.add_argument(
         "--kmsg",
         default=None,
-        type=readable_path,
         help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)",
     )
     s.add_argument(
         "--expect",
         default=None,
         metavar="FILE",
-        type=readable_path,
         help="expected inventory (YAML: gpus: 8, nics: [...])",
     )
     seconds_flag(s, "--window", 2.0, "seconds between the two samples, for counter rates")
