@@ -151,6 +151,8 @@ class AgentMetricsCollector(Collector):
         self._agent(fams, inventory)
         if report is not None:
             self._report_meta(fams, report)
+            if report.HasField("accelerator_check"):
+                self._accelerators(fams, report.accelerator_check)
             gpu_info = {g.index: g for g in inventory.gpus}
             for gpu in report.gpus:
                 self._gpu(fams, gpu, gpu_info.get(gpu.index))
@@ -164,6 +166,33 @@ class AgentMetricsCollector(Collector):
         yield from fams
 
     # -- the agent itself ------------------------------------------------------------------
+
+    def _accelerators(self, f: _Families, check: tpb.AcceleratorCheck) -> None:
+        """Issue 30: whether this cycle read the accelerators (a node not judged is never healthy)."""
+        labels, values = ("node", "backend", "tool"), [self.node_id, check.backend, check.tool]
+        f.gauge(
+            "starpulse_agent_accelerators_judged",
+            "1 when the accelerator backend read every expected chip this cycle; 0: not judged (tool missing, "
+            "failing or unparseable; fewer chips than expected)",
+            labels,
+            values,
+            1 if check.judged else 0,
+        )
+        f.gauge(
+            "starpulse_agent_accelerators_found",
+            "Accelerators the backend's tool answered for.",
+            labels,
+            values,
+            check.found,
+        )
+        if check.HasField("expected"):
+            f.gauge(
+                "starpulse_agent_accelerators_expected",
+                "Accelerators this node is expected to have (settings, or learned at first sight).",
+                labels,
+                values,
+                check.expected,
+            )
 
     def _agent(self, f: _Families, inventory: ipb.Inventory) -> None:
         node = self.node_id
