@@ -108,6 +108,14 @@ class TestAscend:
         assert proc.returncode != 0 and data["verdict"]["status"] != "healthy", data["verdict"]
         assert "npu-smi found 7 ascend accelerators, expected 8" in data["verdict"]["problems"][0]
 
+    def test_the_agents_learned_inventory_holds_the_scan_too(self, tmp_path: Path) -> None:
+        """No --expect: the agent's confirmed count (its state folder's accelerators.json) still catches a lost NPU."""
+        learned = tmp_path / "accelerators.json"
+        learned.write_text('{"count": 8, "vendor": "ascend", "confirmed": true}\n')
+        info = FakeNpuSmi(npu_count=7).render_info()
+        proc = _scan(tmp_path, "ascend", _npu_env(tmp_path, info), "--learned", str(learned))
+        _could_not_check(proc, "npu-smi found 7 ascend accelerators, expected 8 (learned, confirmed)")
+
     def test_all_read_is_judged(self, tmp_path: Path) -> None:
         proc = _scan(tmp_path, "ascend", _npu_env(tmp_path, FakeNpuSmi(npu_count=2).render_info()), "--json")
         check = json.loads(proc.stdout)["sample"]["accelerator_check"]

@@ -26,6 +26,7 @@ from starpulse.app.cli.common import (
 from starpulse.app.cli.tables import Col, print_table
 
 NONE_BACKEND = "none"
+LEARNED_DEFAULT = "/var/lib/starpulse/accelerators.json"  # the agent's (state_dir/accelerators.json)
 
 
 @dataclass
@@ -134,9 +135,7 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     if args.sysfs_root and not Path(args.sysfs_root).is_dir():
         raise nodecheck.ExpectError(f"--sysfs-root {args.sysfs_root}: no such directory")
     findings: list[Any] = []
-    from agent.collectors.accel.check import Expected
-
-    accel = Expected(expected.gpus, source="--expect") if expected is not None and expected.gpus is not None else None
+    accel = _accelerators_expected(args, expected)
     try:
         plan = _build(args, findings, accel)
     except BackendUnavailable as exc:
@@ -176,6 +175,23 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "verdict": verdict.to_dict(),
     }
     return verdict.exit_code, out
+
+
+def _accelerators_expected(args: argparse.Namespace, expected: Any) -> Any:
+    """How many accelerators the node must show: --expect's gpus, else the agent's learned (or
+    confirmed) inventory when the file is there, so a prolog holds the node to it too."""
+    from agent.collectors.accel.check import Expected, LearnedError, LearnedInventory
+    from starpulse.app.nodecheck import ExpectError
+
+    if expected is not None and expected.gpus is not None:
+        return Expected(expected.gpus, source="--expect")
+    path = Path(args.learned)
+    if not path.exists():
+        return None
+    try:
+        return LearnedInventory(path).load()
+    except LearnedError as exc:
+        raise ExpectError(f"--learned {exc}") from None
 
 
 class _Unavailable(RuntimeError):
@@ -260,6 +276,13 @@ def register(sub: Any) -> None:
         default=None,
         metavar="FILE",
         help="expected inventory (YAML: gpus: 8, nics: [...])",
+    )
+    s.add_argument(
+        "--learned",
+        default=LEARNED_DEFAULT,
+        metavar="FILE",
+        help="the agent's learned accelerator inventory, used when there and --expect gives no gpus "
+        f"(default: {LEARNED_DEFAULT})",
     )
     seconds_flag(s, "--window", 2.0, "seconds between the two samples, for counter rates")
     s.add_argument("--node", default=None, help="node name in the verdict (default: the host name)")
