@@ -126,15 +126,17 @@ async def test_npu_smi_failing_is_not_judged(tmp_path: Path) -> None:
         await ctl.stop()
 
 
-async def test_nvml_with_no_gpu_is_not_judged(tmp_path: Path) -> None:
-    """NVIDIA's backend under the same rule: NVML answers for no GPU."""
+@pytest.mark.parametrize(("backend", "said"), [("nvml", "NVML"), ("amd", "amdsmi")])
+async def test_a_library_with_no_gpu_is_not_judged(tmp_path: Path, backend: str, said: str) -> None:
+    """NVIDIA's and AMD's backends under the same rule: the library answers for no GPU."""
     ctl = _controller(tmp_path)
     await ctl.start()
     modules = ROOT / "tests" / "fakes" / "modules"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(modules), str(ROOT)]), "FAKE_GPUS": "0"}
+    vendor = {"nvml": "nvidia", "amd": "amd"}[backend]
     try:
-        async with agent_process(ctl, tmp_path, "nvml", env, "registered"):
+        async with agent_process(ctl, tmp_path, backend, env, "registered"):
             judged, why = _status(ctl)
-            assert not judged and why == "NVML answered but found no nvidia accelerator", why
+            assert not judged and why == f"{said} answered but found no {vendor} accelerator", why
     finally:
         await ctl.stop()
