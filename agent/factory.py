@@ -19,6 +19,7 @@ from agent.collectors.accel.base import AcceleratorBackend, BackendUnavailable
 from agent.collectors.accel.check import AcceleratorChecker, Expected, LearnedInventory, UnreadBackend
 from agent.collectors.base import Collector, FindingSink
 from agent.collectors.ethtool import EthtoolCollector
+from agent.collectors.gpu_procs import GpuProcessCollector
 from agent.collectors.host import HostCollector
 from agent.collectors.kmsg import KmsgCollector
 from agent.collectors.lldp import LldpCollector, Runner, lldpcli_command
@@ -91,6 +92,9 @@ class SimulatedHost(Protocol):
 
     def sync_real_netdevs(self) -> None: ...
     def advance(self, dt_s: float) -> None: ...
+    def process_source(self) -> tuple[Any, str] | None:
+        """(the NVML look-alike, the proc root) its GPU processes are read from; None: not NVIDIA."""
+        ...
 
 
 def build_collectors(
@@ -143,6 +147,13 @@ def build_collectors(
         gpu = sim.accelerator(sink)
     rdma = RdmaSysfsCollector(sysfs_root)
     collectors: list[Collector] = [gpu, rdma]
+    # Which process computes on which GPU, and its Slurm job (what hang detection without the
+    # job library reads): NVML's process lists. AMD and Ascend backends do not say yet.
+    # (None where NVML could not be built: an UnreadBackend stands in and nothing is read.)
+    nvml_read = backend == "nvml" and not isinstance(gpu, UnreadBackend)
+    procs = (load_nvml(), "/proc") if nvml_read else sim.process_source() if sim is not None else None
+    if procs is not None:
+        collectors.append(GpuProcessCollector(*procs))
     starters: list[Callable[[], object]] = [gpu.start_events]
     if sink is not None:  # a port going down is an event at once, not news in the next report
         hook = sim.sync_real_netdevs if sim is not None else None

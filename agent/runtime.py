@@ -214,7 +214,9 @@ class Agent:
         self._kmsg = kmsg
         self._inventory_hooks = inventory_hooks
         self.boot_id = read_boot_id(config.boot_id_path)
-        self.commands = CommandHandler(self.jobs, config.allowed_commands)
+        # A hung job without the job library is found by its GPU processes (agent.collectors.gpu_procs).
+        pids_of = next((c.pids_of for c in collectors if hasattr(c, "pids_of")), None)
+        self.commands = CommandHandler(self.jobs, config.allowed_commands, job_pids=pids_of)
         credentials = load_channel_credentials(config.tls) if config.tls is not None else None
         self.link = ControllerLink(
             config.controllers, self._hello, self.buffer, on_command=self.commands, credentials=credentials
@@ -349,6 +351,8 @@ class Agent:
             reports_sent_total=self.link.reports_sent,
             cycles_total=self.cycles,
             connected=self.link.connected.is_set(),
+            streams_replaced_total=self.link.replaced,
+            streams_silent_total=self.link.silent_streams,
         )
 
     def metrics_collector(self) -> AgentMetricsCollector:

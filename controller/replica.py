@@ -47,6 +47,7 @@ from controller.service import (
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthInterceptor
+from starpulse.core.clock import Clock
 from starpulse.core.listen import GRPC_SERVER_OPTIONS, add_grpc_port, ensure_free
 from starpulse.core.tls import load_server_credentials
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -61,10 +62,12 @@ class LeadershipLost(RuntimeError):
 class Replica:
     """Runs one replica until stop is set (or its leadership is lost)."""
 
-    def __init__(self, config: ControllerConfig) -> None:
+    def __init__(self, config: ControllerConfig, clock: Clock) -> None:
+        """``clock``: the one the leader's controller and the standby's queries read (the system clock in service)."""
         if config.ha is None:
             raise ValueError("a replica needs the ha settings")
         self.config = config
+        self.clock = clock
         self.ha: HAConfig = config.ha
         self.advertise = self.ha.advertise or config.listen
         self.role = "starting"
@@ -90,7 +93,7 @@ class Replica:
     # -- standby ----------------------------------------------------------------------------
     def _prepare_db(self) -> None:
         """Create every module's tables in the local file (building a controller does that), then close it."""
-        throwaway = Controller(self.config)
+        throwaway = Controller(self.config, self.clock)
         throwaway.store.close()
 
     async def _standby(self, client: aetcd.Client, elector: Elector, stop: asyncio.Event) -> bool:
@@ -138,7 +141,7 @@ class Replica:
         server = grpc.aio.server(interceptors=[AuthInterceptor(cfg.auth)], options=GRPC_SERVER_OPTIONS)
         sgrpc.add_TelemetryServicer_to_server(StandbyTelemetry(leader), server)
         sgrpc.add_RelayServicer_to_server(StandbyRelay(leader), server)
-        sgrpc.add_QueryServicer_to_server(StandbyQuery(store, leader), server)
+        sgrpc.add_QueryServicer_to_server(StandbyQuery(store, leader, self.clock), server)
         sgrpc.add_AdminServicer_to_server(standby_admin(leader), server)
         checks = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(checks, server)
@@ -165,7 +168,7 @@ class Replica:
         if config.heal is not None:
             fenced = FencedScheduler(config.heal.scheduler, elector, None)  # type: ignore[arg-type]
             config = dataclasses.replace(config, heal=dataclasses.replace(config.heal, scheduler=fenced))
-        controller = Controller(config)
+        controller = Controller(config, self.clock)
         mirror = StateMirror(controller.store.connection, client, self.ha, elector)
         if fenced is not None:
             fenced.mirror = mirror

@@ -15,9 +15,11 @@ from controller.core import DecisionCore
 from controller.detect.shards import ShardLost
 from controller.fabric import load_fabric
 from controller.heal.states import NodeHealState, lifecycle_counts
+from controller.ingest.quota import IngestQuota
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
 from controller.ingest.servicer import TelemetryServicer
 from controller.metrics import ControllerMetrics
+from controller.outputs import http_logs
 from controller.outputs.admin import AdminServicer
 from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, Outbox
@@ -31,7 +33,7 @@ from starpulse.core import sdnotify
 from starpulse.core.auth import AuthInterceptor
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port, ensure_free
-from starpulse.core.tls import load_server_credentials, peer_node_id, server_ssl_context
+from starpulse.core.tls import ADMIN_CERT_NAME, load_server_credentials, peer_node_id, server_ssl_context
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
 log = structlog.get_logger(__name__)
@@ -80,6 +82,7 @@ class Controller:
         self.notifier = Notifier(
             config.notify,
             Outbox(self.store.connection, self.clock),
+            self.clock,
             metrics_hook=lambda outcome, receiver, n: self.metrics.alert_notifications.labels(receiver, outcome).inc(n),
             stages=self.stages,
         )
@@ -122,6 +125,8 @@ class Controller:
             controller_id=config.controller_id,
             identity_of=relayed_or_peer_node_id if config.tls is not None else None,
             report_ack_interval_s=config.report_ack_interval_s,
+            not_nodes=frozenset({ADMIN_CERT_NAME, *config.auth.admin_cert_names, *config.relays}),
+            quota=IngestQuota(self.store.connection, self.clock),
         )
         self.relay = RelayServicer(
             self.telemetry,
@@ -199,6 +204,8 @@ class Controller:
             http_auth=cfg.http_auth,
             secure=ssl_context is not None,
         )
+        # aiohttp logs a request it cannot parse with the raw line: never with a credential in it.
+        http_logs.install(cfg.http_auth.tokens or ())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = split_host_port(cfg.http)

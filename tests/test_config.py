@@ -58,8 +58,8 @@ CONTROLLER_ERRORS = [
     ),
     (
         {"detection": {"failslow": {"signals": ["power_w", "bogus"]}}},
-        "detection.failslow.signals: must be a list with items from sm_clock_mhz, power_w, gpu_util_pct, "
-        "nic_gbps, step_time_s, got ['power_w', 'bogus']",
+        "detection.failslow.signals[1]: must be one of sm_clock_mhz, power_w, gpu_util_pct, "
+        "nic_gbps, step_time_s, got 'bogus'",
     ),
     (
         {"detection": {"failslow": {"job_ttl_s": "1h"}}},
@@ -82,7 +82,7 @@ CONTROLLER_ERRORS = [
     ({"server": {"db_path": 5}}, "server.db_path: must be a path, got 5"),
     (
         {"fabric": {"jobs": {"j1": "node-1"}}},
-        "fabric.jobs: must be a mapping of names to lists of strings, got {'j1': 'node-1'}",
+        "fabric.jobs.j1: must be a non-empty list, each a non-empty string, got 'node-1'",
     ),
     (
         {"ingest": {"heartbeat_timout_s": 3}},
@@ -91,7 +91,7 @@ CONTROLLER_ERRORS = [
     ({"ingets": {}}, "ingets: unknown key, did you mean 'ingest'?"),
     ({"frobnicate": 1}, "frobnicate: unknown key"),
     ({"ingest": 5}, "ingest: must be a mapping, got 5"),
-    ({"notify": {"receivers": "x"}}, "notify.receivers: must be a list"),
+    ({"notify": {"receivers": "x"}}, "notify.receivers: must be a list of mappings, got 'x'"),
     ({"notify": {"recievers": []}}, "notify: unknown key 'recievers'"),
     (
         {"tls": {"ca_file": "ca.pem"}},
@@ -264,7 +264,10 @@ def test_env_bool_and_null(tmp_path: Path) -> None:
             {"STARPULSE_INGEST": "x", "STARPULSE_DETECTION__CORRELATION": "1"},
             "STARPULSE_DETECTION__CORRELATION: detection.correlation is a section, not a setting",
         ),
-        ({"STARPULSE_NOTIFY__BATCH_SIZE": "0"}, "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be >= 1"),
+        (
+            {"STARPULSE_NOTIFY__BATCH_SIZE": "0"},
+            "STARPULSE_NOTIFY__BATCH_SIZE: notify.batch_size: must be an integer >= 1, got 0",
+        ),
     ],
 )
 def test_env_overrides_invalid_name_the_variable(tmp_path: Path, env: dict[str, str], message: str) -> None:

@@ -78,7 +78,10 @@ def test_scenario_vendors_by_block_and_guards() -> None:
     [
         ({"vendors": ["nvidia", "intel"]}, "mem: vendors[1]: must be one of nvidia, amd, ascend, got 'intel'"),
         ({"vendors": []}, "mem: vendors: must be a non-empty list"),
-        ({"guards": {"max_fleet_share": 2}}, "mem: guards.max_fleet_share: must be in (0, 1], got 2"),
+        (
+            {"guards": {"max_fleet_share": 2}},
+            "mem: guards.max_fleet_share: must be a number > 0 and <= 1, or null, got 2",
+        ),
         ({"guards": {"breaker": 1}}, "mem: guards.breaker: unknown key"),
         (
             {"faults": [{"at_s": 1, "kind": "amd_xgmi_down", "target": "node-000/gpu-1"}]},
@@ -127,6 +130,7 @@ def test_nodes_lists_each_nodes_accelerators(tmp_path: Path) -> None:
 
     from controller.query.nodes import node_statuses
     from controller.store import Store
+    from starpulse.core.clock import FakeClock
     from starpulse.v1 import inventory_pb2 as ipb
 
     @dataclass
@@ -144,7 +148,9 @@ def test_nodes_lists_each_nodes_accelerators(tmp_path: Path) -> None:
     old = ipb.Inventory()
     old.gpus.add(index=0, model="NVIDIA H100 80GB HBM3")
     rows = node_statuses(
-        [Row("node-002", amd), Row("node-000", old), Row("leaf", ipb.Inventory())], Store(tmp_path / "s.db")
+        [Row("node-002", amd), Row("node-000", old), Row("leaf", ipb.Inventory())],
+        Store(tmp_path / "s.db"),
+        FakeClock(),
     )
     assert [(r.node_id, r.accelerator_vendor, r.accelerator_model) for r in rows] == [
         ("leaf", "", ""),

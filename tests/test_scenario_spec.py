@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from starpulse.app.scenario import ScenarioError, load_scenario, parse_scenario
-from starpulse.app.scenario.spec import switch_port, target_kind
+from starpulse.app.scenario.spec import INCIDENT_KINDS, switch_port, target_kind
 
 EXAMPLE = """\
 name: leaf-down
@@ -142,33 +142,49 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("partition target", with_fault(at_s=1, kind="partition", target="node-000"), "faults[1].target: a partition"),
     ("partition bad node", with_fault(at_s=1, kind="partition", targets=["node-000", "x"]), "faults[1].targets[1]"),
     ("partition a gpu", with_fault(at_s=1, kind="partition", targets=["node-000/gpu-1"]), "faults[1].targets[0]"),
-    ("targets elsewhere", with_fault(at_s=1, kind="node_down", targets=["node-000"]), "only a partition"),
+    (
+        "targets elsewhere",
+        with_fault(at_s=1, kind="node_down", targets=["node-000"]),
+        "only a collective_stall or a partition takes `targets`",
+    ),
     ("fault not a map", {**BASE, "faults": ["node_down"]}, "faults[0]: must be a mapping"),
     ("faults not a list", {**BASE, "faults": {"at_s": 1}}, "faults: must be a list"),
-    ("no name", {k: v for k, v in BASE.items() if k != "name"}, "name: must be a non-empty string"),
+    ("no name", {k: v for k, v in BASE.items() if k != "name"}, "name: is required"),
     ("no duration", {k: v for k, v in BASE.items() if k != "duration_s"}, "duration_s: is required"),
-    ("unknown top key", {**BASE, "faultz": []}, "scenario.faultz: unknown key"),
-    ("no fabric", {k: v for k, v in BASE.items() if k != "fabric"}, "fabric: must be a mapping"),
-    ("fabric nodes 0", {**BASE, "fabric": {"nodes": 0}}, "fabric.nodes: must be >= 1"),
+    ("unknown top key", {**BASE, "faultz": []}, "faultz: unknown key"),
+    ("no fabric", {k: v for k, v in BASE.items() if k != "fabric"}, "fabric.nodes: is required"),
+    ("fabric nodes 0", {**BASE, "fabric": {"nodes": 0}}, "fabric.nodes: must be an integer >= 1, got 0"),
     ("fabric key", {**BASE, "fabric": {"nodes": 2, "leaves": 3}}, "fabric.leaves: unknown key"),
-    ("spares negative", {**BASE, "spares": -1}, "spares: must be >= 0"),
-    ("interval zero", {**BASE, "interval_s": 0}, "interval_s: must be > 0"),
+    ("spares negative", {**BASE, "spares": -1}, "spares: must be an integer >= 0, got -1"),
+    ("interval zero", {**BASE, "interval_s": 0}, "interval_s: must be a number > 0, got 0"),
     ("job too big", {**BASE, "jobs": [{"name": "j", "nodes": 5}]}, "jobs[0].nodes: 5 nodes but"),
     ("job dup", {**BASE, "jobs": [{"name": "j", "nodes": 1}, {"name": "j", "nodes": 1}]}, "jobs[1].name: duplicate"),
-    ("job no name", {**BASE, "jobs": [{"nodes": 1}]}, "jobs[0].name: must be"),
-    ("expect kind", {**BASE, "expect": {"incidents": [{"kind": "meltdown"}]}}, "expect.incidents[0].kind: unknown"),
+    ("job no name", {**BASE, "jobs": [{"nodes": 1}]}, "jobs[0].name: is required"),
+    (
+        "expect kind",
+        {**BASE, "expect": {"incidents": [{"kind": "meltdown"}]}},
+        "expect.incidents[0].kind: must be one of agent_conflict, gpu_fault, host_fault",
+    ),
     (
         "expect root",
         {**BASE, "expect": {"incidents": [{"kind": "switch_fault", "root_cause": "leaf-b9-r0"}]}},
         "expect.incidents[0].root_cause",
     ),
-    ("expect forbid", {**BASE, "expect": {"forbid_kinds": ["nope"]}}, "expect.forbid_kinds[0]: unknown"),
+    (
+        "expect forbid",
+        {**BASE, "expect": {"forbid_kinds": ["nope"]}},
+        "expect.forbid_kinds[0]: must be one of agent_conflict, gpu_fault, host_fault",
+    ),
     (
         "expect clash",
         {**BASE, "expect": {"incidents": [{"kind": "gpu_fault"}], "forbid_kinds": ["gpu_fault"]}},
         "expect.forbid_kinds: forbids 'gpu_fault'",
     ),
-    ("expect max", {**BASE, "expect": {"max_incidents": -1}}, "expect.max_incidents: must be >= 0"),
+    (
+        "expect max",
+        {**BASE, "expect": {"max_incidents": -1}},
+        "expect.max_incidents: must be an integer >= 0, or null, got -1",
+    ),
     (
         "expect max below",
         {**BASE, "expect": {"incidents": [{"kind": "gpu_fault"}, {"kind": "nic_fault"}], "max_incidents": 1}},
@@ -198,3 +214,58 @@ def test_file_errors(tmp_path: Path) -> None:
     top.write_text("- a\n- b\n")
     with pytest.raises(ScenarioError, match=r"list\.yaml: scenario: must be a mapping"):
         load_scenario(top)
+
+
+def test_every_error_of_a_file_in_one_run() -> None:
+    """Shape errors and what only the fabric and the fault table can say, each a line with the key."""
+    data = {
+        **BASE,
+        "spares": -1,
+        "interval_s": "fast",
+        "vendors": ["nvidia", "intel"],
+        "jobs": [{"name": "j", "nodes": 0, "gpus": 2}],
+        "expect": {"incidents": [{"kind": "meltdown"}], "max_incidents": -1},
+    }
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(data, "bad.yaml")
+    assert sorted(info.value.errors) == [
+        "bad.yaml: expect.incidents[0].kind: must be one of " + ", ".join(sorted(INCIDENT_KINDS)) + ", got 'meltdown'",
+        "bad.yaml: expect.max_incidents: must be an integer >= 0, or null, got -1",
+        "bad.yaml: interval_s: must be a number > 0, got 'fast'",
+        "bad.yaml: jobs[0].gpus: unknown key",
+        "bad.yaml: jobs[0].nodes: must be an integer >= 1, got 0",
+        "bad.yaml: spares: must be an integer >= 0, got -1",
+        "bad.yaml: vendors[1]: must be one of nvidia, amd, ascend, got 'intel'",
+    ]
+
+
+def test_every_fault_and_fabric_check_in_one_run() -> None:
+    """Once the shape is right, each fault and each cross-reference reports in the same run."""
+    data = {
+        **BASE,
+        "jobs": [{"name": "j", "nodes": 1}, {"name": "j", "nodes": 99}],
+        "faults": [
+            {"at_s": 1, "kind": "gpu_melt", "target": G0},
+            {"at_s": 99, "kind": "node_down", "target": "node-000"},
+            "node_down",
+        ],
+        "expect": {"incidents": [{"kind": "switch_fault", "root_cause": "leaf-b9-r0"}], "evictions": ["node-999"]},
+    }
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(data, "bad.yaml")
+    assert [line.split(":")[1].strip() for line in info.value.errors] == ["faults[2]"]
+    del data["faults"][2]
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(data, "bad.yaml")
+    assert [line.split(": ")[1] for line in info.value.errors] == [
+        "jobs[1].name",
+        "jobs[1].nodes",
+        "faults[0].kind",
+        "faults[1].at_s",
+        "expect.incidents[0].root_cause",
+        "expect.evictions",
+    ]
+
+
+def test_an_empty_jobs_key_is_no_jobs_as_before() -> None:
+    assert parse_scenario({**BASE, "jobs": None}, "mem").jobs == []

@@ -296,3 +296,86 @@ class TestOneErrorShape:
             assert cls(["a: one", "b: two"]).errors == ["a: one", "b: two"]
             exc = cls("f.yaml: x: bad")
             assert exc.errors == ["f.yaml: x: bad"] and str(exc) == "f.yaml: x: bad"
+
+
+# -- data files: lists and mappings of sections, checks across keys -----------------------------
+@dataclass(frozen=True)
+class Step:
+    """One item of a list of sections."""
+
+    name: str = field(metadata=meta("The step", pattern=r"[a-z]+"))
+    wait: float = setting(60.0, "How long", quantity=("time",), gt=0)
+    check: bool | Limits = setting(False, "true, false or limits")
+    tags: dict[str, str] = setting({}, "Tag -> mode", choices=("fast", "safe"), number_keys=True)
+
+    def problems(self) -> list[tuple[str, str]]:
+        return [("tags", "fast needs a wait under 10s")] if "fast" in self.tags.values() and self.wait >= 10 else []
+
+    def problems_as(self, name: str) -> list[tuple[str, str]]:
+        return [("", f"{name} is reserved")] if name == "root" else []
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A data file: a version, a list and a mapping of sections, an optional one."""
+
+    version: Literal[1] = field(metadata=meta("Format version"))
+    steps: list[Step] = setting([], "In order")
+    named: dict[str, Step] = setting({}, "By name")
+    first: Step | None = setting(None, "Optional")
+    ladders: dict[str, list[str]] = setting({}, "Rungs", choices=("a", "b"))
+    xids: list[int] = setting([], "Numbers")
+
+
+PLAN = Schema(Plan, "plan")
+
+
+def plan_errors(raw: Any) -> list[str]:
+    reading = Reading(PLAN, "plan.yaml", raw)
+    assert reading.read() is None
+    return reading.errors
+
+
+class TestDataFiles:
+    def test_items_are_built_with_their_conversions(self) -> None:
+        reading = Reading(
+            PLAN, "plan.yaml", {"version": 1, "steps": [{"name": "a", "wait": "5m", "tags": {79: "safe"}}]}
+        )
+        plan = reading.read()
+        assert plan.steps == [Step("a", 300.0, False, {"79": "safe"})] and plan.first is None
+        reading = Reading(PLAN, "plan.yaml", {"version": 1, "first": {"name": "b", "check": {"low": 2}}})
+        assert reading.read().first == Step("b", check=Limits(low=2))
+
+    def test_every_error_keyed_where_it_sits(self) -> None:
+        assert plan_errors(
+            {
+                "version": "1",
+                "steps": [{"name": "A1", "wait": "soon"}, {"name": "b", "check": "maybe", "tags": {"x": "slow"}}],
+                "named": {"n": {"wait": "0s", "bogus": 1}},
+                "first": [],
+                "ladders": {"g": ["a", "c"], "h": []},
+                "xids": [1, "2"],
+            }
+        ) == [
+            "plan.yaml: version: must be one of 1, got '1'",
+            "plan.yaml: steps[0].name: must be a string matching [a-z]+, got 'A1'",
+            "plan.yaml: steps[0].wait: cannot read 'soon' as a quantity (expected a duration like '60s', '10m', "
+            "'500ms')",
+            "plan.yaml: steps[1].check: must be true, false or a mapping, got 'maybe'",
+            "plan.yaml: steps[1].tags: must be a mapping of names to one of fast, safe, got {'x': 'slow'}",
+            "plan.yaml: named.n.bogus: unknown key",
+            "plan.yaml: named.n.name: is required",
+            "plan.yaml: named.n.wait: must be a time quantity (e.g. 60s, 10m, 24h) > 0, got '0s'",
+            "plan.yaml: first: must be a mapping, or null, got []",
+            "plan.yaml: ladders.g[1]: must be one of a, b, got 'c'",
+            "plan.yaml: ladders.h: must be a non-empty list, each one of a, b, got []",
+            "plan.yaml: xids: must be a list of integers, got [1, '2']",
+        ]
+
+    def test_checks_across_keys_and_by_name_join_the_same_list(self) -> None:
+        fast = {"name": "a", "tags": {"t": "fast"}}
+        assert plan_errors({"version": 1, "steps": [fast, fast], "named": {"root": {"name": "r"}}}) == [
+            "plan.yaml: steps[0].tags: fast needs a wait under 10s",
+            "plan.yaml: steps[1].tags: fast needs a wait under 10s",
+            "plan.yaml: named.root: root is reserved",
+        ]

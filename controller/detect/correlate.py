@@ -78,6 +78,17 @@ KIND_ACTIONS: dict[str, str] = {
 _ACTION_RANK = {a: i for i, a in enumerate(vocab.ACTIONS)}
 
 
+def _named(evidence: list[dict[str, Any]]) -> tuple[tuple[str, tuple[str, ...], bool], ...]:
+    """What a hang's members say about whom to blame (its suspects, whether its stacks are in):
+    news an operator and the healer act on, so a change is an incident update."""
+    out = []
+    for e in evidence:
+        ev = e.get("evidence") or {}
+        if e.get("category") == "hang":
+            out.append((str(e.get("rule", "")), tuple(ev.get("suspect_nodes") or ()), "stacks" in ev))
+    return tuple(out)
+
+
 def summarize(c: Condition) -> dict[str, Any]:
     """A condition as incident evidence; complete enough to rebuild it after a restart."""
     return {
@@ -359,6 +370,7 @@ class Correlator:
             inc.affected_nodes,
             inc.affected_jobs,
             inc.condition_keys,
+            _named(inc.evidence),
         )
         inc.kind, inc.root_cause, inc.component_type = g.kind, g.root_cause, g.component_type
         inc.severity = self._severity(g.kind, conds)
@@ -378,6 +390,7 @@ class Correlator:
             inc.affected_nodes,
             inc.affected_jobs,
             inc.condition_keys,
+            _named(inc.evidence),
         )
         if after != before:
             inc.updated_ms = now

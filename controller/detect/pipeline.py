@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 from controller.detect.conditions import ConditionEngine, nic_fabric_evidence
 from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.gpu_jobs import job_gpu_signature
 from controller.detect.grouping import GroupingWindows, ReportCadence
 from controller.detect.grouping_task import GroupingTask
 from controller.detect.incidents import IncidentStore
@@ -202,11 +203,12 @@ class Detection:
                 self.switch_ports.saw(nid, report.switch_ports, self.clock.time_ms())
             self._feed(self.engine.on_report(node, report))
             signals, job = self.failslow.extract(nid, report) if node.role == _COMPUTE else ({}, None)
+            job_gpus = job_gpu_signature(report)
         except Exception:
             # A bug in a rule must not lose the report: it is still recorded and acked (a
             # shard does the same, controller.detect.shard_worker).
             log.exception("report_decision_failed", node=nid)
-            signals, job = {}, None
+            signals, job, job_gpus = {}, None, {}
         self._fold(node, signals, job, report.timestamp_ms, lldp)
         self._verdicts(
             ReportResult(
@@ -219,6 +221,7 @@ class Detection:
                 signals=signals,
                 job=job,
                 job_steps=report.job_steps,
+                job_gpus=job_gpus,
                 lldp=lldp,
                 gpus=len(report.gpus),
                 nics=len(report.nics),

@@ -41,6 +41,7 @@ from google.protobuf.message import DecodeError
 from controller import gcpolicy
 from controller.detect.conditions import ConditionEngine
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.gpu_jobs import job_gpu_signature
 from controller.detect.model import ConditionChange
 from controller.detect.rules import load_rules
 from controller.ingest.registry import ONLINE, NodeRecord
@@ -67,8 +68,8 @@ Answer = tuple[list[ReportResult], list[ConditionChange], list["EventsOpened"]]
 class EventsOpened:
     """One batch of a node's events, as the shard's engine took it: the conditions it opened, and when.
 
-    The controller marks its traced events' ``condition`` stage at ``at`` (wall-clock seconds,
-    the shard's own ``time.time()``: the stage is when a rule opened the condition, not when
+    The controller marks its traced events' ``condition`` stage at ``at`` (wall-clock seconds
+    on the shard's clock, the system clock in its process: the stage is when a rule opened the condition, not when
     the answer came back) and gives ``keys`` the event grouping window, as it does for events
     its own engine takes. Sent for every batch, also one that opened nothing, so that the
     controller stops following its events at once.
@@ -91,8 +92,9 @@ class ShardSettings:
 class Shard:
     """The per-node detection state of the nodes that hash to this shard."""
 
-    def __init__(self, settings: ShardSettings, clock: Clock = SYSTEM_CLOCK) -> None:
-        """``clock``: a shard is its own process and keeps real time (a test may hand in another)."""
+    def __init__(self, settings: ShardSettings, clock: Clock) -> None:
+        """``clock``: a shard is its own process and keeps real time (``serve`` hands in the system clock)."""
+        self.clock = clock
         self.engine = ConditionEngine(load_rules(settings.rules_path), fabric=None, clock=clock)
         self.failslow = FailSlowDetector(settings.failslow, clock=clock)
         self.nodes: dict[str, NodeRecord] = {}
@@ -178,6 +180,7 @@ class Shard:
         result.signals, result.job = self.failslow.extract(node_id, report)
         if report.job_steps:
             result.job_steps = list(report.job_steps)
+        result.job_gpus = job_gpu_signature(report)
         return result
 
     def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> list[EventsOpened]:
@@ -189,7 +192,7 @@ class Shard:
         for ev in events:
             validate_event(ev)  # the controller stored them valid; this guards the wire only
         found = self.engine.on_events(node, events)
-        at = time.time()
+        at = self.clock.time()
         changes += found
         keys = [ch.condition.key for ch in found if ch.kind == "opened"]
         return [EventsOpened(node_id, [ev.seq for ev in events], keys, at)]
@@ -210,7 +213,7 @@ def serve(fd_in: int, fd_out: int) -> None:
     settings = read_frame_fd(fd_in)
     if not isinstance(settings, ShardSettings):
         raise SystemExit("a detection shard's first frame must be its settings")
-    shard = Shard(settings)
+    shard = Shard(settings, SYSTEM_CLOCK)  # its own process: real time
     gcpolicy.tune()  # as the controller: no automatic full collections in the middle of a batch
     write_frame_fd(fd_out, ("ready", os.getpid()))
     next_tick = time.monotonic() + settings.tick_s

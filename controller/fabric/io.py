@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 import structlog
 import yaml
 
-from controller.fabric.model import EDGE_KINDS, VERTEX_KINDS, Fabric, FabricError
-from starpulse.core.schema import ConfigError
+from controller.fabric.model import EDGE_KINDS, REQUIRED_ATTRS, VERTEX_KINDS, Fabric, FabricError
+from starpulse.core.schema import ConfigError, Reading, Schema, meta, setting, show
 
 log = structlog.get_logger(__name__)
 
@@ -55,62 +56,123 @@ def fabric_to_dict(fabric: Fabric) -> dict[str, Any]:
     return {"version": FORMAT_VERSION, "params": dict(fabric.params), "vertices": vertices, "links": links}
 
 
-# Complexity over 15 on purpose: one validation per file section, every error naming the file and key.
-def fabric_from_dict(data: Any, source: str = "<fabric>") -> Fabric:  # noqa: C901
-    """Build and validate a ``Fabric`` from the file structure; errors start with ``source``."""
+@dataclass(frozen=True)
+class FabricFile:
+    """The top level of a fabric file, as the settings schema reads it."""
 
-    def fail(msg: str) -> FabricFileError:
-        return FabricFileError(f"{source}: {msg}")
+    version: Literal[1] = field(metadata=meta("The format's version"))
+    vertices: list[dict[str, Any]] | None = setting(None, "Every node, GPU, NIC, leaf and spine")
+    nodes: list[dict[str, Any]] | None = setting(None, "An alias of vertices")
+    links: list[dict[str, Any]] = setting([], "Every cable and host attachment")
+    params: dict[str, Any] = setting({}, "Free-form, kept as is")
 
+    def problems(self) -> list[tuple[str, str]]:
+        if self.vertices is not None and self.nodes is not None:
+            return [("nodes", "give either 'vertices' or its alias 'nodes', not both")]
+        if self.vertices is None and self.nodes is None:
+            return [("vertices", "is required")]
+        return []
+
+
+_SCHEMA = Schema(FabricFile, "fabric")
+_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a string"}
+
+
+def fabric_from_dict(data: Any, source: str = "<fabric>") -> Fabric:
+    """Build and validate a ``Fabric`` from the file structure; every error, each naming ``source`` and the key.
+
+    The top level is read by the settings schema; each vertex against ``REQUIRED_ATTRS`` (its
+    kind's attributes) and each link against ``EDGE_KINDS``, through the same error list; the
+    graph's own consistency (a NIC on two leaves) is ``Fabric``'s, checked once those pass.
+    """
     if not isinstance(data, Mapping):
-        raise fail(f"top level must be an object, got {type(data).__name__}")
-    version = data.get("version")
-    if version != FORMAT_VERSION:
-        raise fail(f"unsupported version {version!r} (expected {FORMAT_VERSION})")
-    if "vertices" in data and "nodes" in data:
-        raise fail("give either 'vertices' or its alias 'nodes', not both")
-    vertices = data.get("vertices", data.get("nodes"))
-    links = data.get("links", [])
-    params = data.get("params", {})
-    if not isinstance(vertices, list):
-        raise fail("'vertices' must be a list")
-    if not isinstance(links, list):
-        raise fail("'links' must be a list")
-    if not isinstance(params, Mapping):
-        raise fail("'params' must be an object")
-
-    graph = nx.Graph()
-    for i, v in enumerate(vertices):
-        if not isinstance(v, Mapping):
-            raise fail(f"vertex #{i} must be an object, got {v!r}")
-        name = v.get("name")
-        if not isinstance(name, str) or not name:
-            raise fail(f"vertex #{i} has no 'name'")
-        kind = v.get("kind")
-        if kind not in VERTEX_KINDS:
-            raise fail(f"vertex {name!r}: unknown kind {kind!r} (expected one of {', '.join(VERTEX_KINDS)})")
-        if name in graph:
-            raise fail(f"duplicate vertex name {name!r}")
-        graph.add_node(name, **{k: val for k, val in v.items() if k != "name"})
-
-    for i, link in enumerate(links):
-        if not isinstance(link, Mapping):
-            raise fail(f"link #{i} must be an object, got {link!r}")
-        a, b, kind = link.get("a"), link.get("b"), link.get("kind")
-        for end in (a, b):
-            if not isinstance(end, str) or end not in graph:
-                raise fail(f"link #{i} ({a!r} - {b!r}): unknown vertex {end!r}")
-        if kind not in EDGE_KINDS:
-            expected = ", ".join(EDGE_KINDS)
-            raise fail(f"link #{i} ({a!r} - {b!r}): unknown kind {kind!r} (expected one of {expected})")
-        if graph.has_edge(a, b):
-            raise fail(f"duplicate link {a!r} - {b!r}")
-        graph.add_edge(a, b, **{k: val for k, val in link.items() if k not in ("a", "b")})
-
+        raise FabricFileError(f"{source}: top level must be an object, got {type(data).__name__}")
+    reading = Reading(_SCHEMA, source, dict(data))
+    f = reading.read()  # None on a top-level error: the vertices and links are checked all the same
+    key = "vertices" if data.get("vertices") is not None else "nodes"
+    graph = _graph(reading, key, _mappings(data.get(key)), _mappings(data.get("links")))
+    if reading.errors or f is None:
+        raise FabricFileError(reading.errors)
     try:
-        return Fabric(graph, params)
+        return Fabric(graph, f.params)
     except FabricError as exc:
-        raise fail(str(exc)) from None
+        raise FabricFileError(f"{source}: {exc}") from None
+
+
+def _mappings(items: Any) -> list[Any]:
+    """A list's items as they stand (the schema reported a non-mapping one): None for those."""
+    return [item if isinstance(item, Mapping) else None for item in items] if isinstance(items, list) else []
+
+
+def _graph(reading: Reading, key: str, vertices: list[Any], links: list[Any]) -> nx.Graph:
+    """The graph of every vertex and link without a problem; each problem reported, keyed where it sits."""
+    graph = nx.Graph()
+    refused: set[str] = set()  # vertices with a problem: their links are not reported again
+    for i, v in enumerate(vertices):
+        if v is None:
+            continue
+        name, kind = v.get("name"), v.get("kind")
+        if type(name) is str and name and name not in graph and kind in REQUIRED_ATTRS and _typed(v, kind):
+            graph.add_node(name, **{k: x for k, x in v.items() if k != "name"})
+            continue
+        _report(reading, f"{key}[{i}]", _vertex_problems(v, graph))
+        if isinstance(name, str):
+            refused.add(name)
+    for i, link in enumerate(links):
+        if link is None:
+            continue
+        a, b = link.get("a"), link.get("b")
+        if type(a) is str and type(b) is str:
+            if a in graph and b in graph and link.get("kind") in EDGE_KINDS and not graph.has_edge(a, b):
+                graph.add_edge(a, b, **{k: x for k, x in link.items() if k not in ("a", "b")})
+                continue
+            if a in refused or b in refused:
+                continue
+        _report(reading, f"links[{i}]", _link_problems(link, graph))
+    return graph
+
+
+def _report(reading: Reading, at: str, problems: list[tuple[str, str]]) -> None:
+    for key, msg in problems:
+        reading.err(f"{at}.{key}", msg)
+
+
+def _typed(v: Mapping[str, Any], kind: str, only: str = "") -> bool:
+    """Whether the vertex has its kind's attributes (``only``: that one), each of its type (a bool is no int)."""
+    for attr, typ in REQUIRED_ATTRS[kind].items():
+        if only and attr != only:
+            continue
+        value = v.get(attr)
+        if type(value) is not typ and (typ is bool or isinstance(value, bool) or not isinstance(value, typ)):
+            return False
+    return True
+
+
+def _vertex_problems(v: Mapping[str, Any], graph: nx.Graph) -> list[tuple[str, str]]:
+    """A vertex: a new name, a known kind and that kind's attributes with their types."""
+    name, kind = v.get("name"), v.get("kind")
+    if not isinstance(name, str) or not name:
+        return [("name", f"must be a non-empty string, got {show(name)}")]
+    if name in graph:
+        return [("name", f"duplicate vertex name {name!r}")]
+    if kind not in REQUIRED_ATTRS:
+        return [("kind", f"must be one of {', '.join(VERTEX_KINDS)}, got {show(kind)}")]
+    return [
+        (attr, f"must be {_TYPE_WORDS[typ]} on a {kind} vertex, got {show(v.get(attr))}")
+        for attr, typ in REQUIRED_ATTRS[kind].items()
+        if not _typed({attr: v.get(attr)}, kind, attr)
+    ]
+
+
+def _link_problems(link: Mapping[str, Any], graph: nx.Graph) -> list[tuple[str, str]]:
+    """A link: two known vertices, a known kind, not cabled twice."""
+    ends = [e for e in ("a", "b") if not isinstance(link.get(e), str) or link[e] not in graph]
+    out = [(end, f"must name a vertex, got {show(link.get(end))}") for end in ends]
+    if link.get("kind") not in EDGE_KINDS:
+        out.append(("kind", f"must be one of {', '.join(EDGE_KINDS)}, got {show(link.get('kind'))}"))
+    if not out and graph.has_edge(link["a"], link["b"]):
+        out.append(("b", f"duplicate link {link['a']!r} - {link['b']!r}"))
+    return out
 
 
 def save_fabric(fabric: Fabric, path: str | Path) -> None:

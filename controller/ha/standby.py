@@ -19,7 +19,7 @@ from aiohttp import web
 from controller.outputs.query import QueryServicer
 from controller.query.store import StoreQueries
 from controller.store import Store
-from starpulse.core.clock import SYSTEM_CLOCK
+from starpulse.core.clock import Clock
 from starpulse.core.grpc_client import LEADER_METADATA_KEY
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -70,8 +70,9 @@ def standby_admin(leader: LeaderHint) -> sgrpc.AdminServicer:
 class StandbyQuery(QueryServicer):
     """Query reads straight from the replicated tables (no in-memory registry on a standby)."""
 
-    def __init__(self, store: Store, leader: LeaderHint) -> None:
-        super().__init__(StoreQueries(store, SYSTEM_CLOCK))
+    def __init__(self, store: Store, leader: LeaderHint, clock: Clock) -> None:
+        """``clock``: what "the last hour" of a node's events is counted back from."""
+        super().__init__(StoreQueries(store, clock))
         self.leader = leader
 
     async def GetTopology(

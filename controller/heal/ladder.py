@@ -34,9 +34,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
-from starpulse.core.units import BadValue, parse_quantity
 
 NONE = "none"
 RESET_GPU = "reset_gpu"
@@ -46,9 +43,6 @@ RUNGS: tuple[str, ...] = (NONE, RESET_GPU, REBOOT, RETIRE)
 PASS_KINDS = ("exit_ok", "dcgmi", "regex:<pattern>")
 RETURN_TO = ("spare", "service")
 DIAG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
-_KEYS = ("ladders", "timeouts", "validation", "return_to", "spare_target", "lemon")
-_VALIDATION_KEYS = ("scan_clean", "clear_within", "evidence_quiet", "diagnostics")
-_DIAG_KEYS = ("name", "timeout", "pass", "args")
 
 
 @dataclass(frozen=True)
@@ -105,122 +99,3 @@ class RepairPolicy:
         ladder = self.ladder(kind)
         start = ladder.index(requested) if requested in ladder else 0
         return min(start + lemon_score, len(ladder) - 1)
-
-
-def _duration(raw: Any, where: str, errors: list[str]) -> float | None:
-    try:
-        return parse_quantity(raw, ("time",)).value
-    except BadValue as err:
-        errors.append(f"{where}: {err}")
-        return None
-
-
-def _whole(raw: Any, least: int, default: int, where: str, errors: list[str]) -> int:
-    """A whole number ≥ ``least`` (absent: ``default``); a bad one is reported and the default used."""
-    if raw is None:
-        return default
-    if not isinstance(raw, int) or isinstance(raw, bool) or raw < least:
-        errors.append(f"{where}: expected a whole number ≥ {least}, got {raw!r}")
-        return default
-    return raw
-
-
-def _diagnostic(raw: Any, where: str, errors: list[str]) -> Diagnostic | None:
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected a mapping with name, timeout, pass")
-        return None
-    for key in raw:
-        if key not in _DIAG_KEYS:
-            errors.append(f"{where}: unknown key {key!r} (expected one of {', '.join(_DIAG_KEYS)})")
-    name = str(raw.get("name", ""))
-    if not DIAG_NAME.match(name):
-        errors.append(f"{where}.name: {name!r} is not a diagnostic name (lower case, digits, _)")
-    timeout = _duration(raw.get("timeout", "10m"), f"{where}.timeout", errors)
-    passes = str(raw.get("pass", "exit_ok"))
-    if passes.startswith("regex:"):
-        try:
-            re.compile(passes[6:])
-        except re.error as err:
-            errors.append(f"{where}.pass: bad regex: {err}")
-    elif passes not in ("exit_ok", "dcgmi"):
-        errors.append(f"{where}.pass: {passes!r} (expected one of {', '.join(PASS_KINDS)})")
-    if timeout is None:
-        return None
-    return Diagnostic(name, timeout, passes, str(raw.get("args", "")))
-
-
-def _validation(raw: Any, where: str, errors: list[str]) -> Validation:
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected a mapping with {', '.join(_VALIDATION_KEYS)}")
-        return Validation()
-    for key in raw:
-        if key not in _VALIDATION_KEYS:
-            errors.append(f"{where}: unknown key {key!r} (expected one of {', '.join(_VALIDATION_KEYS)})")
-    quiet = _duration(raw.get("evidence_quiet", "2m"), f"{where}.evidence_quiet", errors)
-    clear_within = _duration(raw.get("clear_within", "5m"), f"{where}.clear_within", errors)
-    diags_raw = raw.get("diagnostics", [])
-    if not isinstance(diags_raw, list):
-        errors.append(f"{where}.diagnostics: expected a list")
-        diags_raw = []
-    diags = [_diagnostic(d, f"{where}.diagnostics[{i}]", errors) for i, d in enumerate(diags_raw)]
-    return Validation(
-        bool(raw.get("scan_clean", True)),
-        quiet or 0.0,
-        tuple(d for d in diags if d is not None),
-        clear_within if clear_within is not None else 300.0,
-    )
-
-
-# One flat pass over five small sub-sections, each line a check with its own message;
-# splitting it would only scatter the schema across helpers.
-def parse_repair(raw: Any, where: str, errors: list[str]) -> RepairPolicy:  # noqa: C901
-    """Check the ``repair:`` section; problems go to ``errors`` (one line each, naming the key)."""
-    default = RepairPolicy()
-    if raw is None:
-        return default
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected a mapping with {', '.join(_KEYS)}")
-        return default
-    for key in raw:
-        if key not in _KEYS:
-            errors.append(f"{where}: unknown key {key!r} (expected one of {', '.join(_KEYS)})")
-    ladders = dict(default.ladders)
-    for kind, rungs in (raw.get("ladders") or {}).items():
-        w = f"{where}.ladders.{kind}"
-        if not isinstance(rungs, list) or not rungs:
-            errors.append(f"{w}: expected a list of rungs ({', '.join(RUNGS)})")
-            continue
-        bad = [r for r in rungs if r not in RUNGS]
-        if bad:
-            errors.append(f"{w}: unknown rung(s) {bad} (expected any of {', '.join(RUNGS)})")
-            continue
-        if rungs[-1] != RETIRE:
-            errors.append(f"{w}: the last rung must be {RETIRE!r}, so a node that never passes is taken out")
-            continue
-        ladders[str(kind)] = tuple(rungs)
-    timeouts = dict(default.timeouts_s)
-    for rung, value in (raw.get("timeouts") or {}).items():
-        if rung not in (RESET_GPU, REBOOT):
-            errors.append(f"{where}.timeouts: unknown rung {rung!r} (expected {RESET_GPU}, {REBOOT})")
-            continue
-        t = _duration(value, f"{where}.timeouts.{rung}", errors)
-        if t is not None:
-            timeouts[str(rung)] = t
-    validations = dict(default.validations)
-    for kind, v in (raw.get("validation") or {}).items():
-        validations[str(kind)] = _validation(v, f"{where}.validation.{kind}", errors)
-    return_to = str(raw.get("return_to", default.return_to))
-    if return_to not in RETURN_TO:
-        errors.append(f"{where}.return_to: {return_to!r} (expected one of {', '.join(RETURN_TO)})")
-        return_to = default.return_to
-    target = _whole(raw.get("spare_target"), 0, default.spare_target, f"{where}.spare_target", errors)
-    lemon = default.lemon
-    lemon_raw = raw.get("lemon")
-    if isinstance(lemon_raw, dict):
-        window = _duration(lemon_raw.get("window", "7d"), f"{where}.lemon.window", errors)
-        n = _whole(lemon_raw.get("retire_after_returns"), 1, lemon.retire_after_returns,
-                   f"{where}.lemon.retire_after_returns", errors)  # fmt: skip
-        lemon = Lemon(window if window is not None else lemon.window_s, n)
-    elif lemon_raw is not None:
-        errors.append(f"{where}.lemon: expected a mapping with window, retire_after_returns")
-    return RepairPolicy(ladders, timeouts, validations, return_to, lemon, target)

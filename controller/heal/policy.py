@@ -45,15 +45,23 @@ import structlog
 import yaml
 
 from controller.detect.model import Incident
-from controller.heal.ladder import RepairPolicy, parse_repair
+from controller.heal.ladder import RepairPolicy
+from controller.heal.policy_file import (
+    ACTIONS,
+    AGENT_COMMANDS,
+    NEVER_EVICT_KINDS,
+    SCHEMA,
+    KindKeys,
+    MatchKeys,
+    repair_policy,
+)
 from controller.heal.states import RemediationStore
 from controller.store import transaction
 from starpulse.core import vocab
 from starpulse.core import xid as xidcat
 from starpulse.core.clock import Clock
-from starpulse.core.schema import ConfigError
-from starpulse.core.units import parse_quantity
-from starpulse.core.vocab import EVICTABLE_KINDS, SEVERITY_ORDER
+from starpulse.core.schema import ConfigError, Reading
+from starpulse.core.vocab import SEVERITY_ORDER
 
 log = structlog.get_logger(__name__)
 
@@ -66,17 +74,9 @@ EVICT = "evict"
 RESET_GPU = "reset_gpu"
 REBOOT = "reboot"
 RMA = "rma"
-ACTIONS: tuple[str, ...] = (ALERT_ONLY, CORDON, EVICT, RESET_GPU, REBOOT, RMA)
-"""Least to most disruptive."""
+assert (ALERT_ONLY, CORDON, EVICT, RESET_GPU, REBOOT, RMA) == ACTIONS  # least to most disruptive
 EVICTING_ACTIONS: frozenset[str] = frozenset({EVICT, RESET_GPU, REBOOT, RMA})
 """Actions that move jobs off the node (reset/reboot/rma all start with an eviction)."""
-AGENT_COMMANDS: tuple[str, ...] = (RESET_GPU, REBOOT)
-
-NEVER_EVICT_KINDS: frozenset[str] = frozenset({"switch_fault", "link_fault", "partition", "node_down"})
-"""The node is not the culprit (or is unreachable): alert only, always."""
-
-_MATCH_KEYS = ("actions", "rules", "severities", "xids")
-_KIND_KEYS = ("action", "min_severity", "checkpoint_first", "by_action", "by_xid")
 
 
 class PolicyError(ConfigError):
@@ -358,194 +358,32 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
 
 
 def policy_from_dict(doc: Any, source: str = "<policy>") -> Policy:
-    """Validate an already-parsed policy document."""
-    errors: list[str] = []
+    """Validate an already-parsed policy document: every problem at once (``policy_file``'s schema)."""
     if not isinstance(doc, dict):
         raise PolicyError([f"{source}: expected a mapping with 'version' and 'kinds', got {type(doc).__name__}"])
-    for key in doc:
-        if key not in ("version", "kinds", "agent_commands", "escalation", "repair"):
-            errors.append(
-                f"{source}: unknown top-level key {key!r} (expected version, kinds, agent_commands, escalation, repair)"
-            )
-    if doc.get("version") != SUPPORTED_VERSION:
-        errors.append(f"{source}: 'version': must be {SUPPORTED_VERSION}, got {doc.get('version')!r}")
-    kinds: dict[str, KindPolicy] = {}
-    raw_kinds = doc.get("kinds")
-    if not isinstance(raw_kinds, dict) or not raw_kinds:
-        errors.append(f"{source}: 'kinds': expected a mapping of incident kind to its policy")
-        raw_kinds = {}
-    for kind, raw in raw_kinds.items():
-        kp = _parse_kind(str(kind), raw, f"{source}: kinds.{kind}", errors)
-        if kp is not None:
-            kinds[str(kind)] = kp
-    commands = _parse_commands(doc.get("agent_commands", list(AGENT_COMMANDS)), f"{source}: agent_commands", errors)
-    escalation = _parse_escalation(doc.get("escalation"), f"{source}: escalation", errors)
-    repair = parse_repair(doc.get("repair"), f"{source}: repair", errors)
-    if errors:
-        raise PolicyError(errors)
-    return Policy(kinds, commands, escalation, source, repair)
-
-
-def _action(raw: Any, where: str, errors: list[str]) -> str | None:
-    if raw not in ACTIONS:
-        errors.append(f"{where}: unknown action {raw!r} (expected one of {', '.join(ACTIONS)})")
-        return None
-    return str(raw)
-
-
-def _severity(raw: Any, where: str, errors: list[str]) -> str | None:
-    if raw not in SEVERITY_ORDER:
-        errors.append(f"{where}: unknown severity {raw!r} (expected one of {', '.join(SEVERITY_ORDER)})")
-        return None
-    return str(raw)
-
-
-def _parse_kind(kind: str, raw: Any, where: str, errors: list[str]) -> KindPolicy | None:
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected a mapping with at least 'action', got {type(raw).__name__}")
-        return None
-    n = len(errors)
-    for key in raw:
-        if key not in _KIND_KEYS:
-            errors.append(f"{where}: unknown key {key!r} (expected one of {', '.join(_KIND_KEYS)})")
-    if "action" not in raw:
-        errors.append(f"{where}: 'action' is required")
-    action = _action(raw.get("action", ALERT_ONLY), f"{where}.action", errors) or ALERT_ONLY
-    min_sev = _severity(raw.get("min_severity", "info"), f"{where}.min_severity", errors) or "info"
-    by_action: dict[str, str] = {}
-    raw_ba = raw.get("by_action", {})
-    if not isinstance(raw_ba, dict):
-        errors.append(f"{where}.by_action: expected a mapping of incident action to policy action")
-        raw_ba = {}
-    for k, v in raw_ba.items():
-        a = _action(v, f"{where}.by_action.{k}", errors)
-        if a is not None:
-            by_action[str(k)] = a
-    by_xid: dict[int, str] = {}
-    raw_bx = raw.get("by_xid", {})
-    if not isinstance(raw_bx, dict):
-        errors.append(f"{where}.by_xid: expected a mapping of Xid number to policy action")
-        raw_bx = {}
-    for k, v in raw_bx.items():
-        try:
-            x = UNKNOWN_XID if k == "unknown" else int(k)
-        except (TypeError, ValueError):
-            errors.append(f"{where}.by_xid: key {k!r} is not an Xid number or 'unknown'")
-            continue
-        a = _action(v, f"{where}.by_xid.{k}", errors)
-        if a is not None:
-            by_xid[x] = a
-    checkpoint = _parse_checkpoint(raw.get("checkpoint_first", False), f"{where}.checkpoint_first", errors)
-    if kind not in EVICTABLE_KINDS:
-        wanted = {action, *by_action.values(), *by_xid.values()} - {ALERT_ONLY}
-        if wanted:
-            why = (
-                "the node is not the culprit"
-                if kind in NEVER_EVICT_KINDS
-                else "the correlator does not call it evictable"
-            )
-            errors.append(f"{where}: {kind} may only be alert_only ({why}), got {', '.join(sorted(wanted))}")
-    return KindPolicy(action, min_sev, checkpoint, by_action, by_xid) if len(errors) == n else None
-
-
-def _parse_checkpoint(raw: Any, where: str, errors: list[str]) -> Checkpoint:
-    if isinstance(raw, bool):
-        return Checkpoint(always=raw)
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected true, false or a mapping with 'when'/'unless', got {raw!r}")
-        return Checkpoint()
-    for key in raw:
-        if key not in ("when", "unless"):
-            errors.append(f"{where}: unknown key {key!r} (expected when, unless)")
-    when = _parse_match(raw["when"], f"{where}.when", errors) if "when" in raw else None
-    unless = _parse_match(raw["unless"], f"{where}.unless", errors) if "unless" in raw else None
-    if when is None and "when" not in raw:
-        errors.append(f"{where}: 'when' is required (use true for always)")
-    return Checkpoint(False, when, unless)
-
-
-def _parse_match(raw: Any, where: str, errors: list[str]) -> Match | None:
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected a mapping with any of {', '.join(_MATCH_KEYS)}")
-        return None
-    lists: dict[str, list[Any]] = {}
-    for key, value in raw.items():
-        if key not in _MATCH_KEYS:
-            errors.append(f"{where}: unknown key {key!r} (expected any of {', '.join(_MATCH_KEYS)})")
-        elif not isinstance(value, list):
-            errors.append(f"{where}.{key}: expected a list, got {value!r}")
-        else:
-            lists[key] = value
-    for sev in lists.get("severities", []):
-        _severity(sev, f"{where}.severities", errors)
-    xids: set[int] = set()
-    for x in lists.get("xids", []):
-        if isinstance(x, bool) or not isinstance(x, int):
-            errors.append(f"{where}.xids: {x!r} is not an Xid number")
-        else:
-            xids.add(x)
-    return Match(
-        frozenset(map(str, lists.get("actions", []))),
-        frozenset(map(str, lists.get("rules", []))),
-        frozenset(map(str, lists.get("severities", []))),
-        frozenset(xids),
+    reading = Reading(SCHEMA, source, doc)
+    f = reading.read()
+    if f is None:
+        raise PolicyError(reading.errors)
+    esc, same = f.escalation, f.escalation.same_gpu_fatal_xid
+    escalation = Escalation(
+        same.count, same.window, same.min_severity, same.action, esc.max_repair_loops, esc.repair_loop_action
     )
+    kinds = {name: _kind_policy(k) for name, k in f.kinds.items()}
+    return Policy(kinds, frozenset(f.agent_commands), escalation, source, repair_policy(f.repair))
 
 
-def _parse_commands(raw: Any, where: str, errors: list[str]) -> frozenset[str]:
-    if not isinstance(raw, list):
-        errors.append(f"{where}: expected a list drawn from {', '.join(AGENT_COMMANDS)}")
-        return frozenset()
-    bad = [c for c in raw if c not in AGENT_COMMANDS]
-    if bad:
-        errors.append(f"{where}: unknown command(s) {bad} (expected any of {', '.join(AGENT_COMMANDS)})")
-    return frozenset(c for c in raw if c in AGENT_COMMANDS)
+def _kind_policy(k: KindKeys) -> KindPolicy:
+    cp = k.checkpoint_first
+    if isinstance(cp, bool):
+        checkpoint = Checkpoint(always=cp)
+    else:
+        checkpoint = Checkpoint(False, _match(cp.when), _match(cp.unless))
+    by_xid = {UNKNOWN_XID if x == "unknown" else int(x): a for x, a in k.by_xid.items()}
+    return KindPolicy(k.action, k.min_severity, checkpoint, dict(k.by_action), by_xid)
 
 
-def _parse_escalation(raw: Any, where: str, errors: list[str]) -> Escalation:
-    if raw is None:
-        return Escalation()
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected a mapping")
-        return Escalation()
-    for key in raw:
-        if key not in ("same_gpu_fatal_xid", "max_repair_loops", "repair_loop_action"):
-            errors.append(
-                f"{where}: unknown key {key!r} (expected same_gpu_fatal_xid, max_repair_loops, repair_loop_action)"
-            )
-    d = Escalation()
-    values: dict[str, Any] = {}
-    same = raw.get("same_gpu_fatal_xid")
-    if same is not None:
-        w = f"{where}.same_gpu_fatal_xid"
-        if not isinstance(same, dict):
-            errors.append(f"{w}: expected a mapping with count, window, action")
-        else:
-            for key in same:
-                if key not in ("count", "window", "min_severity", "action"):
-                    errors.append(f"{w}: unknown key {key!r} (expected count, window, min_severity, action)")
-            values["same_gpu_count"] = _positive_int(same.get("count", d.same_gpu_count), f"{w}.count", errors)
-            try:
-                q = parse_quantity(same.get("window", "24h"), ("time",))
-                if q.value <= 0:
-                    raise ValueError(f"{q.text!r} must be greater than zero")
-                values["same_gpu_window_s"] = q.value
-            except ValueError as err:
-                errors.append(f"{w}.window: {err}")
-            values["same_gpu_min_severity"] = (
-                _severity(same.get("min_severity", d.same_gpu_min_severity), f"{w}.min_severity", errors)
-                or d.same_gpu_min_severity
-            )
-            values["same_gpu_action"] = _action(same.get("action", RMA), f"{w}.action", errors) or RMA
-    if "max_repair_loops" in raw:
-        values["max_repair_loops"] = _positive_int(raw["max_repair_loops"], f"{where}.max_repair_loops", errors)
-    if "repair_loop_action" in raw:
-        values["repair_loop_action"] = _action(raw["repair_loop_action"], f"{where}.repair_loop_action", errors) or RMA
-    return Escalation(**{k: v for k, v in values.items() if v is not None})
-
-
-def _positive_int(raw: Any, where: str, errors: list[str]) -> int | None:
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        errors.append(f"{where}: expected a whole number >= 1, got {raw!r}")
+def _match(m: MatchKeys | None) -> Match | None:
+    if m is None:
         return None
-    return raw
+    return Match(frozenset(m.actions), frozenset(m.rules), frozenset(m.severities), frozenset(m.xids))

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
+from controller.ingest.validate import InvalidMessage
 from controller.metrics import ControllerMetrics
 from controller.stages import StageTracker
 from controller.store import Store, StoredNode
@@ -28,6 +30,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# The most an event's seq may run ahead of the node's stored position on one stream: events on a
+# stream are contiguous, and a buffer's overflow is settled at Hello (oldest_buffered_event_seq).
+MAX_SEQ_JUMP = 1_000_000
+# An agent stamp further than this from the controller's clock is flagged (logged with both
+# dates, counted, shown on the node page): its events' times cannot be compared with others'.
+MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
 PRESENCE_ROWS_PER_FLUSH = 250  # last-seen rows a sweep writes (state changes come on top)
 ONLINE = "online"
 UNREACHABLE = "unreachable"
@@ -53,6 +61,8 @@ class NodeRecord:
     commands: asyncio.Queue[spb.Command] = field(default_factory=asyncio.Queue)
     full_report_needed: bool = False  # ask the agent for a full report with the next ack
     boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
+    takeovers: int = 0  # foreign stream takeovers since the controller started (issue 32)
+    clock_skew_ms: int = 0  # agent's clock minus ours, when past MAX_CLOCK_SKEW_MS (0: within it)
     # Issue 30: the latest accelerator check (Hello, then every report); None from an older agent.
     accelerator_check: tpb.AcceleratorCheck | None = None
 
@@ -109,6 +119,7 @@ class NodeRegistry:
         last_seen_flush_s: float = 15.0,
         listeners: Sequence[IngestListener] = (),
         stages: StageTracker | None = None,
+        on_takeover: Callable[[NodeRecord, str, str], None] | None = None,
     ) -> None:
         """``listeners``: who hears each recorded report, batch of events and presence change
         (the decision core); ``stages``: the per-stage latency trace (events' received mark)."""
@@ -121,6 +132,7 @@ class NodeRegistry:
         self.nodes: dict[str, NodeRecord] = {}
         self.listeners: list[IngestListener] = list(listeners)
         self.stages = stages
+        self._on_takeover = on_takeover  # a foreign stream replaced a node's live one (the decision core)
         self._stream_counter = 0
         self._started_ms = clock.time_ms()
         self._presence_dirty: set[str] = set()
@@ -194,10 +206,12 @@ class NodeRegistry:
         if node.not_judged_why:
             log.warning("node_not_judged", node=node.node_id, why=node.not_judged_why)
         if node.epoch != hello.buffer_epoch:
-            # A new buffer file on the agent: its sequence starts over, in a new epoch.
+            # A new buffer file on the agent: its sequence starts over, in a new epoch. Or an
+            # epoch seen before (the real agent back after another client claimed the node):
+            # it resumes where its events were stored, not at 0 (no false loss, no resend).
             log.info("node_new_buffer_epoch", node=node.node_id, old=node.epoch, new=hello.buffer_epoch)
             node.epoch = hello.buffer_epoch
-            node.acked_event_seq = 0
+            node.acked_event_seq = self.store.last_event_seq(node.node_id, hello.buffer_epoch)
         if hello.oldest_buffered_event_seq > node.acked_event_seq + 1:
             lost = hello.oldest_buffered_event_seq - node.acked_event_seq - 1
             log.warning("node_events_lost_in_agent", node=node.node_id, lost=lost)
@@ -213,6 +227,33 @@ class NodeRegistry:
         if old_state != ONLINE:
             self._notify_presence(node, old_state, ONLINE)
         return node
+
+    def _check_clock(self, node: NodeRecord, stamp_ms: int) -> None:
+        """Flag an agent whose stamps are far from our clock; log each change once, with dates."""
+        skew = stamp_ms - self._clock_ms()
+        skewed = abs(skew) > MAX_CLOCK_SKEW_MS
+        if skewed == (node.clock_skew_ms != 0):
+            if skewed:
+                node.clock_skew_ms = skew
+            return
+        node.clock_skew_ms = skew if skewed else 0
+        if skewed:
+            self.metrics.clock_skewed.inc()
+        else:
+            self.metrics.clock_skewed.dec()
+        log.warning(
+            "agent_clock_skewed" if skewed else "agent_clock_back_in_step",
+            node=node.node_id,
+            agent_time=_iso(stamp_ms),
+            controller_time=_iso(self._clock_ms()),
+            skew_s=round(skew / 1000, 1),
+        )
+
+    def taken_over(self, node: NodeRecord, old_peer: str, new_peer: str) -> None:
+        """A stream that is not the agent's own reconnect replaced ``node``'s live stream."""
+        node.takeovers += 1
+        if self._on_takeover is not None:
+            self._on_takeover(node, old_peer, new_peer)
 
     def disconnected(self, node: NodeRecord, token: int) -> None:
         if node.stream_token == token:
@@ -248,6 +289,8 @@ class NodeRegistry:
                     "node_judged_changed", node=node.node_id, judged=not node.not_judged_why, why=node.not_judged_why
                 )
         node.latest_report = verdict.report  # None with shards: the report stays in its shard
+        if verdict.timestamp_ms:
+            self._check_clock(node, verdict.timestamp_ms)
         for listener in self.listeners:
             try:
                 listener.on_report(node, verdict)
@@ -263,6 +306,12 @@ class NodeRegistry:
             if ev.seq <= acked:
                 self.metrics.duplicate_events.inc()
                 continue
+            if ev.seq > acked + MAX_SEQ_JUMP:
+                # Taken, every real event below it would read as a replay and be dropped: one
+                # forged number would silence the node's events for the rest of the epoch.
+                raise InvalidMessage(
+                    f"event seq {ev.seq} jumps {ev.seq - acked} past the last stored ({acked}; max jump {MAX_SEQ_JUMP})"
+                )
             if ev.seq > acked + 1:
                 lost = ev.seq - acked - 1
                 log.warning("event_gap", node=node.node_id, expected=acked + 1, got=ev.seq)
@@ -275,6 +324,8 @@ class NodeRegistry:
             for ev in fresh:
                 kind = tpb.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower()
                 self.stages.received(node.node_id, ev.seq, kind, ev.component, (ev.read_us, ev.buffered_us, ev.sent_us))
+        if fresh[-1].timestamp_ms:
+            self._check_clock(node, fresh[-1].timestamp_ms)
         self.store.insert_events(node.node_id, node.epoch, fresh, self._clock_ms(), acked)
         node.acked_event_seq = acked
         for ev in fresh:
@@ -394,3 +445,11 @@ class NodeRegistry:
         waiter = self._command_waiters.get(result.id)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
+
+
+def _iso(ms: int) -> str:
+    """A stamp with its date (UTC): a clock a day off reads as the same time of day otherwise."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms (not a date)"

@@ -28,6 +28,8 @@ class ReportResult:
     signals: dict[str, float] = field(default_factory=dict)  # fail-slow signals ({}: not sampled)
     job: str | None = None  # the job the node's ranks named (fail-slow peer group)
     job_steps: Sequence[tpb.JobStepSample] = ()  # what the JobRegistry reads
+    # job -> (lowest GPU utilisation %, highest power / limit) of its GPUs here (controller.detect.gpu_jobs)
+    job_gpus: dict[str, tuple[float, float]] = field(default_factory=dict)
     lldp: list[ipb.LldpNeighbor] | None = None  # the node's new LLDP neighbours, when the report carried them
     gpus: int = 0
     nics: int = 0

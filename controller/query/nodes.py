@@ -8,7 +8,7 @@ from typing import Protocol
 
 from controller.heal.states import NodeHealState, lifecycle_records
 from controller.store import Store
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -38,7 +38,7 @@ class NodeRow(Protocol):
 def node_statuses(
     nodes: Iterable[NodeRow],
     store: Store,
-    clock: Clock = SYSTEM_CLOCK,
+    clock: Clock,
     states: Collection[NodeHealState] = (),
 ) -> list[spb.NodeStatus]:
     """One row per node, by id; open_events = warning-or-worse events in the last hour (on ``clock``).

@@ -16,14 +16,16 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_RUN_DIAGNOSTIC: _ClassVar[CommandKind]
     COMMAND_KIND_GPU_RESET: _ClassVar[CommandKind]
     COMMAND_KIND_REBOOT: _ClassVar[CommandKind]
+    COMMAND_KIND_COLLECT_STACKS: _ClassVar[CommandKind]
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_CHECKPOINT_REQUEST: CommandKind
 COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
 COMMAND_KIND_GPU_RESET: CommandKind
 COMMAND_KIND_REBOOT: CommandKind
+COMMAND_KIND_COLLECT_STACKS: CommandKind
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "boot_id", "accelerators")
+    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "stream_generation", "boot_id", "accelerators")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +33,7 @@ class Hello(_message.Message):
     BUFFER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     OLDEST_BUFFERED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     NEXT_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    STREAM_GENERATION_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     ACCELERATORS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
@@ -40,9 +43,10 @@ class Hello(_message.Message):
     buffer_epoch: str
     oldest_buffered_event_seq: int
     next_event_seq: int
+    stream_generation: int
     boot_id: str
     accelerators: _telemetry_pb2.AcceleratorCheck
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., boot_id: _Optional[str] = ..., accelerators: _Optional[_Union[_telemetry_pb2.AcceleratorCheck, _Mapping]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., stream_generation: _Optional[int] = ..., boot_id: _Optional[str] = ..., accelerators: _Optional[_Union[_telemetry_pb2.AcceleratorCheck, _Mapping]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "event", "command_result")
@@ -57,18 +61,22 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[_telemetry_pb2.Report, _Mapping]] = ..., event: _Optional[_Union[_telemetry_pb2.Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("acked_event_seq", "acked_report_seq", "report_interval_s", "controller_id", "accepts_delta_reports")
+    __slots__ = ("acked_event_seq", "acked_report_seq", "report_interval_s", "controller_id", "accepts_delta_reports", "silence_limit_s", "replaced_live_stream")
     ACKED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     ACKED_REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_DELTA_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    SILENCE_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_LIVE_STREAM_FIELD_NUMBER: _ClassVar[int]
     acked_event_seq: int
     acked_report_seq: int
     report_interval_s: float
     controller_id: str
     accepts_delta_reports: bool
-    def __init__(self, acked_event_seq: _Optional[int] = ..., acked_report_seq: _Optional[int] = ..., report_interval_s: _Optional[float] = ..., controller_id: _Optional[str] = ..., accepts_delta_reports: _Optional[bool] = ...) -> None: ...
+    silence_limit_s: float
+    replaced_live_stream: bool
+    def __init__(self, acked_event_seq: _Optional[int] = ..., acked_report_seq: _Optional[int] = ..., report_interval_s: _Optional[float] = ..., controller_id: _Optional[str] = ..., accepts_delta_reports: _Optional[bool] = ..., silence_limit_s: _Optional[float] = ..., replaced_live_stream: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("event_seq", "report_seq", "full_report_needed")
@@ -98,14 +106,16 @@ class Command(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("id", "ok", "message")
+    __slots__ = ("id", "ok", "message", "payload_json")
     ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     ok: bool
     message: str
-    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    payload_json: str
+    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., payload_json: _Optional[str] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
     __slots__ = ("welcome", "ack", "command")

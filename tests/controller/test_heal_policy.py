@@ -217,24 +217,30 @@ def test_refuses_hidden_eviction_through_overrides() -> None:
 @pytest.mark.parametrize(
     ("text", "expect"),
     [
-        ("version: 2\nkinds: {gpu_fault: {action: evict}}\n", "'version': must be 1"),
-        ("version: 1\n", "'kinds': expected a mapping"),
-        ("version: 1\nkinds: {gpu_fault: {action: explode}}\n", "kinds.gpu_fault.action: unknown action 'explode'"),
-        ("version: 1\nkinds: {gpu_fault: {}}\n", "kinds.gpu_fault: 'action' is required"),
-        ("version: 1\nkinds: {gpu_fault: {action: evict, colour: red}}\n", "kinds.gpu_fault: unknown key 'colour'"),
+        ("version: 2\nkinds: {gpu_fault: {action: evict}}\n", "version: must be one of 1, got 2"),
+        ("version: 1\n", "kinds: is required"),
+        (
+            "version: 1\nkinds: {gpu_fault: {action: explode}}\n",
+            "kinds.gpu_fault.action: must be one of alert_only, cordon, evict, reset_gpu, reboot, rma, got 'explode'",
+        ),
+        ("version: 1\nkinds: {gpu_fault: {}}\n", "kinds.gpu_fault.action: is required"),
+        ("version: 1\nkinds: {gpu_fault: {action: evict, colour: red}}\n", "kinds.gpu_fault.colour: unknown key"),
         (
             "version: 1\nkinds: {gpu_fault: {action: evict, min_severity: loud}}\n",
-            "min_severity: unknown severity 'loud'",
+            "min_severity: must be one of info, warning, critical, fatal, got 'loud'",
         ),
-        ("version: 1\nkinds: {gpu_fault: {action: evict, by_xid: {abc: reboot}}}\n", "by_xid: key 'abc' is not an Xid"),
+        (
+            "version: 1\nkinds: {gpu_fault: {action: evict, by_xid: {abc: reboot}}}\n",
+            "kinds.gpu_fault.by_xid.abc: must be an Xid number or 'unknown'",
+        ),
         (
             "version: 1\nkinds: {gpu_fault: {action: evict, checkpoint_first: maybe}}\n",
-            "checkpoint_first: expected true",
+            "checkpoint_first: must be true, false or a mapping, got 'maybe'",
         ),
-        (GPU + "agent_commands: [rm_rf]\n", "agent_commands: unknown command"),
+        (GPU + "agent_commands: [rm_rf]\n", "agent_commands[0]: must be one of reset_gpu, reboot, got 'rm_rf'"),
         (
             GPU + "escalation: {same_gpu_fatal_xid: {count: 0, window: 24h}}\n",
-            "same_gpu_fatal_xid.count: expected a whole number >= 1",
+            "escalation.same_gpu_fatal_xid.count: must be an integer >= 1, got 0",
         ),
         (
             GPU + "escalation: {same_gpu_fatal_xid: {count: 3, window: 5kg}}\n",

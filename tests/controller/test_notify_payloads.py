@@ -270,13 +270,16 @@ class TestConfig:
     @pytest.mark.parametrize(
         ("receiver", "message"),
         [
-            ({"type": "webhook", "url": "http://x", "secret": "k"}, "receivers[0].name: required"),
-            ({"name": "a", "type": "slack", "url": "http://x"}, "receivers[0].type: 'slack' is not one of"),
+            ({"type": "webhook", "url": "http://x", "secret": "k"}, "receivers[0].name: is required"),
+            (
+                {"name": "a", "type": "slack", "url": "http://x"},
+                "receivers[0].type: must be one of alertmanager_webhook, alertmanager_api, webhook, got 'slack'",
+            ),
             ({"name": "a", "type": "webhook", "url": "http://x"}, "receivers[0].secret: a 'webhook' receiver"),
             ({"name": "a", "type": "webhook", "url": "ftp://x", "secret": "k"}, "receivers[0].url"),
             (
                 {"name": "a", "type": "alertmanager_api", "url": "http://x", "min_severity": "high"},
-                "receivers[0].min_severity: 'high'",
+                "receivers[0].min_severity: must be one of info, warning, critical, fatal, got 'high'",
             ),
             ({"name": "a", "type": "alertmanager_api", "url": "http://x", "kinds": "gpu"}, "receivers[0].kinds"),
             (
@@ -304,3 +307,38 @@ class TestConfig:
 
     def test_empty_config(self) -> None:
         assert parse_notify_config(None).receivers == []
+
+    def test_every_error_in_one_run(self) -> None:
+        """A file with several errors reports each, one line with the file, the key and what was expected."""
+        data = {
+            "batch_size": 0,
+            "bogus": 1,
+            "receivers": [
+                {"type": "slack", "url": "ftp://x"},
+                {"name": "b", "type": "webhook", "url": "http://x", "backoff": {"jitter": 2}, "headers": {"a": 1}},
+            ],
+        }
+        with pytest.raises(NotifyConfigError) as err:
+            parse_notify_config(data, "notify.yaml")
+        assert sorted(err.value.errors) == [
+            "notify.yaml: batch_size: must be an integer >= 1, got 0",
+            "notify.yaml: bogus: unknown key",
+            "notify.yaml: receivers[0].name: is required",
+            "notify.yaml: receivers[0].type: must be one of alertmanager_webhook, alertmanager_api, webhook, "
+            "got 'slack'",
+            "notify.yaml: receivers[0].url: must be a string starting with http:// or https://, got 'ftp://x'",
+            "notify.yaml: receivers[1].backoff.jitter: must be a number >= 0 and < 1, got 2",
+            "notify.yaml: receivers[1].headers: must be a mapping of names to strings, got {'a': 1}",
+        ]
+
+    def test_cross_key_checks_report_together(self) -> None:
+        r = {"name": "a", "type": "webhook", "url": "http://x"}
+        both = {"name": "c", "type": "webhook", "url": "http://x", "secret": "k", "secret_file": "/k"}
+        slow = {"name": "d", "type": "webhook", "url": "http://x", "secret": "k", "backoff": {"max_s": 0.5}}
+        with pytest.raises(NotifyConfigError) as err:
+            parse_notify_config({"receivers": [r, both, slow]}, "n")
+        assert err.value.errors == [
+            "n: receivers[0].secret: a 'webhook' receiver must be signed (secret or secret_file)",
+            "n: receivers[1].secret: give secret or secret_file, not both",
+            "n: receivers[2].backoff.max_s: must be >= initial_s (1), got 0.5",
+        ]

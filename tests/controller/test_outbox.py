@@ -139,7 +139,8 @@ def incident(**kw: Any) -> Incident:
 
 
 def notifier(db: sqlite3.Connection, *receivers: ReceiverConfig) -> Notifier:
-    return Notifier(NotifyConfig(receivers=list(receivers)), Outbox(db, FakeClock(1_000_000)), rng=random.Random(1))
+    clock = FakeClock(1_000_000)
+    return Notifier(NotifyConfig(receivers=list(receivers)), Outbox(db, clock), clock, rng=random.Random(1))
 
 
 def hook(name: str = "hook", **kw: Any) -> ReceiverConfig:

@@ -3,7 +3,6 @@ drives the real decision code (sweep loop, presence, detection, correlation) wit
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from controller.detect.correlate import CorrelationConfig
@@ -67,7 +66,9 @@ def test_without_a_clock_the_service_runs_on_the_system_clock(tmp_path: Path) ->
 async def test_a_silent_node_becomes_an_incident_on_the_fake_clock_alone(tmp_path: Path) -> None:
     """The running service's sweep loop, presence, detection and correlation, driven by advancing a fake clock.
 
-    Half a minute of controller time passes in far less than the 15 s heartbeat timeout of real time.
+    Half a minute passes on the fake clock and none to speak of in real time, so the node can only
+    have gone unreachable, and its incident opened, on the fake clock: the fake clock starts years
+    before today, so a stamp read from the system clock would lie outside the window asserted.
     """
     clock = FakeClock()
     config = ControllerConfig(
@@ -84,7 +85,7 @@ async def test_a_silent_node_becomes_an_incident_on_the_fake_clock_alone(tmp_pat
     ]
     await ctl.start()
     try:
-        started = time.monotonic()
+        started_ms = clock.time_ms()
         for second in range(30):  # every node but node-003 is heard once a (simulated) second
             for node in nodes:
                 if node.node_id != "node-003":
@@ -92,12 +93,12 @@ async def test_a_silent_node_becomes_an_incident_on_the_fake_clock_alone(tmp_pat
             if second == 10:
                 assert ctl.registry.nodes["node-003"].state == ONLINE  # 10 s silent: within the timeout
             await clock.run_for(1.0)
-        real_s = time.monotonic() - started
         states = {n: r.state for n, r in ctl.registry.nodes.items()}
         assert states == {n.node_id: UNREACHABLE if n.node_id == "node-003" else ONLINE for n in nodes}
         incidents = ctl.detection.correlator.incidents(active_only=True)
         assert [(i.kind, i.affected_nodes) for i in incidents] == [("node_down", ["node-003"])]
-        assert incidents[0].opened_ms > clock.time_ms() - 30_000  # stamped on the fake clock
-        assert real_s < 15.0
+        assert clock.time_ms() == started_ms + 30_000
+        # stamped on the fake clock, once node-003's 15 s heartbeat timeout had passed on it
+        assert started_ms + 15_000 <= incidents[0].opened_ms <= clock.time_ms()
     finally:
         await ctl.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -309,12 +308,15 @@ async def test_stream_pushes_changes(ctl: Controller, client: Client) -> None:
 
 
 async def test_open_stream_does_not_hold_up_shutdown(ctl: Controller) -> None:
+    """Closing the server ends an open stream at once instead of waiting for it.
+
+    A stream that held shutdown would hold it for its keepalive and then aiohttp's 60 s
+    shutdown timeout; the bound below only turns such a hang into a failure.
+    """
     client = await serve(ctl, poll_s=0.05)
     resp = await client.get("/api/stream")
     await read_event(resp)
-    t0 = time.monotonic()
-    await client.close()
-    assert time.monotonic() - t0 < 5
+    await asyncio.wait_for(client.close(), timeout=30)
     resp.close()
 
 

@@ -27,7 +27,7 @@ from controller.outputs.notify import payloads
 from controller.outputs.notify.config import BackoffConfig, NotifyConfig, ReceiverConfig
 from controller.outputs.notify.notifier import Notifier
 from controller.outputs.notify.outbox import Outbox
-from controller.outputs.notify.signing import DELIVERY_HEADER, verify
+from controller.outputs.notify.signing import DELIVERY_HEADER, TIMESTAMP_HEADER, verify
 from starpulse.core.clock import SYSTEM_CLOCK, Clock, FakeClock
 from tests.helpers import free_port, wait_for
 
@@ -112,7 +112,7 @@ def start_notifier(
     """A Notifier on its own connection to the controller DB file, as the controller would run it."""
     conn = sqlite3.connect(str(db), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    n = Notifier(NotifyConfig(receivers=list(receivers), poll_interval_s=poll_interval_s), Outbox(conn, clock))
+    n = Notifier(NotifyConfig(receivers=list(receivers), poll_interval_s=poll_interval_s), Outbox(conn, clock), clock)
     stop = asyncio.Event()
     return Running(n, conn, stop, asyncio.create_task(n.run(stop, grace_s=1.0)))
 
@@ -263,8 +263,9 @@ class TestSignedWebhook:
         assert run.notifier.stats.sent["forged"] == 0 and run.notifier.stats.sent["gen"] == 2
         # a captured delivery replayed later is refused
         h = rx.hits[0]
-        assert verify(secret, h.headers, h.body, now=time.time())
-        assert not verify(secret, h.headers, h.body, now=time.time() + 3600)
+        signed_at = float(h.headers[TIMESTAMP_HEADER])
+        assert verify(secret, h.headers, h.body, now=signed_at)
+        assert not verify(secret, h.headers, h.body, now=signed_at + 3600)
 
 
 AM_CONFIG = """

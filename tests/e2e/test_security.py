@@ -184,6 +184,20 @@ class TestMutualTLS:
         assert code == grpc.StatusCode.PERMISSION_DENIED
         assert "node-000" not in rig.controller.registry.nodes
 
+    async def test_admin_certificate_cannot_stream_as_itself(self, rig: Rig) -> None:
+        """Issue 32: the CLI's admin certificate saying Hello as the name it carries ("admin") is
+        refused for its role, before the fabric is asked whether such a node exists."""
+        code = await _session(rig.channel(rig.ca.admin), _hello("admin"))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert rig.controller.metrics.rejected.labels("role_mismatch")._value.get() == 1
+        assert "admin" not in rig.controller.registry.nodes
+
+    async def test_node_id_with_a_trailing_newline_is_refused(self, rig: Rig) -> None:
+        """Issue 32: names are checked whole (``$`` alone would let "node-000\n" through)."""
+        code = await _session(rig.channel(rig.ca.nodes["node-000"]), _hello("node-000\n"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "node-000\n" not in rig.controller.registry.nodes
+
     async def test_oversize_message_is_resource_exhausted(self, rig: Rig) -> None:
         big = tpb.Report(seq=1)
         big.nics.add(rdma_device="mlx5_0").counters.update({f"c{i}": i for i in range(20_000)})

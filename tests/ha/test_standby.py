@@ -14,6 +14,7 @@ from controller.detect.model import Incident
 from controller.ha.standby import LEADER_METADATA_KEY, StandbyQuery, StandbyTelemetry, standby_admin
 from controller.service import Controller, ControllerConfig
 from controller.store import Store, StoredNode
+from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -36,7 +37,7 @@ async def standby(tmp_path: Path, leader: Controller) -> AsyncIterator[tuple[str
     hint = f"127.0.0.1:{leader.grpc_port}"
     server = grpc.aio.server()
     sgrpc.add_TelemetryServicer_to_server(StandbyTelemetry(lambda: hint), server)
-    sgrpc.add_QueryServicer_to_server(StandbyQuery(store, lambda: hint), server)
+    sgrpc.add_QueryServicer_to_server(StandbyQuery(store, lambda: hint, FakeClock()), server)
     sgrpc.add_AdminServicer_to_server(standby_admin(lambda: hint), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

@@ -84,8 +84,8 @@ class Notifier:
         self,
         config: NotifyConfig,
         outbox: Outbox,
+        clock: Clock,
         metrics_hook: MetricsHook | None = None,
-        clock: Clock | None = None,
         rng: random.Random | None = None,
         stages: StageTracker | None = None,
     ) -> None:
@@ -93,8 +93,8 @@ class Notifier:
         self.config = config
         self.outbox = outbox
         self.metrics_hook = metrics_hook
-        # Due times, backoff, re-send cadence, signatures and the loop's waits: the outbox's clock by default.
-        self.clock = clock if clock is not None else outbox.clock
+        # Due times, backoff, re-send cadence, signatures and the loop's waits (the outbox's clock too).
+        self.clock = clock
         self._clock_ms = self.clock.time_ms
         self.stats = NotifierStats()
         self._rng = rng or random.Random()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import structlog
 
 from controller.store import transaction
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 
 log = structlog.get_logger(__name__)
 
@@ -120,7 +120,7 @@ def delivery_id(receiver: str, dedup_key: str, status: str) -> str:
 class Outbox:
     """Notifications waiting for (or done with) delivery, on a caller-owned SQLite connection."""
 
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
         self._db = conn
         self.clock = clock  # the notifier's too, unless it is given its own
         self._clock = clock.time_ms

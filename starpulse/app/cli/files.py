@@ -45,6 +45,16 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every file's problems, one a line (exit 2 when any file has one); 'ok: FILE (kind): summary' otherwise."""
+    from starpulse.app.check import check_all
+
+    lines, ok = check_all(args.files, args.kind)
+    for line in lines:
+        print(line)
+    return 0 if ok else 2
+
+
 def cmd_config_example(args: argparse.Namespace) -> int:
     """Print a service's reference settings file (deploy/KIND.yaml): every setting at its default, documented."""
     from starpulse.app.config import example
@@ -67,6 +77,17 @@ def register(sub: Any) -> None:
         help="host name or IP in the controller certificate (repeatable; default localhost,127.0.0.1)",
     )
     mk.set_defaults(func=cmd_tls_make_test_ca)
+
+    from starpulse.app.check import KINDS
+
+    ck = sub.add_parser(
+        "check",
+        help="check data files (settings, notify receivers, rules, policy, fabric, scenario): "
+        "exit 0 and 'ok: ...' each, or exit 2 and every error, one a line naming the file and the key",
+    )
+    ck.add_argument("files", nargs="+", metavar="FILE")
+    ck.add_argument("--kind", choices=KINDS, default=None, help="default: by the file's top-level keys")
+    ck.set_defaults(func=cmd_check)
 
     cf = sub.add_parser("config", help="service configuration files")
     cfsub = cf.add_subparsers(dest="config_command", required=True)

@@ -82,6 +82,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 def _serve_controller(config: Any) -> int:
     """Run one controller, or one HA replica when config.ha is set; exit 3 when a replica lost its leadership."""
     from controller.service import Controller
+    from starpulse.core.clock import SYSTEM_CLOCK
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -89,9 +90,9 @@ def _serve_controller(config: Any) -> int:
         if config.ha is not None:
             from controller.replica import Replica
 
-            await Replica(config).serve_forever(stop)
+            await Replica(config, SYSTEM_CLOCK).serve_forever(stop)
         else:
-            await Controller(config).serve_forever(stop)
+            await Controller(config, SYSTEM_CLOCK).serve_forever(stop)
 
     from starpulse.core.listen import ListenError
 

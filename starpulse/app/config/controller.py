@@ -21,6 +21,8 @@ from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.base import Scheduler
+from controller.jobs.hang import HangConfig
+from controller.jobs.stall import StallConfig
 from controller.outputs.notify import NotifyConfig, NotifyConfigError, parse_notify_config
 from controller.service import ControllerConfig, HealSettings
 from starpulse.app.config.common import (
@@ -86,6 +88,10 @@ class DetectionSection:
         CorrelationConfig, "Grouping conditions into incidents on the fabric: how long to wait, how many make a pattern"
     )
     failslow: FailSlowConfig = section(FailSlowConfig, "Fail-slow: a node markedly slower than its peers")
+    hang: HangConfig = section(HangConfig, "Hangs: a job whose steps stop moving, judged against its own step time")
+    stall: StallConfig = section(
+        StallConfig, "Hangs without the job library: a job's GPUs busy at idle power, its RDMA traffic flat"
+    )
 
 
 @dataclass
@@ -365,6 +371,8 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
         **fields,
         fabric=fabric,
         detection=detection,
+        hang=s.detection.hang,
+        stall=s.detection.stall,
         notify=notify,
         heal=heal,
         ha=s.ha,
@@ -378,12 +386,13 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
 def _notify(reading: Reading, raw: dict[str, Any]) -> NotifyConfig | None:
     try:
         return parse_notify_config(raw, "\0", base_dir=reading.base_dir_of("notify"))
-    except NotifyConfigError as exc:  # "\0: key: problem", keyed below notify
-        key, sep, rest = str(exc).removeprefix("\0: ").partition(": ")
-        if sep:
-            reading.err(f"notify.{key}", rest)
-        else:
-            reading.err("notify", key)
+    except NotifyConfigError as exc:  # each "\0: key: problem", keyed below notify
+        for line in exc.errors:
+            key, sep, rest = line.removeprefix("\0: ").partition(": ")
+            if sep:
+                reading.err(f"notify.{key}", rest)
+            else:
+                reading.err("notify", key)
         return None
 
 

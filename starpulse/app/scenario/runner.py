@@ -25,6 +25,8 @@ from controller.detect.pipeline import DetectionConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.sim import SimScheduler
+from controller.jobs.hang import HangConfig
+from controller.jobs.stall import StallConfig
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import FaultSpec, Scenario
@@ -189,6 +191,9 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
                 ),  # a window of ~10 reports: every one is a sample
                 failslow_every_s=max(2 * interval, 1.0),
             ),
+            # A hang without the job library: the signature over ~8 reports (a minute at 5 s)
+            stall=StallConfig(window_s=max(8 * interval, 4.0)),
+            hang=HangConfig(every_s=max(interval, 0.5)),
             heal=HealSettings(
                 scheduler=scheduler,
                 heal=HealConfig(checkpoint_timeout_s=max(4 * interval, 2.0), retry_delay_s=0.2),

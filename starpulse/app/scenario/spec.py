@@ -50,16 +50,12 @@ from agent.sim.node import SIM_VENDORS
 from controller.fabric import Fabric, generate_fabric
 from controller.fabric.model import LINK_SEPARATOR
 from starpulse.core import vocab
-from starpulse.core.schema import ConfigError
+from starpulse.core.schema import ConfigError, Reading, Schema, meta, setting
 
 INCIDENT_KINDS: frozenset[str] = frozenset(vocab.INCIDENT_KINDS)
 PORT_SEPARATOR = ":port-"
 
 _FAULT_KEYS = frozenset({"at_s", "kind", "target", "targets", "until_s"})
-_TOP_KEYS = frozenset(
-    {"name", "fabric", "vendors", "spares", "jobs", "interval_s", "duration_s", "guards", "faults", "expect"}
-)
-_FABRIC_KEYS = ("nodes", "gpus_per_node", "rails", "nodes_per_block", "spines")
 
 
 class ScenarioError(ConfigError):
@@ -73,18 +69,18 @@ class ScenarioError(ConfigError):
 class FabricSpec:
     """generate_fabric's arguments (spares live on the Scenario: they are a top-level key)."""
 
-    nodes: int
-    gpus_per_node: int = 8
-    rails: int = 8
-    nodes_per_block: int = 16
-    spines: int = 8
+    nodes: int = field(metadata=meta("Nodes of the generated fabric, spares included", ge=1))
+    gpus_per_node: int = setting(8, "GPUs (and rail NICs) per node", ge=1)
+    rails: int = setting(8, "Rails: one leaf per rail per block", ge=1)
+    nodes_per_block: int = setting(16, "Nodes under one set of leaves", ge=1)
+    spines: int = setting(8, "Spine switches (0: leaves only)", ge=0)
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    name: str
-    nodes: int
-    checkpoint_every_s: float | None = None
+    name: str = field(metadata=meta("The job's name, unique in the scenario", nonempty=True))
+    nodes: int = field(metadata=meta("Runs on the first K non-spare nodes in name order", ge=1))
+    checkpoint_every_s: float | None = setting(None, "Seconds between checkpoints; null: none", gt=0)
 
 
 @dataclass
@@ -105,19 +101,48 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class ExpectedIncident:
-    kind: str
-    root_cause: str | None = None  # None: any root cause
+    kind: str = field(metadata=meta("An incident kind", choices=tuple(sorted(INCIDENT_KINDS))))
+    root_cause: str | None = setting(None, "A fabric component, or job:NAME for a job_hang; null: any root cause")
 
 
 @dataclass(frozen=True)
 class Expectations:
     """What the test suite checks after a run (the checking lives elsewhere)."""
 
-    incidents: list[ExpectedIncident] = field(default_factory=list)
-    forbid_kinds: list[str] = field(default_factory=list)
-    max_incidents: int | None = None
-    evictions: list[str] | None = None  # exactly these nodes evicted (None: not checked)
-    resumed_jobs: list[str] = field(default_factory=list)  # jobs that must restart and resume
+    incidents: list[ExpectedIncident] = setting([], "Incidents that must open")
+    forbid_kinds: list[str] = setting([], "Incident kinds that must not open", choices=tuple(sorted(INCIDENT_KINDS)))
+    max_incidents: int | None = setting(None, "At most this many incidents", ge=0)
+    evictions: list[str] | None = setting(None, "Exactly these nodes evicted (null: not checked)")
+    resumed_jobs: list[str] = setting([], "Jobs that must restart and resume")
+
+
+@dataclass(frozen=True)
+class GuardLimits:
+    """Healer guard limits other than their defaults (a scenario that heals several nodes at once)."""
+
+    max_evictions_per_window: int | None = setting(None, "Evictions per guard window", ge=0)
+    max_fleet_share: float | None = setting(None, "Share of the fleet out at once", gt=0, le=1)
+
+
+@dataclass(frozen=True)
+class ScenarioFile:
+    """The keys of a scenario file, as the settings schema reads them (every shape error at once)."""
+
+    name: str = field(metadata=meta("The scenario's name", nonempty=True))
+    fabric: FabricSpec = field(metadata=meta("The generated fabric"))
+    duration_s: float = field(metadata=meta("Seconds the scenario runs", gt=0))
+    spares: int = setting(0, "Hot spare nodes added to the fabric", ge=0)
+    interval_s: float = setting(0.5, "Seconds between agent reports", gt=0)
+    vendors: list[str] = setting(
+        ["nvidia"], "Accelerator vendor per block, repeating", choices=SIM_VENDORS, nonempty=True
+    )
+    guards: GuardLimits = field(default_factory=GuardLimits, metadata=meta("Healer guard limits"))
+    jobs: list[JobSpec] | None = setting([], "Training jobs")
+    faults: list[dict[str, Any]] = setting([], "Faults on the timeline (keys: the fault table's)")
+    expect: Expectations = field(default_factory=Expectations, metadata=meta("What the run must show"))
+
+
+_SCHEMA = Schema(ScenarioFile, "scenario")
 
 
 @dataclass
@@ -203,28 +228,6 @@ class _Checker:
             raise self.fail(where, f"must be a mapping, got {type(value).__name__}")
         return value
 
-    def keys(self, m: Mapping[str, Any], allowed: frozenset[str] | set[str], where: str) -> None:
-        unknown = sorted(str(k) for k in m if k not in allowed)
-        if unknown:
-            raise self.fail(f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
-    def string(self, m: Mapping[str, Any], key: str, where: str) -> str:
-        v = m.get(key)
-        if not isinstance(v, str) or not v.strip():
-            raise self.fail(f"{where}.{key}" if where else key, "must be a non-empty string")
-        return v
-
-    def integer(self, m: Mapping[str, Any], key: str, where: str, default: int | None, minimum: int) -> int:
-        v = m.get(key, default)
-        name = f"{where}.{key}" if where else key
-        if v is None:
-            raise self.fail(name, "is required")
-        if not _is_int(v):
-            raise self.fail(name, f"must be an integer, got {v!r}")
-        if v < minimum:
-            raise self.fail(name, f"must be >= {minimum}, got {v}")
-        return int(v)
-
     def number(self, m: Mapping[str, Any], key: str, where: str, default: float | None, positive: bool) -> float:
         v = m.get(key, default)
         name = f"{where}.{key}" if where else key
@@ -238,96 +241,85 @@ class _Checker:
 
 
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
-    """Validate a scenario already read into Python objects (YAML's output)."""
-    c = _Checker(source)
-    top = c.mapping(data, "scenario")
-    c.keys(top, _TOP_KEYS, "scenario")
-    name = c.string(top, "name", "")
-    fab = c.mapping(top.get("fabric"), "fabric")
-    c.keys(fab, frozenset(_FABRIC_KEYS), "fabric")
-    defaults = FabricSpec(nodes=1)
-    fabric = FabricSpec(
-        nodes=c.integer(fab, "nodes", "fabric", None, 1),
-        gpus_per_node=c.integer(fab, "gpus_per_node", "fabric", defaults.gpus_per_node, 1),
-        rails=c.integer(fab, "rails", "fabric", defaults.rails, 1),
-        nodes_per_block=c.integer(fab, "nodes_per_block", "fabric", defaults.nodes_per_block, 1),
-        spines=c.integer(fab, "spines", "fabric", defaults.spines, 0),
-    )
+    """Validate a scenario already read into Python objects (YAML's output); every error at once.
+
+    The shape (keys, types, bounds) is the schema's (``ScenarioFile``); what a schema cannot
+    say (a fault against the fault table and the fabric, a job against the fabric's size, an
+    expectation against the fabric) is checked after it, through the same error list.
+    """
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{source}: scenario: must be a mapping, got {type(data).__name__}")
+    reading = Reading(_SCHEMA, source, dict(data))
+    f = reading.read()
+    if f is None:
+        raise ScenarioError(reading.errors)
     scenario = Scenario(
-        name=name,
-        fabric=fabric,
-        spares=c.integer(top, "spares", "", 0, 0),
-        interval_s=c.number(top, "interval_s", "", 0.5, positive=True),
-        duration_s=c.number(top, "duration_s", "", None, positive=True),
+        name=f.name,
+        fabric=f.fabric,
+        spares=f.spares,
+        interval_s=f.interval_s,
+        duration_s=f.duration_s,
         source=source,
+        vendors=list(f.vendors),
+        guards={k: v for k, v in vars(f.guards).items() if v is not None},
+        jobs=list(f.jobs or []),
+        expect=f.expect if data.get("expect") is not None else None,
     )
     try:
-        fabric_graph = scenario.build_fabric()
+        fabric = scenario.build_fabric()
     except ValueError as exc:
-        raise c.fail("fabric", str(exc)) from exc
-    scenario.vendors = _parse_vendors(c, top.get("vendors", ["nvidia"]))
-    scenario.guards = _parse_guards(c, top.get("guards"))
-    scenario.jobs = _parse_jobs(c, top.get("jobs", []), fabric.nodes)
-    faults = top.get("faults", [])
-    if not isinstance(faults, list):
-        raise c.fail("faults", "must be a list")
-    scenario.faults = [_parse_fault(c, raw, i, scenario.duration_s, fabric_graph) for i, raw in enumerate(faults)]
-    for i, fault in enumerate(scenario.faults):
-        needs = FAULTS[fault.kind].needs_vendor
-        node = fault.target.partition("/")[0]
-        if needs is not None and node and scenario.vendor_of(node) != needs:
-            raise c.fail(
-                f"faults[{i}].target", f"{fault.kind} acts on {needs} GPUs; {node} has {scenario.vendor_of(node)} ones"
-            )
-    if top.get("expect") is not None:
-        scenario.expect = _parse_expect(c, top["expect"], fabric_graph)
+        raise ScenarioError(f"{source}: fabric: {exc}") from exc
+    _check_jobs(reading, scenario, f.fabric.nodes)
+    for i, raw in enumerate(f.faults):
+        try:
+            scenario.faults.append(_parse_fault(_Checker(source), raw, i, scenario.duration_s, fabric))
+        except ScenarioError as exc:
+            reading.errors.extend(exc.errors)
+            continue
+        _check_vendor(reading, scenario, i)
+    if scenario.expect is not None:
+        _check_expect(reading, scenario.expect, fabric)
+    if reading.errors:
+        raise ScenarioError(reading.errors)
     return scenario
 
 
-def _parse_guards(c: _Checker, raw: Any) -> dict[str, float]:
-    if raw is None:
-        return {}
-    m = c.mapping(raw, "guards")
-    c.keys(m, frozenset({"max_evictions_per_window", "max_fleet_share"}), "guards")
-    out: dict[str, float] = {}
-    if "max_evictions_per_window" in m:
-        out["max_evictions_per_window"] = c.integer(m, "max_evictions_per_window", "guards", None, 0)
-    if "max_fleet_share" in m:
-        share = c.number(m, "max_fleet_share", "guards", None, positive=True)
-        if share > 1:
-            raise c.fail("guards.max_fleet_share", f"must be in (0, 1], got {share:g}")
-        out["max_fleet_share"] = share
-    return out
+def _check_jobs(reading: Reading, scenario: Scenario, regular_nodes: int) -> None:
+    seen: set[str] = set()
+    for i, job in enumerate(scenario.jobs):
+        if job.name in seen:
+            reading.err(f"jobs[{i}].name", f"duplicate job name {job.name!r}")
+        seen.add(job.name)
+        if job.nodes > regular_nodes:
+            reading.err(f"jobs[{i}].nodes", f"{job.nodes} nodes but the fabric has {regular_nodes} non-spare nodes")
 
 
-def _parse_vendors(c: _Checker, raw: Any) -> list[str]:
-    if not isinstance(raw, list) or not raw:
-        raise c.fail("vendors", f"must be a non-empty list of {', '.join(SIM_VENDORS)} (one per block)")
-    for i, v in enumerate(raw):
-        if v not in SIM_VENDORS:
-            raise c.fail(f"vendors[{i}]", f"must be one of {', '.join(SIM_VENDORS)}, got {v!r}")
-    return list(raw)
+def _check_vendor(reading: Reading, scenario: Scenario, i: int) -> None:
+    fault = scenario.faults[-1]
+    needs = FAULTS[fault.kind].needs_vendor
+    node = fault.target.partition("/")[0]
+    if needs is not None and node and scenario.vendor_of(node) != needs:
+        have = scenario.vendor_of(node)
+        reading.err(f"faults[{i}].target", f"{fault.kind} acts on {needs} GPUs; {node} has {have} ones")
 
 
-def _parse_jobs(c: _Checker, raw: Any, regular_nodes: int) -> list[JobSpec]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise c.fail("jobs", "must be a list")
-    jobs: list[JobSpec] = []
-    for i, item in enumerate(raw):
-        where = f"jobs[{i}]"
-        m = c.mapping(item, where)
-        c.keys(m, {"name", "nodes", "checkpoint_every_s"}, where)
-        name = c.string(m, "name", where)
-        if any(j.name == name for j in jobs):
-            raise c.fail(f"{where}.name", f"duplicate job name {name!r}")
-        nodes = c.integer(m, "nodes", where, None, 1)
-        if nodes > regular_nodes:
-            raise c.fail(f"{where}.nodes", f"{nodes} nodes but the fabric has {regular_nodes} non-spare nodes")
-        ckpt = c.number(m, "checkpoint_every_s", where, None, True) if "checkpoint_every_s" in m else None
-        jobs.append(JobSpec(name=name, nodes=nodes, checkpoint_every_s=ckpt))
-    return jobs
+def _check_expect(reading: Reading, expect: Expectations, fabric: Fabric) -> None:
+    """What the schema cannot say about expectations: fabric components, and keys that contradict."""
+    for i, inc in enumerate(expect.incidents):
+        if inc.root_cause and not inc.root_cause.startswith("job:"):  # a job (job_hang) is no fabric component
+            try:
+                fabric.component_type(inc.root_cause)
+            except (KeyError, ValueError) as exc:
+                reading.err(f"expect.incidents[{i}].root_cause", f"{inc.root_cause!r} is not in the fabric ({exc})")
+    clash = sorted({e.kind for e in expect.incidents} & set(expect.forbid_kinds))
+    if clash:
+        reading.err("expect.forbid_kinds", f"forbids {clash[0]!r}, which expect.incidents requires")
+    if expect.max_incidents is not None and expect.max_incidents < len(expect.incidents):
+        n = len(expect.incidents)
+        reading.err("expect.max_incidents", f"{expect.max_incidents} is fewer than the {n} incidents expected")
+    missing = [n for n in expect.evictions or [] if n not in fabric]
+    if missing:
+        reading.err("expect.evictions", f"must be a list of fabric nodes, got {missing[0]!r}")
 
 
 # -- targets ---------------------------------------------------------------------------------
@@ -448,59 +440,3 @@ def _parse_targets(c: _Checker, m: Mapping[str, Any], where: str, kind: FaultKin
 
 
 # -- expectations ------------------------------------------------------------------------------
-
-
-# Complexity over 15 on purpose: one check per expectation key, every error naming the scenario file.
-def _parse_expect(c: _Checker, raw: Any, fabric: Fabric) -> Expectations:  # noqa: C901
-    m = c.mapping(raw, "expect")
-    c.keys(m, {"incidents", "forbid_kinds", "max_incidents", "evictions", "resumed_jobs"}, "expect")
-    incidents: list[ExpectedIncident] = []
-    raw_incidents = m.get("incidents", [])
-    if not isinstance(raw_incidents, list):
-        raise c.fail("expect.incidents", "must be a list")
-    for i, item in enumerate(raw_incidents):
-        where = f"expect.incidents[{i}]"
-        inc = c.mapping(item, where)
-        c.keys(inc, {"kind", "root_cause"}, where)
-        kind = inc.get("kind")
-        if kind not in INCIDENT_KINDS:
-            known = ", ".join(sorted(INCIDENT_KINDS))
-            raise c.fail(f"{where}.kind", f"unknown incident kind {kind!r} (known: {known})")
-        root = inc.get("root_cause")
-        if root is not None:
-            if not isinstance(root, str):
-                raise c.fail(f"{where}.root_cause", f"must be a string, got {root!r}")
-            if root:
-                try:
-                    fabric.component_type(root)
-                except (KeyError, ValueError) as exc:
-                    raise c.fail(f"{where}.root_cause", f"{root!r} is not in the fabric ({exc})") from exc
-        incidents.append(ExpectedIncident(kind=str(kind), root_cause=root))
-    forbid = m.get("forbid_kinds", [])
-    if not isinstance(forbid, list):
-        raise c.fail("expect.forbid_kinds", "must be a list")
-    for i, k in enumerate(forbid):
-        if k not in INCIDENT_KINDS:
-            raise c.fail(f"expect.forbid_kinds[{i}]", f"unknown incident kind {k!r}")
-    clash = sorted({e.kind for e in incidents} & set(forbid))
-    if clash:
-        raise c.fail("expect.forbid_kinds", f"forbids {clash[0]!r}, which expect.incidents requires")
-    max_incidents = c.integer(m, "max_incidents", "expect", None, 0) if "max_incidents" in m else None
-    if max_incidents is not None and max_incidents < len(incidents):
-        raise c.fail("expect.max_incidents", f"{max_incidents} is fewer than the {len(incidents)} incidents expected")
-    evictions: list[str] | None = None
-    if "evictions" in m:
-        raw_ev = m["evictions"]
-        if not isinstance(raw_ev, list) or not all(isinstance(n, str) and n in fabric for n in raw_ev):
-            raise c.fail("expect.evictions", f"must be a list of fabric nodes, got {raw_ev!r}")
-        evictions = list(raw_ev)
-    resumed = m.get("resumed_jobs", [])
-    if not isinstance(resumed, list) or not all(isinstance(j, str) for j in resumed):
-        raise c.fail("expect.resumed_jobs", f"must be a list of job names, got {resumed!r}")
-    return Expectations(
-        incidents=incidents,
-        forbid_kinds=list(forbid),
-        max_incidents=max_incidents,
-        evictions=evictions,
-        resumed_jobs=list(resumed),
-    )

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import yaml
 
-from starpulse.core.schema.tree import ConfigError, Leaf, Node, Schema, Section, Spec, join_key
+from starpulse.core.schema.tree import ConfigError, Leaf, Node, Schema, Section, Spec, join_key, record_section
+from starpulse.core.units import BadValue, parse_quantity
 
 ENV_PREFIX = "STARPULSE_"
 
@@ -195,20 +197,56 @@ class Reading:
             if isinstance(node, Section):
                 values[name] = self._section(node, raw.get(name))
             elif name in raw:
-                values[name] = self._value(node, raw[name])
+                values[node.attr or name] = self._value(node, raw[name])
             elif node.required:
                 self.missing(node.key)
             else:
-                values[name] = node.default
+                values[node.attr or name] = node.default
         if len(self.errors) > before or any(v is _FAILED for v in values.values()):
             return _FAILED
         if sec.switch and not values.pop(sec.switch):
             return None
         try:
-            return sec.cls(**values)
+            built = sec.cls(**values)
         except ValueError as exc:  # the dataclass's own checks, across its fields
             self.err(sec.key, str(exc))
             return _FAILED
+        return self._problems(sec, built)
+
+    def _problems(self, sec: Section, built: Any) -> Any:
+        """A section's checks across its keys (``problems()``: (key below the section, what is wrong))."""
+        check = getattr(built, "problems", None)
+        if not callable(check):
+            return built
+        found = list(check())
+        for sub, msg in found:
+            self.err(join_key(sec.key, sub), msg)
+        return _FAILED if found else built
+
+    def _item(self, sec: Section, name: Any, raw: Any) -> Any:
+        """One item of a list or mapping of sections; ``problems_as(name)``: checks that need its name."""
+        built = self._section(sec, raw)
+        check = getattr(built, "problems_as", None)
+        if built is _FAILED or not callable(check):
+            return built
+        found = list(check(str(name)))
+        for sub, msg in found:
+            self.err(join_key(sec.key, sub) if sub else sec.key, msg)
+        return _FAILED if found else built
+
+    def _records(self, leaf: Leaf, value: Any) -> Any:
+        """A list (``records``) or mapping (``record_map``) of sections, each item keyed where it sits."""
+        assert leaf.item is not None
+        if leaf.kind == "records":
+            items = [(f"{leaf.key}[{i}]", i, v) for i, v in enumerate(value)]
+        else:
+            items = [(join_key(leaf.key, str(k)), k, v) for k, v in value.items()]
+        built = {at: self._item(record_section(leaf.item, at), k, v) for at, k, v in items}
+        if any(v is _FAILED for v in built.values()):
+            return _FAILED
+        if leaf.kind == "records":
+            return [built[at] for at, _, _ in items]
+        return {k: built[at] for at, k, _ in items}
 
     def _value(self, leaf: Leaf, value: Any) -> Any:
         """The checked value (a path as Path, relative to its file), or _FAILED after an error."""
@@ -217,9 +255,16 @@ class Reading:
                 return None
             self.err(leaf.key, f"must be {leaf.expect()}, got null")
             return _FAILED
+        if leaf.kind == "list" and leaf.choices and isinstance(value, list) and value:
+            return self._choices(leaf, value)
         if not _valid(leaf, value):
             self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
             return _FAILED
+        compound = self._COMPOUND.get(leaf.kind)
+        if compound is not None:
+            return compound(self, leaf, value)
+        if leaf.spec.number_keys:
+            return {str(k): v for k, v in value.items()}
         if leaf.kind == "path":
             path = Path(value).expanduser()
             base = self.base_dir_of(leaf.key)
@@ -229,6 +274,76 @@ class Reading:
         if leaf.as_tuple:
             return tuple(value)
         return value
+
+    def _choices(self, leaf: Leaf, value: list[Any]) -> Any:
+        """A list whose items come from ``choices``: each item that does not, by its index."""
+        bad = [i for i, v in enumerate(value) if v not in leaf.choices]
+        for i in bad:
+            self.err(f"{leaf.key}[{i}]", f"must be one of {', '.join(leaf.choices)}, got {show(value[i])}")
+        if bad:
+            return _FAILED
+        if not _valid(leaf, value):
+            self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
+            return _FAILED
+        return tuple(value) if leaf.as_tuple else value
+
+    def _flag_record(self, leaf: Leaf, value: Any) -> Any:
+        """true/false, or a mapping read as the leaf's dataclass."""
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, dict):
+            self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
+            return _FAILED
+        assert leaf.item is not None
+        return self._section(record_section(leaf.item, leaf.key), value)
+
+    def _record(self, leaf: Leaf, value: Any) -> Any:
+        """An optional mapping read as the leaf's dataclass."""
+        assert leaf.item is not None
+        return self._section(record_section(leaf.item, leaf.key), value)
+
+    def _quantity(self, leaf: Leaf, value: Any) -> Any:
+        """A quantity with its unit ("5m", 300, {value, unit}) as the canonical unit's number."""
+        try:
+            amount = parse_quantity(value, leaf.spec.quantity).value
+        except BadValue as exc:
+            self.err(leaf.key, str(exc))
+            return _FAILED
+        if not _in_bounds(leaf.spec, amount):
+            self.err(leaf.key, f"must be {leaf.expect()}, got {show(value)}")
+            return _FAILED
+        return amount
+
+    def _list_map(self, leaf: Leaf, value: dict[Any, Any]) -> Any:
+        """Names to non-empty lists of strings (from ``choices`` when given): each entry, each item, by its key."""
+        before = len(self.errors)
+        one = "one of " + ", ".join(leaf.choices) if leaf.choices else "a non-empty string"
+        for name, items in value.items():
+            at = join_key(leaf.key, str(name))
+            if not isinstance(name, str) or not isinstance(items, list) or not items:
+                self.err(at, f"must be a non-empty list, each {one}, got {show(items)}")
+                continue
+            for i, item in enumerate(items):
+                if not isinstance(item, str) or not item or (leaf.choices and item not in leaf.choices):
+                    self.err(f"{at}[{i}]", f"must be {one}, got {show(item)}")
+        return _FAILED if len(self.errors) > before else value
+
+    def _maps(self, leaf: Leaf, value: list[Any]) -> Any:
+        """A list of free mappings: each item that is not one, by its index (the keys are its consumer's)."""
+        bad = [i for i, item in enumerate(value) if not isinstance(item, dict)]
+        for i in bad:
+            self.err(f"{leaf.key}[{i}]", f"must be a mapping, got {show(value[i])}")
+        return _FAILED if bad else value
+
+    _COMPOUND: ClassVar[dict[str, Callable[[Reading, Leaf, Any], Any]]] = {
+        "records": _records,
+        "record_map": _records,
+        "flag_record": _flag_record,
+        "record": _record,
+        "quantity": _quantity,
+        "maps": _maps,
+        "list_map": _list_map,
+    }
 
 
 def did_you_mean(name: str, options: Mapping[str, Any]) -> str:
@@ -249,6 +364,7 @@ def _in_bounds(s: Spec, value: float) -> bool:
         (s.gt is not None and not value > s.gt)
         or (s.ge is not None and not value >= s.ge)
         or (s.le is not None and not value <= s.le)
+        or (s.lt is not None and not value < s.lt)
     )
 
 
@@ -259,12 +375,22 @@ def _valid(leaf: Leaf, value: Any) -> bool:
         return number and (k == "float" or isinstance(value, int)) and _in_bounds(s, value)
     if k == "bool":
         return isinstance(value, bool)
+    if k == "int_list":
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if k in ("quantity", "flag_record"):
+        return True  # read by their own step in Reading._value
     if k in ("str", "path"):
-        return isinstance(value, str) and not (s.nonempty and not value.strip()) and (k == "str" or bool(value))
+        return (
+            isinstance(value, str)
+            and not (s.nonempty and not value.strip())
+            and (k == "str" or bool(value))
+            and (not s.prefix or value.startswith(s.prefix))
+            and (not s.pattern or re.fullmatch(s.pattern, value) is not None)
+        )
     if k == "address":
         return isinstance(value, str) and ((s.empty and value == "") or address_ok(value))
     if k == "enum":
-        return value in leaf.choices
+        return not isinstance(value, bool) and value in (leaf.literal or leaf.choices)
     if k == "list":
         return (
             isinstance(value, list)
@@ -273,12 +399,18 @@ def _valid(leaf: Leaf, value: Any) -> bool:
             and not (leaf.choices and any(v not in leaf.choices for v in value))
             and not (s.address and not all(address_ok(v) for v in value))
         )
-    if k == "map":
-        return isinstance(value, dict)
-    return isinstance(value, dict) and all(  # list_map
-        isinstance(n, str) and isinstance(v, list) and v and all(isinstance(a, str) and a for a in v)
-        for n, v in value.items()
-    )
+    if k in ("map", "record_map", "record"):
+        return isinstance(value, dict) and not (s.nonempty and not value)
+    if k in ("records", "maps"):
+        return isinstance(value, list)
+    if k == "str_map":
+        keys_ok = all(isinstance(n, str) or (s.number_keys and isinstance(n, int)) for n in value)
+        return (
+            isinstance(value, dict)
+            and keys_ok
+            and all(isinstance(v, str) and (not leaf.choices or v in leaf.choices) for v in value.values())
+        )
+    return isinstance(value, dict)  # list_map: each entry checked by Reading._list_map
 
 
 def _yaml_value(text: str) -> Any:

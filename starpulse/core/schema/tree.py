@@ -43,6 +43,12 @@ class Spec:
     gt: float | None = None
     ge: float | None = None
     le: float | None = None
+    lt: float | None = None
+    prefix: tuple[str, ...] = ()  # a string must start with one of these (e.g. http://, https://)
+    pattern: str = ""  # a string must match this regular expression whole
+    quantity: tuple[str, ...] = ()  # a float read by starpulse.core.units ("5m", 300, {value, unit})
+    number_keys: bool = False  # a mapping's keys may be numbers (YAML's 79:), read as their text
+    file_key: str = ""  # the key in the file when it cannot be the field's name (``pass``)
     choices: tuple[str, ...] = ()  # a list's items come from these
     address: bool = False  # HOST:PORT (a list: every item)
     empty: bool = False  # with address: "" is allowed too (not set)
@@ -129,12 +135,16 @@ class Leaf:
     """One setting: its dotted key, its kind (from the annotation) and its rules."""
 
     key: str
-    kind: str  # str address path int float bool enum list list_map map
+    kind: str  # str address path int float bool enum list int_list list_map map str_map records record_map maps
+    #            quantity flag_record record
     spec: Spec
     default: Any  # MISSING: required
     nullable: bool = False
     choices: tuple[str, ...] = ()  # enum values, or a list's items
     as_tuple: bool = False
+    item: type | None = None  # records, record_map, flag_record: the dataclass each item is read as
+    literal: tuple[Any, ...] = ()  # enum: the Literal's own values (an int Literal is not its text)
+    attr: str = ""  # the dataclass field, where the file's key differs (Spec.file_key)
 
     @property
     def name(self) -> str:
@@ -147,7 +157,8 @@ class Leaf:
     def expect(self) -> str:
         """What a valid value looks like, for messages and rendered files."""
         s = self.spec
-        bounds = [f"{op} {v:g}" for op, v in ((">", s.gt), (">=", s.ge), ("<=", s.le)) if v is not None]
+        pairs = ((">", s.gt), (">=", s.ge), ("<", s.lt), ("<=", s.le))
+        bounds = [f"{op} {v:g}" for op, v in pairs if v is not None]
         rng = (" " + " and ".join(bounds)) if bounds else ""
         if self.kind == "list":
             if self.choices:
@@ -158,17 +169,44 @@ class Leaf:
                 base = "a non-empty " + base[2:]
         else:
             base = {
-                "str": "a non-empty string" if s.nonempty else "a string",
+                "str": _str_expect(s),
                 "address": "HOST:PORT or empty" if s.empty else "HOST:PORT",
                 "path": "a path",
                 "int": "an integer" + rng,
+                "int_list": "a list of integers",
+                "quantity": "a "
+                + " or ".join(s.quantity)
+                + " quantity (e.g. "
+                + _QUANTITY_EG.get(s.quantity[0], "5")
+                + ")"
+                + rng
+                if s.quantity
+                else "",
+                "flag_record": "true, false or a mapping",
+                "record": "a mapping",
                 "float": "a number" + rng,
                 "bool": "true or false",
                 "enum": "one of " + ", ".join(self.choices),
                 "map": "a mapping",
-                "list_map": "a mapping of names to lists of strings",
+                "list_map": "a mapping of names to non-empty lists of "
+                + ("items from " + ", ".join(self.choices) if self.choices else "strings"),
+                "str_map": "a mapping of names to "
+                + ("one of " + ", ".join(self.choices) if self.choices else "strings"),
+                "records": "a list of mappings",
+                "maps": "a list of mappings",
+                "record_map": "a mapping of names to mappings",
             }[self.kind]
         return base + (", or null" if self.nullable else "")
+
+
+_QUANTITY_EG = {"time": "60s, 10m, 24h"}
+
+
+def _str_expect(s: Spec) -> str:
+    base = "a non-empty string" if s.nonempty else "a string"
+    if s.pattern:
+        base += f" matching {s.pattern}"
+    return base + (" starting with " + " or ".join(s.prefix) if s.prefix else "")
 
 
 @dataclass(frozen=True)
@@ -240,7 +278,11 @@ def _section(cls: type, key: str, doc: str, switch: str, switch_doc: str) -> Sec
         if spec is None:
             raise TypeError(f"{where}: not a documented setting (use setting(), meta() or section())")
         hint, nullable = _unwrap_optional(hints[f.name])
-        sub_key = join_key(key, f.name)
+        name = spec.file_key or f.name
+        sub_key = join_key(key, name)
+        if _is_record(hint) and nullable and not spec.switch:  # an optional mapping: None when absent
+            children[name] = Leaf(sub_key, "record", spec, f.default, True, item=hint, attr=f.name)
+            continue
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             children[f.name] = _section(hint, sub_key, spec.doc or _doc_of(hint), spec.switch, spec.switch_doc)
             continue
@@ -250,8 +292,30 @@ def _section(cls: type, key: str, doc: str, switch: str, switch_doc: str) -> Sec
         kind, choices, as_tuple = _kind(hint, where)
         if kind == "str" and spec.address:
             kind = "address"
-        children[f.name] = Leaf(sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple)
+        if kind == "str" and spec.choices:
+            kind = "enum"
+        if kind == "float" and spec.quantity:
+            kind = "quantity"
+        item = _item_class(hint) if kind in ("records", "record_map", "flag_record") else None
+        literal = tuple(get_args(hint)) if kind == "enum" and get_origin(hint) is Literal else ()
+        children[name] = Leaf(
+            sub_key, kind, spec, default, nullable, choices or spec.choices, as_tuple, item, literal, f.name
+        )
     return Section(key, cls, doc, children, switch)
+
+
+def record_section(cls: type, key: str) -> Section:
+    """The section one item of a ``records``/``record_map`` setting is read as, keyed where it sits."""
+    return _section(cls, key, _doc_of(cls), "", "")
+
+
+def _is_record(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _item_class(hint: Any) -> type:
+    item: type = next(a for a in reversed(get_args(hint)) if _is_record(a))
+    return item
 
 
 def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
@@ -271,8 +335,19 @@ def _kind(hint: Any, where: str) -> tuple[str, tuple[str, ...], bool]:
         return "enum", tuple(str(a) for a in args), False
     if origin is list and args == (str,):
         return "list", (), False
+    if origin is list and args == (int,):
+        return "int_list", (), False
+    if origin in (types.UnionType, typing.Union) and bool in args and any(_is_record(a) for a in args):
+        return "flag_record", (), False
+    if origin is list and args and _is_record(args[0]):
+        return "records", (), False
+    if origin is list and args and get_origin(args[0]) is dict:
+        return "maps", (), False
     if origin is tuple and args == (str, ...):
         return "list", (), True
     if origin is dict and args and args[0] is str:
-        return ("list_map" if args[1] == list[str] else "map"), (), False
+        if _is_record(args[1]):
+            return "record_map", (), False
+        kinds = {list[str]: "list_map", str: "str_map"}
+        return kinds.get(args[1], "map"), (), False
     raise TypeError(f"{where}: type {hint!r} is not one a settings file can hold")

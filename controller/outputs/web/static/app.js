@@ -61,11 +61,19 @@
 
   function fmtClock(ms) {
     if (!ms) return "–";
-    return new Date(Number(ms)).toLocaleTimeString([], { hour12: false });
+    const when = new Date(Number(ms));
+    // More than 12 h from now (an old event, or an agent whose clock is off): with its date,
+    // or a day-old stamp reads as a fresh one.
+    if (Math.abs(Date.now() - when.getTime()) > 12 * 3600 * 1000) {
+      return when.toLocaleString([], { hour12: false, year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+    }
+    return when.toLocaleTimeString([], { hour12: false });
   }
 
   function fmtAgo(ms) {
     if (!ms) return "never";
+    const ahead = Math.round((Number(ms) - Date.now()) / 1000);
+    if (ahead > 60) return fmtDuration(ahead * 1000) + " ahead of this clock";
     const s = Math.max(0, Math.round((Date.now() - Number(ms)) / 1000));
     if (s < 60) return s + " s ago";
     if (s < 3600) return Math.floor(s / 60) + " min ago";
