@@ -201,6 +201,7 @@ class DecisionCore:
             clock=self.clock,
             config=RepairConfig(poll_s=settings.heal.repair_poll_s),
             holds_node=policy.holds,
+            not_judged=self._not_judged_why,
         )
         if spares is not None:
             self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)
@@ -221,6 +222,11 @@ class DecisionCore:
             repairs=repairs,
         )
 
+    def _not_judged_why(self, node: str) -> str:
+        """Why ``node``'s accelerators were not read ("" when they were or no agent said)."""
+        record = self.registry.nodes.get(node)
+        return record.not_judged_why if record is not None else ""
+
     def _conditions_clear(self, incident_id: str, since_ms: int | None) -> bool:
         return self.detection.correlator.conditions_clear(incident_id, since_ms)
 
@@ -233,6 +239,8 @@ class DecisionCore:
         blames it and that the policy acts on: not a switch fault it only sits under)."""
         record = self.registry.nodes.get(node)
         if record is None or record.state != "online":
+            return False
+        if record.not_judged_why:  # never a spare whose accelerators were not read (issue 30)
             return False
         return not any(policy.holds(i, node) for i in self.detection.correlator.incidents(active_only=True))
 

@@ -87,6 +87,12 @@ class ControllerMetrics:
             registry=r,
         )
         self.nodes = Gauge("starpulse_nodes", "Known nodes by presence state.", ["state"], registry=r)
+        self.not_judged = Gauge(
+            "starpulse_nodes_not_judged",
+            "Nodes whose accelerators were not read (tool missing, failing or unparseable; fewer than expected): "
+            "never healthy, never a spare.",
+            registry=r,
+        )
         self.spares = Gauge(
             "starpulse_spares",
             "Hot spares by state: available (free, healthy, in service), allocated (standing in), unavailable.",

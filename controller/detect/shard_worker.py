@@ -171,6 +171,8 @@ class Shard:
         if report.HasField("lldp"):
             node.lldp = list(report.lldp.neighbors)
             result.lldp = node.lldp  # messages pickle (as their bytes) like the rest of the verdict
+        if report.HasField("accelerator_check"):
+            result.accelerator_check = report.accelerator_check
         result.gpus = len(report.gpus)
         result.nics = len(report.nics)
         result.switch_ports = len(report.switch_ports)

@@ -123,8 +123,12 @@ class RepairLoop:
         clock: Clock,
         config: RepairConfig | None = None,
         holds_node: Callable[[Incident, str], bool] | None = None,
+        not_judged: Callable[[str], str] | None = None,
     ) -> None:
         self.policy = policy
+        # Why a node's accelerators were not read ("" when they were): such a node never passes
+        # validation, whatever its incidents say (issue 30: never healthy for what was not read).
+        self.not_judged = not_judged or (lambda node: "")
         # Which other open incidents bar a node's return (the heal policy's ``holds``); by
         # default those that blame the node, never a switch fault it only sits under.
         self.holds_node = holds_node or (lambda incident, node: target_node(incident) == node)
@@ -430,10 +434,17 @@ class RepairLoop:
             if not verdict.passed:
                 return verdict
             passed.append(verdict.detail)
+        unread = self.not_judged(node)
+        if unread:  # whatever the policy checks, a node whose chips were not read never passes
+            self._evidence(rep, "judged", False, unread)
+            return Verdict(False, f"not judged: {unread}")
         return Verdict(True, "; ".join(passed) or "scan clean, evidence quiet")
 
     def _scan_clean(self, rep: Repair) -> tuple[bool, str]:
         since = rep.deadline_ms
+        why = self.not_judged(rep.node)
+        if why:
+            return False, f"not judged: {why}"
         if rep.incident_id and self._is_open(rep.incident_id) and not self.conditions_clear(rep.incident_id, since):
             return False, f"{rep.incident_id}: a condition is still active (seen again since the repair)"
         others = [i.id for i in self.open_incidents() if i.id != rep.incident_id and self.holds_node(i, rep.node)]

@@ -45,7 +45,7 @@ from agent.sim.node import SimNode
 from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric, generate_fabric
 from controller.heal.guards import GuardConfig
-from controller.heal.healer import HealConfig, Healer
+from controller.heal.healer import HealConfig, Healer, decision_line
 from controller.heal.policy import default_policy_path
 from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
@@ -410,12 +410,7 @@ def show_pool(printer: DemoPrinter, healer: Healer, was_empty: bool) -> bool:
 def show_healing(printer: DemoPrinter, healer: Healer, shown: tuple[int, int, int]) -> tuple[int, int, int]:
     """Print the healer's decisions, evictions and repair outcomes since ``shown``; the new counts."""
     for decision in healer.decisions[shown[0] :]:
-        print(
-            f"{printer.stamp()} healer: {decision['incident']} {decision['kind']} -> "
-            f"{decision['action']} on {decision['node'] or '-'}: {decision['outcome']} "
-            f"({decision['reason']})",
-            flush=True,
-        )
+        print(f"{printer.stamp()} healer: {decision_line(decision)}", flush=True)
     for eviction in healer.evictions[shown[1] :]:
         print(f"{printer.stamp()} healer: {eviction.describe()}", flush=True)
     outcomes = healer.repairs.outcomes if healer.repairs is not None else []

@@ -25,7 +25,7 @@ COMMAND_KIND_REBOOT: CommandKind
 COMMAND_KIND_COLLECT_STACKS: CommandKind
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "stream_generation", "boot_id")
+    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "stream_generation", "boot_id", "accelerators")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class Hello(_message.Message):
     NEXT_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     STREAM_GENERATION_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATORS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     inventory: _inventory_pb2.Inventory
@@ -44,7 +45,8 @@ class Hello(_message.Message):
     next_event_seq: int
     stream_generation: int
     boot_id: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., stream_generation: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    accelerators: _telemetry_pb2.AcceleratorCheck
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., stream_generation: _Optional[int] = ..., boot_id: _Optional[str] = ..., accelerators: _Optional[_Union[_telemetry_pb2.AcceleratorCheck, _Mapping]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "event", "command_result")
@@ -239,7 +241,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, lifecycle_states: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model", "lifecycle_state", "lifecycle_since_ms", "lifecycle_reason", "drained_by", "incident_id")
+    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model", "lifecycle_state", "lifecycle_since_ms", "lifecycle_reason", "drained_by", "incident_id", "judged", "not_judged_why")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +258,8 @@ class NodeStatus(_message.Message):
     LIFECYCLE_REASON_FIELD_NUMBER: _ClassVar[int]
     DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JUDGED_FIELD_NUMBER: _ClassVar[int]
+    NOT_JUDGED_WHY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     state: str
@@ -272,7 +276,9 @@ class NodeStatus(_message.Message):
     lifecycle_reason: str
     drained_by: str
     incident_id: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ..., lifecycle_state: _Optional[str] = ..., lifecycle_since_ms: _Optional[int] = ..., lifecycle_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., incident_id: _Optional[str] = ...) -> None: ...
+    judged: bool
+    not_judged_why: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ..., lifecycle_state: _Optional[str] = ..., lifecycle_since_ms: _Optional[int] = ..., lifecycle_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., incident_id: _Optional[str] = ..., judged: _Optional[bool] = ..., not_judged_why: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)

@@ -31,7 +31,7 @@ from controller.query.fleet import fleet_report
 from controller.service import Controller
 from controller.settings import ControllerConfig, HealSettings
 from controller.store import Store
-from starpulse.core.clock import FakeClock
+from starpulse.core.clock import SYSTEM_CLOCK, FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -118,7 +118,10 @@ async def test_a_healed_fault_is_counted_with_the_time_the_node_was_out(tmp_path
 
 async def test_get_fleet_report_over_grpc_and_the_metrics(tmp_path: Path) -> None:
     """The Query service answers the report; a bad window is refused; /metrics carries the figures."""
-    ctl = Controller(ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"))
+    ctl = Controller(
+        ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"),
+        clock=SYSTEM_CLOCK,
+    )
     await ctl.start()
     try:
         ctl.registry.register(_hello("node-001", 1))

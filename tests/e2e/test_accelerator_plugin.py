@@ -112,7 +112,8 @@ class TestDiscovery:
     def test_plugin_without_its_driver_is_one_line(self, plugins: Path) -> None:
         out = run(plugins, "scan", "--backend", "acme")
         assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-            "starpulse scan: backend acme unavailable: ACME_STATE is not set (the Acme driver's state file)"
+            "starpulse scan: could not check: backend acme unavailable: "
+            "ACME_STATE is not set (the Acme driver's state file)"
         ]
 
 

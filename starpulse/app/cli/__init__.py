@@ -14,6 +14,7 @@ from typing import Any
 
 from starpulse import __version__
 from starpulse.app.cli import (
+    accelerators,
     admin,
     files,
     fleetsim,
@@ -47,7 +48,7 @@ __all__ = [
 # An unexpected error (a bug) exits with this, never with 2 (a user's bad input) nor 1 (unhealthy).
 EXIT_BUG = 70  # EX_SOFTWARE in sysexits.h
 
-_GROUPS = (scan, nodes, query, report, incident, admin, topology, simulate, fleetsim, files)
+_GROUPS = (scan, accelerators, nodes, query, report, incident, admin, topology, simulate, fleetsim, files)
 
 
 def cmd_version(args: argparse.Namespace) -> int:

@@ -68,6 +68,7 @@ def cases(grpc: str, incident: str, scenario: Path) -> dict[str, tuple[list[str]
         "topology show": (["topology", "show", *c], "topology"),
         "scenario run": (["scenario", "run", str(scenario)], "scenario-verdict"),
         "simulate": (["simulate", "--nodes", "2", "--spares", "0", "--days", "0.1"], "simulation"),
+        "accelerators show": (["accelerators", "show", "--state-dir", str(ROOT)], "accelerators"),
     }
 
 

@@ -67,7 +67,9 @@ class TestThreshold:
         assert feed(engine, clock, gpu5(temperature_c=85)) == OPENED
         cond = engine.get("test.field", GPU5)
         assert cond is not None and cond.component_type == "gpu"
-        assert cond.message == f"{GPU5}: a field rule (temperature_c 85 >= 85C)"
+        assert (
+            cond.message == f"{GPU5} (GPU 5, PCI 00000000:1C:00.0): a field rule (temperature_c 85 >= 85C)"
+        )  # the operator's words too
         assert cond.evidence == {
             "field": "temperature_c",
             "value": 85.0,
@@ -178,7 +180,7 @@ class TestUnset:
         assert feed(engine, clock, rate(100)) == OPENED
         cond = engine.get("test.field", NIC5)
         assert cond is not None and cond.component_type == "nic"
-        assert cond.message == f"{NIC5} (mlx5_5/1): a field rule (rate_gbps 100 < 200Gb/s)"
+        assert cond.message == f"{NIC5} (mlx5_5/1, ibp5): a field rule (rate_gbps 100 < 200Gb/s)"
         assert cond.evidence["rdma_device"] == "mlx5_5" and cond.evidence["state"] == "ACTIVE"
         assert feed(engine, clock, rate(0)) == []
         assert feed(engine, clock, rate(400)) == RESOLVED

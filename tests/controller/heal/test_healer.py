@@ -10,7 +10,7 @@ import pytest
 
 from controller.detect.model import Incident
 from controller.heal.guards import GuardConfig
-from controller.heal.healer import HealConfig, Healer
+from controller.heal.healer import HealConfig, Healer, decision_line
 from controller.heal.scheduler.base import ActionResult
 from controller.heal.states import NodeHealState
 from starpulse.core.clock import FakeClock
@@ -76,6 +76,21 @@ class TestHealer:
         await healer.handle(leaf)
         assert sched.actions == [] and healer.evictions == []
         assert healer.decisions[-1]["outcome"] == "alert_only"
+        line = decision_line(healer.decisions[-1])
+        assert line.startswith("inc-2 switch fault at leaf-b0-r1: alert only, no node taken out of service (")
+        assert "on -" not in line and "alert_only" not in line
+
+    async def test_decision_lines_say_what_was_done_to_which_node(self, tmp_path: Path) -> None:
+        """An eviction and a dry run, each in an SRE's words with the node named."""
+        healer, _, _ = _healer(tmp_path)
+        await healer.handle(_incident("inc-5", "gpu_fault", "node-001/gpu-0", "node-001"))
+        assert decision_line(healer.decisions[-1]).startswith("inc-5 gpu fault at node-001: drain")
+        (tmp_path / "shadow").mkdir()
+        shadow, _, _ = _healer(tmp_path / "shadow", mode="dry_run")
+        await shadow.handle(_incident("inc-6", "gpu_fault", "node-001/gpu-0", "node-001"))
+        assert "would drain" in decision_line(shadow.decisions[-1]) and "held back (dry run)" in decision_line(
+            shadow.decisions[-1]
+        )
 
     async def test_dry_run_records_what_it_would_do_and_does_nothing(self, tmp_path: Path) -> None:
         """Shadow mode: the eviction is recorded as a dry run and the scheduler is untouched."""

@@ -32,6 +32,7 @@ from controller.store import Store
 from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
 
 S = NodeHealState
 NODE = "node-002"
@@ -55,11 +56,17 @@ class Rig:
     handler: CommandHandler | None = None
     wire: asyncio.Task[None] | None = None
 
-    def hello(self) -> None:
+    def hello(self, accelerators: tpb.AcceleratorCheck | None = None) -> None:
         self.boots += 1
         inv = ipb.Inventory(gpus=[ipb.GpuInfo(index=i) for i in range(8)])
         self.registry.register(
-            spb.Hello(node_id=NODE, role=ipb.NODE_ROLE_COMPUTE, inventory=inv, boot_id=f"boot-{self.boots}")
+            spb.Hello(
+                node_id=NODE,
+                role=ipb.NODE_ROLE_COMPUTE,
+                inventory=inv,
+                boot_id=f"boot-{self.boots}",
+                accelerators=accelerators,
+            )
         )
 
     def loop(self, policy: RepairPolicy, **kw: Any) -> RepairLoop:
@@ -310,3 +317,31 @@ async def test_only_incidents_that_hold_the_node_bar_its_return(rig: Rig) -> Non
     other = Incident("inc-dbe", "gpu_fault", f"{NODE}/gpu-6", "gpu", [NODE], [], "critical", "reset_gpu", [], now)
     rig.incidents.append(other)
     assert loop._scan_clean(rep) == (False, "open incident(s) on the node: inc-dbe")
+
+
+async def test_a_node_whose_accelerators_were_not_read_never_passes_validation(rig: Rig) -> None:
+    """Issue 30: after the reset the agent says npu-smi printed nothing it could read: validation
+    fails naming that, whatever the incidents say, and the node climbs; after the reboot its chips
+    are read again and it passes."""
+    unread = tpb.AcceleratorCheck(
+        judged=False, backend="ascend", tool="npu-smi", reason="npu-smi info printed no NPU this parser can read: -8005"
+    )
+    rig.hello(accelerators=unread)
+    start_agent(rig, {"gpu_reset": sh("true")})
+    repair = RepairPolicy(
+        ladders={"gpu_fault": ("reset_gpu", "reboot", "retire")},
+        timeouts_s={"reset_gpu": 3.0, "reboot": 3.0},
+        validations={"default": Validation(True, 0.1, (), clear_within_s=0.5)},
+        spare_target=2,
+    )
+    loop = rig.loop(repair, not_judged=lambda node: rig.registry.nodes[node].not_judged_why)
+    inc = rig.incidents[0]
+    await rig.evict(inc)
+    loop.begin(NODE, inc, "reset_gpu")
+    await drive(loop)
+    rep = loop.repair(NODE)
+    assert rep is not None
+    failed = [e for e in rep.evidence if e["step"] == "scan" and not e["ok"]]
+    assert failed and failed[0]["detail"].startswith("not judged: npu-smi info printed no NPU"), rep.evidence
+    assert [c.kind for c in rig.commands].count(spb.COMMAND_KIND_REBOOT) == 1  # climbed to the reboot
+    assert states(rig)[-1] == "spare"  # the rebooted node's chips were read: it passes

@@ -23,8 +23,10 @@ from controller.query.surface import Queries
 from controller.service import Controller, ControllerConfig
 from controller.store import Store
 from starpulse.core.clock import FakeClock
+from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
 
 T0_MS = 1_700_000_000_000
 
@@ -141,6 +143,23 @@ class TestStoreQueries:
         assert standby.lifecycle()["node-003"].state == NodeHealState.CORDONED
         jobs = standby.jobs()
         assert jobs is not None and [(j.job, j.nodes) for j in jobs] == [("llama", ["node-000", "node-001"])]
+
+    def test_not_judged_is_the_same_on_a_standby(self, ctl: Controller, standby: StoreQueries) -> None:
+        """Issue 30: the leader from the node's latest check, a standby from its last accel_check event."""
+        unread = tpb.AcceleratorCheck(judged=False, tool="npu-smi", reason="npu-smi is not on PATH")
+        inv = ipb.Inventory(gpus=[ipb.GpuInfo() for _ in range(8)])
+        ctl.registry.register(
+            spb.Hello(node_id="node-002", role=ipb.NODE_ROLE_COMPUTE, inventory=inv, accelerators=unread)
+        )
+        event = Finding(
+            "accel_check", "node", "warning", "investigate", "not judged: npu-smi is not on PATH", "agent",
+            attributes={"judged": "false", "reason": "npu-smi is not on PATH"},
+        ).to_event(seq=1)  # fmt: skip
+        ctl.core.events("node-002", [event])
+        for q in (ctl.queries, standby):
+            rows = {r.node_id: (r.judged, r.not_judged_why) for r in q.node_statuses()}
+            assert rows["node-002"] == (False, "npu-smi is not on PATH"), q
+            assert rows["node-001"] == (True, "")
 
     def test_topology_is_the_leaders_alone(self, ctl: Controller, standby: StoreQueries, fabric: Fabric) -> None:
         """A standby does not reconcile LLDP (None); the leader's view carries the declared fabric."""

@@ -690,13 +690,16 @@
         gpus: n.gpu_count || 0,
         nics: n.nic_count || 0,
         events: n.open_events || 0,
+        // Issue 30: accelerators not read (tool missing, failing, unparseable, fewer than expected):
+        // never shown as healthy. An older controller sends no "judged": read as judged.
+        notJudged: n.judged === false ? n.not_judged_why || "accelerators not read" : "",
       });
     }
     for (const [name, m] of marks) {
       if (!rows.has(name)) {
         rows.set(name, {
           name, state: "unknown", lifecycle: lifecycleOf(m) || "in_service", lifecycleSince: Number(m.lifecycle_since_ms || 0),
-          lifecycleReason: m.lifecycle_reason || "", last_seen_ms: 0, gpus: "", nics: "", events: "",
+          lifecycleReason: m.lifecycle_reason || "", last_seen_ms: 0, gpus: "", nics: "", events: "", notJudged: "",
         });
       }
     }
@@ -707,21 +710,28 @@
 
   function rank(row) {
     const sev = incidentsOf(row.mark).length ? SEVERITY_RANK[row.mark.status] + 2 : 0;
-    return (row.state === "unreachable" ? 10 : 0) + (row.lifecycle !== "in_service" ? 5 : 0) + sev;
+    return (row.state === "unreachable" ? 10 : 0) + (row.lifecycle !== "in_service" ? 5 : 0) + (row.notJudged ? 4 : 0) + sev;
   }
 
   function renderNodes() {
     const filter = $("node-filter").value.trim().toLowerCase();
     const rows = nodeRows();
-    const shown = filter ? rows.filter((r) => (r.name + " " + r.state + " " + r.lifecycle).toLowerCase().includes(filter)) : rows;
+    const shown = filter
+      ? rows.filter((r) => (r.name + " " + r.state + " " + r.lifecycle + (r.notJudged ? " not judged" : "")).toLowerCase().includes(filter))
+      : rows;
     $("nodes").tBodies[0].replaceChildren(...shown.map(nodeRow));
     const bad = rows.filter((r) => r.state === "unreachable").length;
-    $("nodes-meta").textContent = rows.length + " nodes" + (bad ? " · " + bad + " unreachable" : "");
+    const unread = rows.filter((r) => r.notJudged).length;
+    $("nodes-meta").textContent =
+      rows.length + " nodes" + (bad ? " · " + bad + " unreachable" : "") + (unread ? " · " + unread + " not judged" : "");
   }
 
   function nodeRow(r) {
     const ids = incidentsOf(r.mark);
-    const cls = [r.state, "life-" + r.lifecycle, ids.length ? "has-incident st-" + r.mark.status : ""].join(" ").trim();
+    const cls = [r.state, "life-" + r.lifecycle, r.notJudged ? "not-judged" : "", ids.length ? "has-incident st-" + r.mark.status : ""]
+      .join(" ")
+      .replace(/\s+/g, " ")
+      .trim();
     const why = r.lifecycleReason + (r.lifecycleSince ? " (since " + fmtAgo(r.lifecycleSince) + ")" : "");
     const links = ids.map((id) => el("a", { href: "#incident-" + id, text: id }));
     const incCell = el("td", {});
@@ -730,7 +740,12 @@
       "tr",
       { id: "row-" + r.name, class: cls, "data-node": r.name },
       el("td", { text: r.name }),
-      el("td", {}, el("span", { class: "state " + r.state, text: r.state })),
+      el(
+        "td",
+        {},
+        el("span", { class: "state " + r.state, text: r.state }),
+        r.notJudged ? el("span", { class: "state not-judged", title: r.notJudged, text: "not judged" }) : null,
+      ),
       el("td", { title: why }, el("span", { class: "life life-" + r.lifecycle, text: r.lifecycle.replace("_", " ") })),
       el("td", { title: r.last_seen_ms ? new Date(r.last_seen_ms).toISOString() : "", text: fmtAgo(r.last_seen_ms) }),
       el("td", { class: "num", text: r.gpus }),
