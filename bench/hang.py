@@ -3,6 +3,10 @@ in a TCP barrier every step, registered with real agent job gateways (unix socke
 reports decided by a DecisionCore on the system clock.
 
     python -m bench.hang [--shape after_barrier|before_barrier] [--two] [--step-time 0.2] [--runs 3]
+    python -m bench.hang --resume [--shape after_barrier|before_barrier|barrier_lost] [--two]
+
+``--resume``: on to the end, through the healer, the in-memory scheduler's requeue and the new
+run's first step from the checkpoint (``bench/hang_resume.py``).
 
 Four "nodes" (one JobGateway each) with two ranks each. At ``--hang-step`` rank 3 (node-001)
 (and with ``--two`` also rank 6, node-003: two suspects on two nodes)
@@ -190,6 +194,11 @@ async def run_once(
 
 
 async def _main(args: argparse.Namespace) -> None:
+    if args.resume:
+        await _main_resume(args)
+        return
+    if args.shape == "barrier_lost":
+        raise SystemExit("--shape barrier_lost: only with --resume")
     runs = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
@@ -203,15 +212,37 @@ async def _main(args: argparse.Namespace) -> None:
     print(json.dumps({"shape": args.shape, "runs": len(runs), "hang_to_incident_s_median": took[len(took) // 2]}))
 
 
+async def _main_resume(args: argparse.Namespace) -> None:
+    from bench.hang_resume import run_resume  # noqa: PLC0415 (it imports this module)
+
+    runs = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
+            odd = (ODD_RANK, SECOND_ODD_RANK) if args.two else (ODD_RANK,)
+            run = await run_resume(
+                Path(d), args.shape, args.step_time, args.hang_step, args.checkpoint_every, args.report_s,
+                args.floor_s, odd_ranks=odd,
+            )  # fmt: skip
+        runs.append(run.to_dict())
+        print(json.dumps(run.to_dict()), flush=True)
+    summary: dict[str, Any] = {"shape": args.shape, "two": args.two, "runs": len(runs)}
+    for key in ("hang_to_incident_s", "hang_to_culprit_s", "hang_to_resumed_s", "incident_to_resumed_s", "steps_lost"):
+        values = sorted(r[key] for r in runs)
+        summary[f"{key}_median"] = values[len(values) // 2]
+    print(json.dumps(summary))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", choices=("after_barrier", "before_barrier"), default="after_barrier")
+    p.add_argument("--shape", choices=("after_barrier", "before_barrier", "barrier_lost"), default="after_barrier")
     p.add_argument("--step-time", type=float, default=0.2)
     p.add_argument("--hang-step", type=int, default=40)
     p.add_argument("--report-s", type=float, default=1.0)
     p.add_argument("--floor-s", type=float, default=3.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--two", action="store_true", help="ranks 3 and 6 (node-001, node-003) hang")
+    p.add_argument("--resume", action="store_true", help="on to the job resumed from its checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="with --resume")
     asyncio.run(_main(p.parse_args()))
 
 
