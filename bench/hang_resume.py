@@ -1,7 +1,7 @@
 """Hang -> job resumed with real ranks: examples/train_ranks.py processes (a TCP barrier every
 step, a checkpoint every ``--checkpoint-every`` steps) under real agent job gateways, a
 ``DecisionCore`` with its healer on the system clock and the in-memory scheduler
-(``SimScheduler``: the job on node-000..003, node-004 the hot spare).
+(``SimScheduler``: the job on node-000..003, node-004 and node-005 the hot spares).
 
     python -m bench.hang --resume [--shape after_barrier|before_barrier|barrier_lost] [--two]
 
@@ -55,6 +55,8 @@ class ResumeRun:
     culprit_from: str = ""  # "steps" or "stacks"
     hang_to_culprit_s: float = 0.0
     action: str = ""  # "evict" or "restart_in_place"
+    evicted: list[str] = field(default_factory=list)
+    requeues: int = 0  # one per eviction: two suspects, two requeues (the second on the final nodes)
     requeued_on: list[str] = field(default_factory=list)
     hang_to_resumed_s: float = 0.0  # to the new run's first step
     incident_to_resumed_s: float = 0.0
@@ -132,7 +134,7 @@ async def run_resume(
     odd_ranks: tuple[int, ...] = (ODD_RANK,),
 ) -> ResumeRun:
     """One job on four nodes hangs at ``hang_step``; detected, decided, acted on, resumed."""
-    fabric = generate_fabric(nodes=4, gpus_per_node=2, rails=2, nodes_per_block=4, spines=1, spares=1)
+    fabric = generate_fabric(nodes=4, gpus_per_node=2, rails=2, nodes_per_block=4, spines=1, spares=2)
     nodes = sorted(fabric.nodes())
     job_nodes = [n for n in nodes if n not in fabric.spares()]
     scheduler = SimScheduler(nodes)
@@ -163,7 +165,8 @@ async def run_resume(
         "--step-time", str(step_time_s), "--checkpoint-every", str(checkpoint_every),
         "--hang-rank", ",".join(map(str, odd_ranks)), "--hang-step", str(hang_step), "--hang-where", shape,
     ]  # fmt: skip
-    first, second = Ranks(), Ranks()
+    first = Ranks()
+    runs = [first]
     await first.start(job_nodes, gateways, workdir, hang_args)
     run = ResumeRun(shape=shape, hang_step=hang_step)
     opened_ms: int | None = None
@@ -193,16 +196,21 @@ async def run_resume(
                     run.culprit = [{"rank": s["rank"], "node": s["node"]} for s in ev.get("suspects") or []]
                     run.hang_to_culprit_s = ev["stacks"]["at_ms"] / 1000.0 - first.hang_at
             requeues = [a for a in scheduler.actions if a[0] == "requeue"]
-            if requeues and not run.requeued_on:
-                run.requeued_on = requeues[0][2].split(",")
-                run.last_step_before_hang = first.max_step
+            if len(requeues) > len(runs) - 1:  # a requeue (two suspects: one per eviction) ends the run
+                run.requeued_on = requeues[-1][2].split(",")
+                run.requeues = len(requeues)
+                run.last_step_before_hang = max(run.last_step_before_hang, first.max_step)
                 drained = {a[1] for a in scheduler.actions if a[0] == "drain"}
                 run.action = "evict" if drained else "restart_in_place"
-                await first.kill()  # a requeue ends the old run
-                await second.start(run.requeued_on, gateways, workdir, ["--step-time", str(step_time_s)])
-            if second.first_step is not None and first.hang_at is not None and opened_ms is not None:
-                run.first_step_after_resume, at = second.first_step
-                run.resumed_from_step = second.resumed_from if second.resumed_from is not None else -1
+                run.evicted = sorted(drained)
+                await runs[-1].kill()
+                runs.append(Ranks())
+                await runs[-1].start(run.requeued_on, gateways, workdir, ["--step-time", str(step_time_s)])
+                continue
+            current = runs[-1]
+            if len(runs) > 1 and current.first_step is not None and first.hang_at is not None and opened_ms is not None:
+                run.first_step_after_resume, at = current.first_step
+                run.resumed_from_step = current.resumed_from if current.resumed_from is not None else -1
                 run.hang_to_resumed_s = at - first.hang_at
                 run.incident_to_resumed_s = at - opened_ms / 1000.0
                 rec = core.jobs.job(JOB)
@@ -210,8 +218,8 @@ async def run_resume(
                 return run
         raise TimeoutError(f"not resumed within {timeout_s:g}s: {run.to_dict()} actions={scheduler.actions}")
     finally:
-        await first.kill()
-        await second.kill()
+        for ranks in runs:
+            await ranks.kill()
         for task in agents:
             task.cancel()
         await core.stop()

@@ -194,6 +194,11 @@ class JobRecord:
         return None
 
     @property
+    def last_step_ms(self) -> int | None:
+        """Controller clock (unix ms) when any rank's step last changed; None: no rank moved yet."""
+        return max((r.moved_ms for r in self.ranks.values() if r.moved_ms), default=None)
+
+    @property
     def last_restart(self) -> RestartRecord | None:
         return self.history[-1] if self.history else None
 
@@ -213,6 +218,7 @@ class JobRecord:
             "downtime_s": self.downtime_s,
             "resumed_from_step": self.resumed_from_step,
             "resumed_from_checkpoint": last.resumed_from_checkpoint if last else None,
+            "last_step_ms": self.last_step_ms,
             "ranks": {r.rank: r.node for r in sorted(self.ranks.values(), key=lambda r: r.rank)},
             "phase": self.phase,
             "since_step_s": self.since_step_s,

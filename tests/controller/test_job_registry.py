@@ -198,3 +198,36 @@ def test_step_progress_writes_are_throttled(store: Store) -> None:
     clock.advance(1)
     reg.on_report(node("a"), report(("j", 0, 4, 4), world=1))  # a checkpoint is written at once
     assert store.connection.execute("SELECT last_checkpoint_step FROM heal_job_ranks").fetchone() == (4,)
+
+
+def test_phase_and_time_since_the_last_step_reach_the_jobs_listing(store: Store) -> None:
+    """``starpulse jobs`` shows what the job does and how long since it last moved (the hang's
+    first sign): the rank's step moving sets it, a report with the same step does not."""
+    from controller.outputs.admin import job_info  # noqa: PLC0415 (the output the CLI reads)
+
+    clock = FakeClock(1_000_000)
+    reg = JobRegistry(store.connection, clock)
+    reg.on_report(node("gpu-001"), report(("llm", 0, 25, 20), ("llm", 1, 25, 20)))
+    clock.advance(7.5)
+    reg.on_report(node("gpu-001"), report(("llm", 0, 25, 20), ("llm", 1, 25, 20)))  # no rank moved
+    job = reg.job("llm")
+    assert job is not None and job.last_step_ms == 1_000_000 and job.since_step_s == 7.5
+    info = job_info(job)
+    assert info.HasField("last_step_ms") and info.last_step_ms == 1_000_000
+    assert info.since_step_s == 7.5 and info.phase == "training"  # ranks that say nothing train
+    moved = report(("llm", 0, 26, 20), ("llm", 1, 26, 20))
+    moved.job_steps[1].phase = "checkpointing"
+    for s in moved.job_steps[:1]:
+        s.phase = "training"
+    reg.on_report(node("gpu-001"), moved)
+    info = job_info(reg.job("llm"))  # type: ignore[arg-type]
+    assert info.since_step_s == 0.0 and info.phase == "checkpointing"  # its peers wait on the writer
+
+
+def test_a_job_nobody_reported_has_no_time_since_a_step(store: Store) -> None:
+    from controller.outputs.admin import job_info  # noqa: PLC0415
+
+    reg = JobRegistry(store.connection, FakeClock(1_000_000))
+    job = reg.register_job("declared", ["gpu-001"])
+    info = job_info(reg.job(job.job))  # type: ignore[arg-type]
+    assert not info.HasField("last_step_ms") and not info.HasField("since_step_s")
