@@ -4,6 +4,8 @@ reports decided by a DecisionCore on the system clock.
 
     python -m bench.hang [--shape after_barrier|before_barrier] [--two] [--step-time 0.2] [--runs 3]
     python -m bench.hang --resume [--shape after_barrier|before_barrier|barrier_lost] [--two]
+    python -m bench.hang --false-hangs [--seeds 5] [--minutes 30]
+    python -m bench.hang --healthy-s 600     (real ranks, healthy: job_hang incidents, goal 0)
 
 ``--resume``: on to the end, through the healer, the in-memory scheduler's requeue and the new
 run's first step from the checkpoint (``bench/hang_resume.py``).
@@ -194,6 +196,23 @@ async def run_once(
 
 
 async def _main(args: argparse.Namespace) -> None:
+    if args.false_hangs:
+        from dataclasses import asdict  # noqa: PLC0415
+
+        from bench.hang_false import run_seeds  # noqa: PLC0415
+
+        found = run_seeds(args.seeds, args.minutes)
+        for r in found:
+            print(json.dumps(asdict(r)), flush=True)
+        print(json.dumps({"false_hangs": sum(r.job_hang_incidents for r in found), "seeds": len(found),
+                          "minutes": args.minutes}))  # fmt: skip
+        return
+    if args.healthy_s:
+        from bench.hang_resume import run_healthy  # noqa: PLC0415
+
+        with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
+            print(json.dumps(await run_healthy(Path(d), args.healthy_s)))
+        return
     if args.resume:
         await _main_resume(args)
         return
@@ -221,7 +240,7 @@ async def _main_resume(args: argparse.Namespace) -> None:
             odd = (ODD_RANK, SECOND_ODD_RANK) if args.two else (ODD_RANK,)
             run = await run_resume(
                 Path(d), args.shape, args.step_time, args.hang_step, args.checkpoint_every, args.report_s,
-                args.floor_s, odd_ranks=odd,
+                args.floor_s, odd_ranks=odd, max_fleet_share=args.fleet_share,
             )  # fmt: skip
         runs.append(run.to_dict())
         print(json.dumps(run.to_dict()), flush=True)
@@ -243,6 +262,12 @@ def main() -> None:
     p.add_argument("--two", action="store_true", help="ranks 3 and 6 (node-001, node-003) hang")
     p.add_argument("--resume", action="store_true", help="on to the job resumed from its checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=10, help="with --resume")
+    p.add_argument("--fleet-share", type=float, default=0.05,
+                   help="with --resume: the guards' max_fleet_share (two suspects of six nodes: 0.34)")
+    p.add_argument("--false-hangs", action="store_true", help="healthy training on the fake clock: job_hang count")
+    p.add_argument("--seeds", type=int, default=5, help="with --false-hangs")
+    p.add_argument("--healthy-s", type=float, default=0, help="real ranks training healthily this long")
+    p.add_argument("--minutes", type=int, default=30, help="with --false-hangs")
     asyncio.run(_main(p.parse_args()))
 
 

@@ -53,6 +53,7 @@ class ResumeRun:
     hang_to_incident_s: float = 0.0
     culprit: list[dict[str, Any]] = field(default_factory=list)  # rank/node named (empty: nobody)
     culprit_from: str = ""  # "steps" or "stacks"
+    stacks_reason: str = ""  # the stacks' verdict, in words (every rank in one place: nobody named)
     hang_to_culprit_s: float = 0.0
     action: str = ""  # "evict" or "restart_in_place"
     evicted: list[str] = field(default_factory=list)
@@ -64,6 +65,7 @@ class ResumeRun:
     first_step_after_resume: int = -1
     last_step_before_hang: int = 0
     steps_lost: int = 0  # the registry's count for the interruption
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # the healer's, for this hang
 
     def to_dict(self) -> dict[str, Any]:
         return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -132,8 +134,13 @@ async def run_resume(
     floor_s: float = 3.0,
     timeout_s: float = 120.0,
     odd_ranks: tuple[int, ...] = (ODD_RANK,),
+    max_fleet_share: float = 0.05,
 ) -> ResumeRun:
-    """One job on four nodes hangs at ``hang_step``; detected, decided, acted on, resumed."""
+    """One job on four nodes hangs at ``hang_step``; detected, decided, acted on, resumed.
+
+    ``max_fleet_share``: the guard's share of the fleet out at once. Its default lets one node of
+    these six go (at least one is always allowed): two suspects need 0.34, as the demo's 2 of 17.
+    """
     fabric = generate_fabric(nodes=4, gpus_per_node=2, rails=2, nodes_per_block=4, spines=1, spares=2)
     nodes = sorted(fabric.nodes())
     job_nodes = [n for n in nodes if n not in fabric.spares()]
@@ -147,7 +154,7 @@ async def run_resume(
         hang=HangConfig(every_s=0.5, floor_s=floor_s, signal_lost_s=10 * report_s),
         heal=HealSettings(
             scheduler=scheduler,
-            guards=GuardConfig(mode="enforce"),
+            guards=GuardConfig(mode="enforce", max_fleet_share=max_fleet_share),
             heal=HealConfig(checkpoint_timeout_s=0.0),
         ),
     )
@@ -186,6 +193,8 @@ async def run_resume(
                 opened_ms = hangs[0].opened_ms
                 run.hang_to_incident_s = opened_ms / 1000.0 - first.hang_at
             active = [c for c in core.hangs.active() if c.evidence.get("job") == JOB]
+            if active and "stacks" in active[0].evidence and not run.stacks_reason:
+                run.stacks_reason = str(active[0].evidence["stacks"].get("reason", ""))
             if active and not run.culprit_from and first.hang_at is not None:
                 ev = active[0].evidence
                 if ev.get("step_suspects"):
@@ -215,6 +224,11 @@ async def run_resume(
                 run.incident_to_resumed_s = at - opened_ms / 1000.0
                 rec = core.jobs.job(JOB)
                 run.steps_lost = rec.steps_lost if rec is not None else -1
+                assert core.healer is not None
+                run.decisions = [
+                    {k: d.get(k) for k in ("action", "node", "outcome", "reason")}
+                    for d in core.healer.decisions if d.get("kind") == "job_hang"
+                ]
                 return run
         raise TimeoutError(f"not resumed within {timeout_s:g}s: {run.to_dict()} actions={scheduler.actions}")
     finally:
@@ -224,6 +238,55 @@ async def run_resume(
             task.cancel()
         await core.stop()
         await core.stop_healing()
+        for gw in gateways.values():
+            await gw.close()
+        store.close()
+
+
+async def run_healthy(
+    workdir: Path, seconds: float, step_time_s: float = 0.2, report_s: float = 5.0, floor_s: float = 20.0
+) -> dict[str, Any]:
+    """Real ranks that train healthily for ``seconds`` (checkpoints every 50 steps, a 30 s
+    evaluation pass every 300 steps, rank 2 a straggler at 2.5 x the step time) under the same
+    controller: the ``job_hang`` incidents it opens (goal: 0) and the steps trained."""
+    fabric = generate_fabric(nodes=4, gpus_per_node=2, rails=2, nodes_per_block=4, spines=1, spares=2)
+    nodes = sorted(fabric.nodes())
+    job_nodes = [n for n in nodes if n not in fabric.spares()]
+    config = ControllerConfig(
+        db_path=workdir / "c.db",
+        fabric=fabric,
+        heartbeat_timeout_s=3600.0,
+        detection=DetectionConfig(correlation=CorrelationConfig(settle_s=1.0)),
+        hang=HangConfig(every_s=0.5, floor_s=floor_s, signal_lost_s=10 * report_s),
+    )
+    store = Store(config.db_path)
+    core = DecisionCore(config, SYSTEM_CLOCK, store, ControllerMetrics(), fabric=fabric)
+    gateways: dict[str, JobGateway] = {}
+    for node in nodes:
+        gw = gateways[node] = JobGateway(str(workdir / node / "jobs.sock"), stale_after_s=3600)
+        await gw.start()
+        core.hello(spb.Hello(node_id=node, role=ipb.NODE_ROLE_COMPUTE, inventory=ipb.Inventory(), boot_id="b"))
+    ranks = Ranks()
+    await ranks.start(job_nodes, gateways, workdir, [
+        "--step-time", str(step_time_s), "--checkpoint-every", "50", "--eval-every", "300", "--eval-s", "30",
+        "--slow-rank", "2", "--slow-factor", "2.5",
+    ])  # fmt: skip
+    seq = 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            await asyncio.sleep(report_s)
+            seq += 1
+            for node, gw in gateways.items():
+                report = tpb.Report(seq=seq, timestamp_ms=int(time.time() * 1000))
+                JobCollector(gw).collect(report)
+                core.report(node, report)
+            core.tick()
+        hangs = [i for i in core.detection.correlator.incidents(active_only=False) if i.kind == "job_hang"]
+        return {"seconds": seconds, "job_hang_incidents": len(hangs), "steps_trained": ranks.max_step}
+    finally:
+        await ranks.kill()
+        await core.stop()
         for gw in gateways.values():
             await gw.close()
         store.close()

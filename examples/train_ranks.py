@@ -3,7 +3,8 @@
 
     python examples/train_ranks.py --job NAME --rank R --world-size W --rendezvous HOST:PORT \\
         --steps N [--step-time 0.1] [--checkpoint-dir D] [--checkpoint-every K] [--socket PATH] \\
-        [--hang-rank R[,R...] --hang-step K --hang-where after_barrier|before_barrier|barrier_lost]
+        [--hang-rank R[,R...] --hang-step K --hang-where after_barrier|before_barrier|barrier_lost] \\
+        [--eval-every K --eval-s S] [--slow-rank R --slow-factor F]
 
 Every step each rank works (sleeps ``--step-time``), then meets every other rank in a barrier
 (rank 0 serves it over TCP: each rank sends ``step K`` and blocks until all W arrived, as an
@@ -20,6 +21,10 @@ every rank waits in the same place, nobody is an outlier.
 Each run resumes from the newest checkpoint every rank completed (``starpulse.job``), and with
 ``--checkpoint-every K`` every rank writes its part after each K-th step's barrier: a rank that
 hangs before writing leaves that step incomplete, so a requeued run resumes from the one before.
+
+``--eval-every K``: after every K-th step an evaluation pass of ``--eval-s`` seconds (phase
+``evaluating``); ``--slow-rank R``: that rank works ``--slow-factor`` times as long per step (a
+straggler: its peers wait for it in the barrier, the job slows, nothing hangs).
 
 Output lines (stdout, flushed): ``start rank=R pid=PID``, ``resumed from step K`` or ``fresh
 start``, ``step K at=UNIX_TIME``, ``checkpoint step K``, and for the odd rank (rank 0 for
@@ -81,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: no checkpoints")
     p.add_argument("--socket", default=None)
+    p.add_argument("--eval-every", type=int, default=0, help="0: no evaluation passes")
+    p.add_argument("--eval-s", type=float, default=5.0)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--hang-rank", default="", help="rank(s) that hang, comma-separated")
     p.add_argument("--hang-step", type=int, default=0)
     p.add_argument("--hang-where", choices=("before_barrier", "after_barrier", "barrier_lost"), default="after_barrier")
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     odd = args.hang_where != "barrier_lost" and str(args.rank) in args.hang_rank.split(",")
     for step in range(first, args.steps + 1):
         started = time.monotonic()
-        time.sleep(args.step_time)
+        time.sleep(args.step_time * (args.slow_factor if args.rank == args.slow_rank else 1.0))
         if odd and step == args.hang_step and args.hang_where == "before_barrier":
             print(f"hang step={step} where=before_barrier at={time.time():.3f}", flush=True)
             stuck_in_data_loader()
@@ -130,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             job.save_checkpoint(step, {"step": step, "rank": args.rank})
             print(f"checkpoint step {step}", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            job.set_phase("evaluating")
+            time.sleep(args.eval_s)
+            job.set_phase("training")
     job.close()
     return 0
 
