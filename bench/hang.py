@@ -197,9 +197,9 @@ async def run_once(
 
 async def _main(args: argparse.Namespace) -> None:
     if args.false_hangs:
-        from dataclasses import asdict  # noqa: PLC0415
+        from dataclasses import asdict
 
-        from bench.hang_false import run_seeds  # noqa: PLC0415
+        from bench.hang_false import run_seeds
 
         found = run_seeds(args.seeds, args.minutes)
         for r in found:
@@ -208,7 +208,7 @@ async def _main(args: argparse.Namespace) -> None:
                           "minutes": args.minutes}))  # fmt: skip
         return
     if args.healthy_s:
-        from bench.hang_resume import run_healthy  # noqa: PLC0415
+        from bench.hang_resume import run_healthy
 
         with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
             print(json.dumps(await run_healthy(Path(d), args.healthy_s)))
@@ -232,7 +232,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 async def _main_resume(args: argparse.Namespace) -> None:
-    from bench.hang_resume import run_resume  # noqa: PLC0415 (it imports this module)
+    from bench.hang_resume import run_resume
 
     runs = []
     for _ in range(args.runs):
@@ -262,8 +262,12 @@ def main() -> None:
     p.add_argument("--two", action="store_true", help="ranks 3 and 6 (node-001, node-003) hang")
     p.add_argument("--resume", action="store_true", help="on to the job resumed from its checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=10, help="with --resume")
-    p.add_argument("--fleet-share", type=float, default=0.05,
-                   help="with --resume: the guards' max_fleet_share (two suspects of six nodes: 0.34)")
+    p.add_argument(
+        "--fleet-share",
+        type=float,
+        default=0.05,
+        help="with --resume: the guards' max_fleet_share (two suspects of six nodes: 0.34)",
+    )
     p.add_argument("--false-hangs", action="store_true", help="healthy training on the fake clock: job_hang count")
     p.add_argument("--seeds", type=int, default=5, help="with --false-hangs")
     p.add_argument("--healthy-s", type=float, default=0, help="real ranks training healthily this long")

@@ -114,7 +114,8 @@ class Ranks:
                 if rank not in self._firsts:
                     self._firsts[rank] = (step, float(words[2].split("=", 1)[1]))
                     if len(self._firsts) == world:
-                        self.first_step = (min(s for s, _ in self._firsts.values()), max(t for _, t in self._firsts.values()))
+                        steps, times = zip(*self._firsts.values(), strict=True)
+                        self.first_step = (min(steps), max(times))
 
     async def kill(self) -> None:
         for proc in self.procs:
@@ -230,7 +231,8 @@ async def run_resume(
                 assert core.healer is not None
                 run.decisions = [
                     {k: d.get(k) for k in ("action", "node", "outcome", "reason")}
-                    for d in core.healer.decisions if d.get("kind") == "job_hang"
+                    for d in core.healer.decisions
+                    if d.get("kind") == "job_hang"
                 ]
                 return run
         raise TimeoutError(f"not resumed within {timeout_s:g}s: {run.to_dict()} actions={scheduler.actions}")

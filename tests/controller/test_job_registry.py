@@ -10,6 +10,7 @@ import pytest
 
 from controller.ingest.registry import IngestListener, NodeRecord
 from controller.jobs.registry import INTERRUPTED, RESUMING, RUNNING, JobRegistry
+from controller.outputs.admin import job_info
 from controller.store import Store
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
@@ -203,8 +204,6 @@ def test_step_progress_writes_are_throttled(store: Store) -> None:
 def test_phase_and_time_since_the_last_step_reach_the_jobs_listing(store: Store) -> None:
     """``starpulse jobs`` shows what the job does and how long since it last moved (the hang's
     first sign): the rank's step moving sets it, a report with the same step does not."""
-    from controller.outputs.admin import job_info  # noqa: PLC0415 (the output the CLI reads)
-
     clock = FakeClock(1_000_000)
     reg = JobRegistry(store.connection, clock)
     reg.on_report(node("gpu-001"), report(("llm", 0, 25, 20), ("llm", 1, 25, 20)))
@@ -225,8 +224,6 @@ def test_phase_and_time_since_the_last_step_reach_the_jobs_listing(store: Store)
 
 
 def test_a_job_nobody_reported_has_no_time_since_a_step(store: Store) -> None:
-    from controller.outputs.admin import job_info  # noqa: PLC0415
-
     reg = JobRegistry(store.connection, FakeClock(1_000_000))
     job = reg.register_job("declared", ["gpu-001"])
     info = job_info(reg.job(job.job))  # type: ignore[arg-type]

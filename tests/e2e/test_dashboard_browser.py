@@ -8,11 +8,13 @@ wait is on a DOM condition with a timeout (tests/e2e/browser.py); screenshots ar
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from controller.detect.model import Incident
 from controller.fabric.generate import generate_fabric
 from starpulse.app.scenario.spec import FaultSpec
 from tests.e2e.browser import WINDOW, Rig, fabric_only_rig, open_browser, requires_browser, run_chromium, sim_rig
@@ -198,10 +200,6 @@ HANG_STACKS = {
 async def test_a_hang_incident_shows_its_stacks_grouped_outliers_first(tmp_path: Path) -> None:
     """The job_hang incident on the page: its ranks' stacks grouped, the odd rank's group first
     and marked, each group's ranks, nodes and innermost frames; the waiters after it."""
-    import time  # noqa: PLC0415
-
-    from controller.detect.model import Incident  # noqa: PLC0415
-
     fabric = generate_fabric(4, gpus_per_node=2, rails=2, nodes_per_block=4, spines=1)
     async with fabric_only_rig(tmp_path, fabric) as rig, open_browser(tmp_path) as b:
         evidence = [{"rule": "job_hang", "component": "job:llm", "message": "no step for 21 s",

@@ -234,7 +234,7 @@ def register(sub: Any) -> None:
     sp.add_argument("--json", action="store_true", help=JSON_HELP)
     sp.set_defaults(func=cmd_spares)
 
-    jb = sub.add_parser("jobs", help="training jobs: phase, time since the last step, restarts, steps lost, downtime, checkpoint")
+    jb = sub.add_parser("jobs", help="training jobs: phase, time since the last step, restarts, steps lost, checkpoint")
     add_client_flags(jb)
     jb.add_argument("--json", action="store_true", help=JSON_HELP)
     jb.set_defaults(func=cmd_jobs)
