@@ -52,7 +52,8 @@ def phase_at(t: int) -> str:
     return "evaluating" if 180 <= m < 360 else "training"
 
 
-def run_false_hangs(workdir: Path, seed: int, minutes: int = 30) -> FalseHangRun:
+def run_false_hangs(workdir: Path, seed: int, minutes: int = 30, stop_at_s: int | None = None) -> FalseHangRun:
+    """``stop_at_s``: every rank stops there (the control: the same harness must then count a hang)."""
     rng = random.Random(seed)
     clock = FakeClock()
     config = ControllerConfig(
@@ -79,6 +80,8 @@ def run_false_hangs(workdir: Path, seed: int, minutes: int = 30) -> FalseHangRun
             checkpoints += now_phase == "checkpointing"
             evaluations += now_phase == "evaluating"
             phase, since = now_phase, clock.time_ms()
+        if stop_at_s is not None and t >= stop_at_s:
+            pace = dict.fromkeys(ranks, 0.0)
         if phase == "training":
             for r in ranks:
                 step[r] += pace[r] * rng.uniform(0.7, 1.3) / STEP_S
@@ -91,7 +94,7 @@ def run_false_hangs(workdir: Path, seed: int, minutes: int = 30) -> FalseHangRun
                 for r in ranks:
                     if r // RANKS_PER_NODE == n:
                         report.job_steps.add(
-                            job="llm", rank=r, step=int(step[r]), step_time_s=STEP_S / pace[r], pid=1000 + r,
+                            job="llm", rank=r, step=int(step[r]), step_time_s=STEP_S / (pace[r] or 1.0), pid=1000 + r,
                             world_size=len(step), phase=phase, phase_since_ms=since,
                         )  # fmt: skip
                 core.report(node, report)
