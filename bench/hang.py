@@ -245,7 +245,14 @@ async def _main_resume(args: argparse.Namespace) -> None:
         runs.append(run.to_dict())
         print(json.dumps(run.to_dict()), flush=True)
     summary: dict[str, Any] = {"shape": args.shape, "two": args.two, "runs": len(runs)}
-    for key in ("hang_to_incident_s", "hang_to_culprit_s", "hang_to_resumed_s", "incident_to_resumed_s", "steps_lost"):
+    for key in (
+        "hang_to_incident_s",
+        "hang_to_culprit_s",
+        "hang_to_resumed_s",
+        "incident_to_resumed_s",
+        "steps_lost",
+        "steps_redone",
+    ):
         values = sorted(r[key] for r in runs)
         summary[f"{key}_median"] = values[len(values) // 2]
     print(json.dumps(summary))

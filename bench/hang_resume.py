@@ -65,7 +65,8 @@ class ResumeRun:
     resumed_from_step: int = -1
     first_step_after_resume: int = -1
     last_step_before_hang: int = 0
-    steps_lost: int = 0  # the registry's count for the interruption
+    steps_lost: int = 0  # the registry's count (one interruption per requeue: two suspects count twice)
+    steps_redone: int = 0  # what the job really does again: last step reached - the step it resumed from
     decisions: list[dict[str, Any]] = field(default_factory=list)  # the healer's, for this hang
 
     def to_dict(self) -> dict[str, Any]:
@@ -228,6 +229,7 @@ async def run_resume(
                 run.incident_to_resumed_s = at - opened_ms / 1000.0
                 rec = core.jobs.job(JOB)
                 run.steps_lost = rec.steps_lost if rec is not None else -1
+                run.steps_redone = run.last_step_before_hang - run.resumed_from_step
                 assert core.healer is not None
                 run.decisions = [
                     {k: d.get(k) for k in ("action", "node", "outcome", "reason")}

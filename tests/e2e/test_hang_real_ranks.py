@@ -80,7 +80,7 @@ async def test_one_odd_rank_out_is_evicted_and_the_job_resumes_from_its_checkpoi
     assert run.action == "evict" and run.evicted == ["node-001"]
     assert "node-001" not in run.requeued_on and "node-004" in run.requeued_on
     assert run.resumed_from_step == 15 and run.first_step_after_resume == 16
-    assert run.steps_lost == 20 - 15
+    assert run.steps_lost == run.steps_redone == 20 - 15
 
 
 @needs_py_spy
