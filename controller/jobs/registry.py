@@ -590,6 +590,10 @@ class JobRegistry:
         rec, _ = self._get_or_create(job, at_ms)
         if rec.state == INTERRUPTED and rec.history:
             h = rec.history[-1]
+        elif rec.state == RESUMING and rec.history and rec.history[-1].first_step_ms is None:
+            # Requeued again before its first step (a hang naming two nodes: one requeue per
+            # eviction): the same interruption, its steps lost counted once.
+            h = rec.history[-1]
         else:  # resumed without a recorded interruption (e.g. the scheduler restarted it): count it anyway
             h = RestartRecord(interrupted_ms=at_ms, reason="unrecorded", interrupted_step=rec.step)
             rec.history.append(h)

@@ -228,3 +228,17 @@ def test_a_job_nobody_reported_has_no_time_since_a_step(store: Store) -> None:
     job = reg.register_job("declared", ["gpu-001"])
     info = job_info(reg.job(job.job))  # type: ignore[arg-type]
     assert not info.HasField("last_step_ms") and not info.HasField("since_step_s")
+
+
+def test_a_second_requeue_before_the_first_step_is_the_same_interruption(store: Store) -> None:
+    """A hang naming two nodes evicts each, and each eviction requeues the job: one interruption,
+    one restart, its steps lost counted once (not 2 x)."""
+    clock = FakeClock(1_000_000)
+    reg = JobRegistry(store.connection, clock)
+    reg.on_report(node("gpu-001"), report(("llm", 0, 39, 30), ("llm", 1, 39, 30)))
+    reg.mark_interrupted("llm", clock.time_ms(), "job_hang on gpu-001")
+    reg.mark_resumed("llm", clock.time_ms(), 30)
+    reg.mark_interrupted("llm", clock.time_ms(), "job_hang on gpu-002")  # still resuming: the same one
+    reg.mark_resumed("llm", clock.time_ms(), 30)
+    job = reg.job("llm")
+    assert job is not None and job.restarts == 1 and job.steps_lost == 9 and len(job.history) == 1

@@ -94,6 +94,7 @@ async def test_two_suspects_on_two_nodes_are_both_evicted_and_the_job_resumes_on
         )  # fmt: skip
     assert run.culprit_from == "stacks"
     assert [(c["rank"], c["node"]) for c in run.culprit] == [(ODD_RANK, "node-001"), (SECOND_ODD_RANK, "node-003")]
+    assert run.steps_lost == run.steps_redone  # two requeues, one interruption
     assert run.evicted == ["node-001", "node-003"]
     assert sorted(run.requeued_on) == ["node-000", "node-002", "node-004", "node-005"]
     assert run.resumed_from_step == 15 and run.first_step_after_resume == 16
