@@ -25,6 +25,7 @@ from agent.collectors.lldp import LldpCollector, Runner, lldpcli_command
 from agent.collectors.pci import pair_nics_with_gpus
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.collectors.sonic import SonicSwitchCollector, default_redis_factory
+from agent.probe.prober import Prober
 from agent.runtime import Agent, AgentConfig
 from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
@@ -168,8 +169,12 @@ def build_collectors(
     )
 
 
-def build_agent(config: AgentConfig, backend: str, **factory_kwargs: Any) -> Agent:
-    """An Agent whose collectors for `backend` push their findings into it."""
+def build_agent(config: AgentConfig, backend: str, prober: Prober | None = None, **factory_kwargs: Any) -> Agent:
+    """An Agent whose collectors for `backend` push their findings into it.
+
+    ``prober``: the probe mesh's prober (None: the real UDP one); a simulator hands one whose
+    data plane is its fake fabric (agent.sim.probe_fabric).
+    """
     holder: list[Agent] = []
 
     def sink(finding: Finding) -> None:
@@ -183,6 +188,7 @@ def build_agent(config: AgentConfig, backend: str, **factory_kwargs: Any) -> Age
         starters=plan.starters,
         kmsg=plan.kmsg,
         inventory_hooks=plan.inventory_hooks,
+        prober=prober,
     )
     holder.append(agent)
     return agent

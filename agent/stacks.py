@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import json
 import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -27,8 +29,11 @@ MAX_FRAMES = 64
 
 
 def find_py_spy(configured: str | None = None) -> str | None:
-    """The py-spy executable: ``configured`` when given, else the one on PATH; None: not installed."""
-    return configured or shutil.which("py-spy")
+    """The py-spy executable: ``configured`` when given, else the one on PATH, else the one
+    installed beside this interpreter (an agent in a virtual environment whose bin is not on
+    PATH); None: not installed."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return configured or shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
 
 
 def main_thread_frames(dump: Any, pid: int) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from controller.detect.shard_worker import ShardSettings
 from controller.fabric import Fabric
 from controller.heal.guards import Guards
 from controller.heal.healer import Healer
+from controller.heal.inservice import FleetServiceLedger, retired_nodes
 from controller.heal.policy import Policy, SqliteHealHistory, load_policy
 from controller.heal.repair import RepairConfig, RepairLoop
 from controller.heal.spares import SparePool
@@ -56,7 +57,9 @@ from controller.jobs.hang import HangDetector
 from controller.jobs.registry import JobRegistry
 from controller.jobs.stacks import RankStack, group_stacks, hardware_on, rank_stacks
 from controller.jobs.stall import GpuStallDetector
+from controller.mesh import ProbeMesh
 from controller.metrics import ControllerMetrics
+from controller.query.history import HistoryKeeper
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
 from controller.store import Store
@@ -67,6 +70,7 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
+HISTORY_SWEEP_MS = 3_600_000  # the retention sweep's period: days leave the horizon one at a time
 
 
 class DecisionCore:
@@ -104,9 +108,13 @@ class DecisionCore:
             listeners=[self],
             stages=stages,
             on_takeover=self._taken_over,
+            sweep_interval_s=config.sweep_interval_s,
         )
         self.conflicts = AgentConflicts(clock)
         self.jobs = JobRegistry(store.connection, clock)
+        self.fleet_service = FleetServiceLedger(store.connection)  # the GPU-days of the fleet report
+        self.history = HistoryKeeper(store.connection, config.history_retention_s)
+        self._history_due_ms = 0
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
         self.hangs = HangDetector(config.hang, clock)
@@ -142,6 +150,17 @@ class DecisionCore:
         if self.detection.shards is not None:
             shards = self.detection.shards
             metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
+        # The probe mesh (issue 29): planned from the fabric, pushed on the streams, replanned on change.
+        self.mesh: ProbeMesh | None = None
+        if fabric is not None and config.detection.probes.enabled:
+            self.mesh = ProbeMesh(
+                fabric,
+                config.detection.probes,
+                self.registry,
+                busy=lambda node: bool(self.jobs.jobs_of(node)),
+                clock=clock,
+                on_planned=lambda plan: metrics.probe_mesh_targets.set(sum(len(t) for t in plan.targets.values())),
+            )
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self._periodic: list[tuple[str, Callable[[], object]]] = [
             ("heartbeat_sweep", self.registry.sweep),
@@ -149,7 +168,11 @@ class DecisionCore:
             ("detection_tick", self.detection.tick),
             ("agent_conflicts", self._conflicts_tick),
             ("hang_check", self.check_hangs),
+            ("fleet_service", self.sync_fleet_service),
+            ("history", self.sweep_history),
         ]
+        if self.mesh is not None:
+            self._periodic.append(("probe_mesh", self.mesh.tick))
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._heal_task: asyncio.Task[None] | None = None
@@ -212,6 +235,22 @@ class DecisionCore:
         if record is None or record.state != "online":
             return False
         return not any(policy.holds(i, node) for i in self.detection.correlator.incidents(active_only=True))
+
+    def sync_fleet_service(self) -> None:
+        """Open a ``fleet_service`` interval for every compute node heard, close retired nodes'."""
+        nodes = {
+            n.node_id: (len(n.inventory.gpus), n.first_seen_ms)
+            for n in self.registry.nodes.values()
+            if n.role == ipb.NODE_ROLE_COMPUTE
+        }
+        self.fleet_service.sync(nodes, retired_nodes(self.store.connection), self.clock.time_ms())
+
+    def sweep_history(self) -> None:
+        """Keep the database bounded: aggregate and delete what left the horizon, once an hour."""
+        now = self.clock.time_ms()
+        if now >= self._history_due_ms:
+            self._history_due_ms = now + HISTORY_SWEEP_MS
+            self.history.sweep(now)
 
     def fleet_size(self) -> int:
         if self.fabric is not None:
@@ -340,12 +379,16 @@ class DecisionCore:
         self.jobs.on_report(node, verdict)
         if verdict.job_gpus:
             self.stalls.observe(node.node_id, verdict.job_gpus, verdict.signals.get("nic_gbps"))
+        if verdict.lldp is not None and self.mesh is not None:
+            self.mesh.changed()  # learned wiring may have moved a cable
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         self.detection.on_events(node, events)
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         self.detection.on_presence(node, old_state, new_state)
+        if self.mesh is not None:
+            self.mesh.changed()
 
     # -- life -----------------------------------------------------------------------------
     async def start_shards(self) -> None:

@@ -18,6 +18,7 @@ import structlog
 
 from agent.transport.buffer import EventBuffer
 from agent.transport.delta import ReportDelta
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -55,14 +56,16 @@ class ControllerLink:
         backoff: Backoff | None = None,
         max_in_flight: int = 1000,
         seed: int | None = None,
+        on_probe_plan: Callable[[spb.ProbePlan], None] | None = None,
     ) -> None:
         # Which controller next and how long to wait: the rule every starpulse client shares.
-        self.reconnect = Reconnector(targets, backoff, seed, name="agent")
+        self.reconnect = Reconnector(targets, backoff, seed, name="agent", clock=SYSTEM_CLOCK)
         self.targets = self.reconnect.targets  # the same list: a leader a standby names is added to it
         self.backoff = self.reconnect.backoff
         self._hello = hello
         self.buffer = buffer
         self._on_command = on_command
+        self._on_probe_plan = on_probe_plan
         self._credentials = credentials
         self.max_in_flight = max_in_flight
         self._wake = asyncio.Event()
@@ -111,6 +114,11 @@ class ControllerLink:
             # LLDP updates are sent only on change: carry one forward rather than lose it.
             if self._latest_report.HasField("lldp") and not report.HasField("lldp"):
                 report.lldp.CopyFrom(self._latest_report.lldp)
+            # Probe results are each window's once: carry the unsent ones forward too.
+            if self._latest_report.probe_results:
+                newer = list(report.probe_results)
+                del report.probe_results[:]
+                report.probe_results.extend([*self._latest_report.probe_results, *newer])
         self._latest_report = report
         self._wake.set()
 
@@ -223,6 +231,9 @@ class ControllerLink:
                 if msg.ack.full_report_needed:
                     self.delta.force_full()
                 self._wake.set()
+            elif which == "probe_plan":
+                if self._on_probe_plan is not None:
+                    self._on_probe_plan(msg.probe_plan)
             elif which == "command":
                 task = asyncio.create_task(self._run_command(call, msg.command))
                 self._command_tasks.add(task)

@@ -70,6 +70,7 @@ log = structlog.get_logger(__name__)
 KIND_ACTIONS: dict[str, str] = {
     "switch_fault": "investigate_switch",
     "partition": "investigate_network",
+    "path_fault": "investigate_network",
     "link_fault": vocab.ACTION_CHECK_LINK,
     "straggler": vocab.ACTION_INVESTIGATE,
     "node_down": vocab.ACTION_INVESTIGATE,

@@ -193,6 +193,8 @@ class Grouper:
         for c in by_cat.pop("hang", []):  # one job's verdict, decided on the jobs floor: its own incident
             nodes = c.evidence.get("nodes") or ([c.node] if c.node else [])
             self._add(out, "job_hang", c.component, "job", [c], [str(n) for n in nodes])
+        for c in by_cat.pop("path", []):  # probes' loss above a leaf, its uplink not traced
+            self._add(out, "path_fault", c.component, "network", [c], [])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])

@@ -29,6 +29,7 @@ CATEGORIES = (
     "failslow",  # a node persistently slower than its peers
     "agent",  # the node's agent itself: two agents claiming the node (controller.detect.agent_conflict)
     "hang",  # a job whose steps stopped moving (controller.jobs.hang): blames its suspects, if any
+    "path",  # probes lose or slow down above a leaf, on an uplink not yet traced (controller.detect.probes)
 )
 
 

@@ -181,13 +181,24 @@ class Healer:
             if getter not in done:
                 getter.cancel()
                 break
-            incident = getter.result()
-            try:
-                self.guards.observe(self.open_incidents(), self.fleet_size())
-                self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
-                await self.handle(incident)
-            except Exception:
-                log.exception("remediation_failed", incident=incident.id, kind=incident.kind)
+            await self._observe_and_handle(getter.result())
+
+    async def work_queued(self) -> int:
+        """Handle every incident change queued so far, as the run loop does, then return: the
+        fleet simulator's step (no task, no wait). Returns how many were handled."""
+        handled = 0
+        while not self._queue.empty():
+            await self._observe_and_handle(self._queue.get_nowait())
+            handled += 1
+        return handled
+
+    async def _observe_and_handle(self, incident: Incident) -> None:
+        try:
+            self.guards.observe(self.open_incidents(), self.fleet_size())
+            self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
+            await self.handle(incident)
+        except Exception:
+            log.exception("remediation_failed", incident=incident.id, kind=incident.kind)
 
     async def handle(self, incident: Incident) -> None:
         """Decide, guard, and act on one incident."""

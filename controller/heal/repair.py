@@ -187,6 +187,37 @@ class RepairLoop:
         log.warning("repair_begin", node=node, incident=incident.id, rung=self._rung(rep), lemon=score)
         return rep
 
+    def _enter(self, rep: Repair, rung: str) -> bool:
+        """Onto the rung: repairing (validating for ``none``); True when it is the ladder's end (retired)."""
+        if rung == RETIRE:
+            self._retire(rep, "the ladder's end")
+            return True
+        target = S.VALIDATING if rung == NONE else S.REPAIRING
+        self._move(rep.node, target, f"{rung}: rung {rep.rung + 1} of {rep.kind}", rep)
+        return False
+
+    def enter_rung(self, node: str) -> str | None:
+        """An evicted node onto its first rung, as the drive loop's first step, without driving it
+        (the fleet simulator: the rung's time comes from data). The rung; None: not evicted here."""
+        rep = self.repair(node)
+        if rep is None or self.store.state(node) != S.EVICTED:
+            return None
+        rung = self._rung(rep)
+        self._enter(rep, rung)
+        return rung
+
+    async def finish(self, node: str, detail: str) -> bool:
+        """Return ``node`` as a repair that validated does (resume, spare or in service, incident
+        resolved), its rungs and waits having passed elsewhere: the fleet simulator draws repair
+        times from data instead of driving agents. False: no repair of this node is under way."""
+        rep = self.repair(node)
+        if rep is None or self.store.state(node) not in (S.EVICTED, S.REPAIRING, S.VALIDATING):
+            return False
+        if self.store.state(node) != S.VALIDATING and not self._move(node, S.VALIDATING, detail, rep):
+            return False
+        await self._return(rep, Verdict(True, detail))
+        return True
+
     def lemon_score(self, node: str) -> int:
         """Returns to service (validating -> spare/in_service) within the lemon window."""
         since = self.clock.time_ms() - int(self.policy.lemon.window_s * 1000)
@@ -253,11 +284,8 @@ class RepairLoop:
                 self._save(rep)
             rung = self._rung(rep)
             if rec.state == S.EVICTED or (rec.state == S.REPAIRING and rung == NONE):
-                if rung == RETIRE:
-                    self._retire(rep, "the ladder's end")
+                if self._enter(rep, rung):
                     return
-                target = S.VALIDATING if rung == NONE else S.REPAIRING
-                self._move(node, target, f"{rung}: rung {rep.rung + 1} of {rep.kind}", rep)
                 continue
             if rec.state == S.REPAIRING:
                 if await self._repair_step(rep, rung):

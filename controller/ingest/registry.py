@@ -63,6 +63,9 @@ class NodeRecord:
     boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
     takeovers: int = 0  # foreign stream takeovers since the controller started (issue 32)
     clock_skew_ms: int = 0  # agent's clock minus ours, when past MAX_CLOCK_SKEW_MS (0: within it)
+    connected_ms: int = 0  # when its current stream said Hello (probe results from before are not trusted)
+    probe_plan: spb.ProbePlan | None = None  # its part of the probe mesh, pushed on its stream
+    stream_wake: asyncio.Event | None = None  # wakes its stream's writer (a new probe plan)
 
     def to_stored(self) -> StoredNode:
         return StoredNode(
@@ -112,9 +115,12 @@ class NodeRegistry:
         listeners: Sequence[IngestListener] = (),
         stages: StageTracker | None = None,
         on_takeover: Callable[[NodeRecord, str, str], None] | None = None,
+        sweep_interval_s: float = 1.0,
     ) -> None:
         """``listeners``: who hears each recorded report, batch of events and presence change
-        (the decision core); ``stages``: the per-stage latency trace (events' received mark)."""
+        (the decision core); ``stages``: the per-stage latency trace (events' received mark);
+        ``sweep_interval_s``: how often ``sweep`` is meant to run (a longer gap is the
+        controller's own lag, not its nodes' silence)."""
         self.store = store
         self.metrics = metrics
         self.heartbeat_timeout_ms = int(heartbeat_timeout_s * 1000)
@@ -127,6 +133,10 @@ class NodeRegistry:
         self._on_takeover = on_takeover  # a foreign stream replaced a node's live one (the decision core)
         self._stream_counter = 0
         self._started_ms = clock.time_ms()
+        self._sweep_ms = int(sweep_interval_s * 1000)
+        self._last_sweep_ms: int | None = None
+        self._stalls: list[tuple[int, int]] = []  # (when the controller resumed, ms it had stood still)
+        self.lag_ms = 0  # the last sweep's lateness: the controller's own lag
         self._presence_dirty: set[str] = set()
         # Last-seen times are written at most this often (a state change at once): each is
         # only a restart's starting point, and writing every report's was ~5 % of a core at
@@ -200,6 +210,7 @@ class NodeRegistry:
             self.metrics.lost_events.inc(lost)
             node.acked_event_seq = hello.oldest_buffered_event_seq - 1
         node.last_seen_ms = now
+        node.connected_ms = now
         node.state = ONLINE
         self.presence_version += 1
         node.connected = True
@@ -321,11 +332,16 @@ class NodeRegistry:
         """
         now = self._clock_ms()
         changed: list[NodeRecord] = []
+        self._note_lag(now)
         cutoff = now - self.heartbeat_timeout_ms  # heard before this: silent too long
         if self._started_ms >= cutoff:
             return changed  # the controller itself has not run a whole timeout yet
         # Every second over every node: one comprehension, not a loop body per node.
         silent = [n for n in self.nodes.values() if n.last_seen_ms < cutoff and n.state == ONLINE]
+        if self._stalls and silent:
+            # Time the controller stood still is not the nodes' silence: their reports may be
+            # waiting, unread, in its own buffers.
+            silent = [n for n in silent if n.last_seen_ms + self._stalled_since(n.last_seen_ms) < cutoff]
         for node in silent:
             heard = max(node.last_seen_ms, self._started_ms)
             node.state = UNREACHABLE
@@ -336,6 +352,25 @@ class NodeRegistry:
             log.warning("node_unreachable", node=node.node_id, silent_s=round((now - heard) / 1000, 1))
             self._notify_presence(node, ONLINE, UNREACHABLE)
         return changed
+
+    def _note_lag(self, now: int) -> None:
+        """Measure how late this sweep runs; a stall (a starved process, a long pause) is remembered
+        for one heartbeat timeout, so nodes silent only while the controller was are not called down."""
+        if self._last_sweep_ms is not None:
+            late = now - self._last_sweep_ms - self._sweep_ms
+            self.lag_ms = max(0, late)
+            self.metrics.lag.set(self.lag_ms / 1000)
+            if late > max(self._sweep_ms, 1000):
+                self._stalls.append((now, late))
+                log.warning("controller_lagging", lag_s=round(late / 1000, 1))
+        self._last_sweep_ms = now
+        if self._stalls:
+            horizon = now - 2 * self.heartbeat_timeout_ms
+            self._stalls = [s for s in self._stalls if s[0] >= horizon]
+
+    def _stalled_since(self, since_ms: int) -> int:
+        """Milliseconds the controller stood still after ``since_ms``."""
+        return sum(lost for resumed, lost in self._stalls if resumed > since_ms)
 
     def flush_presence(self, force: bool = False) -> None:
         """Persist last-seen and state for nodes touched since the last flush, in one transaction.
@@ -374,6 +409,15 @@ class NodeRegistry:
 
     def _count_state(self, state: str) -> int:
         return sum(1 for node in self.nodes.values() if node.state == state)
+
+    def push_probe_plan(self, node_id: str, plan: spb.ProbePlan) -> None:
+        """The node's new part of the probe mesh: sent on its stream now, or when it connects."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        node.probe_plan = plan
+        if node.stream_wake is not None:
+            node.stream_wake.set()
 
     # -- commands --------------------------------------------------------------------
     def send_command(self, node_id: str, command: spb.Command) -> None:

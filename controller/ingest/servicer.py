@@ -225,7 +225,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         )
         self.metrics.streams.inc()
         log.info("agent_stream_open", node=node.node_id, acked_event_seq=node.acked_event_seq)
-        ack_needed = asyncio.Event()
+        ack_needed = self._writer_wake(node)
         writer = asyncio.create_task(self._write_loop(context, node, ack_needed))
         stream = OpenStream(
             node,
@@ -355,6 +355,16 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         self.registry.taken_over(node, previous.peer, new.peer)
         return True
 
+    @staticmethod
+    def _writer_wake(node: NodeRecord) -> asyncio.Event:
+        """What wakes the stream's writer: a read to ack, a command, or a new probe plan (set
+        at once when the node has one: it goes out right after the Welcome)."""
+        wake = asyncio.Event()
+        node.stream_wake = wake
+        if node.probe_plan is not None:
+            wake.set()
+        return wake
+
     async def _read_messages(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
         node, bucket, decider = stream.node, stream.bucket, self.decider
         ack_needed = stream.ack_needed
@@ -481,6 +491,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         so an ack costs one Event wait, not two tasks and an asyncio.wait per message.
         """
         sent = (-1, -1)
+        plan_sent = 0
 
         def next_command() -> asyncio.Future[spb.Command]:
             fut = asyncio.ensure_future(node.commands.get())
@@ -496,6 +507,10 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     self.metrics.command_queue.dec()
                     await context.write(spb.ControllerMessage(command=command_wait.result()))
                     command_wait = next_command()
+                plan = node.probe_plan
+                if plan is not None and plan.version != plan_sent:
+                    await context.write(spb.ControllerMessage(probe_plan=plan))
+                    plan_sent = plan.version
                 current = (node.acked_event_seq, node.acked_report_seq)
                 if current != sent or node.full_report_needed:
                     if self.before_ack is not None:
@@ -508,3 +523,5 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     sent = current
         finally:
             command_wait.cancel()
+            if node.stream_wake is wake:
+                node.stream_wake = None

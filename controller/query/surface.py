@@ -7,7 +7,7 @@ SQLite, and a test may answer from a list.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.detect.model import Incident
@@ -17,6 +17,7 @@ from controller.heal.acks import Ack
 from controller.heal.states import NodeHealState
 from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.jobs.registry import JobRecord
+from controller.query.fleet import FleetReport, ReportSettings
 from controller.store import StoredEventRow
 from starpulse.v1 import service_pb2 as spb
 
@@ -28,6 +29,10 @@ class TopologyView:
     summary: Mapping[str, Any]  # the declared fabric's counts; {} without one
     report: ReconcileReport
     nodes_reporting_lldp: int
+    # The probe mesh's worst probed links and switches over its last window, worst first (issue 29):
+    # {"component", "kind", "sent", "lost", "loss", "p99_us"}; () where probing is off.
+    probe_worst: tuple[Mapping[str, Any], ...] = ()
+    probe_health: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # every probed component
 
 
 class Queries(Protocol):
@@ -74,6 +79,11 @@ class Queries(Protocol):
 
     def events(self, node_id: str | None, limit: int) -> list[StoredEventRow]:
         """Stored events, newest first (``node_id``: that node's only)."""
+        ...
+
+    def fleet_report(self, window_s: float, settings: ReportSettings | None = None) -> FleetReport:
+        """Fault rates, MTBF, MTTR, ETTR, wrongful evictions and lemons over the last ``window_s``
+        seconds, by this side's clock (controller.query.fleet; docs/reliability.md)."""
         ...
 
 

@@ -76,6 +76,7 @@ INCIDENT_KINDS: Final[tuple[str, ...]] = (
     "straggler",
     "switch_fault",
     "link_fault",
+    "path_fault",  # loss or delay that probes see but cannot pin to one component yet (issue 29)
     "partition",
     "node_down",
     "agent_conflict",  # two live agents claim one node (issue 32): whose telemetry is it?

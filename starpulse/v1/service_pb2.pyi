@@ -116,14 +116,65 @@ class CommandResult(_message.Message):
     def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., payload_json: _Optional[str] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
-    __slots__ = ("welcome", "ack", "command")
+    __slots__ = ("welcome", "ack", "command", "probe_plan")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PLAN_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     ack: Ack
     command: Command
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+    probe_plan: ProbePlan
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., probe_plan: _Optional[_Union[ProbePlan, _Mapping]] = ...) -> None: ...
+
+class ProbePlan(_message.Message):
+    __slots__ = ("version", "paused", "targets", "listen", "port", "dscp", "payload_bytes", "timeout_ms", "window_s", "slow_us")
+    class ListenEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    DSCP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    SLOW_US_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    paused: bool
+    targets: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
+    listen: _containers.ScalarMap[str, str]
+    port: int
+    dscp: int
+    payload_bytes: int
+    timeout_ms: int
+    window_s: int
+    slow_us: float
+    def __init__(self, version: _Optional[int] = ..., paused: _Optional[bool] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., listen: _Optional[_Mapping[str, str]] = ..., port: _Optional[int] = ..., dscp: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., window_s: _Optional[int] = ..., slow_us: _Optional[float] = ...) -> None: ...
+
+class ProbeTarget(_message.Message):
+    __slots__ = ("local_nic", "local_address", "peer_nic", "peer_address", "src_ports", "packets_per_s", "purpose")
+    LOCAL_NIC_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PEER_NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SRC_PORTS_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    local_nic: str
+    local_address: str
+    peer_nic: str
+    peer_address: str
+    src_ports: _containers.RepeatedScalarFieldContainer[int]
+    packets_per_s: float
+    purpose: str
+    def __init__(self, local_nic: _Optional[str] = ..., local_address: _Optional[str] = ..., peer_nic: _Optional[str] = ..., peer_address: _Optional[str] = ..., src_ports: _Optional[_Iterable[int]] = ..., packets_per_s: _Optional[float] = ..., purpose: _Optional[str] = ...) -> None: ...
 
 class RelayHello(_message.Message):
     __slots__ = ("relay_id", "version")
@@ -330,6 +381,34 @@ class IncidentDetail(_message.Message):
     acked_ms: int
     message: str
     def __init__(self, incident: _Optional[_Union[IncidentInfo, _Mapping]] = ..., timeline_json: _Optional[str] = ..., acked_by: _Optional[str] = ..., acked_ms: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class FleetReportRequest(_message.Message):
+    __slots__ = ("since_s", "clean_s", "lemon_faults", "lemon_window_s")
+    SINCE_S_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_S_FIELD_NUMBER: _ClassVar[int]
+    LEMON_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    LEMON_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    since_s: int
+    clean_s: float
+    lemon_faults: int
+    lemon_window_s: float
+    def __init__(self, since_s: _Optional[int] = ..., clean_s: _Optional[float] = ..., lemon_faults: _Optional[int] = ..., lemon_window_s: _Optional[float] = ...) -> None: ...
+
+class FleetReportResponse(_message.Message):
+    __slots__ = ("report_json", "faults_per_1000_gpu_days", "gpu_days", "faults", "mttr_pool_s", "fleet_ettr")
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_PER_1000_GPU_DAYS_FIELD_NUMBER: _ClassVar[int]
+    GPU_DAYS_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_FIELD_NUMBER: _ClassVar[int]
+    MTTR_POOL_S_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ETTR_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    faults_per_1000_gpu_days: float
+    gpu_days: float
+    faults: int
+    mttr_pool_s: float
+    fleet_ettr: float
+    def __init__(self, report_json: _Optional[str] = ..., faults_per_1000_gpu_days: _Optional[float] = ..., gpu_days: _Optional[float] = ..., faults: _Optional[int] = ..., mttr_pool_s: _Optional[float] = ..., fleet_ettr: _Optional[float] = ...) -> None: ...
 
 class NodeActionRequest(_message.Message):
     __slots__ = ("node", "reason", "actor", "force")

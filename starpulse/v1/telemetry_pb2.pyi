@@ -388,7 +388,7 @@ class GpuProcess(_message.Message):
     def __init__(self, gpu_index: _Optional[int] = ..., pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., job: _Optional[str] = ..., job_source: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta", "gpu_processes")
+    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta", "gpu_processes", "probe_results")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +400,7 @@ class Report(_message.Message):
     LLDP_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_DELTA_FIELD_NUMBER: _ClassVar[int]
     GPU_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    PROBE_RESULTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
@@ -411,7 +412,38 @@ class Report(_message.Message):
     lldp: LldpUpdate
     counters_delta: bool
     gpu_processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ...) -> None: ...
+    probe_results: _containers.RepeatedCompositeFieldContainer[ProbeResult]
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probe_results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ...) -> None: ...
+
+class ProbeResult(_message.Message):
+    __slots__ = ("local_nic", "peer_nic", "src_port", "sent", "lost", "rtt_p50_us", "rtt_p99_us", "rtt_stdev_us", "responder_us", "plan_version", "window_ms", "via", "peer_restarted")
+    LOCAL_NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_NIC_FIELD_NUMBER: _ClassVar[int]
+    SRC_PORT_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_US_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_US_FIELD_NUMBER: _ClassVar[int]
+    RTT_STDEV_US_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_US_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    PEER_RESTARTED_FIELD_NUMBER: _ClassVar[int]
+    local_nic: str
+    peer_nic: str
+    src_port: int
+    sent: int
+    lost: int
+    rtt_p50_us: float
+    rtt_p99_us: float
+    rtt_stdev_us: float
+    responder_us: float
+    plan_version: int
+    window_ms: int
+    via: str
+    peer_restarted: bool
+    def __init__(self, local_nic: _Optional[str] = ..., peer_nic: _Optional[str] = ..., src_port: _Optional[int] = ..., sent: _Optional[int] = ..., lost: _Optional[int] = ..., rtt_p50_us: _Optional[float] = ..., rtt_p99_us: _Optional[float] = ..., rtt_stdev_us: _Optional[float] = ..., responder_us: _Optional[float] = ..., plan_version: _Optional[int] = ..., window_ms: _Optional[int] = ..., via: _Optional[str] = ..., peer_restarted: _Optional[bool] = ...) -> None: ...
 
 class LldpUpdate(_message.Message):
     __slots__ = ("neighbors",)

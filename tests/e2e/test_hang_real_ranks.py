@@ -4,16 +4,16 @@ the agents' command handlers answer COLLECT_STACKS with real ``py-spy`` stacks t
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from agent.stacks import find_py_spy
 from bench.hang import ODD_RANK, SECOND_ODD_RANK, run_once
 from bench.hang_resume import run_resume
 
-needs_py_spy = pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (dev extra)")
+needs_py_spy = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (dev extra)")
 
 
 @pytest.mark.slow
@@ -43,7 +43,7 @@ async def test_everyone_waiting_at_one_step_names_nobody_by_steps_and_the_odd_ra
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_without_py_spy_the_hang_is_still_an_incident(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr("agent.stacks.find_py_spy", lambda configured=None: None)  # as on a node without it
     with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
         run = await run_once(Path(d), "before_barrier", step_time_s=0.1, hang_step=20)
     assert run.incident_shape == "stalled"

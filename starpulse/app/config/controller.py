@@ -17,6 +17,7 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.pipeline import DetectionConfig
 from controller.fabric import Fabric, load_fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
@@ -48,6 +49,7 @@ class ServerSection:
     listen: str = from_field(ControllerConfig, "listen")
     http: str = from_field(ControllerConfig, "http")
     db_path: Path = from_field(ControllerConfig, "db_path")
+    history_retention_s: float = from_field(ControllerConfig, "history_retention_s")
     controller_id: str = from_field(ControllerConfig, "controller_id")
     grace_s: float = from_field(ControllerConfig, "grace_s")
     extra_listen: list[str] = from_field(ControllerConfig, "extra_listen")
@@ -90,6 +92,9 @@ class DetectionSection:
     hang: HangConfig = section(HangConfig, "Hangs: a job whose steps stop moving, judged against its own step time")
     stall: StallConfig = section(
         StallConfig, "Hangs without the job library: a job's GPUs busy at idle power, its RDMA traffic flat"
+    )
+    probes: ProbeConfig = section(
+        ProbeConfig, "Probe mesh (issue 29): who probes whom on the rails, the budget, and localising what probes see"
     )
 
 
@@ -359,7 +364,9 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
     fields = gather(s, ControllerConfig)
     if fabric is not None:  # loaded already: the simulated scheduler runs its nodes
         fields["fabric_path"] = None
-    detection = DetectionConfig(s.detection.correlation, s.detection.failslow, **gather(s.detection, DetectionConfig))
+    detection = DetectionConfig(
+        s.detection.correlation, s.detection.failslow, s.detection.probes, **gather(s.detection, DetectionConfig)
+    )
     config = ControllerConfig(
         **fields,
         fabric=fabric,

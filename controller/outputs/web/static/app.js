@@ -401,6 +401,7 @@
     drawSpines(layers.shapes, L, pos);
     L.blocks.forEach((b, i) => drawBlock(layers, L, b, i, pos));
     drawUplinks(cables, L, pos);
+    drawProbeLinks(root, f.probes || [], pos);
     drawFaultyLinks(root, f.links || [], pos);
   }
 
@@ -516,6 +517,22 @@
       const pts = [chX, busY, chX, o.y + 9, o.x, o.y + 9].join(" ");
       parent.append(svg("polyline", { class: cls, points: pts }));
     });
+  }
+
+  /** Leaf-spine cables as the probe mesh sees them: loss and delay as colour (ok, warn, bad). */
+  function drawProbeLinks(parent, probes, pos) {
+    for (const p of probes) {
+      const a = pos.get(p.a);
+      const b = pos.get(p.b);
+      if (!a || !b || p.level === "ok") continue;
+      const g = svg("g", { class: "probe pl-" + p.level, "data-name": p.name });
+      const ln = svg("line", { x1: a.box.x + a.box.w / 2, y1: a.box.y + a.box.h / 2, x2: b.box.x + b.box.w / 2, y2: b.box.y + b.box.h / 2 });
+      const title = svg("title", {});
+      title.textContent = p.name + ": loss " + (100 * p.loss).toFixed(2) + "%, p99 " + Math.round(p.p99_us) + " us (probes)";
+      ln.append(title);
+      g.append(ln);
+      parent.append(g);
+    }
   }
 
   /** Cables that are themselves the root cause of an incident, drawn on top and linked. */
