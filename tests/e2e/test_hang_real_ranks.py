@@ -109,6 +109,6 @@ async def test_every_rank_waiting_in_one_place_restarts_in_place_and_evicts_nobo
         run = await run_resume(Path(d), "barrier_lost", step_time_s=0.1, hang_step=20, checkpoint_every=5)
     assert run.culprit == [] and run.action == "restart_in_place" and run.evicted == []
     assert sorted(run.requeued_on) == ["node-000", "node-001", "node-002", "node-003"]
-    if shutil.which("py-spy") is not None:
+    if find_py_spy() is not None:
         assert run.stacks_reason.startswith("every rank waits in the same place")
     assert run.resumed_from_step == 15 and run.first_step_after_resume == 16
