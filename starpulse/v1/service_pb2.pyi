@@ -529,7 +529,7 @@ class JobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "state", "nodes", "world_size", "step", "checkpoint_dir", "last_complete_step", "last_complete_path", "last_complete_ms", "restarts", "steps_lost", "downtime_s", "resumed_from_step", "resumed_from_checkpoint")
+    __slots__ = ("job", "state", "nodes", "world_size", "step", "checkpoint_dir", "last_complete_step", "last_complete_path", "last_complete_ms", "restarts", "steps_lost", "downtime_s", "resumed_from_step", "resumed_from_checkpoint", "phase", "last_step_ms", "since_step_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -544,6 +544,9 @@ class JobInfo(_message.Message):
     DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_STEP_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     state: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
@@ -558,7 +561,10 @@ class JobInfo(_message.Message):
     downtime_s: float
     resumed_from_step: int
     resumed_from_checkpoint: bool
-    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., last_complete_step: _Optional[int] = ..., last_complete_path: _Optional[str] = ..., last_complete_ms: _Optional[int] = ..., restarts: _Optional[int] = ..., steps_lost: _Optional[int] = ..., downtime_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from_checkpoint: _Optional[bool] = ...) -> None: ...
+    phase: str
+    last_step_ms: int
+    since_step_s: float
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., last_complete_step: _Optional[int] = ..., last_complete_path: _Optional[str] = ..., last_complete_ms: _Optional[int] = ..., restarts: _Optional[int] = ..., steps_lost: _Optional[int] = ..., downtime_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from_checkpoint: _Optional[bool] = ..., phase: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., since_step_s: _Optional[float] = ...) -> None: ...
 
 class JobsResponse(_message.Message):
     __slots__ = ("jobs",)

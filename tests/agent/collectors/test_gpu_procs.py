@@ -55,3 +55,29 @@ def test_collective_stall_holds_the_gpu_busy_at_idle_power() -> None:
     nvml.set_collective_stall(0, True)
     assert nvml.nvmlDeviceGetUtilizationRates(handle).gpu == 100
     assert nvml.nvmlDeviceGetPowerUsage(handle) < 0.2 * nvml.nvmlDeviceGetEnforcedPowerLimit(handle) < busy_power
+
+
+POD = "5f0c2a7e-3b1d-4c2e-9a8b-0123456789ab"
+
+
+def test_job_from_a_kubernetes_pod_cgroup_both_drivers_and_qos_classes(tmp_path: Path) -> None:
+    """On Kubernetes the process's pod UID (from its kubepods cgroup) is its job: cgroupfs
+    driver with dashes, systemd driver with underscores, Guaranteed pods directly under kubepods."""
+    systemd = POD.replace("-", "_")
+    _proc(tmp_path, 21, f"0::/kubepods/burstable/pod{POD}/0123abcd\n")
+    _proc(tmp_path, 22, f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd}.slice/"
+                        "cri-containerd-0123abcd.scope\n")  # fmt: skip
+    _proc(tmp_path, 23, f"0::/kubepods.slice/kubepods-pod{systemd}.slice/cri-containerd-0123abcd.scope\n")
+    _proc(tmp_path, 24, f"11:devices:/kubepods/pod{POD}/0123abcd\n1:name=systemd:/kubepods/pod{POD}/0123abcd\n")
+    _proc(tmp_path, 25, "0::/kubepods.slice/kubepods-burstable.slice\n")  # the QoS slice, no pod: nothing
+    _proc(tmp_path, 26, f"0::/system.slice/podman-{POD}.scope\n")  # not the kubelet's
+    for pid in (21, 22, 23, 24):
+        assert job_of_pid(str(tmp_path), pid) == (POD, "kubepods"), pid
+    assert job_of_pid(str(tmp_path), 25) == ("", "")
+    assert job_of_pid(str(tmp_path), 26) == ("", "")
+
+
+def test_a_slurm_job_inside_a_pod_is_its_slurm_job(tmp_path: Path) -> None:
+    """Slurm's job cgroup names the job that spans nodes; the pod is only where it runs."""
+    _proc(tmp_path, 31, f"0::/kubepods/burstable/pod{POD}/c1/system.slice/slurmstepd.scope/job_4242/step_0\n")
+    assert job_of_pid(str(tmp_path), 31) == ("4242", "cgroup")

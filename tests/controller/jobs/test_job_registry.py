@@ -10,6 +10,7 @@ import pytest
 
 from controller.ingest.registry import IngestListener, NodeRecord
 from controller.jobs.registry import INTERRUPTED, RESUMING, RUNNING, JobRegistry
+from controller.outputs.admin import job_info
 from controller.store import Store
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
@@ -198,3 +199,46 @@ def test_step_progress_writes_are_throttled(store: Store) -> None:
     clock.advance(1)
     reg.on_report(node("a"), report(("j", 0, 4, 4), world=1))  # a checkpoint is written at once
     assert store.connection.execute("SELECT last_checkpoint_step FROM heal_job_ranks").fetchone() == (4,)
+
+
+def test_phase_and_time_since_the_last_step_reach_the_jobs_listing(store: Store) -> None:
+    """``starpulse jobs`` shows what the job does and how long since it last moved (the hang's
+    first sign): the rank's step moving sets it, a report with the same step does not."""
+    clock = FakeClock(1_000_000)
+    reg = JobRegistry(store.connection, clock)
+    reg.on_report(node("gpu-001"), report(("llm", 0, 25, 20), ("llm", 1, 25, 20)))
+    clock.advance(7.5)
+    reg.on_report(node("gpu-001"), report(("llm", 0, 25, 20), ("llm", 1, 25, 20)))  # no rank moved
+    job = reg.job("llm")
+    assert job is not None and job.last_step_ms == 1_000_000 and job.since_step_s == 7.5
+    info = job_info(job)
+    assert info.HasField("last_step_ms") and info.last_step_ms == 1_000_000
+    assert info.since_step_s == 7.5 and info.phase == "training"  # ranks that say nothing train
+    moved = report(("llm", 0, 26, 20), ("llm", 1, 26, 20))
+    moved.job_steps[1].phase = "checkpointing"
+    for s in moved.job_steps[:1]:
+        s.phase = "training"
+    reg.on_report(node("gpu-001"), moved)
+    info = job_info(reg.job("llm"))  # type: ignore[arg-type]
+    assert info.since_step_s == 0.0 and info.phase == "checkpointing"  # its peers wait on the writer
+
+
+def test_a_job_nobody_reported_has_no_time_since_a_step(store: Store) -> None:
+    reg = JobRegistry(store.connection, FakeClock(1_000_000))
+    job = reg.register_job("declared", ["gpu-001"])
+    info = job_info(reg.job(job.job))  # type: ignore[arg-type]
+    assert not info.HasField("last_step_ms") and not info.HasField("since_step_s")
+
+
+def test_a_second_requeue_before_the_first_step_is_the_same_interruption(store: Store) -> None:
+    """A hang naming two nodes evicts each, and each eviction requeues the job: one interruption,
+    one restart, its steps lost counted once (not 2 x)."""
+    clock = FakeClock(1_000_000)
+    reg = JobRegistry(store.connection, clock)
+    reg.on_report(node("gpu-001"), report(("llm", 0, 39, 30), ("llm", 1, 39, 30)))
+    reg.mark_interrupted("llm", clock.time_ms(), "job_hang on gpu-001")
+    reg.mark_resumed("llm", clock.time_ms(), 30)
+    reg.mark_interrupted("llm", clock.time_ms(), "job_hang on gpu-002")  # still resuming: the same one
+    reg.mark_resumed("llm", clock.time_ms(), 30)
+    job = reg.job("llm")
+    assert job is not None and job.restarts == 1 and job.steps_lost == 9 and len(job.history) == 1

@@ -652,11 +652,42 @@
         inc.affected_jobs.length ? " · jobs " + inc.affected_jobs.join(", ") : null,
         " · " + inc.id,
       ),
+      stacksBlock(inc.evidence || []),
       evidenceBlock(inc.evidence || []),
     );
     li.addEventListener("mouseenter", () => highlight(inc.id, true));
     li.addEventListener("mouseleave", () => highlight(inc.id, false));
     return li;
+  }
+
+  /** A hang's ranks grouped by stack (controller.jobs.stacks), outliers first: the rank(s) not
+   * waiting where everyone else waits, then the waiters. The newest verdict of the incident. */
+  function stacksBlock(evidence) {
+    const found = evidence.map((e) => e.evidence && e.evidence.stacks).filter((s) => s && Array.isArray(s.groups));
+    if (!found.length) return null;
+    const stacks = found[found.length - 1];
+    const rank = (g) => (g.role === "outlier" ? 0 : 1);
+    const groups = stacks.groups.slice().sort((a, b) => rank(a) - rank(b));
+    const items = groups.slice(0, 12).map((g) => {
+      const ranks = g.ranks || [];
+      const more = ranks.length > 16 ? " (+" + (ranks.length - 16) + ")" : "";
+      const where = (g.nodes || []).join(" / ");
+      const last = g.last_collective ? ", last collective " + g.last_collective : "";
+      return el(
+        "li",
+        { class: "stack-group " + (g.role === "outlier" ? "outlier" : "waiters"), "data-role": g.role || "" },
+        el("span", { class: "role", text: g.role || "?" }),
+        " ranks " + ranks.slice(0, 16).join(", ") + more + " on " + where + last,
+        el("pre", { class: "frames", text: (g.frames || []).slice(0, 4).join("\n") }),
+      );
+    });
+    if (groups.length > 12) items.push(el("li", { text: "+" + (groups.length - 12) + " more groups" }));
+    return el(
+      "div",
+      { class: "stacks" },
+      el("div", { class: "stacks-reason", text: "stacks: " + (stacks.reason || "") }),
+      el("ol", {}, ...items),
+    );
   }
 
   function evidenceBlock(evidence) {
