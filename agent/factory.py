@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from agent.collectors.accel import registry
 from agent.collectors.accel.base import AcceleratorBackend, BackendUnavailable
+from agent.collectors.accel.check import AcceleratorChecker, Expected, LearnedInventory, UnreadBackend
 from agent.collectors.base import Collector, FindingSink
 from agent.collectors.ethtool import EthtoolCollector
 from agent.collectors.gpu_procs import GpuProcessCollector
@@ -51,6 +52,7 @@ class CollectorPlan:
     before_collect: Callable[[float], None] | None = None
     kmsg: KmsgCollector | None = None
     inventory_hooks: list[Callable[[ipb.Inventory], None]] = field(default_factory=list)
+    checker: AcceleratorChecker | None = None  # judges each cycle's accelerator reads (never healthy unread)
 
 
 def nic_gpu_pairing(sysfs_root: str) -> Callable[[ipb.Inventory], None]:
@@ -110,18 +112,30 @@ def build_collectors(
     lldpcli_socket: str | None = None,
     lldp_interval_s: float = 30.0,
     lldp_runner: Runner | None = None,
+    unread_ok: bool = False,
+    expected: Expected | None = None,
+    learned_path: str | None = None,
 ) -> CollectorPlan:
     """The collectors for one node, in the order they run (ethtool after nic: it reads its netdevs).
 
     ``lldp_runner`` answers the LLDP collector's lldpcli command in place of running it
     (the scenario cluster renders each node's neighbours from its fabric).
+    ``unread_ok``: a backend that cannot be built here is replaced by one that reads nothing
+    (the agent runs on and reports the node not judged) instead of raising BackendUnavailable.
+    ``expected`` / ``learned_path``: the expected accelerator inventory, from settings or learned.
     """
     if backend not in registry.backend_names():
         raise ValueError(f"backend {backend!r} is not one of {registry.backend_names()}")
     ethtool_dir: str | None = None
     gpu: AcceleratorBackend
     if backend != registry.SIM:
-        gpu = registry.build(backend, sink)
+        try:
+            gpu = registry.build(backend, sink)
+        except BackendUnavailable as exc:
+            if not unread_ok:
+                raise
+            vendor, tool = registry.vendor_and_tool(backend)
+            gpu = UnreadBackend(vendor, tool, f"backend {backend} unavailable: {exc}")
     else:
         if sim is None:
             raise ValueError("the sim backend needs a simulated host (agent.sim.node.SimNode)")
@@ -136,7 +150,9 @@ def build_collectors(
     collectors: list[Collector] = [gpu, rdma]
     # Which process computes on which GPU, and its Slurm job (what hang detection without the
     # job library reads): NVML's process lists. AMD and Ascend backends do not say yet.
-    procs = (load_nvml(), "/proc") if backend == "nvml" else sim.process_source() if sim is not None else None
+    # (None where NVML could not be built: an UnreadBackend stands in and nothing is read.)
+    nvml_read = backend == "nvml" and not isinstance(gpu, UnreadBackend)
+    procs = (load_nvml(), "/proc") if nvml_read else sim.process_source() if sim is not None else None
     if procs is not None:
         collectors.append(GpuProcessCollector(*procs))
     starters: list[Callable[[], object]] = [gpu.start_events]
@@ -160,7 +176,11 @@ def build_collectors(
         # After the host's LLDP collector: it keeps the report's neighbour list whole.
         nic_ports.host_neighbours = host_lldp.neighbors if host_lldp is not None else None
         collectors.append(nic_ports)
+    learned = LearnedInventory(learned_path) if learned_path else None
+    tool = str(getattr(gpu, "tool", "") or backend)
+    checker = AcceleratorChecker(backend, gpu.vendor, tool, expected, learned)
     return CollectorPlan(
+        checker=checker,
         collectors=collectors,
         starters=starters,
         before_collect=sim.advance if sim is not None else None,
@@ -189,6 +209,7 @@ def build_agent(config: AgentConfig, backend: str, prober: Prober | None = None,
         kmsg=plan.kmsg,
         inventory_hooks=plan.inventory_hooks,
         prober=prober,
+        checker=plan.checker,
     )
     holder.append(agent)
     return agent

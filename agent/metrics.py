@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from agent.collectors import gpu_metrics, host_metrics, rdma_metrics, sonic_metrics
+from agent.collectors.accel import check_metrics
 from agent.collectors.exposition import Families, ReportMetrics
 from starpulse import __version__
 from starpulse.v1 import inventory_pb2 as ipb
@@ -36,6 +37,7 @@ REPORT_METRICS: tuple[ReportMetrics, ...] = (
     rdma_metrics.export,  # NIC ports: RDMA sysfs, ethtool -S, netdev statistics
     sonic_metrics.export,  # switch ports
     host_metrics.export,  # the host's load, memory, disks
+    check_metrics.export,  # whether the accelerators were read this cycle (issue 30)
 )
 
 

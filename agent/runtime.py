@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from agent.collectors.accel.check import AcceleratorChecker, check_report
 from agent.collectors.base import Collector
 from agent.collectors.kmsg import KmsgCollector
 from agent.commands import CommandHandler
@@ -124,6 +125,7 @@ class CollectorSet:
 
 
 KMSG_CURSOR = "kmsg_cursor"
+ACCEL_CHECK = "accel_check"  # the accelerator judgement last sent: "true\t" or "false\t<reason>"
 
 
 def read_boot_id(path: str) -> str:
@@ -193,10 +195,13 @@ class Agent:
         kmsg: KmsgCollector | None = None,
         inventory_hooks: Sequence[Callable[[ipb.Inventory], None]] = (),
         prober: Prober | None = None,
+        checker: AcceleratorChecker | None = None,
     ) -> None:
         """``prober``: the probe mesh's sender and responder (agent.probe); None: the real UDP one,
         started when the controller first pushes a plan (a simulator hands one over its fake fabric)."""
         self.config = config
+        self.checker = checker  # None: no accelerators here to judge (a switch agent)
+        self.accelerator_check: tpb.AcceleratorCheck | None = None  # the latest, for Hello
         self.jobs = JobGateway(config.job_socket) if config.job_socket else None
         if self.jobs is not None:
             collectors = [*collectors, JobCollector(self.jobs)]
@@ -258,6 +263,7 @@ class Agent:
             inventory=self.collectors.inventory,
             agent_version=__version__,
             boot_id=self.boot_id,  # a changed one after a reboot is how the controller confirms it
+            accelerators=self.accelerator_check,
         )
 
     def emit(self, finding: Finding, read_s: float | None = None) -> None:
@@ -271,6 +277,8 @@ class Agent:
         meta = None
         if admitted.source == "kmsg" and "kmsg_seq" in admitted.attributes:
             meta = {KMSG_CURSOR: f"{self.boot_id}:{admitted.attributes['kmsg_seq']}"}
+        elif admitted.kind == "accel_check":  # what the controller was told last, kept with the event
+            meta = {ACCEL_CHECK: f"{admitted.attributes.get('judged')}\t{admitted.attributes.get('reason', '')}"}
         wire = admitted.to_event()
         wire.read_us = int((time.time() if read_s is None else read_s) * 1e6)
         event = self.buffer.append(wire, meta=meta)
@@ -306,7 +314,13 @@ class Agent:
             self._before_collect(now - self._last_cycle)
         self._last_cycle = now
         self._report_seq += 1
-        return self.collectors.collect(self._report_seq)
+        result = self.collectors.collect(self._report_seq)
+        if self.checker is not None:
+            change = check_report(self.checker, result.report)
+            self.accelerator_check = result.report.accelerator_check
+            if change is not None:
+                result.findings.append(change)
+        return result
 
     def start_collectors(self) -> None:
         # The kernel-log cursor must be set before describe(), which starts the tail.
@@ -325,6 +339,17 @@ class Agent:
                 hook(inventory)
             except Exception:
                 log.exception("inventory_hook_failed")
+        if self.checker is not None:
+            said = self.buffer.get_meta(ACCEL_CHECK)
+            if said is not None:
+                judged, _, reason = said.partition("\t")
+                self.checker.resume(judged == "true", reason)
+        if self.checker is not None:  # what the backend found at start, for the Hello
+            gpu = next((st for st in self.collectors.states if st.collector.name == "gpu"), None)
+            supported = gpu is not None and gpu.supported
+            self.accelerator_check = self.checker.judge(
+                supported, gpu.reason if gpu is not None else "", len(inventory.gpus)
+            )
         for start in self._starters:
             try:
                 start()

@@ -3,6 +3,12 @@ in a TCP barrier every step, registered with real agent job gateways (unix socke
 reports decided by a DecisionCore on the system clock.
 
     python -m bench.hang [--shape after_barrier|before_barrier] [--two] [--step-time 0.2] [--runs 3]
+    python -m bench.hang --resume [--shape after_barrier|before_barrier|barrier_lost] [--two]
+    python -m bench.hang --false-hangs [--seeds 5] [--minutes 30]
+    python -m bench.hang --healthy-s 600     (real ranks, healthy: job_hang incidents, goal 0)
+
+``--resume``: on to the end, through the healer, the in-memory scheduler's requeue and the new
+run's first step from the checkpoint (``bench/hang_resume.py``).
 
 Four "nodes" (one JobGateway each) with two ranks each. At ``--hang-step`` rank 3 (node-001)
 (and with ``--two`` also rank 6, node-003: two suspects on two nodes)
@@ -190,6 +196,28 @@ async def run_once(
 
 
 async def _main(args: argparse.Namespace) -> None:
+    if args.false_hangs:
+        from dataclasses import asdict
+
+        from bench.hang_false import run_seeds
+
+        found = run_seeds(args.seeds, args.minutes)
+        for r in found:
+            print(json.dumps(asdict(r)), flush=True)
+        print(json.dumps({"false_hangs": sum(r.job_hang_incidents for r in found), "seeds": len(found),
+                          "minutes": args.minutes}))  # fmt: skip
+        return
+    if args.healthy_s:
+        from bench.hang_resume import run_healthy
+
+        with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
+            print(json.dumps(await run_healthy(Path(d), args.healthy_s)))
+        return
+    if args.resume:
+        await _main_resume(args)
+        return
+    if args.shape == "barrier_lost":
+        raise SystemExit("--shape barrier_lost: only with --resume")
     runs = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
@@ -203,15 +231,54 @@ async def _main(args: argparse.Namespace) -> None:
     print(json.dumps({"shape": args.shape, "runs": len(runs), "hang_to_incident_s_median": took[len(took) // 2]}))
 
 
+async def _main_resume(args: argparse.Namespace) -> None:
+    from bench.hang_resume import run_resume
+
+    runs = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="sp-hang-", dir="/tmp") as d:
+            odd = (ODD_RANK, SECOND_ODD_RANK) if args.two else (ODD_RANK,)
+            run = await run_resume(
+                Path(d), args.shape, args.step_time, args.hang_step, args.checkpoint_every, args.report_s,
+                args.floor_s, odd_ranks=odd, max_fleet_share=args.fleet_share,
+            )  # fmt: skip
+        runs.append(run.to_dict())
+        print(json.dumps(run.to_dict()), flush=True)
+    summary: dict[str, Any] = {"shape": args.shape, "two": args.two, "runs": len(runs)}
+    for key in (
+        "hang_to_incident_s",
+        "hang_to_culprit_s",
+        "hang_to_resumed_s",
+        "incident_to_resumed_s",
+        "steps_lost",
+        "steps_redone",
+    ):
+        values = sorted(r[key] for r in runs)
+        summary[f"{key}_median"] = values[len(values) // 2]
+    print(json.dumps(summary))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", choices=("after_barrier", "before_barrier"), default="after_barrier")
+    p.add_argument("--shape", choices=("after_barrier", "before_barrier", "barrier_lost"), default="after_barrier")
     p.add_argument("--step-time", type=float, default=0.2)
     p.add_argument("--hang-step", type=int, default=40)
     p.add_argument("--report-s", type=float, default=1.0)
     p.add_argument("--floor-s", type=float, default=3.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--two", action="store_true", help="ranks 3 and 6 (node-001, node-003) hang")
+    p.add_argument("--resume", action="store_true", help="on to the job resumed from its checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="with --resume")
+    p.add_argument(
+        "--fleet-share",
+        type=float,
+        default=0.05,
+        help="with --resume: the guards' max_fleet_share (two suspects of six nodes: 0.34)",
+    )
+    p.add_argument("--false-hangs", action="store_true", help="healthy training on the fake clock: job_hang count")
+    p.add_argument("--seeds", type=int, default=5, help="with --false-hangs")
+    p.add_argument("--healthy-s", type=float, default=0, help="real ranks training healthily this long")
+    p.add_argument("--minutes", type=int, default=30, help="with --false-hangs")
     asyncio.run(_main(p.parse_args()))
 
 

@@ -33,6 +33,7 @@ from agent.sim.node import SimNode
 from agent.transport.link import STABLE_STREAM_S
 from bench.common import free_port, median, quiet_logging, table, write_result
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -58,7 +59,8 @@ async def run(runs: int, interval_s: float, backoff_s: float) -> dict[str, list[
             db_path=work / "c.db",
             allowed_nodes=[NODE],
             report_interval_s=interval_s,
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     sim = SimNode(NODE, work / "hw", seed=0)

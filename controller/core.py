@@ -46,6 +46,7 @@ from controller.detect.shard_worker import ShardSettings
 from controller.fabric import Fabric
 from controller.heal.guards import Guards
 from controller.heal.healer import Healer
+from controller.heal.inservice import FleetServiceLedger, retired_nodes
 from controller.heal.policy import Policy, SqliteHealHistory, load_policy
 from controller.heal.repair import RepairConfig, RepairLoop
 from controller.heal.spares import SparePool
@@ -58,6 +59,7 @@ from controller.jobs.stacks import RankStack, group_stacks, hardware_on, rank_st
 from controller.jobs.stall import GpuStallDetector
 from controller.mesh import ProbeMesh
 from controller.metrics import ControllerMetrics
+from controller.query.history import HistoryKeeper
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
 from controller.store import Store
@@ -68,6 +70,7 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
+HISTORY_SWEEP_MS = 3_600_000  # the retention sweep's period: days leave the horizon one at a time
 
 
 class DecisionCore:
@@ -109,6 +112,9 @@ class DecisionCore:
         )
         self.conflicts = AgentConflicts(clock)
         self.jobs = JobRegistry(store.connection, clock)
+        self.fleet_service = FleetServiceLedger(store.connection)  # the GPU-days of the fleet report
+        self.history = HistoryKeeper(store.connection, config.history_retention_s)
+        self._history_due_ms = 0
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
         self.hangs = HangDetector(config.hang, clock)
@@ -162,6 +168,8 @@ class DecisionCore:
             ("detection_tick", self.detection.tick),
             ("agent_conflicts", self._conflicts_tick),
             ("hang_check", self.check_hangs),
+            ("fleet_service", self.sync_fleet_service),
+            ("history", self.sweep_history),
         ]
         if self.mesh is not None:
             self._periodic.append(("probe_mesh", self.mesh.tick))
@@ -193,6 +201,7 @@ class DecisionCore:
             clock=self.clock,
             config=RepairConfig(poll_s=settings.heal.repair_poll_s),
             holds_node=policy.holds,
+            not_judged=self._not_judged_why,
         )
         if spares is not None:
             self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)
@@ -213,6 +222,11 @@ class DecisionCore:
             repairs=repairs,
         )
 
+    def _not_judged_why(self, node: str) -> str:
+        """Why ``node``'s accelerators were not read ("" when they were or no agent said)."""
+        record = self.registry.nodes.get(node)
+        return record.not_judged_why if record is not None else ""
+
     def _conditions_clear(self, incident_id: str, since_ms: int | None) -> bool:
         return self.detection.correlator.conditions_clear(incident_id, since_ms)
 
@@ -226,7 +240,25 @@ class DecisionCore:
         record = self.registry.nodes.get(node)
         if record is None or record.state != "online":
             return False
+        if record.not_judged_why:  # never a spare whose accelerators were not read (issue 30)
+            return False
         return not any(policy.holds(i, node) for i in self.detection.correlator.incidents(active_only=True))
+
+    def sync_fleet_service(self) -> None:
+        """Open a ``fleet_service`` interval for every compute node heard, close retired nodes'."""
+        nodes = {
+            n.node_id: (len(n.inventory.gpus), n.first_seen_ms)
+            for n in self.registry.nodes.values()
+            if n.role == ipb.NODE_ROLE_COMPUTE
+        }
+        self.fleet_service.sync(nodes, retired_nodes(self.store.connection), self.clock.time_ms())
+
+    def sweep_history(self) -> None:
+        """Keep the database bounded: aggregate and delete what left the horizon, once an hour."""
+        now = self.clock.time_ms()
+        if now >= self._history_due_ms:
+            self._history_due_ms = now + HISTORY_SWEEP_MS
+            self.history.sweep(now)
 
     def fleet_size(self) -> int:
         if self.fabric is not None:

@@ -11,6 +11,8 @@ attributes below (``set_outbox_depth_source`` for a callback-driven depth).
 from __future__ import annotations
 
 import functools
+import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -85,6 +87,12 @@ class ControllerMetrics:
             registry=r,
         )
         self.nodes = Gauge("starpulse_nodes", "Known nodes by presence state.", ["state"], registry=r)
+        self.not_judged = Gauge(
+            "starpulse_nodes_not_judged",
+            "Nodes whose accelerators were not read (tool missing, failing or unparseable; fewer than expected): "
+            "never healthy, never a spare.",
+            registry=r,
+        )
         self.spares = Gauge(
             "starpulse_spares",
             "Hot spares by state: available (free, healthy, in service), allocated (standing in), unavailable.",
@@ -152,6 +160,31 @@ class ControllerMetrics:
             buckets=(0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
+        # The fleet report's headline figures over the last 30 days (docs/reliability.md), computed at
+        # most once a minute at scrape time from SQLite (controller.query.fleet).
+        self.fleet_faults = Gauge(
+            "starpulse_fleet_fault_rate",
+            "Faults per 1,000 GPU-days (the unit Meta and Tencent quote) over the last 30 days, by cause "
+            "('all': every cause).",
+            ["cause"],
+            registry=r,
+        )
+        self.fleet_gpu_seconds = Gauge(
+            "starpulse_fleet_gpu_seconds", "GPU-seconds in service, last 30 days (/86400: GPU-days).", registry=r
+        )
+        self.fleet_mttr = Gauge(
+            "starpulse_fleet_mttr_seconds",
+            "Mean time from a fault to the node back in the pool (to=pool) or the job resumed (to=job), 30 days.",
+            ["to"],
+            registry=r,
+        )
+        self.fleet_ettr = Gauge(
+            "starpulse_fleet_ettr", "GPU-weighted effective training time ratio over the last 30 days.", registry=r
+        )
+        self.fleet_wrongful = Gauge(
+            "starpulse_fleet_wrongful_evictions", "Wrongful evictions over the last 30 days.", registry=r
+        )
+        self.fleet_lemons = Gauge("starpulse_fleet_lemon_nodes", "Lemon nodes (the report's threshold).", registry=r)
         # Periodic work runs on the event loop between reports: while a step runs, reports wait.
         self.periodic_seconds = Histogram(
             "starpulse_periodic_seconds",
@@ -229,6 +262,36 @@ class ControllerMetrics:
     def set_outbox_depth_source(self, depth: Callable[[], float]) -> None:
         """Read the outbox depth at scrape time (no bookkeeping on every enqueue/dequeue)."""
         self.alert_outbox.set_function(depth)
+
+    def set_fleet_report_source(self, figures: Callable[[], Mapping[str, float]], causes: Iterable[str]) -> None:
+        """The fleet report's figures at scrape time, computed at most once a minute (one SQLite read
+        of 30 days of incidents and remediations serves every series of a scrape)."""
+        cached = _Cached(figures, 60.0)
+        self.fleet_faults.labels("all").set_function(functools.partial(cached.get, "faults"))
+        for cause in causes:
+            self.fleet_faults.labels(cause).set_function(functools.partial(cached.get, f"faults.{cause}"))
+        self.fleet_gpu_seconds.set_function(functools.partial(cached.get, "gpu_seconds"))
+        self.fleet_mttr.labels("pool").set_function(functools.partial(cached.get, "mttr_pool_s"))
+        self.fleet_mttr.labels("job").set_function(functools.partial(cached.get, "mttr_job_s"))
+        self.fleet_ettr.set_function(functools.partial(cached.get, "ettr"))
+        self.fleet_wrongful.set_function(functools.partial(cached.get, "wrongful"))
+        self.fleet_lemons.set_function(functools.partial(cached.get, "lemons"))
+
+
+class _Cached:
+    """A mapping computed at most every ``ttl_s`` (monotonic time: scrapes are real-time)."""
+
+    def __init__(self, compute: Callable[[], Mapping[str, float]], ttl_s: float) -> None:
+        self._compute = compute
+        self._ttl_s = ttl_s
+        self._at = -math.inf
+        self._value: Mapping[str, float] = {}
+
+    def get(self, key: str) -> float:
+        now = time.monotonic()
+        if now - self._at >= self._ttl_s:
+            self._value, self._at = self._compute(), now
+        return float(self._value.get(key, math.nan))
 
 
 def _count_of(counts: Callable[[], Mapping[str, int]], state: str) -> float:

@@ -25,13 +25,14 @@ from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, Outbox
 from controller.outputs.query import QueryServicer
 from controller.outputs.web.api import breaker_json
+from controller.query.fleet import CAUSES, headline
 from controller.query.live import LiveIncidentCommands, LiveQueries
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthInterceptor
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port, ensure_free
 from starpulse.core.tls import ADMIN_CERT_NAME, load_server_credentials, peer_node_id, server_ssl_context
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -44,6 +45,7 @@ TELEMETRY_SERVICE = "starpulse.v1.Telemetry"
 QUERY_SERVICE = "starpulse.v1.Query"
 ADMIN_SERVICE = "starpulse.v1.Admin"
 RELAY_SERVICE = "starpulse.v1.Relay"
+METRICS_WINDOW_S = 30 * 86400.0  # the fleet report's series cover the last 30 days
 
 
 def http_ssl_context(config: ControllerConfig) -> ssl.SSLContext | None:
@@ -61,16 +63,17 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 
 class Controller:
-    def __init__(self, config: ControllerConfig, clock: Clock | None = None) -> None:
-        """``clock``: the one clock every part reads the time from and waits on (None: the real one).
+    def __init__(self, config: ControllerConfig, *, clock: Clock) -> None:
+        """``clock``: the one clock every part reads the time from and waits on, always handed in.
 
-        A simulation hands in a ``FakeClock``; detection shards, being other processes, keep real time.
+        The CLI's composition root hands in ``SYSTEM_CLOCK``, a simulation a ``FakeClock``;
+        detection shards, being other processes, keep real time.
         Everything that decides is the ``DecisionCore`` (controller.core); this puts gRPC, HTTP
         and alerts in front of it. Every part is built with what it needs: nothing is assigned
         to a part after it is built (tools/wiring_count.py counts).
         """
         self.config = config
-        self.clock = clock if clock is not None else SYSTEM_CLOCK
+        self.clock = clock
         self.metrics = ControllerMetrics()
         self.fabric = config.fabric or (load_fabric(config.fabric_path) if config.fabric_path else None)
         allowed = config.allowed_nodes
@@ -110,6 +113,7 @@ class Controller:
         self.incident_commands = LiveIncidentCommands(self.detection)
         self._notify_stop = asyncio.Event()
         self._notify_task: asyncio.Task[None] | None = None
+        self.metrics.set_fleet_report_source(lambda: headline(self.queries.fleet_report(METRICS_WINDOW_S)), CAUSES)
         self.metrics.set_lifecycle_source(
             [str(st) for st in NodeHealState],
             lambda: {str(k): v for k, v in lifecycle_counts(self.store.connection, self.core.fleet_size()).items()},

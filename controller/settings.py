@@ -44,6 +44,13 @@ class ControllerConfig:
     listen: str = setting("127.0.0.1:50051", "gRPC address for agents, relays and the CLI", address=True)
     http: str = setting("127.0.0.1:8080", "HTTP address: /metrics, /healthz, /api and the dashboard", address=True)
     db_path: Path = setting(Path("starpulse.db"), "SQLite database: nodes, events, incidents, remediations")
+    history_retention_s: float = setting(
+        90 * 86400.0,
+        "Seconds of raw history kept in the database (events, resolved incidents, remediation transitions, "
+        "finished job restarts); older days are kept as daily reliability figures for starpulse report "
+        "(docs/reliability.md). 90 days: a quarter's review from the raw rows, and a bounded file",
+        gt=0,
+    )
     heartbeat_timeout_s: float = setting(
         15.0, "Seconds a node may stay silent before it is unreachable: three missed reports at 5 s", gt=0
     )

@@ -307,6 +307,12 @@ class Store:
             (n,) = self._db.execute("SELECT COUNT(*) FROM events").fetchone()
         return int(n)
 
+    def latest_events_of_kind(self, kind: int) -> dict[str, tpb.Event]:
+        """Each node's latest event of one kind (a standby's view of state the agents send as
+        events on change, such as the accelerator check); a full scan of that kind's rows."""
+        rows = self._db.execute("SELECT node_id, payload FROM events WHERE kind = ? ORDER BY received_ms, seq", (kind,))
+        return {nid: tpb.Event.FromString(payload) for nid, payload in rows}
+
     def recent_event_counts(self, since_ms: int, min_severity: int) -> dict[str, int]:
         """Events per node received since since_ms at or above a severity."""
         rows = self._db.execute(

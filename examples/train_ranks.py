@@ -2,8 +2,9 @@
 """examples/train.py with ranks that truly wait on each other: a rendezvous every step.
 
     python examples/train_ranks.py --job NAME --rank R --world-size W --rendezvous HOST:PORT \\
-        --steps N [--step-time 0.1] [--checkpoint-dir D] [--socket PATH] \\
-        [--hang-rank R[,R...] --hang-step K --hang-where after_barrier|before_barrier]
+        --steps N [--step-time 0.1] [--checkpoint-dir D] [--checkpoint-every K] [--socket PATH] \\
+        [--hang-rank R[,R...] --hang-step K --hang-where after_barrier|before_barrier|barrier_lost] \\
+        [--eval-every K --eval-s S] [--slow-rank R --slow-factor F]
 
 Every step each rank works (sleeps ``--step-time``), then meets every other rank in a barrier
 (rank 0 serves it over TCP: each rank sends ``step K`` and blocks until all W arrived, as an
@@ -14,9 +15,20 @@ others stop where an NCCL collective would hold them.
 ``--hang-rank`` makes one rank spin in ``stuck_in_data_loader`` at ``--hang-step``: before the
 barrier (its peers wait for it inside the barrier of that step, everyone at the same step)
 or after it (its peers finish the step and wait in the next barrier: it is behind).
+``barrier_lost``: rank 0's barrier stops answering at ``--hang-step`` (a lost collective):
+every rank waits in the same place, nobody is an outlier.
 
-Output lines (stdout, flushed): ``start rank=R pid=PID``, ``step K``, and for the odd rank
-``hang step=K where=W at=UNIX_TIME`` just before it spins.
+Each run resumes from the newest checkpoint every rank completed (``starpulse.job``), and with
+``--checkpoint-every K`` every rank writes its part after each K-th step's barrier: a rank that
+hangs before writing leaves that step incomplete, so a requeued run resumes from the one before.
+
+``--eval-every K``: after every K-th step an evaluation pass of ``--eval-s`` seconds (phase
+``evaluating``); ``--slow-rank R``: that rank works ``--slow-factor`` times as long per step (a
+straggler: its peers wait for it in the barrier, the job slows, nothing hangs).
+
+Output lines (stdout, flushed): ``start rank=R pid=PID``, ``resumed from step K`` or ``fresh
+start``, ``step K at=UNIX_TIME``, ``checkpoint step K``, and for the odd rank (rank 0 for
+``barrier_lost``) ``hang step=K where=W at=UNIX_TIME`` just before it spins.
 """
 
 from __future__ import annotations
@@ -33,14 +45,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from starpulse.job import StarpulseJob
 
 
-def serve_barrier(listener: socket.socket, world: int) -> None:
-    """Rank 0's barrier: collect one ``step K`` line from every rank, then answer ``go`` to all."""
+def serve_barrier(listener: socket.socket, world: int, lost_at: int = 0) -> None:
+    """Rank 0's barrier: collect one ``step K`` line from every rank, then answer ``go`` to all.
+    ``lost_at``: at that step it never answers (every rank stays waiting in the barrier)."""
     conns = [listener.accept()[0] for _ in range(world)]
     files = [c.makefile("rwb") for c in conns]
     while True:
-        for f in files:
-            if not f.readline():
-                return  # a rank left
+        lines = [f.readline() for f in files]
+        if not all(lines):
+            return  # a rank left
+        if lost_at and lines[0].split()[-1] == str(lost_at).encode():
+            print(f"hang step={lost_at} where=barrier_lost at={time.time():.3f}", flush=True)
+            stuck_in_data_loader()
         for f in files:
             f.write(b"go\n")
             f.flush()
@@ -68,15 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--step-time", type=float, default=0.1)
     p.add_argument("--checkpoint-dir", default="checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="0: no checkpoints")
     p.add_argument("--socket", default=None)
+    p.add_argument("--eval-every", type=int, default=0, help="0: no evaluation passes")
+    p.add_argument("--eval-s", type=float, default=5.0)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--hang-rank", default="", help="rank(s) that hang, comma-separated")
     p.add_argument("--hang-step", type=int, default=0)
-    p.add_argument("--hang-where", choices=("before_barrier", "after_barrier"), default="after_barrier")
+    p.add_argument("--hang-where", choices=("before_barrier", "after_barrier", "barrier_lost"), default="after_barrier")
     args = p.parse_args(argv)
     host, _, port = args.rendezvous.rpartition(":")
     if args.rank == 0:
         listener = socket.create_server((host, int(port)))
-        threading.Thread(target=serve_barrier, args=(listener, args.world_size), daemon=True).start()
+        lost_at = args.hang_step if args.hang_where == "barrier_lost" else 0
+        threading.Thread(target=serve_barrier, args=(listener, args.world_size, lost_at), daemon=True).start()
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -98,10 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     job.register()
     print(f"start rank={args.rank} pid={__import__('os').getpid()}", flush=True)
-    odd = str(args.rank) in args.hang_rank.split(",")
-    for step in range(1, args.steps + 1):
+    resumed = job.resume()
+    first = 1 if resumed is None else resumed[0] + 1
+    print("fresh start" if resumed is None else f"resumed from step {resumed[0]}", flush=True)
+    odd = args.hang_where != "barrier_lost" and str(args.rank) in args.hang_rank.split(",")
+    for step in range(first, args.steps + 1):
         started = time.monotonic()
-        time.sleep(args.step_time)
+        time.sleep(args.step_time * (args.slow_factor if args.rank == args.slow_rank else 1.0))
         if odd and step == args.hang_step and args.hang_where == "before_barrier":
             print(f"hang step={step} where=before_barrier at={time.time():.3f}", flush=True)
             stuck_in_data_loader()
@@ -110,7 +135,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hang step={step} where=after_barrier at={time.time():.3f}", flush=True)
             stuck_in_data_loader()
         job.step(step, time.monotonic() - started)
-        print(f"step {step}", flush=True)
+        print(f"step {step} at={time.time():.3f}", flush=True)
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            job.save_checkpoint(step, {"step": step, "rank": args.rank})
+            print(f"checkpoint step {step}", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            job.set_phase("evaluating")
+            time.sleep(args.eval_s)
+            job.set_phase("training")
     job.close()
     return 0
 

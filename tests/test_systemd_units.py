@@ -125,6 +125,31 @@ def test_agent_devices_and_capabilities() -> None:
     assert float(_env_default(unit, "STARPULSE_INTERVAL_S")) * 2 < float(one(unit, "WatchdogSec"))
 
 
+# What each backend's library or tool opens (issue 30): without them every AMD or Ascend node
+# reads no chip and is "not judged". Ascend's from its own container guides (--device lists).
+BACKEND_DEVICES = {
+    "amd": ("/dev/kfd rw", "char-drm rw"),
+    "ascend": ("/dev/davinci_manager rw", "/dev/devmm_svm rw", "/dev/hisi_hdc rw", "/dev/davinci0 rw"),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKEND_DEVICES))
+def test_agent_opens_every_backends_devices(backend: str) -> None:
+    """The unit opens the AMD and Ascend devices, not only NVIDIA's."""
+    allowed = parse_unit(AGENT)["Service"]["DeviceAllow"]
+    missing = [d for d in BACKEND_DEVICES[backend] if d not in allowed]
+    assert not missing, f"{backend}: {missing}"
+
+
+def test_agent_opens_every_ascend_chip_of_an_a3_node() -> None:
+    """Sixteen /dev/davinciN lines (A3: two chips on each of eight NPUs); systemd has no glob there."""
+    allowed = parse_unit(AGENT)["Service"]["DeviceAllow"]
+    chips = sorted(
+        int(d.split()[0].removeprefix("/dev/davinci")) for d in allowed if re.fullmatch(r"/dev/davinci\d+ rw", d)
+    )
+    assert chips == list(range(16))
+
+
 def test_controller_runs_unprivileged() -> None:
     unit = parse_unit(CONTROLLER)
     assert one(unit, "User") == "starpulse"

@@ -122,6 +122,7 @@ class NvmlGpuCollector:
     name = "gpu"
     vendor = "nvidia"
     interconnect = "nvlink"
+    tool = "NVML"  # what a "could not check" line names
 
     def __init__(
         self,

@@ -8,10 +8,18 @@ which job a process is, read here from what it leaves on the process, in this or
 1. ``/proc/PID/cgroup``: Slurm's cgroup plugin puts every task of a job under a ``job_<id>``
    folder (v1: ``/slurm/uid_1000/job_4242/step_0/task_0``; v2:
    ``/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0``). Readable for any pid.
-2. ``/proc/PID/environ``: ``SLURM_JOB_ID`` (srun/sbatch set it for every task). Readable
+2. ``/proc/PID/cgroup`` on Kubernetes: the kubelet puts every container of a pod under its
+   pod's cgroup, named by the pod UID: ``/kubepods/burstable/pod<uid>/<container>`` (cgroupfs
+   driver) or ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with _ for
+   ->.slice/cri-containerd-<id>.scope`` (systemd driver; Guaranteed pods sit directly under
+   ``kubepods``). The job is then the pod UID (source ``kubepods``): one pod is one job here. A
+   training job of several pods (one per node) shows as several jobs until a scheduler call
+   maps pods to their owner (the pod's controller, e.g. a PyTorchJob or JobSet): not done, so
+   the GPU-signature verdict, which needs every node of a job, sees each pod alone.
+3. ``/proc/PID/environ``: ``SLURM_JOB_ID`` (srun/sbatch set it for every task). Readable
    only with the process's uid or CAP_SYS_PTRACE (the agent's unit grants it).
 
-When neither answers (not a Slurm job, a pid that ended, no right to read), the process is
+When none answers (not a Slurm job, a pid that ended, no right to read), the process is
 reported with an empty ``job``: the controller then cannot tell which job those GPUs serve
 and judges them for nobody (no hang verdict is made from GPUs of no known job). Answers are
 cached per pid: a job does not change its cgroup.
@@ -31,19 +39,31 @@ from starpulse.v1 import telemetry_pb2 as tpb
 log = structlog.get_logger(__name__)
 
 _CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+# The pod UID in a kubepods cgroup path: dashes (cgroupfs driver) or underscores (systemd driver).
+_POD_UID = re.compile(
+    r"[/-]pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)"
+)
 _CACHE_MAX = 4096
 
 
 def job_of_pid(procfs: str, pid: int) -> tuple[str, str]:
-    """(job id, source) for ``pid``: ("4242", "cgroup"), ("4242", "environ") or ("", "")."""
+    """(job id, source) for ``pid``: ("4242", "cgroup"), (pod UID, "kubepods"), ("4242", "environ")
+    or ("", "")."""
+    pod = ""
     try:
         with open(f"{procfs}/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                m = _CGROUP_JOB.search(line.rstrip("\n").split(":", 2)[-1])
+                path = line.rstrip("\n").split(":", 2)[-1]
+                m = _CGROUP_JOB.search(path)
                 if m:
                     return m.group(1), "cgroup"
+                k = _POD_UID.search(path) if "/kubepods" in path else None
+                if k and not pod:
+                    pod = k.group(1).replace("_", "-")
     except OSError:
         pass
+    if pod:
+        return pod, "kubepods"
     try:
         with open(f"{procfs}/{pid}/environ", "rb") as fh:
             for entry in fh.read().split(b"\0"):

@@ -11,7 +11,7 @@ GRH, and answers to the GRH's source GID and the completion's ``src_qp``.
 The peer responder's QP number is what ``port`` names here (UDP's port); learning it is the
 ``qpn_of`` resolver's job (R-Pingmesh's agents register theirs with the controller). Written
 against pyverbs' names; this machine has no RDMA device, so it is tested against a fake with
-those names (tests/agent/test_probe_verbs.py), not on hardware.
+those names (tests/agent/probe/test_probe_verbs.py), not on hardware.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import structlog
 
 from agent.transport.buffer import EventBuffer
 from agent.transport.delta import ReportDelta
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -58,7 +59,7 @@ class ControllerLink:
         on_probe_plan: Callable[[spb.ProbePlan], None] | None = None,
     ) -> None:
         # Which controller next and how long to wait: the rule every starpulse client shares.
-        self.reconnect = Reconnector(targets, backoff, seed, name="agent")
+        self.reconnect = Reconnector(targets, backoff, seed, name="agent", clock=SYSTEM_CLOCK)
         self.targets = self.reconnect.targets  # the same list: a leader a standby names is added to it
         self.backoff = self.reconnect.backoff
         self._hello = hello

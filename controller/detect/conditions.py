@@ -65,7 +65,11 @@ class ConditionEngine:
         self._naming = Naming(fabric)
         self._windows = EventWindows()
         self._life = Lifecycle(
-            clock=clock, update_interval_s=rules.defaults.update_interval_s, rates=self.rates, windows=self._windows
+            clock=clock,
+            update_interval_s=rules.defaults.update_interval_s,
+            rates=self.rates,
+            windows=self._windows,
+            words=self._naming.words,
         )
         plan = build_plan(rules, judge=self._life, names=self._naming, windows=self._windows, rates=self.rates)
         self._reports = ReportPath(

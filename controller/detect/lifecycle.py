@@ -17,7 +17,7 @@ condition is decided here, and nowhere else. Changes are batched until ``flush``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,6 +26,7 @@ import structlog
 from controller.detect.evaluators.base import EventHit
 from controller.detect.event_windows import EventWindows
 from controller.detect.model import ComponentType, Condition, ConditionChange, ConditionChangeKind, Rule
+from controller.detect.naming import with_operator_words
 from controller.detect.rates import CounterRate
 from starpulse.core.clock import Clock
 
@@ -54,8 +55,17 @@ class Entry:
 class Lifecycle:
     """The active conditions and what happens to them. Not thread-safe (one event loop)."""
 
-    def __init__(self, *, clock: Clock, update_interval_s: float, rates: CounterRate, windows: EventWindows) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        update_interval_s: float,
+        rates: CounterRate,
+        windows: EventWindows,
+        words: Callable[[str | None, str], str | None] = lambda node, comp: None,
+    ) -> None:
         self._clock = clock.time_ms
+        self._words = words  # a component in its node's operator's words (Naming.words)
         self._update_ms = int(update_interval_s * 1000)
         self._rates = rates
         self._windows = windows
@@ -217,13 +227,18 @@ class Lifecycle:
             total += count + (1 if saturated else 0)
         return total
 
+    def _operator(self, node: str | None, comp: str, message: str) -> str:
+        """The message naming a NIC or GPU as the node's operator sees it too (issue 30)."""
+        words = self._words(node, comp)
+        return message if words is None else with_operator_words(message, comp, words)
+
     def _refresh(
         self, entry: Entry, message: str, evidence: dict[str, Any], now: int, action: str | None, severity: str | None
     ) -> None:
         cond = entry.cond
         cond.count += 1
         cond.last_seen_ms = now
-        cond.message = message
+        cond.message = self._operator(cond.node, cond.component, message)
         keep: dict[str, Any] = {k: cond.evidence[k] for k in ("first_event_ts_ms", "event") if k in cond.evidence}
         cond.evidence = {**evidence, **keep}
         entry.touched_ms = now
@@ -252,6 +267,7 @@ class Lifecycle:
         action: str | None = None,
         severity: str | None = None,
     ) -> Entry:
+        message = self._operator(node, comp, message)
         cond = Condition(
             rule=rule.id,
             component=comp,

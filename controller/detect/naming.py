@@ -8,7 +8,7 @@ only looks names up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.detect.model import ComponentType
@@ -51,6 +51,9 @@ class NodeNames:
     nic_inventory: dict[str, str]  # inventory port "mlx5_0/1" -> its component, for nic_set kinds
     # (rdma_device, port) -> ("dev/port", component name, on a rail): the NIC naming of every report
     nic_ports: dict[tuple[str, int], tuple[str, str, bool]]
+    # Issue 30: a component in the node operator's words beside the fabric's name: a NIC's
+    # "mlx5_3/1, eth3" (ibstat, ip link), a GPU's "GPU 3, PCI 0000:1b:00.0" (nvidia-smi, lspci).
+    words: dict[str, str] = field(default_factory=dict)
 
 
 class Naming:
@@ -74,10 +77,17 @@ class Naming:
         indices = frozenset(g.index for g in inv.gpus)
         nic_by_pci: dict[str, str] = {}
         nic_inventory: dict[str, str] = {}
+        words: dict[str, str] = {}
+        gpu_comp = {i: gpu_name(nid, f"gpu-{i}") for i in indices}
+        for g in inv.gpus:
+            kind = "NPU" if g.vendor == "ascend" else "GPU"
+            pci = f", PCI {g.pci_bus_id}" if g.pci_bus_id and g.pci_bus_id != "NA" else ""
+            words[gpu_comp[g.index]] = f"{kind} {g.index}{pci}"
         for n in inv.nics:
             local = f"{n.rdma_device}/{n.port}"
             name = namer.nic(local)
             nic_inventory[local] = name or f"{nid}/{local}"  # as the report path names a port
+            words[nic_inventory[local]] = f"{local}, {n.netdev}" if n.netdev else local
             if name is not None and n.pci_address:
                 nic_by_pci[vocab.pci_key(n.pci_address)] = name
         ctx = NodeNames(
@@ -87,12 +97,18 @@ class Naming:
             gpu_by_pci={vocab.pci_key(g.pci_bus_id): g.index for g in inv.gpus if g.pci_bus_id},
             nic_by_pci=nic_by_pci,
             gpu_indices=indices,
-            gpu_comp={i: gpu_name(nid, f"gpu-{i}") for i in indices},
+            gpu_comp=gpu_comp,
             nic_inventory=nic_inventory,
             nic_ports={},
+            words=words,
         )
         self._nodes[node.node_id] = ctx
         return ctx
+
+    def words(self, node_id: str | None, comp: str) -> str | None:
+        """``comp`` in its node's operator's words ("mlx5_3/1, eth3"), None when unknown."""
+        ctx = self._nodes.get(node_id) if node_id is not None else None
+        return ctx.words.get(comp) if ctx is not None else None
 
     def forget(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
@@ -152,3 +168,19 @@ def nic_fabric_evidence(fabric: Fabric, comp: str) -> dict[str, Any]:
         if leaf is not None:
             return {"leaf": leaf, "leaf_port": fabric.port_of(comp)}
     return {}
+
+
+def with_operator_words(message: str, comp: str, words: str) -> str:
+    """``message`` naming ``comp`` also as its node's operator sees it (``words``), once.
+
+    "node-001/nic-3 (mlx5_3/1) is DOWN" -> "node-001/nic-3 (mlx5_3/1, eth3) is DOWN";
+    "node-001/gpu-3: ..." -> "node-001/gpu-3 (GPU 3, PCI 0000:1b:00.0): ...".
+    """
+    if words in message:
+        return message
+    local = words.split(",", 1)[0]
+    if f"({local})" in message:
+        return message.replace(f"({local})", f"({words})", 1)
+    if message.startswith(comp):
+        return f"{comp} ({words}){message[len(comp) :]}"
+    return f"{message} [{words}]"

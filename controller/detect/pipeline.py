@@ -248,6 +248,7 @@ class Detection:
                 nics=len(report.nics),
                 switch_ports=len(report.switch_ports),
                 report=report,
+                accelerator_check=report.accelerator_check if report.HasField("accelerator_check") else None,
             )
         )
 

@@ -31,7 +31,6 @@ import os
 import select
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +171,8 @@ class Shard:
         if report.HasField("lldp"):
             node.lldp = list(report.lldp.neighbors)
             result.lldp = node.lldp  # messages pickle (as their bytes) like the rest of the verdict
+        if report.HasField("accelerator_check"):
+            result.accelerator_check = report.accelerator_check
         result.gpus = len(report.gpus)
         result.nics = len(report.nics)
         result.switch_ports = len(report.switch_ports)
@@ -205,8 +206,12 @@ class Shard:
         return self.engine.forget(node_id)
 
 
-def serve(fd_in: int, fd_out: int) -> None:
-    """The shard's life: settings, then batches until the controller closes stdin."""
+def serve(fd_in: int, fd_out: int, *, clock: Clock) -> None:
+    """The shard's life: settings, then batches until the controller closes stdin.
+
+    ``clock``: the shard is its own process, so ``main`` hands in the system clock; its
+    ticks and full collections are timed on it too.
+    """
     from controller.detect.shardwire import read_frame_fd, write_frame_fd
 
     for fd in (fd_in, fd_out):
@@ -214,13 +219,13 @@ def serve(fd_in: int, fd_out: int) -> None:
     settings = read_frame_fd(fd_in)
     if not isinstance(settings, ShardSettings):
         raise SystemExit("a detection shard's first frame must be its settings")
-    shard = Shard(settings, SYSTEM_CLOCK)  # its own process: real time
+    shard = Shard(settings, clock)
     gcpolicy.tune()  # as the controller: no automatic full collections in the middle of a batch
     write_frame_fd(fd_out, ("ready", os.getpid()))
-    next_tick = time.monotonic() + settings.tick_s
-    next_collection = time.monotonic() + settings.full_collection_s
+    next_tick = clock.monotonic() + settings.tick_s
+    next_collection = clock.monotonic() + settings.full_collection_s
     while True:
-        wait = max(0.0, next_tick - time.monotonic())
+        wait = max(0.0, next_tick - clock.monotonic())
         readable, _, _ = select.select([fd_in], [], [], wait)
         results: list[ReportResult] = []
         changes: list[ConditionChange] = []
@@ -230,8 +235,8 @@ def serve(fd_in: int, fd_out: int) -> None:
             if ops is None:
                 return  # the controller closed our stdin: it is stopping
             results, changes, opened = shard.handle(ops)
-        if time.monotonic() >= next_tick:
-            next_tick = time.monotonic() + settings.tick_s
+        if clock.monotonic() >= next_tick:
+            next_tick = clock.monotonic() + settings.tick_s
             try:
                 changes += shard.tick()
             except Exception:
@@ -267,4 +272,4 @@ def main() -> None:
     from starpulse.core.logs import configure_logging
 
     configure_logging(stream=sys.stderr)
-    serve(sys.stdin.fileno(), fd_out)
+    serve(sys.stdin.fileno(), fd_out, clock=SYSTEM_CLOCK)  # its own process: real time

@@ -17,7 +17,7 @@ refuse, and this module checks once more before any scheduler call.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,31 @@ class Eviction:
         return f"evicted {self.node}, jobs [{jobs}]: no spare free; {self.placement or 'requeued'}"
 
 
+# What each policy action does to a node, in an SRE's words (issue 30: never "alert_only on -").
+ACTION_WORDS = {
+    "cordon": "cordon",
+    "evict": "drain and evict",
+    "reset_gpu": "drain, evict and reset the GPU of",
+    "reboot": "drain, evict and reboot",
+    "rma": "drain, evict and send for RMA",
+}
+
+
+def decision_line(record: Mapping[str, Any]) -> str:
+    """One line for a person about one decision (the demo, the logs): what, where, and why not more."""
+    where = record.get("node") or record.get("root_cause") or "the fabric"
+    head = f"{record['incident']} {record['kind'].replace('_', ' ')} at {where}"
+    outcome, reason = record["outcome"], record.get("reason", "")
+    action = ACTION_WORDS.get(record["action"], record["action"].replace("_", " "))
+    if outcome == "alert_only":
+        return f"{head}: alert only, no node taken out of service ({reason})"
+    if outcome == "already_out_of_service":
+        return f"{head}: the node is already out of service ({reason}), nothing more to do"
+    if outcome in ("ok", "forced"):
+        return f"{head}: {action} {record.get('node')} ({reason})"
+    return f"{head}: would {action} {record.get('node')}, held back ({outcome.replace('_', ' ')}): {reason}"
+
+
 class Healer:
     """An IncidentListener: queues incidents and works them off in its own task."""
 
@@ -181,13 +206,24 @@ class Healer:
             if getter not in done:
                 getter.cancel()
                 break
-            incident = getter.result()
-            try:
-                self.guards.observe(self.open_incidents(), self.fleet_size())
-                self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
-                await self.handle(incident)
-            except Exception:
-                log.exception("remediation_failed", incident=incident.id, kind=incident.kind)
+            await self._observe_and_handle(getter.result())
+
+    async def work_queued(self) -> int:
+        """Handle every incident change queued so far, as the run loop does, then return: the
+        fleet simulator's step (no task, no wait). Returns how many were handled."""
+        handled = 0
+        while not self._queue.empty():
+            await self._observe_and_handle(self._queue.get_nowait())
+            handled += 1
+        return handled
+
+    async def _observe_and_handle(self, incident: Incident) -> None:
+        try:
+            self.guards.observe(self.open_incidents(), self.fleet_size())
+            self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
+            await self.handle(incident)
+        except Exception:
+            log.exception("remediation_failed", incident=incident.id, kind=incident.kind)
 
     async def handle(self, incident: Incident) -> None:
         """Decide, guard, and act on one incident."""
@@ -195,9 +231,15 @@ class Healer:
             await self._handle_hang(incident)
             return
         decision = self.policy.decide(incident, self.history)
-        record = {"incident": incident.id, "kind": incident.kind, "action": decision.action, "node": decision.node}
+        record = {
+            "incident": incident.id,
+            "kind": incident.kind,
+            "action": decision.action,
+            "node": decision.node,
+            "root_cause": incident.root_cause,
+        }
         if not decision.touches_node or decision.node is None:
-            self.decisions.append({**record, "outcome": "alert_only", "reason": decision.reason})
+            self._decided({**record, "outcome": "alert_only", "reason": decision.reason})
             return
         await self._carry_out(incident, decision, record)
 
@@ -291,12 +333,12 @@ class Healer:
             current == S.CORDONED and not decision.evicts
         ):
             # Already out of service (an incident update, or a second incident on the node).
-            self.decisions.append({**record, "outcome": "already_out_of_service", "reason": str(current)})
+            self._decided({**record, "outcome": "already_out_of_service", "reason": str(current)})
             return
         open_evictable = [i for i in self.open_incidents() if vocab.may_evict(i.kind)]
         verdict = self.guards.check(node, decision, incident, self.fleet_size(), open_evictable)
         self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)
-        self.decisions.append({**record, "outcome": verdict.code, "reason": verdict.reason})
+        self._decided({**record, "outcome": verdict.code, "reason": verdict.reason})
         if not verdict.allowed:
             if verdict.code == "dry_run":
                 log.warning("remediation_dry_run", incident=incident.id, node=node, would=decision.action)
@@ -328,6 +370,11 @@ class Healer:
         self._transition(node, S.CORDONED, "cordoned before draining", incident.id)
         self._transition(node, S.DRAINING, decision.reason, incident.id)
         await self._evict(node, decision, incident, jobs)
+
+    def _decided(self, record: dict[str, Any]) -> None:
+        """Keep a decision (the demo and the scenario verdict read them) and say it in one line."""
+        self.decisions.append(record)
+        log.info("heal_decision", incident=record["incident"], outcome=record["outcome"], line=decision_line(record))
 
     async def _evict(
         self, node: str, decision: Decision, incident: Incident, jobs: list[str], resumed: bool = False

@@ -123,8 +123,12 @@ class RepairLoop:
         clock: Clock,
         config: RepairConfig | None = None,
         holds_node: Callable[[Incident, str], bool] | None = None,
+        not_judged: Callable[[str], str] | None = None,
     ) -> None:
         self.policy = policy
+        # Why a node's accelerators were not read ("" when they were): such a node never passes
+        # validation, whatever its incidents say (issue 30: never healthy for what was not read).
+        self.not_judged = not_judged or (lambda node: "")
         # Which other open incidents bar a node's return (the heal policy's ``holds``); by
         # default those that blame the node, never a switch fault it only sits under.
         self.holds_node = holds_node or (lambda incident, node: target_node(incident) == node)
@@ -186,6 +190,37 @@ class RepairLoop:
         self._save(rep)
         log.warning("repair_begin", node=node, incident=incident.id, rung=self._rung(rep), lemon=score)
         return rep
+
+    def _enter(self, rep: Repair, rung: str) -> bool:
+        """Onto the rung: repairing (validating for ``none``); True when it is the ladder's end (retired)."""
+        if rung == RETIRE:
+            self._retire(rep, "the ladder's end")
+            return True
+        target = S.VALIDATING if rung == NONE else S.REPAIRING
+        self._move(rep.node, target, f"{rung}: rung {rep.rung + 1} of {rep.kind}", rep)
+        return False
+
+    def enter_rung(self, node: str) -> str | None:
+        """An evicted node onto its first rung, as the drive loop's first step, without driving it
+        (the fleet simulator: the rung's time comes from data). The rung; None: not evicted here."""
+        rep = self.repair(node)
+        if rep is None or self.store.state(node) != S.EVICTED:
+            return None
+        rung = self._rung(rep)
+        self._enter(rep, rung)
+        return rung
+
+    async def finish(self, node: str, detail: str) -> bool:
+        """Return ``node`` as a repair that validated does (resume, spare or in service, incident
+        resolved), its rungs and waits having passed elsewhere: the fleet simulator draws repair
+        times from data instead of driving agents. False: no repair of this node is under way."""
+        rep = self.repair(node)
+        if rep is None or self.store.state(node) not in (S.EVICTED, S.REPAIRING, S.VALIDATING):
+            return False
+        if self.store.state(node) != S.VALIDATING and not self._move(node, S.VALIDATING, detail, rep):
+            return False
+        await self._return(rep, Verdict(True, detail))
+        return True
 
     def lemon_score(self, node: str) -> int:
         """Returns to service (validating -> spare/in_service) within the lemon window."""
@@ -253,11 +288,8 @@ class RepairLoop:
                 self._save(rep)
             rung = self._rung(rep)
             if rec.state == S.EVICTED or (rec.state == S.REPAIRING and rung == NONE):
-                if rung == RETIRE:
-                    self._retire(rep, "the ladder's end")
+                if self._enter(rep, rung):
                     return
-                target = S.VALIDATING if rung == NONE else S.REPAIRING
-                self._move(node, target, f"{rung}: rung {rep.rung + 1} of {rep.kind}", rep)
                 continue
             if rec.state == S.REPAIRING:
                 if await self._repair_step(rep, rung):
@@ -402,10 +434,17 @@ class RepairLoop:
             if not verdict.passed:
                 return verdict
             passed.append(verdict.detail)
+        unread = self.not_judged(node)
+        if unread:  # whatever the policy checks, a node whose chips were not read never passes
+            self._evidence(rep, "judged", False, unread)
+            return Verdict(False, f"not judged: {unread}")
         return Verdict(True, "; ".join(passed) or "scan clean, evidence quiet")
 
     def _scan_clean(self, rep: Repair) -> tuple[bool, str]:
         since = rep.deadline_ms
+        why = self.not_judged(rep.node)
+        if why:
+            return False, f"not judged: {why}"
         if rep.incident_id and self._is_open(rep.incident_id) and not self.conditions_clear(rep.incident_id, since):
             return False, f"{rep.incident_id}: a condition is still active (seen again since the repair)"
         others = [i.id for i in self.open_incidents() if i.id != rep.incident_id and self.holds_node(i, rep.node)]

@@ -66,6 +66,14 @@ class NodeRecord:
     connected_ms: int = 0  # when its current stream said Hello (probe results from before are not trusted)
     probe_plan: spb.ProbePlan | None = None  # its part of the probe mesh, pushed on its stream
     stream_wake: asyncio.Event | None = None  # wakes its stream's writer (a new probe plan)
+    # Issue 30: the latest accelerator check (Hello, then every report); None from an older agent.
+    accelerator_check: tpb.AcceleratorCheck | None = None
+
+    @property
+    def not_judged_why(self) -> str:
+        """Why this node's accelerators were not read ("" when they were, or no agent said)."""
+        check = self.accelerator_check
+        return "" if check is None or check.judged else (check.reason or "accelerators not read")
 
     def to_stored(self) -> StoredNode:
         return StoredNode(
@@ -166,6 +174,13 @@ class NodeRegistry:
                 epoch=stored.buffer_epoch,
                 acked_event_seq=stored.acked_event_seq,
             )
+        # A node left not judged stays so across a controller restart until its agent says otherwise.
+        for node_id, event in store.latest_events_of_kind(tpb.EVENT_KIND_ACCEL_CHECK).items():
+            record = self.nodes.get(node_id)
+            if record is not None and event.attributes.get("judged") == "false":
+                reason = event.message.removeprefix("not judged: ")
+                record.accelerator_check = tpb.AcceleratorCheck(judged=False, reason=reason)
+        metrics.not_judged.set_function(self._count_not_judged)
         # Counted when scraped: counting on every change made a herd of 10,000 Hellos
         # quadratic (two thirds of the controller's time while every agent reconnected).
         for state in (ONLINE, UNREACHABLE):
@@ -197,6 +212,9 @@ class NodeRegistry:
         if hello.boot_id and node.boot_id and hello.boot_id != node.boot_id:
             log.info("node_rebooted", node=node.node_id, old_boot=node.boot_id, new_boot=hello.boot_id)
         node.boot_id = hello.boot_id or node.boot_id
+        node.accelerator_check = hello.accelerators if hello.HasField("accelerators") else None
+        if node.not_judged_why:
+            log.warning("node_not_judged", node=node.node_id, why=node.not_judged_why)
         if node.epoch != hello.buffer_epoch:
             # A new buffer file on the agent: its sequence starts over, in a new epoch. Or an
             # epoch seen before (the real agent back after another client claimed the node):
@@ -274,6 +292,13 @@ class NodeRegistry:
             self._port_samples_inc(verdict.switch_ports)
         if verdict.lldp is not None:
             node.lldp = verdict.lldp
+        if verdict.accelerator_check is not None:
+            was = node.not_judged_why
+            node.accelerator_check = verdict.accelerator_check
+            if node.not_judged_why != was:
+                log.info(
+                    "node_judged_changed", node=node.node_id, judged=not node.not_judged_why, why=node.not_judged_why
+                )
         node.latest_report = verdict.report  # None with shards: the report stays in its shard
         if verdict.timestamp_ms:
             self._check_clock(node, verdict.timestamp_ms)
@@ -406,6 +431,9 @@ class NodeRegistry:
                 listener.on_presence(node, old, new)
             except Exception:
                 log.exception("listener_failed", hook="on_presence", node=node.node_id)
+
+    def _count_not_judged(self) -> int:
+        return sum(1 for node in self.nodes.values() if node.not_judged_why)
 
     def _count_state(self, state: str) -> int:
         return sum(1 for node in self.nodes.values() if node.state == state)

@@ -34,6 +34,9 @@ class ReportResult:
     gpus: int = 0
     nics: int = 0
     switch_ports: int = 0
+    # Issue 30: the report's accelerator check (None: the report carried none), so a node's
+    # judged-or-not follows its reports whether a shard or this process decided them.
+    accelerator_check: tpb.AcceleratorCheck | None = None
     # The report itself where it was decided in this process (the node's latest_report);
     # None from a shard, where the report stays.
     report: tpb.Report | None = None

@@ -194,6 +194,11 @@ class JobRecord:
         return None
 
     @property
+    def last_step_ms(self) -> int | None:
+        """Controller clock (unix ms) when any rank's step last changed; None: no rank moved yet."""
+        return max((r.moved_ms for r in self.ranks.values() if r.moved_ms), default=None)
+
+    @property
     def last_restart(self) -> RestartRecord | None:
         return self.history[-1] if self.history else None
 
@@ -213,6 +218,7 @@ class JobRecord:
             "downtime_s": self.downtime_s,
             "resumed_from_step": self.resumed_from_step,
             "resumed_from_checkpoint": last.resumed_from_checkpoint if last else None,
+            "last_step_ms": self.last_step_ms,
             "ranks": {r.rank: r.node for r in sorted(self.ranks.values(), key=lambda r: r.rank)},
             "phase": self.phase,
             "since_step_s": self.since_step_s,
@@ -583,6 +589,10 @@ class JobRegistry:
         """
         rec, _ = self._get_or_create(job, at_ms)
         if rec.state == INTERRUPTED and rec.history:
+            h = rec.history[-1]
+        elif rec.state == RESUMING and rec.history and rec.history[-1].first_step_ms is None:
+            # Requeued again before its first step (a hang naming two nodes: one requeue per
+            # eviction): the same interruption, its steps lost counted once.
             h = rec.history[-1]
         else:  # resumed without a recorded interruption (e.g. the scheduler restarted it): count it anyway
             h = RestartRecord(interrupted_ms=at_ms, reason="unrecorded", interrupted_step=rec.step)

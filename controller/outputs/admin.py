@@ -153,7 +153,12 @@ def job_info(job: JobRecord) -> spb.JobInfo:
         restarts=job.restarts,
         steps_lost=job.steps_lost,
         downtime_s=job.downtime_s,
+        phase=job.phase,
     )
+    if job.last_step_ms is not None:
+        info.last_step_ms = job.last_step_ms
+    if job.since_step_s is not None:
+        info.since_step_s = job.since_step_s
     if job.resumed_from_step is not None:
         info.resumed_from_step = job.resumed_from_step
     last = job.last_restart

@@ -13,6 +13,7 @@ import grpc
 
 from controller.detect.model import Incident
 from controller.heal.states import parse_states
+from controller.query.fleet import ReportSettings
 from controller.query.surface import Queries, TopologyView
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -92,6 +93,40 @@ def topology_response(view: TopologyView) -> spb.TopologyResponse:
     )
 
 
+DEFAULT_REPORT_WINDOW_S = 30 * 86400
+MAX_REPORT_WINDOW_S = 400 * 86400
+
+
+async def fleet_report_response(
+    queries: Queries, request: spb.FleetReportRequest, context: grpc.aio.ServicerContext
+) -> spb.FleetReportResponse:
+    """GetFleetReport: the report over the window asked for; a negative threshold or a window over
+    400 days is refused (the raw history a report reads is kept for a bounded horizon)."""
+    window = request.since_s or DEFAULT_REPORT_WINDOW_S
+    if window > MAX_REPORT_WINDOW_S or request.clean_s < 0 or request.lemon_window_s < 0:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"since_s must be ≤ {MAX_REPORT_WINDOW_S}; clean_s and lemon_window_s must not be negative",
+        )
+    defaults = ReportSettings()
+    settings = ReportSettings(
+        clean_s=request.clean_s or defaults.clean_s,
+        lemon_faults=request.lemon_faults or defaults.lemon_faults,
+        lemon_window_s=request.lemon_window_s or defaults.lemon_window_s,
+    )
+    report = queries.fleet_report(float(window), settings)
+    body = report.to_dict()
+    pool = body["mttr"]["fault_to_node_back_in_pool"]["mean_s"]
+    return spb.FleetReportResponse(
+        report_json=json.dumps(body, sort_keys=True),
+        faults_per_1000_gpu_days=body["faults"]["per_1000_gpu_days"] or 0.0,
+        gpu_days=report.gpu_days,
+        faults=report.faults,
+        mttr_pool_s=pool or 0.0,
+        fleet_ettr=report.fleet_ettr or 0.0,
+    )
+
+
 class QueryServicer(sgrpc.QueryServicer):
     """The Query service over any ``Queries``: the leader's live one or a standby's store-backed one."""
 
@@ -102,6 +137,11 @@ class QueryServicer(sgrpc.QueryServicer):
         self, request: spb.ListIncidentsRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListIncidentsResponse:
         return list_incidents_response(self.queries, request)
+
+    async def GetFleetReport(
+        self, request: spb.FleetReportRequest, context: grpc.aio.ServicerContext
+    ) -> spb.FleetReportResponse:
+        return await fleet_report_response(self.queries, request, context)
 
     async def GetTopology(
         self, request: spb.TopologyRequest, context: grpc.aio.ServicerContext

@@ -49,12 +49,20 @@ def node_statuses(
     """
     recent = store.recent_event_counts(clock.time_ms() - RECENT_WINDOW_MS, tpb.SEVERITY_WARNING)
     lifecycle = lifecycle_records(store.connection)
+    nodes = sorted(nodes, key=lambda n: n.node_id)
+    stored_checks: dict[str, tpb.Event] | None = None
     out = []
-    for node in sorted(nodes, key=lambda n: n.node_id):
+    for node in nodes:
         rec = lifecycle.get(node.node_id)
         life = rec.state if rec is not None else NodeHealState.IN_SERVICE
         if states and life not in states:
             continue
+        if hasattr(node, "not_judged_why"):  # a live record: its latest check
+            why = str(node.not_judged_why)
+        else:  # a stored row (a standby): the last accel_check event the node sent
+            if stored_checks is None:
+                stored_checks = store.latest_events_of_kind(tpb.EVENT_KIND_ACCEL_CHECK)
+            why = not_judged_from_event(stored_checks.get(node.node_id))
         out.append(
             spb.NodeStatus(
                 node_id=node.node_id,
@@ -73,9 +81,18 @@ def node_statuses(
                 lifecycle_reason=rec.reason if rec is not None else "",
                 drained_by=(rec.drained_by or "") if rec is not None else "",
                 incident_id=(rec.incident_id or "") if rec is not None else "",
+                judged=not why,
+                not_judged_why=why,
             )
         )
     return out
+
+
+def not_judged_from_event(event: tpb.Event | None) -> str:
+    """Why a node is not judged, by its last accel_check event ("" when judged or none came)."""
+    if event is None or event.attributes.get("judged") != "false":
+        return ""
+    return event.message.removeprefix("not judged: ")
 
 
 def accelerator_vendor(inventory: ipb.Inventory) -> str:

@@ -19,6 +19,8 @@ from controller.heal.acks import Ack, ack_of
 from controller.heal.states import NodeHealState, lifecycle_records
 from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.jobs.registry import JobRecord, JobRegistry
+from controller.query.fleet import FleetReport, ReportSettings
+from controller.query.history import report_with_history
 from controller.query.nodes import NodeRow, node_statuses
 from controller.query.surface import TopologyView
 from controller.store import Store, StoredEventRow
@@ -75,6 +77,10 @@ class StoreQueries:
 
     def events(self, node_id: str | None, limit: int) -> list[StoredEventRow]:
         return self.store.list_events(node_id, limit)
+
+    def fleet_report(self, window_s: float, settings: ReportSettings | None = None) -> FleetReport:
+        now = self.clock.time_ms()
+        return report_with_history(self.store.connection, now - int(window_s * 1000), now, settings)
 
 
 def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:

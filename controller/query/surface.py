@@ -17,6 +17,7 @@ from controller.heal.acks import Ack
 from controller.heal.states import NodeHealState
 from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.jobs.registry import JobRecord
+from controller.query.fleet import FleetReport, ReportSettings
 from controller.store import StoredEventRow
 from starpulse.v1 import service_pb2 as spb
 
@@ -78,6 +79,11 @@ class Queries(Protocol):
 
     def events(self, node_id: str | None, limit: int) -> list[StoredEventRow]:
         """Stored events, newest first (``node_id``: that node's only)."""
+        ...
+
+    def fleet_report(self, window_s: float, settings: ReportSettings | None = None) -> FleetReport:
+        """Fault rates, MTBF, MTTR, ETTR, wrongful evictions and lemons over the last ``window_s``
+        seconds, by this side's clock (controller.query.fleet; docs/reliability.md)."""
         ...
 
 

@@ -45,7 +45,7 @@ from agent.sim.node import SimNode
 from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric, generate_fabric
 from controller.heal.guards import GuardConfig
-from controller.heal.healer import HealConfig, Healer
+from controller.heal.healer import HealConfig, Healer, decision_line
 from controller.heal.policy import default_policy_path
 from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
@@ -55,6 +55,7 @@ from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app.cli.progress import status
 from starpulse.app.demo_faults import FAULT_EVERY_S, FaultPacer, ScriptedFault
 from starpulse.app.demo_training import TRAIN_PY, DemoTraining
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -275,7 +276,8 @@ async def _demo(
                 guards=demo_guards(len(fabric.nodes())),
                 heal=HealConfig(checkpoint_timeout_s=3.0, repair_poke_s=2.0),
             ),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     printer = DemoPrinter(t0)
     controller.registry.listeners.append(printer)
@@ -408,12 +410,7 @@ def show_pool(printer: DemoPrinter, healer: Healer, was_empty: bool) -> bool:
 def show_healing(printer: DemoPrinter, healer: Healer, shown: tuple[int, int, int]) -> tuple[int, int, int]:
     """Print the healer's decisions, evictions and repair outcomes since ``shown``; the new counts."""
     for decision in healer.decisions[shown[0] :]:
-        print(
-            f"{printer.stamp()} healer: {decision['incident']} {decision['kind']} -> "
-            f"{decision['action']} on {decision['node'] or '-'}: {decision['outcome']} "
-            f"({decision['reason']})",
-            flush=True,
-        )
+        print(f"{printer.stamp()} healer: {decision_line(decision)}", flush=True)
     for eviction in healer.evictions[shown[1] :]:
         print(f"{printer.stamp()} healer: {eviction.describe()}", flush=True)
     outcomes = healer.repairs.outcomes if healer.repairs is not None else []

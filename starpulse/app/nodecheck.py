@@ -29,6 +29,7 @@ from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 HEALTHY, UNHEALTHY, UNKNOWN = "healthy", "unhealthy", "unknown"
+ACCELERATOR_COLLECTOR = "gpu"  # every accelerator backend's collector name
 NIC_MISSING_RULE = "nic.missing"  # its conditions are the verdict's "missing" list, for tools
 EXIT_CODES = {HEALTHY: 0, UNHEALTHY: 1, UNKNOWN: 2}
 # A warning that asks for nothing of the node (an application to restart, a person to look, a
@@ -56,9 +57,9 @@ def load_expected(path: str) -> Expected:
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ExpectError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise ExpectError(f"--expect {path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ExpectError(f"{path}: not YAML/JSON: {str(exc).splitlines()[0]}") from None
+        raise ExpectError(f"--expect {path}: not YAML/JSON: {str(exc).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ExpectError(f"{path}: expected a mapping with 'gpus' and/or 'nics'")
     unknown = set(raw) - {"gpus", "nics"}
@@ -143,11 +144,15 @@ def judge(
 ) -> Verdict:
     """Run the controller's rules over this node's samples and findings; the node's verdict."""
     rules = rules or load_rules()
+    last = reports[-1] if reports else None
+    check = last.accelerator_check if last is not None and last.HasField("accelerator_check") else None
     problems = [
         f"collector {c.name}: {c.error}"
-        for c in (reports[-1].collectors if reports else [])
-        if c.supported and not c.ok
+        for c in (last.collectors if last is not None else [])
+        if c.supported and not c.ok and not (check is not None and c.name == ACCELERATOR_COLLECTOR)
     ]
+    if check is not None and not check.judged:
+        problems.insert(0, check.reason)  # never healthy for what was not read
     if not reports:
         return Verdict(UNKNOWN, problems=["no sample taken"])
     clock = FakeClock(start_ms=reports[0].timestamp_ms or 1_700_000_000_000)
@@ -171,5 +176,6 @@ def judge(
     conditions = sorted(engine.active(), key=lambda c: (-vocab.SEVERITY_ORDER.get(c.severity, 0), c.rule, c.component))
     missing = [f"nic {c.evidence['port']}" for c in conditions if c.rule == NIC_MISSING_RULE]
     bad = any(unhealthy(c) for c in conditions)
-    status = UNHEALTHY if bad else (UNKNOWN if problems and not reports[-1].nics else HEALTHY)
+    unread = check is not None and not check.judged
+    status = UNHEALTHY if bad else (UNKNOWN if unread or (problems and not reports[-1].nics) else HEALTHY)
     return Verdict(status, conditions, missing, problems)

@@ -25,7 +25,7 @@ COMMAND_KIND_REBOOT: CommandKind
 COMMAND_KIND_COLLECT_STACKS: CommandKind
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "stream_generation", "boot_id")
+    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "stream_generation", "boot_id", "accelerators")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class Hello(_message.Message):
     NEXT_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     STREAM_GENERATION_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATORS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     inventory: _inventory_pb2.Inventory
@@ -44,7 +45,8 @@ class Hello(_message.Message):
     next_event_seq: int
     stream_generation: int
     boot_id: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., stream_generation: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    accelerators: _telemetry_pb2.AcceleratorCheck
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., stream_generation: _Optional[int] = ..., boot_id: _Optional[str] = ..., accelerators: _Optional[_Union[_telemetry_pb2.AcceleratorCheck, _Mapping]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "event", "command_result")
@@ -239,7 +241,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, lifecycle_states: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model", "lifecycle_state", "lifecycle_since_ms", "lifecycle_reason", "drained_by", "incident_id")
+    __slots__ = ("node_id", "role", "state", "last_seen_ms", "gpu_count", "nic_count", "open_events", "agent_version", "hostname", "accelerator_vendor", "accelerator_model", "lifecycle_state", "lifecycle_since_ms", "lifecycle_reason", "drained_by", "incident_id", "judged", "not_judged_why")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +258,8 @@ class NodeStatus(_message.Message):
     LIFECYCLE_REASON_FIELD_NUMBER: _ClassVar[int]
     DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JUDGED_FIELD_NUMBER: _ClassVar[int]
+    NOT_JUDGED_WHY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
     state: str
@@ -272,7 +276,9 @@ class NodeStatus(_message.Message):
     lifecycle_reason: str
     drained_by: str
     incident_id: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ..., lifecycle_state: _Optional[str] = ..., lifecycle_since_ms: _Optional[int] = ..., lifecycle_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., incident_id: _Optional[str] = ...) -> None: ...
+    judged: bool
+    not_judged_why: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., state: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., gpu_count: _Optional[int] = ..., nic_count: _Optional[int] = ..., open_events: _Optional[int] = ..., agent_version: _Optional[str] = ..., hostname: _Optional[str] = ..., accelerator_vendor: _Optional[str] = ..., accelerator_model: _Optional[str] = ..., lifecycle_state: _Optional[str] = ..., lifecycle_since_ms: _Optional[int] = ..., lifecycle_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., incident_id: _Optional[str] = ..., judged: _Optional[bool] = ..., not_judged_why: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)
@@ -381,6 +387,34 @@ class IncidentDetail(_message.Message):
     acked_ms: int
     message: str
     def __init__(self, incident: _Optional[_Union[IncidentInfo, _Mapping]] = ..., timeline_json: _Optional[str] = ..., acked_by: _Optional[str] = ..., acked_ms: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class FleetReportRequest(_message.Message):
+    __slots__ = ("since_s", "clean_s", "lemon_faults", "lemon_window_s")
+    SINCE_S_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_S_FIELD_NUMBER: _ClassVar[int]
+    LEMON_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    LEMON_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    since_s: int
+    clean_s: float
+    lemon_faults: int
+    lemon_window_s: float
+    def __init__(self, since_s: _Optional[int] = ..., clean_s: _Optional[float] = ..., lemon_faults: _Optional[int] = ..., lemon_window_s: _Optional[float] = ...) -> None: ...
+
+class FleetReportResponse(_message.Message):
+    __slots__ = ("report_json", "faults_per_1000_gpu_days", "gpu_days", "faults", "mttr_pool_s", "fleet_ettr")
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_PER_1000_GPU_DAYS_FIELD_NUMBER: _ClassVar[int]
+    GPU_DAYS_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_FIELD_NUMBER: _ClassVar[int]
+    MTTR_POOL_S_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ETTR_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    faults_per_1000_gpu_days: float
+    gpu_days: float
+    faults: int
+    mttr_pool_s: float
+    fleet_ettr: float
+    def __init__(self, report_json: _Optional[str] = ..., faults_per_1000_gpu_days: _Optional[float] = ..., gpu_days: _Optional[float] = ..., faults: _Optional[int] = ..., mttr_pool_s: _Optional[float] = ..., fleet_ettr: _Optional[float] = ...) -> None: ...
 
 class NodeActionRequest(_message.Message):
     __slots__ = ("node", "reason", "actor", "force")
@@ -495,7 +529,7 @@ class JobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "state", "nodes", "world_size", "step", "checkpoint_dir", "last_complete_step", "last_complete_path", "last_complete_ms", "restarts", "steps_lost", "downtime_s", "resumed_from_step", "resumed_from_checkpoint")
+    __slots__ = ("job", "state", "nodes", "world_size", "step", "checkpoint_dir", "last_complete_step", "last_complete_path", "last_complete_ms", "restarts", "steps_lost", "downtime_s", "resumed_from_step", "resumed_from_checkpoint", "phase", "last_step_ms", "since_step_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -510,6 +544,9 @@ class JobInfo(_message.Message):
     DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_STEP_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     state: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
@@ -524,7 +561,10 @@ class JobInfo(_message.Message):
     downtime_s: float
     resumed_from_step: int
     resumed_from_checkpoint: bool
-    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., last_complete_step: _Optional[int] = ..., last_complete_path: _Optional[str] = ..., last_complete_ms: _Optional[int] = ..., restarts: _Optional[int] = ..., steps_lost: _Optional[int] = ..., downtime_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from_checkpoint: _Optional[bool] = ...) -> None: ...
+    phase: str
+    last_step_ms: int
+    since_step_s: float
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., last_complete_step: _Optional[int] = ..., last_complete_path: _Optional[str] = ..., last_complete_ms: _Optional[int] = ..., restarts: _Optional[int] = ..., steps_lost: _Optional[int] = ..., downtime_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from_checkpoint: _Optional[bool] = ..., phase: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., since_step_s: _Optional[float] = ...) -> None: ...
 
 class JobsResponse(_message.Message):
     __slots__ = ("jobs",)

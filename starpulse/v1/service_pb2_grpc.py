@@ -180,6 +180,11 @@ class QueryStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.GetFleetReport = channel.unary_unary(
+                '/starpulse.v1.Query/GetFleetReport',
+                request_serializer=starpulse_dot_v1_dot_service__pb2.FleetReportRequest.SerializeToString,
+                response_deserializer=starpulse_dot_v1_dot_service__pb2.FleetReportResponse.FromString,
+                _registered_method=True)
         self.ListNodes = channel.unary_unary(
                 '/starpulse.v1.Query/ListNodes',
                 request_serializer=starpulse_dot_v1_dot_service__pb2.ListNodesRequest.SerializeToString,
@@ -209,6 +214,12 @@ class QueryStub:
 
 class QueryServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def GetFleetReport(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def ListNodes(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -243,6 +254,11 @@ class QueryServicer:
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'GetFleetReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFleetReport,
+                    request_deserializer=starpulse_dot_v1_dot_service__pb2.FleetReportRequest.FromString,
+                    response_serializer=starpulse_dot_v1_dot_service__pb2.FleetReportResponse.SerializeToString,
+            ),
             'ListNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNodes,
                     request_deserializer=starpulse_dot_v1_dot_service__pb2.ListNodesRequest.FromString,
@@ -278,6 +294,33 @@ def add_QueryServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Query:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def GetFleetReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/starpulse.v1.Query/GetFleetReport',
+            starpulse_dot_v1_dot_service__pb2.FleetReportRequest.SerializeToString,
+            starpulse_dot_v1_dot_service__pb2.FleetReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def ListNodes(request,

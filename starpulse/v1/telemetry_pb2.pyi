@@ -29,6 +29,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_AGENT: _ClassVar[EventKind]
     EVENT_KIND_THERMAL_SLOWDOWN: _ClassVar[EventKind]
     EVENT_KIND_ACCEL_FAULT: _ClassVar[EventKind]
+    EVENT_KIND_ACCEL_CHECK: _ClassVar[EventKind]
     EVENT_KIND_BUFFER_RESET: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -57,6 +58,7 @@ EVENT_KIND_KERNEL: EventKind
 EVENT_KIND_AGENT: EventKind
 EVENT_KIND_THERMAL_SLOWDOWN: EventKind
 EVENT_KIND_ACCEL_FAULT: EventKind
+EVENT_KIND_ACCEL_CHECK: EventKind
 EVENT_KIND_BUFFER_RESET: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
@@ -388,7 +390,7 @@ class GpuProcess(_message.Message):
     def __init__(self, gpu_index: _Optional[int] = ..., pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., job: _Optional[str] = ..., job_source: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta", "gpu_processes", "probe_results")
+    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta", "gpu_processes", "probe_results", "accelerator_check")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -401,6 +403,7 @@ class Report(_message.Message):
     COUNTERS_DELTA_FIELD_NUMBER: _ClassVar[int]
     GPU_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     PROBE_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_CHECK_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
@@ -413,7 +416,28 @@ class Report(_message.Message):
     counters_delta: bool
     gpu_processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
     probe_results: _containers.RepeatedCompositeFieldContainer[ProbeResult]
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probe_results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ...) -> None: ...
+    accelerator_check: AcceleratorCheck
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probe_results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ..., accelerator_check: _Optional[_Union[AcceleratorCheck, _Mapping]] = ...) -> None: ...
+
+class AcceleratorCheck(_message.Message):
+    __slots__ = ("judged", "backend", "vendor", "tool", "found", "expected", "expected_source", "reason")
+    JUDGED_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    judged: bool
+    backend: str
+    vendor: str
+    tool: str
+    found: int
+    expected: int
+    expected_source: str
+    reason: str
+    def __init__(self, judged: _Optional[bool] = ..., backend: _Optional[str] = ..., vendor: _Optional[str] = ..., tool: _Optional[str] = ..., found: _Optional[int] = ..., expected: _Optional[int] = ..., expected_source: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProbeResult(_message.Message):
     __slots__ = ("local_nic", "peer_nic", "src_port", "sent", "lost", "rtt_p50_us", "rtt_p99_us", "rtt_stdev_us", "responder_us", "plan_version", "window_ms", "via", "peer_restarted")

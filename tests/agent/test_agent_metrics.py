@@ -257,3 +257,24 @@ async def test_agent_serves_metrics_while_running(tmp_path: Path) -> None:
         await task
     with pytest.raises(OSError):
         await asyncio.to_thread(fetch)
+
+
+class TestAcceleratorCheck:
+    """Issue 30: the agent's own /metrics say whether this cycle read the accelerators."""
+
+    @pytest.mark.parametrize(("found", "judged"), [(8, 1), (7, 0), (0, 0)])
+    def test_judged_found_and_expected(self, found: int, judged: int) -> None:
+        from agent.collectors.accel.check import AcceleratorChecker, Expected, check_report
+        from starpulse.v1 import telemetry_pb2 as tpb
+
+        report = tpb.Report(seq=1)
+        report.collectors.add(name="gpu", supported=True, ok=True)
+        for i in range(found):
+            report.gpus.add(index=i)
+        check_report(AcceleratorChecker("ascend", "ascend", "npu-smi", Expected(8)), report)
+        text = exposition("node-000", ipb.Inventory(), report, None)
+        labels = {"backend": "ascend", "tool": "npu-smi"}
+        assert one(text, "starpulse_agent_accelerators_judged", **labels) == judged
+        assert one(text, "starpulse_agent_accelerators_found", **labels) == found
+        assert one(text, "starpulse_agent_accelerators_expected", **labels) == 8
+        promtool_check(text)

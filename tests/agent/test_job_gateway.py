@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.jobs import JobCollector, JobGateway
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.job import StarpulseJob
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.helpers import wait_for
@@ -244,7 +245,8 @@ async def test_end_to_end_controller_registry_and_checkpoint_command(short_dir: 
     ctl = Controller(
         ControllerConfig(
             listen=f"127.0.0.1:{port}", http="127.0.0.1:0", db_path=tmp_path / "controller.db", sweep_interval_s=0.2
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     registry = JobRegistry(ctl.store.connection, ctl.clock)

@@ -22,6 +22,7 @@ from controller.fabric import generate_fabric
 from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.e2e.agent_process import agent_process
 from tests.helpers import wait_for
 
@@ -111,7 +112,8 @@ class TestDiscovery:
     def test_plugin_without_its_driver_is_one_line(self, plugins: Path) -> None:
         out = run(plugins, "scan", "--backend", "acme")
         assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-            "starpulse scan: backend acme unavailable: ACME_STATE is not set (the Acme driver's state file)"
+            "starpulse scan: could not check: backend acme unavailable: "
+            "ACME_STATE is not set (the Acme driver's state file)"
         ]
 
 
@@ -128,7 +130,8 @@ class TestThroughAgentAndController:
                 fabric=fabric,
                 sweep_interval_s=0.2,
                 heal=HealSettings(scheduler=sched, guards=GuardConfig(mode="enforce")),
-            )
+            ),
+            clock=SYSTEM_CLOCK,
         )
         ctl.detection.correlator.config.settle_s = 0.5
         await ctl.start()

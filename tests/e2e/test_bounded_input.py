@@ -30,7 +30,7 @@ import structlog
 
 from controller.outputs.web.node import node_json
 from controller.service import Controller, ControllerConfig
-from starpulse.core.clock import FakeClock
+from starpulse.core.clock import SYSTEM_CLOCK, Clock, FakeClock
 from starpulse.core.eventlimits import MAX_ATTRIBUTE_KEY, MAX_ATTRIBUTE_VALUE, MAX_ATTRIBUTES, SQLITE_INT_MAX
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -40,7 +40,7 @@ from tests.helpers import free_port, make_sim_agent, stream_session, wait_for
 NODE = "node-000"
 
 
-async def _controller(tmp_path: Path, clock: FakeClock | None = None) -> Controller:
+async def _controller(tmp_path: Path, clock: Clock) -> Controller:
     ctl = Controller(
         ControllerConfig(
             listen=f"127.0.0.1:{free_port()}",
@@ -48,7 +48,7 @@ async def _controller(tmp_path: Path, clock: FakeClock | None = None) -> Control
             db_path=tmp_path / "c.db",
             allowed_nodes=[NODE, "node-001"],
         ),
-        clock,
+        clock=clock,
     )
     await ctl.start()
     return ctl
@@ -56,7 +56,7 @@ async def _controller(tmp_path: Path, clock: FakeClock | None = None) -> Control
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    ctl = await _controller(tmp_path)
+    ctl = await _controller(tmp_path, SYSTEM_CLOCK)
     yield ctl
     await ctl.stop()
 

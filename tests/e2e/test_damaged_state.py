@@ -29,6 +29,7 @@ import pytest
 from agent.transport.buffer import EventBuffer
 from controller.service import Controller, ControllerConfig
 from controller.store import Store, StoreError
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.helpers import free_port, make_sim_agent, wait_for
 
@@ -43,7 +44,8 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
             http="127.0.0.1:0",
             db_path=tmp_path / "ctl" / "c.db",
             allowed_nodes=[NODE],
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     yield ctl

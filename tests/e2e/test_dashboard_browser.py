@@ -8,11 +8,13 @@ wait is on a DOM condition with a timeout (tests/e2e/browser.py); screenshots ar
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from controller.detect.model import Incident
 from controller.fabric.generate import generate_fabric
 from starpulse.app.scenario.spec import FaultSpec
 from tests.e2e.browser import WINDOW, Rig, fabric_only_rig, open_browser, requires_browser, run_chromium, sim_rig
@@ -179,3 +181,44 @@ async def test_large_fabric_incidents_first_collapsed_blocks_search_and_spares(t
         meta = await b.js("return document.getElementById('node-meta').textContent;")
         assert meta.startswith("never seen"), meta
         await b.screenshot("node-never-seen")
+
+
+HANG_STACKS = {
+    "reason": "7 rank(s) wait in one place; not there: rank 3 on node-001",
+    "at_ms": 1,
+    # Stored waiters first here on purpose: the page itself puts the outliers first.
+    "groups": [
+        {"role": "waiters", "ranks": [0, 1, 2, 4, 5, 6, 7], "nodes": ["node-000", "node-001", "node-002", "node-003"],
+         "frames": ["wait_for_peers (train_ranks.py)", "main (train_ranks.py)"]},
+        {"role": "outlier", "ranks": [3], "nodes": ["node-001"],
+         "frames": ["stuck_in_data_loader (train_ranks.py)", "main (train_ranks.py)"]},
+    ],
+    "outliers": [{"rank": 3, "node": "node-001", "pid": 1234}],
+}  # fmt: skip
+
+
+async def test_a_hang_incident_shows_its_stacks_grouped_outliers_first(tmp_path: Path) -> None:
+    """The job_hang incident on the page: its ranks' stacks grouped, the odd rank's group first
+    and marked, each group's ranks, nodes and innermost frames; the waiters after it."""
+    fabric = generate_fabric(4, gpus_per_node=2, rails=2, nodes_per_block=4, spines=1)
+    async with fabric_only_rig(tmp_path, fabric) as rig, open_browser(tmp_path) as b:
+        evidence = [{"rule": "job_hang", "component": "job:llm", "message": "no step for 21 s",
+                     "evidence": {"job": "llm", "stacks": HANG_STACKS}}]  # fmt: skip
+        inc = rig.controller.detection.incidents.open(
+            Incident(
+                id="", kind="job_hang", root_cause="job:llm", component_type="job",
+                affected_nodes=["node-001"], affected_jobs=["llm"], severity="critical", action="restart_app",
+                evidence=evidence, opened_ms=int(time.time() * 1000),
+            )
+        )  # fmt: skip
+        await b.get(rig.base + "/")
+        await b.ready()
+        groups = f"#incident-{inc.id} .stacks li.stack-group"
+        await b.until(f"return document.querySelectorAll('{groups}').length === 2;", "the hang's stack groups")
+        roles = await b.js(f"return Array.from(document.querySelectorAll('{groups}')).map((g) => g.dataset.role);")
+        assert roles == ["outlier", "waiters"]
+        first = await b.js(f"return document.querySelector('{groups}').textContent;")
+        assert "ranks 3 on node-001" in first and "stuck_in_data_loader (train_ranks.py)" in first
+        reason = await b.js(f"return document.querySelector('#incident-{inc.id} .stacks-reason').textContent;")
+        assert "not there: rank 3 on node-001" in reason
+        await b.screenshot("hang-stacks")

@@ -23,6 +23,7 @@ import pytest
 from controller.outputs.http_logs import redact
 from controller.service import Controller, ControllerConfig
 from starpulse.core.auth import HttpAuthConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port
 
 TOKEN = "good-token-0123456789-abcdefghij"
@@ -37,7 +38,8 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
             http="127.0.0.1:0",
             db_path=tmp_path / "c.db",
             http_auth=HttpAuthConfig(require_auth=True, tokens=[TOKEN]),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     yield ctl

@@ -31,6 +31,7 @@ from agent.jobs import JobGateway
 from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.joblimits import MAX_JOB_NAME, UINT32_MAX, UINT64_MAX
 from tests.helpers import free_port, wait_for
 
@@ -49,7 +50,8 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
     ctl = Controller(
         ControllerConfig(
             listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db", allowed_nodes=[NODE]
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     yield ctl

@@ -14,6 +14,7 @@ from controller.detect.pipeline import DetectionConfig
 from controller.fabric import generate_fabric
 from controller.fabric.probeplan import ProbeConfig
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port, halt_agents, make_sim_agent, wait_for
 
 
@@ -44,7 +45,8 @@ async def test_agents_probe_each_other_and_a_lossy_leaf_is_blamed(tmp_path: Path
             sweep_interval_s=0.2,
             fabric=fabric,
             detection=DetectionConfig(correlation=CorrelationConfig(settle_s=1.0), probes=probes),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     data_plane = SimProbeFabric(fabric.leaf_of, fabric.spines_of)
     await ctl.start()

@@ -25,6 +25,7 @@ from agent.factory import build_agent
 from agent.runtime import AgentConfig
 from agent.sim.node import SimNode
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port
 from tests.support.metrics import agent_expositions, controller_exposition
 
@@ -335,7 +336,8 @@ async def test_real_prometheus_scrapes_agent_and_controller(
             http="127.0.0.1:0",
             db_path=tmp_path / "controller.db",
             sweep_interval_s=0.2,
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     agent = build_agent(
@@ -363,7 +365,15 @@ async def test_real_prometheus_scrapes_agent_and_controller(
             "nic rail": 'starpulse_nic_up{node="node-000",rail="0"} == 1',
             # Ingest rate, as the dashboard computes it.
             "ingest rate": "sum(rate(starpulse_reports_received_total[10s])) > 0",
+            # The fleet report's series: the node's GPUs in service count, no fault yet.
+            "fleet gpu-time": 'starpulse_fleet_gpu_seconds{job="starpulse-controller"} > 0',
+            "fleet fault rate": 'starpulse_fleet_fault_rate{job="starpulse-controller",cause="all"} == 0',
         }
+        dash = json.loads(DASHBOARD.read_text())
+        for p in dash["panels"]:  # every query of the fleet panels answers from the real Prometheus
+            if p["title"].startswith("Fleet "):
+                for t in p.get("targets", []):
+                    checks[f"{p['title']} {t['refId']}"] = f"count({t['expr']}) >= 1"
         pending = dict(checks)
         deadline = time.monotonic() + 60
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:

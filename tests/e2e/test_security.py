@@ -21,6 +21,7 @@ from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.core.auth import AuthConfig, bearer_metadata
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.tls import TestCA, TLSSettings, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -63,7 +64,8 @@ async def _rig(tmp_path: Path, auth: AuthConfig) -> Rig:
             tls=ca.controller,
             auth=auth,
             grace_s=0.5,
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     return Rig(ctl, sim, ca, f"127.0.0.1:{ctl.grpc_port}")

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.outputs.web.node import node_json
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -50,7 +51,8 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
             http="127.0.0.1:0",
             db_path=tmp_path / "c.db",
             allowed_nodes=[NODE, "node-001"],
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     yield ctl

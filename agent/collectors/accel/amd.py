@@ -78,6 +78,7 @@ class AmdGpuCollector:
     name = "gpu"
     vendor = VENDOR
     interconnect = "xgmi"
+    tool = "amdsmi"  # what a "could not check" line names
 
     def __init__(self, smi: Any, sink: FindingSink | None = None) -> None:
         self._smi = smi
@@ -87,12 +88,15 @@ class AmdGpuCollector:
         self._pci: dict[int, str] = {}
         self._watch = DeviceWatch(VENDOR, SOURCE)
         self._warned: set[tuple[int, str]] = set()
+        self.unavailable_reason = ""  # why supported() said no, in AMD SMI's own words
 
     # -- Collector ---------------------------------------------------------------------
 
     def supported(self) -> bool:
         if not self._initialized:
-            if amdsmi_unavailable_reason(self._smi) is not None:
+            reason = amdsmi_unavailable_reason(self._smi)
+            if reason is not None:
+                self.unavailable_reason = reason
                 return False
             self._smi.amdsmi_init(self._smi.AmdSmiInitFlags.INIT_AMD_GPUS)
             self._initialized = True

@@ -25,6 +25,7 @@ import structlog
 from agent.collectors.accel import ascend_faults as faults
 from agent.collectors.accel.ascend_parse import HccsStatus, NpuChip, parse_hccs, parse_npu_health, parse_npu_smi_info
 from agent.collectors.accel.base import BackendUnavailable
+from agent.collectors.accel.check import one_line
 from agent.collectors.accel.hccn import TOOL as HCCN_TOOL
 from agent.collectors.accel.hccn import HccnPortCollector, find_hccn_tool
 from agent.collectors.accel.watch import DeviceWatch
@@ -74,6 +75,7 @@ class AscendNpuCollector:
     name = "gpu"
     vendor = VENDOR
     interconnect = "hccs"
+    tool = "npu-smi"  # what a "could not check" line names
 
     def __init__(
         self,
@@ -91,24 +93,35 @@ class AscendNpuCollector:
         self._watch = DeviceWatch(VENDOR, SOURCE)
         self._codes: dict[tuple[int, int], set[str]] = {}  # codes already reported, per (npu, chip)
         self._chip_count: int | None = None
+        self.unavailable_reason = ""  # why supported() said no: npu-smi's failure or what it printed
         self._no_hccs: set[tuple[int, int]] = set()  # chips whose npu-smi answers no HCCS query
         self.nic_ports = HccnPortCollector(hccn, self.device_ids, tool=hccn_tool) if hccn is not None else None
 
     def device_ids(self) -> range:
         """The chips' logical ids (hccn_tool's -i), in npu-smi's order: as many as the last table had."""
         if self._chip_count is None:
-            self._info()
+            try:
+                self._info()
+            except CollectorUnsupported:
+                return range(0)
         return range(self._chip_count or 0)
 
     def _info(self) -> list[NpuChip]:
-        chips = parse_npu_smi_info(self._run(["npu-smi", "info"]))
+        text = self._run(["npu-smi", "info"])
+        chips = parse_npu_smi_info(text)
         self._chip_count = len(chips)
+        if not chips:
+            # Never "healthy" for a table that was not read: the cycle fails, naming what it printed.
+            raise CollectorUnsupported(
+                f"npu-smi info printed no NPU this parser can read: {one_line(text) or '(nothing)'}"
+            )
         return chips
 
     def supported(self) -> bool:
         try:
             return bool(self._info())
-        except CollectorUnsupported:
+        except CollectorUnsupported as exc:
+            self.unavailable_reason = str(exc)
             return False
 
     def start_events(self) -> None:

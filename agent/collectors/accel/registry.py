@@ -32,6 +32,7 @@ class BackendSpec:
     vendor: str
     make: Make
     summary: str
+    tool: str = ""  # what a "could not check" line names (NVML, amdsmi, npu-smi); "": the backend's name
 
 
 def load_nvml() -> Any:
@@ -71,9 +72,9 @@ def _ascend(sink: FindingSink | None) -> AcceleratorBackend:
 BUILTIN: dict[str, BackendSpec] = {
     spec.name: spec
     for spec in (
-        BackendSpec("nvml", "nvidia", _nvml, "NVIDIA GPUs through NVML (pynvml)"),
-        BackendSpec("amd", "amd", _amd, "AMD Instinct GPUs through AMD SMI (amdsmi, ROCm)"),
-        BackendSpec("ascend", "ascend", _ascend, "Huawei Ascend NPUs through npu-smi and hccn_tool"),
+        BackendSpec("nvml", "nvidia", _nvml, "NVIDIA GPUs through NVML (pynvml)", "NVML"),
+        BackendSpec("amd", "amd", _amd, "AMD Instinct GPUs through AMD SMI (amdsmi, ROCm)", "amdsmi"),
+        BackendSpec("ascend", "ascend", _ascend, "Huawei Ascend NPUs through npu-smi and hccn_tool", "npu-smi"),
     )
 }
 
@@ -103,7 +104,23 @@ def backend(name: str) -> BackendSpec:
     if not callable(make):
         raise BackendUnavailable(f"accelerator plugin {name!r} ({ep.value}) is not callable")
     dist = ep.dist.name if ep.dist is not None else ep.value
-    return BackendSpec(name, str(getattr(make, "vendor", name)), make, f"plugin from {dist}")
+    vendor = str(getattr(make, "vendor", name))
+    return BackendSpec(name, vendor, make, f"plugin from {dist}", str(getattr(make, "tool", name)))
+
+
+def vendor_and_tool(name: str) -> tuple[str, str]:
+    """(vendor, tool) of a backend without building it; a plugin that fails to load is its own name."""
+    spec = BUILTIN.get(name)
+    if spec is not None:
+        return spec.vendor, spec.tool
+    ep = plugin_entry_points().get(name)
+    if ep is None:
+        return name, name
+    try:
+        make = ep.load()
+    except Exception:  # already reported in one line by backend(); here only the names matter
+        return name, name
+    return str(getattr(make, "vendor", name)), str(getattr(make, "tool", name))
 
 
 def build(name: str, sink: FindingSink | None) -> AcceleratorBackend:

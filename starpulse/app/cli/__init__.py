@@ -13,7 +13,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from starpulse import __version__
-from starpulse.app.cli import admin, files, incident, nodes, query, scan, services, simulate, topology
+from starpulse.app.cli import (
+    accelerators,
+    admin,
+    files,
+    fleetsim,
+    incident,
+    nodes,
+    query,
+    report,
+    scan,
+    services,
+    simulate,
+    topology,
+)
 from starpulse.app.cli.common import ADMIN_TOKEN_ENV, DEFAULT_CONTROLLER, OneLineParser, client_token, tls_settings
 from starpulse.app.cli.services import cmd_agent, cmd_controller, cmd_relay, overrides
 
@@ -35,7 +48,7 @@ __all__ = [
 # An unexpected error (a bug) exits with this, never with 2 (a user's bad input) nor 1 (unhealthy).
 EXIT_BUG = 70  # EX_SOFTWARE in sysexits.h
 
-_GROUPS = (scan, nodes, query, incident, admin, topology, simulate, files)
+_GROUPS = (scan, accelerators, nodes, query, report, incident, admin, topology, simulate, fleetsim, files)
 
 
 def cmd_version(args: argparse.Namespace) -> int:

@@ -28,9 +28,10 @@ ADMIN_TOKEN_ENV = "STARPULSE_ADMIN_TOKEN"
 
 
 def add_tls_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tls-ca", default=None, metavar="PEM", help="CA certificate (mutual TLS; with the two below)")
-    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="this side's certificate")
-    parser.add_argument("--tls-key", default=None, metavar="PEM", help="this side's private key")
+    pem = {"default": None, "metavar": "PEM", "type": some_file}
+    parser.add_argument("--tls-ca", **pem, help="CA certificate (mutual TLS; with the two below)")
+    parser.add_argument("--tls-cert", **pem, help="this side's certificate")
+    parser.add_argument("--tls-key", **pem, help="this side's private key")
 
 
 CONTROLLER_ENV = "STARPULSE_CONTROLLER"
@@ -74,6 +75,7 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
         "--admin-token-file",
         default=None,
         metavar="PATH",
+        type=some_file,
         help=f"file whose first line is the admin token to send (default: ${ADMIN_TOKEN_ENV}, else "
         f"admin_token_file in {client.path})",
     )
@@ -276,6 +278,26 @@ def seconds_flag(parser: Any, name: str, default: float, help: str, minimum: flo
     parser.add_argument(
         name, type=seconds(minimum, above=above), default=default, metavar="S", help=f"{help} (default: %(default)g s)"
     )
+
+
+def _path_type(kind: Any) -> Any:
+    def check(text: str) -> str:
+        from starpulse.app.config.common import path_problem
+
+        problem = path_problem(Path(text), kind)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    check.__name__ = f"{kind} path"
+    return check
+
+
+# argparse types for path flags: a bad path is one line naming the flag, checked before anything runs.
+readable_path = _path_type("input")  # a file to read (or a device such as /dev/kmsg)
+readable_folder = _path_type("input-folder")
+some_file = _path_type("file")  # a file whose absence is said later, in its own words (TLS, tokens)
+creatable_folder = _path_type("folder")
 
 
 def writable_file(text: str) -> Path:

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from starpulse.app.cli.common import creatable_folder, readable_path
+
 
 def cmd_tls_make_test_ca(args: argparse.Namespace) -> int:
     from starpulse.core.names import InvalidName
@@ -66,7 +68,7 @@ def register(sub: Any) -> None:
     tl = sub.add_parser("tls", help="TLS helpers")
     tlsub = tl.add_subparsers(dest="tls_command", required=True)
     mk = tlsub.add_parser("make-test-ca", help="a throwaway CA with controller, admin and node certificates")
-    mk.add_argument("--out", required=True, metavar="DIR", help="folder for the PEM files")
+    mk.add_argument("--out", required=True, metavar="DIR", type=creatable_folder, help="folder for the PEM files")
     mk.add_argument("--nodes", action="append", required=True, metavar="ID,ID,...", help="node ids (comma-separated)")
     mk.add_argument(
         "--controller-host",
@@ -94,7 +96,7 @@ def register(sub: Any) -> None:
         help="check a controller, agent or relay file (and STARPULSE_* overrides): "
         "exit 0 and 'ok: <summary>', or exit 2 and every error, one a line",
     )
-    cfc.add_argument("file")
+    cfc.add_argument("file", type=readable_path)
     cfc.add_argument(
         "--kind",
         choices=("controller", "agent", "relay"),

@@ -45,6 +45,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         since = age(n.lifecycle_since_ms) if n.lifecycle_since_ms else "-"
         why = n.lifecycle_reason + (f" [by {n.drained_by}]" if n.drained_by else "")
         chips = f"{n.accelerator_vendor} {n.accelerator_model}".strip()
+        if not n.judged and n.not_judged_why:  # never healthy for what was not read (issue 30)
+            chips = f"NOT JUDGED {chips}".strip()
+            why = "; ".join(p for p in (f"not judged: {n.not_judged_why}", why) if p)
         rows.append(
             [n.node_id, n.state, n.lifecycle_state or "in_service", since, age(n.last_seen_ms), n.gpu_count,
              n.nic_count, n.open_events, chips, why]

@@ -181,6 +181,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             "downtime_s": j.downtime_s,
             "resumed_from_step": j.resumed_from_step if j.HasField("resumed_from_step") else None,
             "resumed_from_checkpoint": (j.resumed_from_checkpoint if j.HasField("resumed_from_checkpoint") else None),
+            "phase": j.phase or None,
+            "last_step_ms": j.last_step_ms if j.HasField("last_step_ms") else None,
+            "since_step_s": round(j.since_step_s, 1) if j.HasField("since_step_s") else None,
         }
         for j in resp.jobs
     ]
@@ -195,14 +198,16 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         nodes = r["nodes"]
         shown = ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else "")
         resumed = "-" if r["resumed_from_step"] is None else str(r["resumed_from_step"])
+        since = "-" if r["since_step_s"] is None else f"{r['since_step_s']:.1f}"
         table.append(
-            [r["job"], r["state"], r["step"], r["last_complete_step"], r["restarts"], r["steps_lost"],
-             f"{r['downtime_s']:.1f}", resumed, shown]
+            [r["job"], r["state"], r["phase"] or "-", r["step"], since, r["last_complete_step"], r["restarts"],
+             r["steps_lost"], f"{r['downtime_s']:.1f}", resumed, shown]
         )  # fmt: skip
     right: Literal["right"] = "right"
     print_table(
-        [Col("JOB"), Col("STATE", styled=True), Col("STEP", right), Col("CHECKPOINT", right), Col("RESTARTS", right),
-         Col("LOST", right), Col("DOWN S", right), Col("RESUMED", right), Col("NODES")],
+        [Col("JOB"), Col("STATE", styled=True), Col("PHASE"), Col("STEP", right), Col("SINCE STEP S", right),
+         Col("CHECKPOINT", right), Col("RESTARTS", right), Col("LOST", right), Col("DOWN S", right),
+         Col("RESUMED", right), Col("NODES")],
         table,
     )  # fmt: skip
     return 0
@@ -229,7 +234,7 @@ def register(sub: Any) -> None:
     sp.add_argument("--json", action="store_true", help=JSON_HELP)
     sp.set_defaults(func=cmd_spares)
 
-    jb = sub.add_parser("jobs", help="training jobs: restarts, steps lost, downtime, last complete checkpoint")
+    jb = sub.add_parser("jobs", help="training jobs: phase, time since the last step, restarts, steps lost, checkpoint")
     add_client_flags(jb)
     jb.add_argument("--json", action="store_true", help=JSON_HELP)
     jb.set_defaults(func=cmd_jobs)

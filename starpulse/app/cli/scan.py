@@ -16,10 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, count_flag, print_json, seconds_flag
+from starpulse.app.cli.common import (
+    JSON_HELP,
+    count_flag,
+    message_dict,
+    print_json,
+    seconds_flag,
+)
 from starpulse.app.cli.tables import Col, print_table
 
 NONE_BACKEND = "none"
+LEARNED_DEFAULT = "/var/lib/starpulse/accelerators.json"  # the agent's (state_dir/accelerators.json)
 
 
 @dataclass
@@ -28,6 +35,8 @@ class _Plan:
     inventory_hooks: list[Any]
     before_collect: Any
     sim: Any
+    checker: Any = None  # the accelerator check (None with --backend none: no accelerator asked for)
+    scratch: Any = None  # the simulated node's folder (a TemporaryDirectory), removed after the scan
 
 
 def _backends() -> tuple[str, ...]:
@@ -36,7 +45,7 @@ def _backends() -> tuple[str, ...]:
     return (*BACKENDS, NONE_BACKEND)
 
 
-def _build(args: argparse.Namespace, findings: list[Any]) -> _Plan:
+def _build(args: argparse.Namespace, findings: list[Any], expected: Any = None) -> _Plan:
     """The collectors for the chosen backend; the NIC tree and kernel log are always the user's."""
     from agent.collectors.ethtool import EthtoolCollector
     from agent.collectors.host import HostCollector
@@ -48,14 +57,26 @@ def _build(args: argparse.Namespace, findings: list[Any]) -> _Plan:
         collectors = [RdmaSysfsCollector(root), EthtoolCollector(), HostCollector(mounts=("/",))]
         return _Plan(collectors, [nic_gpu_pairing(root)], None, None)
     sim = None
+    scratch: Any = None
     if args.backend == "sim":
         from agent.sim.node import SimNode
 
-        sim = SimNode("scan", Path(tempfile.mkdtemp(prefix="starpulse-scan-")), seed=args.seed)
-        for spec in args.sim_fault or ():
-            _inject(sim, spec)
+        scratch = tempfile.TemporaryDirectory(prefix="starpulse-scan-")
+        try:
+            sim = SimNode("scan", Path(scratch.name), seed=args.seed, vendor=_sim_vendor(args.sim_fault or ()))
+            for spec in args.sim_fault or ():
+                _inject(sim, spec)
+        except BaseException:
+            scratch.cleanup()
+            raise
     plan = build_collectors(
-        args.backend, findings.append, sysfs_root=args.sysfs_root or "/sys", kmsg_path=None, sim=sim, lldp=True
+        args.backend,
+        findings.append,
+        sysfs_root=args.sysfs_root or "/sys",
+        kmsg_path=None,
+        sim=sim,
+        lldp=True,
+        expected=expected,
     )
     collectors, hooks = list(plan.collectors), list(plan.inventory_hooks)
     if sim is not None and args.sysfs_root:
@@ -64,7 +85,20 @@ def _build(args: argparse.Namespace, findings: list[Any]) -> _Plan:
             RdmaSysfsCollector(args.sysfs_root) if isinstance(c, RdmaSysfsCollector) else c for c in collectors
         ]
         hooks = [nic_gpu_pairing(args.sysfs_root)]
-    return _Plan(collectors, hooks, plan.before_collect, sim)
+    return _Plan(collectors, hooks, plan.before_collect, sim, plan.checker, scratch if sim is not None else None)
+
+
+def _sim_vendor(specs: Any) -> str:
+    """Whose chips the simulated node has: the vendor the faults asked for (AMD's, Ascend's), else NVIDIA."""
+    from agent.sim.faults import FAULTS
+    from starpulse.app.nodecheck import ExpectError
+
+    vendors = {v for spec in specs if (k := FAULTS.get(spec.partition(":")[0])) is not None and (v := k.needs_vendor)}
+    if len(vendors) > 1:
+        raise ExpectError(
+            f"--sim-fault: one node has one vendor's chips, these faults need {', '.join(sorted(vendors))}"
+        )
+    return vendors.pop() if vendors else "nvidia"
 
 
 def _inject(sim: Any, spec: str) -> None:
@@ -87,8 +121,7 @@ def _inject(sim: Any, spec: str) -> None:
 
 def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     """(exit code, output) of one scan; raises _Refused for input the user must fix."""
-    from google.protobuf.json_format import MessageToDict
-
+    from agent.collectors.accel.check import check_report
     from agent.collectors.kmsg import scan_file
     from agent.factory import BackendUnavailable
     from agent.runtime import CollectorSet
@@ -102,10 +135,11 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     if args.sysfs_root and not Path(args.sysfs_root).is_dir():
         raise nodecheck.ExpectError(f"--sysfs-root {args.sysfs_root}: no such directory")
     findings: list[Any] = []
+    accel = _accelerators_expected(args, expected)
     try:
-        plan = _build(args, findings)
+        plan = _build(args, findings, accel)
     except BackendUnavailable as exc:
-        raise _Unavailable(f"backend {args.backend} unavailable: {exc}") from None
+        raise _Unavailable(f"could not check: backend {args.backend} unavailable: {exc}") from None
     collectors = CollectorSet(plan.collectors)
     try:
         collectors.probe()
@@ -117,6 +151,8 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             if plan.before_collect is not None:
                 plan.before_collect(1.0)
             result = collectors.collect(seq=seq)
+            if plan.checker is not None:
+                check_report(plan.checker, result.report)  # "could not check" unless the chips were read
             if not result.report.timestamp_ms:
                 result.report.timestamp_ms = int(time.time() * 1000)
             reports.append(result.report)
@@ -128,14 +164,34 @@ def _scan(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             findings.extend(collectors.localise(f) for f in scan_file(kmsg))
     finally:
         collectors.close()
+        if plan.scratch is not None:
+            plan.scratch.cleanup()  # nothing left behind in the temp folder
     verdict = nodecheck.judge(args.node or inventory.host.hostname or "node", inventory, reports, findings, expected)
     out = {
-        "inventory": MessageToDict(inventory, preserving_proto_field_name=True),
-        "sample": MessageToDict(reports[-1], preserving_proto_field_name=True),
+        # docs/json.md: 64-bit counters and times as numbers, zero values kept, unset optionals null.
+        "inventory": message_dict(inventory),
+        "sample": message_dict(reports[-1]),
         "findings": [f.to_dict() for f in findings],
         "verdict": verdict.to_dict(),
     }
     return verdict.exit_code, out
+
+
+def _accelerators_expected(args: argparse.Namespace, expected: Any) -> Any:
+    """How many accelerators the node must show: --expect's gpus, else the agent's learned (or
+    confirmed) inventory when the file is there, so a prolog holds the node to it too."""
+    from agent.collectors.accel.check import Expected, LearnedError, LearnedInventory
+    from starpulse.app.nodecheck import ExpectError
+
+    if expected is not None and expected.gpus is not None:
+        return Expected(expected.gpus, source="--expect")
+    path = Path(args.learned)
+    if not path.exists():
+        return None
+    try:
+        return LearnedInventory(path).load()
+    except LearnedError as exc:
+        raise ExpectError(f"--learned {exc}") from None
 
 
 class _Unavailable(RuntimeError):
@@ -184,7 +240,14 @@ def _print_scan(out: dict[str, Any]) -> None:
         )
     for p in verdict["problems"]:
         print(f"could not check: {p}")
-    print(f"verdict: {verdict['status']}")
+    status = verdict["status"]
+    print(f"verdict: {'could not check' if status == nodecheck_unknown() else status}")
+
+
+def nodecheck_unknown() -> str:
+    from starpulse.app.nodecheck import UNKNOWN
+
+    return UNKNOWN
 
 
 def register(sub: Any) -> None:
@@ -196,9 +259,31 @@ def register(sub: Any) -> None:
         default="nvml",
         help="accelerator backend; 'none' scans without a driver (default: nvml)",
     )
-    s.add_argument("--sysfs-root", default=None, help="root of the sysfs tree to read NICs from (default /sys)")
-    s.add_argument("--kmsg", default=None, help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)")
-    s.add_argument("--expect", default=None, metavar="FILE", help="expected inventory (YAML: gpus: 8, nics: [...])")
+    # Paths are checked by the scan itself, not by argparse: --prolog parses the same flags and
+    # must fail open (exit 0) on bad input, never refuse the job by an argparse exit 2.
+    s.add_argument(
+        "--sysfs-root",
+        default=None,
+        help="root of the sysfs tree to read NICs from (default /sys)",
+    )
+    s.add_argument(
+        "--kmsg",
+        default=None,
+        help="kernel log file to scan (dmesg, journalctl -k or /dev/kmsg text)",
+    )
+    s.add_argument(
+        "--expect",
+        default=None,
+        metavar="FILE",
+        help="expected inventory (YAML: gpus: 8, nics: [...])",
+    )
+    s.add_argument(
+        "--learned",
+        default=LEARNED_DEFAULT,
+        metavar="FILE",
+        help="the agent's learned accelerator inventory, used when there and --expect gives no gpus "
+        f"(default: {LEARNED_DEFAULT})",
+    )
     seconds_flag(s, "--window", 2.0, "seconds between the two samples, for counter rates")
     s.add_argument("--node", default=None, help="node name in the verdict (default: the host name)")
     count_flag(s, "--seed", 0, "with --backend sim: the node's seed", minimum=0)

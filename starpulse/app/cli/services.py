@@ -92,7 +92,7 @@ def _serve_controller(config: Any) -> int:
 
             await Replica(config, SYSTEM_CLOCK).serve_forever(stop)
         else:
-            await Controller(config, SYSTEM_CLOCK).serve_forever(stop)
+            await Controller(config, clock=SYSTEM_CLOCK).serve_forever(stop)
 
     from starpulse.core.listen import ListenError
 
@@ -163,12 +163,40 @@ def _agent_on(config: Any, opt: Any) -> int:
             ethtool=opt.ethtool,
             lldpcli_socket=opt.lldpcli_socket,
             lldp_interval_s=opt.lldp_interval_s,
+            unread_ok=True,  # a missing tool is reported to the controller as "not judged", not an exit
+            **_accelerator_expectation(opt),
         )
     except BackendUnavailable as exc:
         print(f"starpulse agent: backend {opt.backend} unavailable: {exc}", file=sys.stderr)
         return 2
+    _say_unread(agent)
     asyncio.run(_run_agent(agent))
     return 0
+
+
+def _say_unread(agent: Any) -> None:
+    """One line on stderr when the backend could not be built: the agent runs on, not judged."""
+    from agent.collectors.accel.check import UnreadBackend
+
+    for st in agent.collectors.states:
+        if isinstance(st.collector, UnreadBackend):
+            print(
+                f"starpulse agent: could not check accelerators: {st.collector.unavailable_reason}; running on "
+                "(NICs, kernel log), the controller shows this node as not judged",
+                file=sys.stderr,
+            )
+
+
+def _accelerator_expectation(opt: Any) -> dict[str, Any]:
+    """The factory's expected/learned_path from the settings' accelerators section."""
+    from agent.collectors.accel.check import LEARNED_FILE, Expected
+
+    acc = opt.accelerators
+    if acc is None:
+        return {}
+    if acc.expected_count is not None:
+        return {"expected": Expected(acc.expected_count, acc.expected_vendor)}
+    return {"learned_path": str(opt.state_dir / LEARNED_FILE)} if acc.learn else {}
 
 
 def _sim_node(node_id: str, state_dir: Path, backend: str, seed: int, gpus: int, nics: int, real_netdevs: bool) -> Any:

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, address, count_flag, print_json, seconds_flag
+from starpulse.app.cli.common import JSON_HELP, address, count_flag, print_json, readable_path, seconds_flag
 from starpulse.app.cli.progress import timed
 
 
@@ -74,7 +74,7 @@ def register(sub: Any) -> None:
     sc = sub.add_parser("scenario", help="run fault scenarios on a simulated cluster")
     scsub = sc.add_subparsers(dest="scenario_command", required=True)
     scr = scsub.add_parser("run", help="run one scenario file and print its verdict")
-    scr.add_argument("file")
+    scr.add_argument("file", type=readable_path)
     scr.add_argument("--json", action="store_true", help=JSON_HELP)
     scr.set_defaults(func=cmd_scenario_run)
 

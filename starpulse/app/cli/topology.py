@@ -7,7 +7,16 @@ import json
 import sys
 from typing import Any
 
-from starpulse.app.cli.common import JSON_HELP, add_client_flags, count_flag, print_json, query_stub, rpc, writable_file
+from starpulse.app.cli.common import (
+    JSON_HELP,
+    add_client_flags,
+    count_flag,
+    print_json,
+    query_stub,
+    readable_path,
+    rpc,
+    writable_file,
+)
 from starpulse.app.cli.progress import status
 
 
@@ -110,7 +119,11 @@ def register(sub: Any) -> None:
     ts = tsub.add_parser("show", help="summarise the live graph (or a fabric file)")
     add_client_flags(ts)
     ts.add_argument(
-        "--file", default=None, metavar="FILE", help="summarise this fabric file instead of asking the controller"
+        "--file",
+        default=None,
+        metavar="FILE",
+        type=readable_path,
+        help="summarise this fabric file instead of asking the controller",
     )
     ts.add_argument("--json", action="store_true", help=JSON_HELP)
     ts.set_defaults(func=cmd_topology_show)

@@ -17,6 +17,7 @@ from starpulse.app.config.common import (
     Overrides,
     TLSFiles,
     check_node_id,
+    check_path,
     read_settings,
     tls_settings,
 )
@@ -82,6 +83,24 @@ class HardwareSection:
 
 
 @dataclass
+class AcceleratorsSection:
+    """The accelerators this node must show: a node that shows fewer is "not judged", never healthy."""
+
+    expected_count: int | None = setting(
+        None,
+        "How many accelerators this node has (0: none, so a backend that finds none is fine); "
+        "null: learned at first sight (see learn)",
+        ge=0,
+    )
+    expected_vendor: str = setting("", "Whose they are (nvidia, amd, ascend, a plugin's); '': the backend's")
+    learn: bool = setting(
+        True,
+        "Without expected_count: keep the count first seen in state_dir/accelerators.json and hold the node "
+        "to it (a person confirms it with `starpulse accelerators confirm`)",
+    )
+
+
+@dataclass
 class JobsSection:
     """Training jobs on this node (starpulse.job), and what the controller may run here."""
 
@@ -102,6 +121,7 @@ class AgentFile:
 
     agent: AgentSection = section(AgentSection)
     hardware: HardwareSection = section(HardwareSection)
+    accelerators: AcceleratorsSection = section(AcceleratorsSection)
     jobs: JobsSection = section(JobsSection)
     metrics: MetricsSection = section(MetricsSection)
     tls: TLSFiles = section(TLSFiles, "Mutual TLS to the controller: all three files or none (none: plaintext)")
@@ -183,6 +203,7 @@ class AgentOptions:
     sim_real_netdevs: bool
     tls: TLSSettings | None
     log: LogSection
+    accelerators: AcceleratorsSection | None = None
 
 
 def load_agent_config(
@@ -203,6 +224,16 @@ def _build(reading: Reading, s: AgentFile) -> tuple[AgentConfig, AgentOptions] |
     """The one function from settings to an AgentConfig (whether they came from a file or flags)."""
     a, hw = s.agent, s.hardware
     check_node_id(reading, "agent.node_id", a.node_id)
+    check_path(reading, "agent.state_dir", a.state_dir, "folder")
+    check_path(reading, "jobs.socket", s.jobs.socket, "file")
+    check_path(reading, "hardware.lldpcli_socket", hw.lldpcli_socket, "file")
+    # What the agent reads: there on real hardware; the simulator reads its own fakes instead,
+    # so there only a path that cannot exist at all (under a file) is refused.
+    real = hw.backend != "sim"
+    check_path(reading, "hardware.sysfs_root", hw.sysfs_root, "input-folder" if real else "folder")
+    check_path(reading, "hardware.kmsg", hw.kmsg or None, "input" if real else "file")
+    for i, mount in enumerate(hw.mounts):
+        check_path(reading, f"hardware.mounts[{i}]", mount, "input-folder")
     if hw.backend not in backend_names():
         reading.err("hardware.backend", f"must be one of {', '.join(backend_names())}, got {hw.backend!r}")
     try:
@@ -233,6 +264,7 @@ def _build(reading: Reading, s: AgentFile) -> tuple[AgentConfig, AgentOptions] |
         sim_real_netdevs=hw.sim_real_netdevs,
         tls=tls,
         log=s.log,
+        accelerators=s.accelerators,
     )
     return config, options
 

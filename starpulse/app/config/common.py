@@ -94,6 +94,44 @@ def tls_settings(reading: Reading, files: TLSFiles) -> TLSSettings | None:
     return TLSSettings(given["ca_file"], given["cert_file"], given["key_file"])
 
 
+PathKind = Literal["file", "folder", "input", "input-folder"]
+
+
+def path_problem(path: Path, kind: PathKind) -> str | None:
+    """Why ``path`` cannot be made or used as a ``kind`` ("file": one the program creates or
+    opens, such as a database or a socket; "folder": one it creates; "input": one it reads,
+    which must be there and not a folder; "input-folder": a folder it reads); None when it can.
+
+    Read before anything is opened, so a parent that is a file (``--db /etc/hosts/c.db``)
+    is one line naming the setting, never a traceback from deep inside SQLite or mkdir.
+    """
+    if path.exists():
+        if kind in ("folder", "input-folder") and not path.is_dir():
+            return f"{path} is a file, not a folder"
+        if kind in ("file", "input") and path.is_dir():
+            return f"{path} is a folder, not a file"
+        return None
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if above.exists() and not above.is_dir():
+        return f"{above} is a file, so there is no {path}"
+    if kind == "input":
+        return f"no such file {path}"
+    if kind == "input-folder":
+        return f"no such folder {path}"
+    return None
+
+
+def check_path(reading: Reading, key: str, path: str | Path | None, kind: PathKind) -> None:
+    """One error naming ``key`` (and its flag) when ``path`` cannot be a ``kind`` (``path_problem``)."""
+    if path is None or str(path) == "" or str(path) == ":memory:":
+        return
+    problem = path_problem(Path(path), kind)
+    if problem is not None:
+        reading.err(key, problem)
+
+
 def check_node_id(reading: Reading, key: str, node: str) -> None:
     try:
         validate_node_id(node)

@@ -33,6 +33,7 @@ from starpulse.app.config.common import (
     Overrides,
     TLSFiles,
     check_node_id,
+    check_path,
     read_settings,
     tls_settings,
 )
@@ -49,6 +50,7 @@ class ServerSection:
     listen: str = from_field(ControllerConfig, "listen")
     http: str = from_field(ControllerConfig, "http")
     db_path: Path = from_field(ControllerConfig, "db_path")
+    history_retention_s: float = from_field(ControllerConfig, "history_retention_s")
     controller_id: str = from_field(ControllerConfig, "controller_id")
     grace_s: float = from_field(ControllerConfig, "grace_s")
     extra_listen: list[str] = from_field(ControllerConfig, "extra_listen")
@@ -353,6 +355,12 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
     for job, nodes in s.fabric.jobs.items():
         for i, node in enumerate(nodes):
             check_node_id(reading, f"fabric.jobs.{job}[{i}]", node)
+    check_path(reading, "server.db_path", s.server.db_path, "file")
+    # Referenced files are read later (and by `config check`): here only a path that cannot be one.
+    check_path(reading, "fabric.path", s.fabric.path, "file")
+    check_path(reading, "detection.rules_path", s.detection.rules_path, "file")
+    if s.heal is not None:
+        check_path(reading, "heal.policy_path", s.heal.policy_path, "file")
     notify = _notify(reading, s.notify)
     auth = _auth(reading, s.auth)
     tls = tls_settings(reading, s.tls)
@@ -448,6 +456,8 @@ def _heal(reading: Reading, s: ControllerFile, connect: bool) -> tuple[Fabric | 
     kind = h.scheduler.type
     options: Any = getattr(h.scheduler, kind)
     fabric = None
+    if any("fabric.path" in line for line in reading.errors):
+        return None, None  # said once, where the path was checked
     try:
         if kind == "sim" and not options.nodes:
             if s.fabric.path is None:

@@ -31,6 +31,7 @@ from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import FaultSpec, Scenario
 from starpulse.app.scenario.training import SimTraining
+from starpulse.core.clock import SYSTEM_CLOCK
 
 log = structlog.get_logger(__name__)
 
@@ -199,7 +200,8 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
                 heal=HealConfig(checkpoint_timeout_s=max(4 * interval, 2.0), retry_delay_s=0.2),
                 guards=GuardConfig(**scenario.guards),  # type: ignore[arg-type]
             ),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     recorder = Recorder()
     controller.detection.listeners.append(recorder)

@@ -652,11 +652,42 @@
         inc.affected_jobs.length ? " · jobs " + inc.affected_jobs.join(", ") : null,
         " · " + inc.id,
       ),
+      stacksBlock(inc.evidence || []),
       evidenceBlock(inc.evidence || []),
     );
     li.addEventListener("mouseenter", () => highlight(inc.id, true));
     li.addEventListener("mouseleave", () => highlight(inc.id, false));
     return li;
+  }
+
+  /** A hang's ranks grouped by stack (controller.jobs.stacks), outliers first: the rank(s) not
+   * waiting where everyone else waits, then the waiters. The newest verdict of the incident. */
+  function stacksBlock(evidence) {
+    const found = evidence.map((e) => e.evidence && e.evidence.stacks).filter((s) => s && Array.isArray(s.groups));
+    if (!found.length) return null;
+    const stacks = found[found.length - 1];
+    const rank = (g) => (g.role === "outlier" ? 0 : 1);
+    const groups = stacks.groups.slice().sort((a, b) => rank(a) - rank(b));
+    const items = groups.slice(0, 12).map((g) => {
+      const ranks = g.ranks || [];
+      const more = ranks.length > 16 ? " (+" + (ranks.length - 16) + ")" : "";
+      const where = (g.nodes || []).join(" / ");
+      const last = g.last_collective ? ", last collective " + g.last_collective : "";
+      return el(
+        "li",
+        { class: "stack-group " + (g.role === "outlier" ? "outlier" : "waiters"), "data-role": g.role || "" },
+        el("span", { class: "role", text: g.role || "?" }),
+        " ranks " + ranks.slice(0, 16).join(", ") + more + " on " + where + last,
+        el("pre", { class: "frames", text: (g.frames || []).slice(0, 4).join("\n") }),
+      );
+    });
+    if (groups.length > 12) items.push(el("li", { text: "+" + (groups.length - 12) + " more groups" }));
+    return el(
+      "div",
+      { class: "stacks" },
+      el("div", { class: "stacks-reason", text: "stacks: " + (stacks.reason || "") }),
+      el("ol", {}, ...items),
+    );
   }
 
   function evidenceBlock(evidence) {
@@ -690,13 +721,16 @@
         gpus: n.gpu_count || 0,
         nics: n.nic_count || 0,
         events: n.open_events || 0,
+        // Issue 30: accelerators not read (tool missing, failing, unparseable, fewer than expected):
+        // never shown as healthy. An older controller sends no "judged": read as judged.
+        notJudged: n.judged === false ? n.not_judged_why || "accelerators not read" : "",
       });
     }
     for (const [name, m] of marks) {
       if (!rows.has(name)) {
         rows.set(name, {
           name, state: "unknown", lifecycle: lifecycleOf(m) || "in_service", lifecycleSince: Number(m.lifecycle_since_ms || 0),
-          lifecycleReason: m.lifecycle_reason || "", last_seen_ms: 0, gpus: "", nics: "", events: "",
+          lifecycleReason: m.lifecycle_reason || "", last_seen_ms: 0, gpus: "", nics: "", events: "", notJudged: "",
         });
       }
     }
@@ -707,21 +741,28 @@
 
   function rank(row) {
     const sev = incidentsOf(row.mark).length ? SEVERITY_RANK[row.mark.status] + 2 : 0;
-    return (row.state === "unreachable" ? 10 : 0) + (row.lifecycle !== "in_service" ? 5 : 0) + sev;
+    return (row.state === "unreachable" ? 10 : 0) + (row.lifecycle !== "in_service" ? 5 : 0) + (row.notJudged ? 4 : 0) + sev;
   }
 
   function renderNodes() {
     const filter = $("node-filter").value.trim().toLowerCase();
     const rows = nodeRows();
-    const shown = filter ? rows.filter((r) => (r.name + " " + r.state + " " + r.lifecycle).toLowerCase().includes(filter)) : rows;
+    const shown = filter
+      ? rows.filter((r) => (r.name + " " + r.state + " " + r.lifecycle + (r.notJudged ? " not judged" : "")).toLowerCase().includes(filter))
+      : rows;
     $("nodes").tBodies[0].replaceChildren(...shown.map(nodeRow));
     const bad = rows.filter((r) => r.state === "unreachable").length;
-    $("nodes-meta").textContent = rows.length + " nodes" + (bad ? " · " + bad + " unreachable" : "");
+    const unread = rows.filter((r) => r.notJudged).length;
+    $("nodes-meta").textContent =
+      rows.length + " nodes" + (bad ? " · " + bad + " unreachable" : "") + (unread ? " · " + unread + " not judged" : "");
   }
 
   function nodeRow(r) {
     const ids = incidentsOf(r.mark);
-    const cls = [r.state, "life-" + r.lifecycle, ids.length ? "has-incident st-" + r.mark.status : ""].join(" ").trim();
+    const cls = [r.state, "life-" + r.lifecycle, r.notJudged ? "not-judged" : "", ids.length ? "has-incident st-" + r.mark.status : ""]
+      .join(" ")
+      .replace(/\s+/g, " ")
+      .trim();
     const why = r.lifecycleReason + (r.lifecycleSince ? " (since " + fmtAgo(r.lifecycleSince) + ")" : "");
     const links = ids.map((id) => el("a", { href: "#incident-" + id, text: id }));
     const incCell = el("td", {});
@@ -730,7 +771,12 @@
       "tr",
       { id: "row-" + r.name, class: cls, "data-node": r.name },
       el("td", { text: r.name }),
-      el("td", {}, el("span", { class: "state " + r.state, text: r.state })),
+      el(
+        "td",
+        {},
+        el("span", { class: "state " + r.state, text: r.state }),
+        r.notJudged ? el("span", { class: "state not-judged", title: r.notJudged, text: "not judged" }) : null,
+      ),
       el("td", { title: why }, el("span", { class: "life life-" + r.lifecycle, text: r.lifecycle.replace("_", " ") })),
       el("td", { title: r.last_seen_ms ? new Date(r.last_seen_ms).toISOString() : "", text: fmtAgo(r.last_seen_ms) }),
       el("td", { class: "num", text: r.gpus }),

@@ -1,0 +1,452 @@
+"""Fleet reliability in numbers, from the controller's own history (issue 28 item 1).
+
+Everything here is read from SQLite rows the controller keeps anyway (incidents, the
+remediation transitions and repairs, the job registry's restarts and ranks) plus the
+``fleet_service`` intervals that give the GPU-days denominator; raw events are never read,
+so the figures survive the events' expiry. The same function answers on the leader and on
+an HA standby (whose tables are the mirror's copy). Definitions: docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.heal.inservice import service_intervals
+
+DAY_MS = 86_400_000
+
+# Causes in the order the report prints them (the Llama 3 table's buckets, folded).
+CAUSES = ("gpu", "hbm_ecc", "nvlink", "nic", "switch_cable", "host", "fail_slow", "hang", "software_job", "other")
+_KIND_CAUSE = {
+    "gpu_fault": "gpu",
+    "nic_fault": "nic",
+    "switch_fault": "switch_cable",
+    "link_fault": "switch_cable",
+    "partition": "switch_cable",
+    "host_fault": "host",
+    "node_fault": "host",
+    "node_down": "host",
+    "straggler": "fail_slow",
+    "hang": "hang",
+    "job_hang": "hang",
+}
+_HBM_RULES = ("gpu.ecc_dbe", "gpu.remap_pending", "gpu.remap_failure")
+_OUT_OF_POOL = ("cordoned", "draining", "evicted")
+_BACK_IN_POOL = ("in_service", "spare")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """The report's stated thresholds (flags of ``starpulse report``; documented defaults)."""
+
+    clean_s: float = 7 * 86400.0  # a returned node must run this long without an incident (wrongful eviction)
+    lemon_faults: int = 3  # faults within the lemon window that make a node a lemon
+    lemon_window_s: float = 28 * 86400.0  # Kokolis et al. threshold their lemon signals over 28 days
+
+
+def cause_of(kind: str, evidence: Iterable[dict[str, Any]]) -> str:
+    """The report's cause bucket for an incident: its kind, refined by its rules for GPU faults."""
+    cause = _KIND_CAUSE.get(kind, "other")
+    if cause == "gpu":
+        rules = [str(e.get("rule", "")) for e in evidence]
+        if any(r in _HBM_RULES for r in rules):
+            return "hbm_ecc"
+        if any("nvlink" in r or "sxid" in r for r in rules):
+            return "nvlink"
+    return cause
+
+
+@dataclass
+class _Incident:
+    id: str
+    kind: str
+    cause: str
+    nodes: list[str]
+    jobs: list[str]
+    opened_ms: int
+    resolved_ms: int | None
+
+
+@dataclass
+class JobFigures:
+    """One job's reliability over the window (see docs/reliability.md for each field)."""
+
+    job: str
+    gpus: int
+    basis: str  # "steps" (job library: step times known), "scheduler" (restarts only), "none"
+    wall_s: float
+    downtime_s: float
+    redo_s: float | None  # recomputing lost steps; None: unknown (no step times)
+    interruptions: int
+    steps_lost: int
+    ettr: float | None
+    ettr_is_upper_bound: bool
+    mean_time_between_interruptions_s: float | None
+    gpu_hours_lost: float
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class FleetReport:
+    since_ms: int
+    until_ms: int
+    node_days: float
+    gpu_days: float
+    nodes_in_service: int
+    gpus_in_service: int
+    faults: int
+    by_cause: dict[str, int]
+    mtbf_fleet_h: float | None
+    mtbf_node_h: float | None
+    mttr_pool_s: list[float]
+    still_out: int
+    mttr_job_s: list[float]
+    jobs: list[JobFigures]
+    evictions: int
+    wrongful: list[dict[str, Any]]
+    wrongful_pending: int
+    wrongful_unknown: int
+    lemons: list[dict[str, Any]]
+    settings: ReportSettings = field(default_factory=ReportSettings)
+    wrongful_earlier: int = 0  # wrongful evictions of days kept only as daily aggregates
+
+    # -- derived ----------------------------------------------------------------------------
+    def per_1000_gpu_days(self, n: int) -> float | None:
+        return 1000.0 * n / self.gpu_days if self.gpu_days > 0 else None
+
+    def per_1000_node_days(self, n: int) -> float | None:
+        return 1000.0 * n / self.node_days if self.node_days > 0 else None
+
+    @property
+    def fleet_ettr(self) -> float | None:
+        """GPU-weighted ETTR over jobs whose ETTR could be given."""
+        known = [j for j in self.jobs if j.ettr is not None and j.wall_s > 0]
+        weight = sum(j.gpus * j.wall_s for j in known)
+        if not weight:
+            return None
+        return sum(j.gpus * j.wall_s * (j.ettr or 0.0) for j in known) / weight
+
+    def to_dict(self) -> dict[str, Any]:
+        def summary(values: list[float]) -> dict[str, Any]:
+            return {
+                "count": len(values),
+                "mean_s": statistics.fmean(values) if values else None,
+                "median_s": statistics.median(values) if values else None,
+                "max_s": max(values) if values else None,
+            }
+
+        return {
+            "window": {
+                "since_ms": self.since_ms,
+                "until_ms": self.until_ms,
+                "days": (self.until_ms - self.since_ms) / DAY_MS,
+            },
+            "fleet": {
+                "node_days": self.node_days,
+                "gpu_days": self.gpu_days,
+                "nodes_in_service": self.nodes_in_service,
+                "gpus_in_service": self.gpus_in_service,
+            },
+            "faults": {
+                "total": self.faults,
+                "per_1000_gpu_days": self.per_1000_gpu_days(self.faults),
+                "per_1000_node_days": self.per_1000_node_days(self.faults),
+                "by_cause": {
+                    c: {
+                        "count": self.by_cause.get(c, 0),
+                        "per_1000_gpu_days": self.per_1000_gpu_days(self.by_cause.get(c, 0)),
+                        "per_1000_node_days": self.per_1000_node_days(self.by_cause.get(c, 0)),
+                    }
+                    for c in CAUSES
+                },
+            },
+            "mtbf_h": {"fleet": self.mtbf_fleet_h, "node": self.mtbf_node_h},
+            "mttr": {
+                "fault_to_node_back_in_pool": {**summary(self.mttr_pool_s), "still_out": self.still_out},
+                "fault_to_job_resumed": summary(self.mttr_job_s),
+            },
+            "ettr": {"fleet": self.fleet_ettr, "jobs": [j.to_dict() for j in self.jobs]},
+            "lost": {
+                "steps": sum(j.steps_lost for j in self.jobs),
+                "gpu_hours": sum(j.gpu_hours_lost for j in self.jobs),
+            },
+            "evictions": {
+                "total": self.evictions,
+                "wrongful": len(self.wrongful) + self.wrongful_earlier,
+                "wrongful_nodes": self.wrongful,
+                "pending": self.wrongful_pending,
+                "unknown": self.wrongful_unknown,
+                "clean_s": self.settings.clean_s,
+            },
+            "lemons": {
+                "threshold_faults": self.settings.lemon_faults,
+                "window_s": self.settings.lemon_window_s,
+                "nodes": self.lemons,
+            },
+        }
+
+
+def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    try:
+        return conn.execute(sql, args).fetchall()
+    except sqlite3.OperationalError:  # a controller without self-healing (or jobs) lacks the table
+        return []
+
+
+def _incidents(conn: sqlite3.Connection, since_ms: int, until_ms: int) -> list[_Incident]:
+    """Incidents opened in the window that stand on their own (merged ones are counted once, in their host)."""
+    out = []
+    for id_, kind, nodes, jobs, evidence, opened, resolved in _rows(
+        conn,
+        "SELECT id, kind, affected_nodes, affected_jobs, evidence, opened_ms, resolved_ms FROM incidents "
+        "WHERE merged_into IS NULL AND opened_ms >= ? AND opened_ms < ? ORDER BY opened_ms",
+        (since_ms, until_ms),
+    ):
+        out.append(
+            _Incident(id_, kind, cause_of(kind, json.loads(evidence)), json.loads(nodes), json.loads(jobs), opened,
+                      resolved)
+        )  # fmt: skip
+    return out
+
+
+def fleet_report(
+    conn: sqlite3.Connection, since_ms: int, until_ms: int, settings: ReportSettings | None = None
+) -> FleetReport:
+    """The reliability figures for [since_ms, until_ms), from ``conn``'s tables alone."""
+    settings = settings or ReportSettings()
+    intervals = service_intervals(conn, since_ms, until_ms)
+    node_ms = sum(i.overlap_ms(since_ms, until_ms) for i in intervals)
+    gpu_ms = sum(i.overlap_ms(since_ms, until_ms) * i.gpus for i in intervals)
+    open_now = [i for i in intervals if i.to_ms is None or i.to_ms >= until_ms]
+    incidents = _incidents(conn, since_ms, until_ms)
+    by_cause: dict[str, int] = defaultdict(int)
+    for inc in incidents:
+        by_cause[inc.cause] += 1
+    jobs, job_mttr, software = _job_figures(conn, since_ms, until_ms, incidents, intervals)
+    by_cause["software_job"] += software
+    faults = len(incidents) + software
+    mttr_pool, still_out, evictions, wrongful, pending, unknown = _pool_figures(conn, incidents, until_ms, settings)
+    return FleetReport(
+        since_ms=since_ms,
+        until_ms=until_ms,
+        node_days=node_ms / DAY_MS,
+        gpu_days=gpu_ms / DAY_MS,
+        nodes_in_service=len(open_now),
+        gpus_in_service=sum(i.gpus for i in open_now),
+        faults=faults,
+        by_cause={c: n for c, n in by_cause.items() if n},
+        mtbf_fleet_h=(until_ms - since_ms) / 3_600_000 / faults if faults else None,
+        mtbf_node_h=node_ms / 3_600_000 / faults if faults else None,
+        mttr_pool_s=mttr_pool,
+        still_out=still_out,
+        mttr_job_s=job_mttr,
+        jobs=jobs,
+        evictions=evictions,
+        wrongful=wrongful,
+        wrongful_pending=pending,
+        wrongful_unknown=unknown,
+        lemons=_lemons(conn, until_ms, settings),
+        settings=settings,
+    )
+
+
+def _pool_figures(
+    conn: sqlite3.Connection, incidents: list[_Incident], until_ms: int, settings: ReportSettings
+) -> tuple[list[float], int, int, list[dict[str, Any]], int, int]:
+    """Fault -> node back in the pool, and which evictions were wrongful (docs/reliability.md)."""
+    by_id = {i.id: i for i in incidents}
+    if not by_id:
+        return [], 0, 0, [], 0, 0
+    marks = ",".join("?" * len(by_id))
+    transitions = _rows(
+        conn,
+        f"SELECT node, to_state, incident_id, at_ms FROM heal_transitions WHERE incident_id IN ({marks}) "
+        "ORDER BY at_ms, id",
+        tuple(by_id),
+    )
+    left: dict[tuple[str, str], int] = {}
+    for node, to_state, incident_id, at_ms in transitions:
+        if to_state in _OUT_OF_POOL:
+            left.setdefault((node, incident_id), at_ms)
+    repairs = {
+        node: (incident_id, json.loads(evidence))
+        for node, incident_id, evidence in _rows(conn, "SELECT node, incident_id, evidence FROM heal_repairs")
+    }
+    mttr: list[float] = []
+    wrongful: list[dict[str, Any]] = []
+    still_out = pending = unknown = 0
+    clean_ms = int(settings.clean_s * 1000)
+    for (node, incident_id), left_ms in sorted(left.items(), key=lambda kv: kv[1]):
+        back = conn.execute(
+            "SELECT MIN(at_ms) FROM heal_transitions WHERE node = ? AND at_ms >= ? AND to_state IN (?, ?)",
+            (node, left_ms, *_BACK_IN_POOL),
+        ).fetchone()[0]
+        inc = by_id[incident_id]
+        if back is None or back > until_ms:
+            still_out += 1
+            continue
+        mttr.append((back - inc.opened_ms) / 1000.0)
+        repair = repairs.get(node)
+        if repair is None or repair[0] != incident_id:
+            unknown += 1  # the node's repair record was overwritten by a later repair
+            continue
+        found_nothing = all(e.get("ok", False) for e in repair[1] if e.get("step") != "lemon")
+        if not found_nothing:
+            continue
+        if back + clean_ms > until_ms:
+            pending += 1
+            continue
+        again = _rows(
+            conn,
+            "SELECT 1 FROM incidents, json_each(incidents.affected_nodes) AS n "
+            "WHERE n.value = ? AND opened_ms > ? AND opened_ms <= ? AND merged_into IS NULL LIMIT 1",
+            (node, back, back + clean_ms),
+        )
+        if not again:
+            wrongful.append({"node": node, "incident": incident_id, "kind": inc.kind, "back_ms": back})
+    return mttr, still_out, len(left), wrongful, pending, unknown
+
+
+def _lemons(conn: sqlite3.Connection, until_ms: int, settings: ReportSettings) -> list[dict[str, Any]]:
+    since = until_ms - int(settings.lemon_window_s * 1000)
+    counts: dict[str, int] = defaultdict(int)
+    for (nodes,) in _rows(
+        conn,
+        "SELECT affected_nodes FROM incidents WHERE merged_into IS NULL AND opened_ms >= ? AND opened_ms < ? "
+        "AND kind NOT IN ('switch_fault', 'link_fault', 'partition')",
+        (since, until_ms),
+    ):
+        for node in json.loads(nodes):
+            counts[node] += 1
+    return [
+        {"node": n, "faults": c}
+        for n, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        if c >= settings.lemon_faults
+    ]
+
+
+def _job_figures(
+    conn: sqlite3.Connection,
+    since_ms: int,
+    until_ms: int,
+    incidents: list[_Incident],
+    intervals: Iterable[Any],
+) -> tuple[list[JobFigures], list[float], int]:
+    """Per-job ETTR, the fault -> job resumed times, and interruptions no incident explains."""
+    gpus_of = {i.node: i.gpus for i in intervals}
+    jobs = _rows(conn, "SELECT job, declared_nodes, world_size, first_seen_ms, updated_ms, state FROM heal_jobs")
+    ranks: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
+    for job, node, step_time, updated in _rows(conn, "SELECT job, node, step_time_s, updated_ms FROM heal_job_ranks"):
+        ranks[job].append((node, float(step_time), int(updated)))
+    restarts: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in _rows(
+        conn,
+        "SELECT job, interrupted_ms, reason, interrupted_step, resumed_ms, resumed_from_step, first_step_ms "
+        "FROM heal_job_restarts ORDER BY job, interrupted_ms",
+    ):
+        restarts[row[0]].append(row[1:])
+    out: list[JobFigures] = []
+    job_mttr: list[float] = []
+    software = 0
+    for job, declared, world, first_seen, updated, state in jobs:
+        job_ranks = ranks.get(job, [])
+        nodes = sorted(set(json.loads(declared)) | {n for n, _, _ in job_ranks})
+        gpus = int(world) or sum(gpus_of.get(n, 0) for n in nodes)
+        last_heard = max([int(updated), *(u for _, _, u in job_ranks)])
+        # A job whose ranks report ends where they last did (finished or gone); one the scheduler
+        # alone declared runs, as far as the controller can tell, to the end of the window.
+        end = min(until_ms, max(last_heard, since_ms)) if job_ranks and state == "running" else until_ms
+        start = max(int(first_seen), since_ms)
+        wall_ms = max(0, end - start)
+        step_times = [t for _, t, _ in job_ranks if t > 0]
+        step_s = statistics.fmean(step_times) if step_times else None
+        down_ms = 0
+        steps_lost = 0
+        interruptions = 0
+        scheduler_only = False
+        for interrupted, reason, at_step, resumed, from_step, first_step in restarts.get(job, []):
+            if interrupted >= until_ms or (first_step is not None and first_step < since_ms):
+                continue
+            interruptions += 1
+            if reason == "unrecorded" and interrupted >= since_ms:
+                software += 1  # restarted without an incident: the job's own failure (or the scheduler's)
+            stop = first_step if first_step is not None else (resumed if not job_ranks else None)
+            if first_step is None and resumed is not None and not job_ranks:
+                scheduler_only = True
+            stop_ms = until_ms if stop is None else min(stop, until_ms)
+            down_ms += max(0, stop_ms - max(interrupted, since_ms))
+            if from_step is not None and interrupted >= since_ms:
+                steps_lost += max(0, at_step - from_step)
+            fault = _fault_of(job, reason, interrupted, incidents)
+            if fault is not None and stop is not None:
+                job_mttr.append((stop - fault.opened_ms) / 1000.0)
+        redo_s = steps_lost * step_s if step_s is not None else None
+        if wall_ms <= 0:
+            basis, ettr, note = "none", None, "no time in the window"
+        elif step_s is not None:
+            basis, note = "steps", ""
+            ettr = max(0.0, (wall_ms / 1000 - down_ms / 1000 - (redo_s or 0.0)) / (wall_ms / 1000))
+        elif interruptions or scheduler_only or not job_ranks:
+            basis = "scheduler"
+            note = "no step reports: lost work unknown, ETTR counts downtime only (an upper bound)"
+            ettr = max(0.0, 1 - down_ms / wall_ms)
+        else:
+            basis, ettr, note = "none", None, "no step times and no restarts: ETTR cannot be given"
+        down_s = down_ms / 1000.0
+        out.append(
+            JobFigures(
+                job=job,
+                gpus=gpus,
+                basis=basis,
+                wall_s=wall_ms / 1000.0,
+                downtime_s=down_s,
+                redo_s=redo_s,
+                interruptions=interruptions,
+                steps_lost=steps_lost,
+                ettr=ettr,
+                ettr_is_upper_bound=basis == "scheduler",
+                mean_time_between_interruptions_s=(wall_ms / 1000.0 / interruptions) if interruptions else None,
+                gpu_hours_lost=gpus * (down_s + (redo_s or 0.0)) / 3600.0,
+                note=note,
+            )
+        )
+    return out, job_mttr, software
+
+
+def _fault_of(job: str, reason: str, interrupted_ms: int, incidents: list[_Incident]) -> _Incident | None:
+    """The incident that interrupted a job: the healer writes "<kind> on <node>" as the reason."""
+    kind, _, node = reason.partition(" on ")
+    best = None
+    for inc in incidents:
+        if inc.opened_ms > interrupted_ms:
+            break
+        if inc.kind == kind and (node in inc.nodes or job in inc.jobs):
+            best = inc
+    return best
+
+
+def headline(report: FleetReport) -> dict[str, float]:
+    """The figures the Prometheus series carry (NaN where a figure cannot be given)."""
+    nan = float("nan")
+    out = {
+        "faults": (report.per_1000_gpu_days(report.faults) or 0.0) if report.gpu_days else nan,
+        "gpu_seconds": report.gpu_days * 86400.0,
+        "mttr_pool_s": statistics.fmean(report.mttr_pool_s) if report.mttr_pool_s else nan,
+        "mttr_job_s": statistics.fmean(report.mttr_job_s) if report.mttr_job_s else nan,
+        "ettr": nan if report.fleet_ettr is None else report.fleet_ettr,
+        "wrongful": float(len(report.wrongful) + report.wrongful_earlier),
+        "lemons": float(len(report.lemons)),
+    }
+    for cause in CAUSES:
+        rate = report.per_1000_gpu_days(report.by_cause.get(cause, 0))
+        out[f"faults.{cause}"] = nan if rate is None else rate
+    return out
