@@ -74,10 +74,18 @@ class Prober:
         fate: FateOf | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         seed: int | None = None,
+        tick_s: float = 0.05,
     ) -> None:
+        """``tick_s``: the thread wakes at most this often and does everything due in one go
+        (sends, replies, reads), so its cost follows the ticks, not the packets; the kernel's
+        receive stamps keep round trips exact. Only where every endpoint has them (``stamps``):
+        without, a reply read a tick late would look a tick slower, so the thread wakes per packet."""
         self._endpoints = endpoints
         self._fate = fate
         self._clock = clock
+        self._tick_ns = int(tick_s * 1e9)
+        self._batch_ns = 0  # the tick where every open endpoint stamps its arrivals, else 0
+        self._rt_offset: int | None = None  # CLOCK_REALTIME - our clock, for the kernel's stamps
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._pending: spb.ProbePlan | None = None
@@ -92,6 +100,7 @@ class Prober:
         self.bind_errors = 0
         # run state, touched by the thread only
         self._sel: selectors.BaseSelector | None = None
+        self._idle: selectors.BaseSelector | None = None
         self._responders: list[Endpoint] = []
         self._senders: dict[tuple[str, int], Endpoint] = {}
         self._flows: list[_Flow] = []
@@ -123,6 +132,8 @@ class Prober:
         self._wake[0].setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake[0], selectors.EVENT_READ, None)
+        self._idle = selectors.DefaultSelector()  # the wake socket alone: a nap until the next tick
+        self._idle.register(self._wake[0], selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
         self._thread.start()
 
@@ -135,6 +146,9 @@ class Prober:
         self._close_endpoints()
         if self._sel is not None:
             self._sel.close()
+        if self._idle is not None:
+            self._idle.close()
+            self._idle = None
         if self._wake is not None:
             for s in self._wake:
                 s.close()
@@ -149,7 +163,19 @@ class Prober:
     def _run(self) -> None:
         assert self._sel is not None and self._wake is not None
         timeout = 0.0
+        last = 0
+        stamps = self._clock is time.monotonic_ns
         while not self._stop.is_set():
+            rest = last + self._batch_ns - self._clock()
+            if rest > 0 and self._idle is not None:
+                # batch: what arrives or falls due meanwhile is done together at the next tick
+                for _ in self._idle.select(timeout=rest / 1e9):
+                    with contextlib.suppress(OSError):
+                        self._wake[0].recv(512)
+                if self._stop.is_set():
+                    break
+            if stamps:
+                self._rt_offset = time.time_ns() - time.monotonic_ns()
             # Read what arrived before anything can time out: a thread that was not scheduled
             # for a while must not count replies waiting in its sockets as lost.
             for key, _ in self._sel.select(timeout=timeout):
@@ -159,7 +185,7 @@ class Prober:
                 else:
                     self._readable(*key.data)
             self._maybe_switch()
-            now = self._clock()
+            now = last = self._clock()
             self._send_due(now)
             self._expire(now)
             if self.plan.targets and now >= self._window_end:
@@ -188,6 +214,7 @@ class Prober:
         if plan is None:
             return
         self._close_endpoints()
+        self._batch_ns = 0
         self.plan = plan
         self._flows, self._due, self._outstanding, self._delayed = [], [], {}, []
         if plan.paused:
@@ -211,6 +238,8 @@ class Prober:
                 self._flows.append(_Flow(t.local_nic, t.peer_nic, t.peer_address, plan.port, sport, interval))
                 heapq.heappush(self._due, (now + int(self._rng.random() * interval), index))
         self._window_end = now + max(1, plan.window_s) * 1_000_000_000
+        endpoints = [*self._responders, *self._senders.values()]
+        self._batch_ns = self._tick_ns if endpoints and all(getattr(e, "stamps", False) for e in endpoints) else 0
         log.info(
             "probe_plan_applied",
             version=plan.version,
@@ -279,15 +308,25 @@ class Prober:
             if got is None:
                 return
             data, address, port = got
-            received = self._clock()
+            received = self._received(ep)
             probe = wire.decode(data)
             if probe is None:
                 continue
             if probe.kind == wire.REQUEST:
-                ep.send(wire.reply_to(data, self._clock() - received, self.epoch), address, port)
+                ep.send(wire.reply_to(data, max(0, self._clock() - received), self.epoch), address, port)
                 self.answered_total += 1
             else:
                 self._replied((nic, local_port, probe.seq), probe, received)
+
+    def _received(self, ep: Endpoint) -> int:
+        """When the datagram arrived: the kernel's stamp in our clock where there is one (a
+        request's wait in the socket until the tick is then the responder's time, and a reply's
+        is not the network's), else now (the wait then counts as the network's, up to a tick)."""
+        stamp = getattr(ep, "last_rx_ns", 0)
+        now = self._clock()
+        if stamp and self._rt_offset is not None:
+            return min(now, stamp - self._rt_offset)
+        return now
 
     def _replied(self, key: tuple[str, int, int], probe: wire.Probe, received: int) -> None:
         entry = self._outstanding.pop(key, None)

@@ -103,10 +103,42 @@ class _Where(NamedTuple):
     leaf: str
     hosts: tuple[str, str]
     spread: tuple[tuple[str, float], ...]
+    pair: tuple[str, str] | None  # the leaf pair a summed (untraced) result spreads over
+
+
+class _Sums:
+    """One key's window, summed as results arrive and expire: what the vote needs without a pass."""
+
+    __slots__ = ("answered", "lost", "results", "sent", "slow", "where")
+
+    def __init__(self, where: _Where | None) -> None:
+        self.where = where  # the key's path (None off the fabric), refreshed when the wiring changes
+        self.results: deque[tuple[int, ProbeObs]] = deque()
+        self.sent = 0
+        self.lost = 0
+        self.slow = 0  # answered results whose p99 reached the delay threshold
+        self.answered = False  # the summed result was answered (sent > lost): one delay denominator
+
+    def p99(self) -> float:
+        """The worst network p99 of the window's answered results (as summing them would give)."""
+        worst = 0.0
+        for _, o in self.results:
+            if o.sent > o.lost and o.rtt_p99_us > worst:
+                worst = o.rtt_p99_us
+        return worst
 
 
 class ProbeLocaliser:
-    """Holds the window's observations and turns them into conditions (see the module docstring)."""
+    """Holds the window's observations and turns them into conditions (see the module docstring).
+
+    Cost at fleet size: every result is added to its path's sums and to the running traffic of
+    each component on the path as it arrives, and taken out as it leaves the window (a global
+    arrival queue, so expiry touches only what expires). A localisation on a clean fabric is
+    then a check of the hosts and an empty set of bad paths; with faults, the vote reads the
+    running denominators and touches only the bad paths (plus one scan of the paths per blamed
+    component, to take out what it explains). ``health`` (the dashboard's colours) is worked
+    out when it is read, once per localisation.
+    """
 
     def __init__(
         self,
@@ -123,8 +155,19 @@ class ProbeLocaliser:
         self.clock = clock
         self.node_ok = node_ok
         self.every_s = every_s
-        # (local NIC, peer NIC, via) -> its windows' results, oldest first: (received ms, result)
-        self._window: dict[tuple[str, str, str], deque[tuple[int, ProbeObs]]] = {}
+        # (local NIC, peer NIC, via) -> its window's results (received ms, result) and their sums
+        self._window: dict[tuple[str, str, str], _Sums] = {}
+        self._arrivals: deque[tuple[int, tuple[str, str, str]]] = deque()  # every result, oldest first
+        self._bad: dict[tuple[str, str, str], None] = {}  # keys whose window lost or was slow (ordered set)
+        # Running traffic through each component of keys on the fabric: sent (loss denominators),
+        # lost, answered keys (delay denominators); summed results per leaf pair for the spines.
+        self._csent: dict[str, int] = {}
+        self._clost: dict[str, int] = {}
+        self._cans: dict[str, int] = {}
+        self._psent: dict[tuple[str, str], int] = {}
+        self._pans: dict[tuple[str, str], int] = {}
+        self._host_keys: dict[str, set[tuple[str, str, str]]] = {}
+        self._stale = False  # the wiring changed: the running sums are rebuilt at the next localisation
         self._comps: dict[tuple[str, str, str], _Where | None] = {}
         self._spreads: dict[tuple[str, str], tuple[tuple[str, float], ...]] = {}  # leaf pair -> shares
         self._streak: dict[tuple[str, str], int] = {}  # (rule, component) -> localisations in a row
@@ -132,25 +175,110 @@ class ProbeLocaliser:
         self._open: dict[tuple[str, str], Condition] = {}
         self._last_run = clock.monotonic()
         self.last_blames: list[Blame] = []
-        # Every probed component's health over the last window (the dashboard's colours, the
-        # CLI's worst links): kind, sent, lost, loss share, the worst network p99 through it.
-        self.health: dict[str, dict[str, Any]] = {}
+        self._horizon = 0
+        self._excluded: set[tuple[str, str, str]] = set()
+        self._health: dict[str, dict[str, Any]] | None = None
+
+    @property
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Every probed component's health over the last localisation's window (the dashboard's
+        colours, the CLI's worst links): kind, sent, lost, loss share, the worst network p99."""
+        if self._health is None:
+            self._health = self._health_now()
+        return self._health
 
     # -- input ---------------------------------------------------------------------------
     def add(self, node: str, obs: list[ProbeObs]) -> None:
         """A report's results; a restarted peer's are left out (its losses were its restart)."""
         now = self.clock.time_ms()
+        # what aged out goes as reports come, a little each time, not all at the localisation
+        self._expire(now - int(self.config.localise_window_s * 1000))
+        threshold = self.config.rtt_threshold_us
         for o in obs:
-            if not o.restarted:
-                key = (o.local_nic, o.peer_nic, o.via)
-                q = self._window.get(key)
-                if q is None:
-                    q = self._window[key] = deque()
-                q.append((now, o))
+            if o.restarted:
+                continue
+            key = (o.local_nic, o.peer_nic, o.via)
+            s = self._window.get(key)
+            if s is None:
+                where = self._path_of(key)
+                s = self._window[key] = _Sums(where)
+                if where is not None and not self._stale:
+                    for h in where.hosts:
+                        self._host_keys.setdefault(h, set()).add(key)
+            s.results.append((now, o))
+            self._arrivals.append((now, key))
+            slow = 1 if o.sent > o.lost and o.rtt_p99_us >= threshold else 0
+            self._change(key, s, o.sent, o.lost, slow)
+
+    def _change(self, key: tuple[str, str, str], s: _Sums, sent: int, lost: int, slow: int) -> None:
+        """Add (or, negative, take out) one result's counts to its key and the components on its path."""
+        was = s.answered
+        s.sent += sent
+        s.lost += lost
+        s.slow += slow
+        s.answered = s.sent > s.lost
+        if s.lost > 0 or s.slow > 0:
+            self._bad[key] = None
+        elif lost or slow:  # it may have been bad until now
+            self._bad.pop(key, None)
+        where = s.where
+        if where is None or self._stale:
+            return
+        self._apply(where, sent, lost, int(s.answered) - int(was))
+
+    def _apply(self, where: _Where, sent: int, lost: int, ans: int) -> None:
+        csent, clost, cans = self._csent, self._clost, self._cans
+        for c in where.comps:
+            csent[c] = csent.get(c, 0) + sent
+            if lost:
+                clost[c] = clost.get(c, 0) + lost
+            if ans:
+                cans[c] = cans.get(c, 0) + ans
+        if where.pair is not None:
+            self._psent[where.pair] = self._psent.get(where.pair, 0) + sent
+            if ans:
+                self._pans[where.pair] = self._pans.get(where.pair, 0) + ans
+
+    def _expire(self, horizon: int) -> None:
+        """Take out every result received before the horizon (only what expires is touched)."""
+        threshold = self.config.rtt_threshold_us
+        arrivals = self._arrivals
+        while arrivals and arrivals[0][0] < horizon:
+            _, key = arrivals.popleft()
+            s = self._window[key]
+            _, o = s.results.popleft()
+            slow = 1 if o.sent > o.lost and o.rtt_p99_us >= threshold else 0
+            self._change(key, s, -o.sent, -o.lost, -slow)
+            if not s.results:
+                del self._window[key]
+                self._bad.pop(key, None)
+                where = s.where
+                if where is not None and not self._stale:
+                    for h in where.hosts:
+                        keys = self._host_keys.get(h)
+                        if keys is not None:
+                            keys.discard(key)
+                            if not keys:
+                                del self._host_keys[h]
+
+    def _rebuild(self) -> None:
+        """The running sums from the window's keys again (after the wiring changed)."""
+        self._stale = False
+        self._csent, self._clost, self._cans = {}, {}, {}
+        self._psent, self._pans = {}, {}
+        self._host_keys = {}
+        for key, s in self._window.items():
+            where = s.where = self._path_of(key)
+            if where is None:
+                continue
+            for h in where.hosts:
+                self._host_keys.setdefault(h, set()).add(key)
+            self._apply(where, s.sent, s.lost, int(s.answered))
 
     def forget_paths(self) -> None:
         """The fabric's wiring changed: paths are worked out again."""
         self._comps.clear()
+        self._stale = True
 
     def due(self) -> bool:
         now = self.clock.monotonic()
@@ -161,48 +289,52 @@ class ProbeLocaliser:
 
     # -- localisation ----------------------------------------------------------------------
     def localise(self) -> list[Blame]:
-        """The components to blame for what the window holds (no state changes)."""
+        """The components to blame for what the window holds (no state changes but the window's)."""
         now = self.clock.time_ms()
         horizon = now - int(self.config.localise_window_s * 1000)
-        paths = self._paths(horizon)
-        self.health = self._health(paths)
-        blames = self._vote(paths, "loss")
+        self._expire(horizon)
+        if self._stale:
+            self._rebuild()
+        self._horizon = horizon
+        self._health = None
+        self._excluded = self._excluded_keys(horizon)
+        bad = [p for key in self._bad if key not in self._excluded and (p := self._path(key)) is not None]
+        if not bad:
+            return []  # a clean fabric costs the hosts' check
+        blames = self._vote(bad, "loss", set())
         explained = {b.component for b in blames}
-        slow = [p for p in paths if not explained.intersection(p.comps)]
-        blames += self._vote(slow, "delay")
-        return [self._uplink_or_leaf(b, paths) for b in blames]
+        slow = [p for p in bad if not explained.intersection(p.comps)]
+        blames += self._vote(slow, "delay", explained)
+        return [self._uplink_or_leaf(b) for b in blames]
 
-    def _paths(self, horizon: int) -> list[_Path]:
-        """One path per (local NIC, peer NIC, spine) with its window's results summed."""
-        ok: dict[str, bool] = {}
-        out: list[_Path] = []
-        for key in list(self._window):
-            q = self._window[key]
-            while q and q[0][0] < horizon:
-                q.popleft()
-            if not q:
-                del self._window[key]
-                continue
-            found = self._path_of(key)
-            if found is None:
-                continue
-            a, b = found.hosts
-            for n in (a, b):
-                if n not in ok:
-                    ok[n] = self.node_ok(n, horizon)
-            if not (ok[a] and ok[b]):
-                continue
-            sent = lost = 0
-            p99 = responder = 0.0
-            for _, o in q:
-                sent += o.sent
-                lost += o.lost
-                if o.sent > o.lost:
-                    p99 = max(p99, o.rtt_p99_us)
-                    responder = max(responder, o.responder_us)
-            obs = ProbeObs(key[0], key[1], key[2], sent, lost, p99, responder, False)
-            out.append(_Path(obs, found.comps, found.same_leaf, found.leaf, found.spread))
+    def _excluded_keys(self, horizon: int) -> set[tuple[str, str, str]]:
+        """Keys with a host whose results do not count now (offline, reconnected, gone quiet)."""
+        out: set[tuple[str, str, str]] = set()
+        for host, keys in self._host_keys.items():
+            if not self.node_ok(host, horizon):
+                out |= keys
         return out
+
+    def _path(self, key: tuple[str, str, str]) -> _Path | None:
+        """A key's window summed into one result on its path (None off the fabric)."""
+        found = self._path_of(key)
+        if found is None:
+            return None
+        s = self._window[key]
+        p99 = responder = 0.0
+        for _, o in s.results:
+            if o.sent > o.lost:
+                p99 = max(p99, o.rtt_p99_us)
+                responder = max(responder, o.responder_us)
+        obs = ProbeObs(key[0], key[1], key[2], s.sent, s.lost, p99, responder, False)
+        return _Path(obs, found.comps, found.same_leaf, found.leaf, found.spread)
+
+    def _live(self) -> Iterable[tuple[tuple[str, str, str], _Where]]:
+        """Every counted key on the fabric with its path (a full scan: only where a blame needs it)."""
+        excluded = self._excluded
+        for key, s in self._window.items():
+            if s.where is not None and key not in excluded:
+                yield key, s.where
 
     def _path_of(self, key: tuple[str, str, str]) -> _Where | None:
         """The components on a key's path (cached until the wiring changes); None off the fabric."""
@@ -217,6 +349,7 @@ class ProbeLocaliser:
                 a, b = fab.host_of(local), fab.host_of(peer)
                 comps = [local, peer, a, la]
                 spread: tuple[tuple[str, float], ...] = ()
+                pair: tuple[str, str] | None = None
                 if b != a:
                     comps.append(b)
                 if lb != la:
@@ -225,7 +358,8 @@ class ProbeLocaliser:
                         comps += [via, fab.link_name(la, via), fab.link_name(lb, via)]
                     elif not via:
                         spread = self._spread(la, lb)
-                found = _Where(tuple(comps), la == lb, la, (a, b), spread)
+                        pair = (la, lb) if spread else None
+                found = _Where(tuple(comps), la == lb, la, (a, b), spread, pair)
         self._comps[key] = found
         return found
 
@@ -242,49 +376,46 @@ class ProbeLocaliser:
             known = self._spreads[(la, lb)] = tuple(shares)
         return known
 
-    @staticmethod
-    def _spread_out(acc: dict[str, float], pending: dict[int, list[Any]]) -> None:
-        """Add what summed results carried between leaf pairs to their spines and cables, once per pair."""
-        for spread, total in pending.values():
-            for c, share in spread:
-                acc[c] = acc.get(c, 0.0) + total * share
-
-    def _health(self, paths: list[_Path]) -> dict[str, dict[str, Any]]:
-        acc: dict[str, list[float]] = {}  # component -> [sent, lost, worst p99]
-        pending: dict[int, list[Any]] = {}
-        for p in paths:
-            o = p.obs
-            for c in p.comps:
-                a = acc.get(c)
-                if a is None:
-                    a = acc[c] = [0, 0, 0.0]
-                a[0] += o.sent
-                a[1] += o.lost
-                if o.sent > o.lost and o.rtt_p99_us > a[2]:
-                    a[2] = o.rtt_p99_us
-            if p.spread:
-                slot = pending.get(id(p.spread))
-                if slot is None:
-                    pending[id(p.spread)] = [p.spread, o.sent]
-                else:
-                    slot[1] += o.sent
-        spread_sent: dict[str, float] = {}
-        self._spread_out(spread_sent, pending)
-        for c, extra in spread_sent.items():
-            a = acc.get(c)
-            if a is None:
-                a = acc[c] = [0, 0, 0.0]
-            a[0] += extra
-        return {
-            c: {
+    def _health_now(self) -> dict[str, dict[str, Any]]:
+        """Sent and lost from the running sums; the worst p99 from one pass over the paths."""
+        sent: dict[str, float] = dict(self._csent)
+        lost: dict[str, int] = dict(self._clost)
+        pairs: dict[tuple[str, str], float] = dict(self._psent)
+        for key in self._excluded:
+            where = self._path_of(key)
+            s = self._window.get(key)
+            if where is None or s is None:
+                continue
+            for c in where.comps:
+                sent[c] -= s.sent
+                if s.lost:
+                    lost[c] -= s.lost
+            if where.pair is not None:
+                pairs[where.pair] -= s.sent
+        for pair, total in pairs.items():
+            if total:
+                for c, share in self._spreads[pair]:
+                    sent[c] = sent.get(c, 0.0) + total * share
+        worst: dict[str, float] = {}
+        for key, where in self._live():
+            p99 = self._window[key].p99()
+            if p99 > 0.0:
+                for c in where.comps:
+                    if p99 > worst.get(c, 0.0):
+                        worst[c] = p99
+        out: dict[str, dict[str, Any]] = {}
+        for c, n in sent.items():
+            if n <= 0:
+                continue
+            miss = lost.get(c, 0)
+            out[c] = {
                 "kind": self._kind(c),
-                "sent": int(sent),
-                "lost": int(lost),
-                "loss": round(lost / sent, 5) if sent else 0.0,
-                "p99_us": round(p99, 1),
+                "sent": int(n),
+                "lost": int(miss),
+                "loss": round(miss / n, 5),
+                "p99_us": round(worst.get(c, 0.0), 1),
             }
-            for c, (sent, lost, p99) in acc.items()
-        }
+        return out
 
     def worst(self, limit: int = 10, kinds: tuple[str, ...] = ("link", "leaf", "spine")) -> list[dict[str, Any]]:
         """The most lossy (then slowest) probed components of these kinds, worst first."""
@@ -292,16 +423,42 @@ class ProbeLocaliser:
         rows.sort(key=lambda r: (-r["loss"], -r["p99_us"], r["component"]))
         return rows[:limit]
 
-    def _vote(self, paths: list[_Path], what: str) -> list[Blame]:
+    def _denominators(self, what: str, explained: set[str]) -> dict[str, float]:
+        """Traffic through each component from the running sums, less the keys that do not count
+        (excluded hosts; for the delay vote, paths through what the loss vote already blamed)."""
+        loss = what == "loss"
+        sent: dict[str, float] = dict(self._csent if loss else self._cans)
+        pairs: dict[tuple[str, str], float] = dict(self._psent if loss else self._pans)
+        drop = set(self._excluded)
+        if explained:
+            drop.update(key for key, where in self._live() if explained.intersection(where.comps))
+        for key in drop:
+            where = self._path_of(key)
+            s = self._window.get(key)
+            if where is None or s is None:
+                continue
+            v = s.sent if loss else int(s.answered)
+            for c in where.comps:
+                sent[c] -= v
+            if where.pair is not None:
+                pairs[where.pair] -= v
+        for pair, total in pairs.items():
+            if total:
+                for c, share in self._spreads[pair]:
+                    sent[c] = sent.get(c, 0.0) + total * share
+        return sent
+
+    def _vote(self, paths: list[_Path], what: str, explained: set[str]) -> list[Blame]:
+        """Vote over the bad paths; ``explained``: components the loss vote blamed (not counted here)."""
         cfg = self.config
         blames: list[Blame] = []
         min_bad = cfg.min_lost if what == "loss" else 3
         min_rate = cfg.loss_threshold if what == "loss" else 0.5
         bad_paths = [p for p in paths if self._badness(p.obs, what)[0]]
         if not bad_paths:
-            return blames  # a clean fabric costs one pass
-        sent = self._count(paths, what, 1)  # the denominators: everything through each component
-        left = paths
+            return blames
+        sent = self._denominators(what, explained)
+        gone_keys: set[tuple[str, str, str]] = set()
         for _ in range(16):  # at most this many faults named at once
             if not bad_paths:
                 break
@@ -334,29 +491,18 @@ class ProbeLocaliser:
             ]
             blames.append(Blame(best, self._kind(best), what, lost[best], round(sent[best]), lost[best], pairs))
             # what the blamed component explains leaves the vote, denominators included
-            gone = [p for p in left if best in p.comps]
-            for c, v in self._count(gone, what, -1).items():
-                sent[c] = sent.get(c, 0.0) + v
-            left = [p for p in left if best not in p.comps]
+            for key, where in self._live():
+                if best not in where.comps or key in gone_keys or explained.intersection(where.comps):
+                    continue
+                gone_keys.add(key)
+                s = self._window[key]
+                v = s.sent if what == "loss" else int(s.answered)
+                for c in where.comps:
+                    sent[c] = sent.get(c, 0.0) - v
+                for c, share in where.spread:
+                    sent[c] = sent.get(c, 0.0) - v * share
             bad_paths = [p for p in bad_paths if best not in p.comps]
         return blames
-
-    def _count(self, paths: list[_Path], what: str, sign: int) -> dict[str, float]:
-        """Traffic through each component (summed results spread over spines once per leaf pair)."""
-        sent: dict[str, float] = {}
-        pending: dict[int, list[Any]] = {}
-        for p in paths:
-            total = sign * self._badness(p.obs, what)[1]
-            for c in p.comps:
-                sent[c] = sent.get(c, 0.0) + total
-            if p.spread:
-                slot = pending.get(id(p.spread))
-                if slot is None:
-                    pending[id(p.spread)] = [p.spread, total]
-                else:
-                    slot[1] += total
-        self._spread_out(sent, pending)
-        return sent
 
     def _badness(self, o: ProbeObs, what: str) -> tuple[int, int]:
         if what == "loss":
@@ -369,17 +515,21 @@ class ProbeLocaliser:
             return "link"
         return self.fabric.kind(name)
 
-    def _uplink_or_leaf(self, b: Blame, paths: list[_Path]) -> Blame:
+    def _uplink_or_leaf(self, b: Blame) -> Blame:
         """A leaf whose same-leaf pairs are clean lost its probes above it: an untraced uplink."""
         if b.kind != "leaf":
             return b
-        inside = [p.obs for p in paths if p.same_leaf and p.leaf == b.component]
-        sent = sum(o.sent for o in inside)
-        if b.what == "loss":
-            bad = sum(o.lost for o in inside)
-        else:
-            bad = sum(self._badness(o, "delay")[0] for o in inside)
-            sent = sum(self._badness(o, "delay")[1] for o in inside)
+        sent = bad = 0
+        for key, where in self._live():
+            if not (where.same_leaf and where.leaf == b.component):
+                continue
+            s = self._window[key]
+            if b.what == "loss":
+                sent += s.sent
+                bad += s.lost
+            elif s.answered:
+                sent += 1
+                bad += 1 if s.slow else 0
         if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
             b.kind = "path"
         return b

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.probe import wire
+from agent.probe.endpoint import UdpEndpoint
 from agent.probe.prober import PathFate, Prober
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -50,7 +51,7 @@ def _wait_results(p: Prober, n: int = 1, limit_s: float = 10.0) -> list[tpb.Prob
 @pytest.fixture
 def pair() -> Iterator[tuple[Prober, Prober, int]]:
     port = _udp_port()
-    a, b = Prober(seed=1), Prober(seed=2)
+    a, b = Prober(seed=1, tick_s=0.005), Prober(seed=2, tick_s=0.005)
     a.start()
     b.start()
     yield a, b, port
@@ -73,7 +74,7 @@ def test_two_nodes_probe_each_other_with_no_loss(pair: tuple[Prober, Prober, int
 
 def test_a_lossy_and_slow_path_shows_in_the_results(pair: tuple[Prober, Prober, int]) -> None:
     a, b, port = pair
-    a = Prober(fate=lambda local, peer, sport: PathFate(drop=0.5, delay_s=0.02, via="spine-3"), seed=3)
+    a = Prober(fate=lambda local, peer, sport: PathFate(drop=0.5, delay_s=0.02, via="spine-3"), seed=3, tick_s=0.005)
     a.start()
     try:
         a.apply(_plan(1, "a/nic-0", "b/nic-0", port))
@@ -129,3 +130,54 @@ def test_the_wire_format_round_trips_and_ignores_strangers() -> None:
     reply = wire.decode(wire.reply_to(data, 55, 9))
     assert reply == wire.Probe(wire.REPLY, 7, 123, 55, 9)
     assert wire.decode(b"hello world, not a probe at all!") is None
+
+
+def test_batched_wakeups_keep_round_trips_exact_by_the_kernels_stamps() -> None:
+    """At a 200 ms tick a reply read a tick late would add ~100 ms; the receive stamp takes it out,
+    and the responder's wait for its tick is its own time, not the network's."""
+    port = _udp_port()
+    a, b = Prober(seed=1, tick_s=0.2), Prober(seed=2, tick_s=0.2)
+    a.start()
+    b.start()
+    try:
+        a.apply(_plan(1, "a/nic-0", "b/nic-0", port))
+        b.apply(_plan(1, "b/nic-0", "a/nic-0", port))
+        results = [r for r in _wait_results(a, n=2) if r.sent > r.lost]
+        assert results and a._batch_ns == 200_000_000
+        assert max(r.rtt_p50_us for r in results) < 50_000  # the loopback's, not a tick's
+        assert max(r.responder_us for r in results) > 10_000  # b waited for its tick: b's time
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_endpoints_without_stamps_wake_per_packet() -> None:
+    class Plain:
+        def __init__(self, address: str, port: int, dscp: int) -> None:
+            self._ep = UdpEndpoint(address, port, dscp)
+
+        def fileno(self) -> int:
+            return self._ep.fileno()
+
+        def send(self, data: bytes, address: str, port: int) -> None:
+            self._ep.send(data, address, port)
+
+        def receive(self) -> tuple[bytes, str, int] | None:
+            return self._ep.receive()
+
+        def close(self) -> None:
+            self._ep.close()
+
+    port = _udp_port()
+    a, b = Prober(endpoints=Plain, seed=1, tick_s=0.2), Prober(endpoints=Plain, seed=2, tick_s=0.2)
+    a.start()
+    b.start()
+    try:
+        a.apply(_plan(1, "a/nic-0", "b/nic-0", port))
+        b.apply(_plan(1, "b/nic-0", "a/nic-0", port))
+        results = [r for r in _wait_results(a, n=2) if r.sent > r.lost]
+        assert results and a._batch_ns == 0
+        assert max(r.rtt_p50_us for r in results) < 50_000
+    finally:
+        a.stop()
+        b.stop()
