@@ -15,7 +15,7 @@ from controller.fabric import generate_fabric
 from controller.fabric.probeplan import ProbeConfig, plan_mesh
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.controller.probe_reference import ReferenceLocaliser
+from tests.support.probe_reference import ReferenceLocaliser
 
 
 def _blames(blames: list[Blame]) -> list[tuple[Any, ...]]:

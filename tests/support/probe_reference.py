@@ -1,5 +1,5 @@
 """The localiser before running sums (one pass over the whole window per localisation), kept as
-the oracle the running-sums localiser is checked against (tests/controller/test_probe_sums.py)."""
+the oracle the running-sums localiser is checked against (tests/controller/detect/test_probe_sums.py)."""
 
 from __future__ import annotations
 
