@@ -101,7 +101,7 @@ async def test_seeded_run_switch_fault_empty_pool_and_a_retirement(
     out = capsys.readouterr().out
     # The leaf: one switch incident, alert only, and no node evicted for it.
     assert re.search(r"inject switch_down on leaf-\S+ \((\d+) cables down at once\)", out), out[-3000:]
-    assert len(re.findall(r"switch_fault -> alert_only", out)) == 1, out[-4000:]
+    assert len(re.findall(r"healer: inc-\d+ switch fault at .*: alert only", out)) == 1, out[-4000:]
     assert sorted(re.findall(r"healer: evicted (node-\d+)", out)) == ["node-000", "node-001"], out[-4000:]
     # The pool ran dry: said as an alert, and the second job's eviction waited for capacity.
     assert "alert: spare pool empty (0 of target 1): StarpulseSparePoolEmpty" in out, out[-4000:]
