@@ -220,6 +220,7 @@ class DecisionCore:
             config=settings.heal,
             clock=self.clock,
             repairs=repairs,
+            incident_now=lambda incident_id: self.detection.correlator.get(incident_id),  # noqa: PLW0108 (late-bound: detection is built after the healer)
         )
 
     def _not_judged_why(self, node: str) -> str:

@@ -147,7 +147,10 @@ class Healer:
         *,
         clock: Clock,
         repairs: RepairLoop | None = None,
+        incident_now: Callable[[str], Incident | None] | None = None,
     ) -> None:
+        """``incident_now``: the incident as detection holds it now (None: unknown), read when a
+        queued change is worked off; without it the queued snapshot is acted on."""
         self.policy = policy
         self.guards = guards
         self.store = store
@@ -159,6 +162,7 @@ class Healer:
         self.metrics = metrics
         self.fleet_size = fleet_size
         self.open_incidents = open_incidents
+        self.incident_now = incident_now
         self.config = config or HealConfig()
         self.repairs = repairs  # None: the node stays evicted / in repair until a person returns it
         self.clock = clock  # eviction times, retry and checkpoint waits
@@ -217,7 +221,20 @@ class Healer:
             handled += 1
         return handled
 
-    async def _observe_and_handle(self, incident: Incident) -> None:
+    def _current(self, queued: Incident) -> Incident | None:
+        """The incident as it is now, or None when it was resolved (or merged) since it was queued:
+        a change waits in the queue while the repair loop may already have returned the node and
+        resolved the incident, and acting on the stale snapshot would evict a node back at work."""
+        now = self.incident_now(queued.id) if self.incident_now is not None else None
+        if now is None:
+            return queued
+        return now if now.active else None
+
+    async def _observe_and_handle(self, queued: Incident) -> None:
+        incident = self._current(queued)
+        if incident is None:
+            log.info("incident_resolved_before_action", incident=queued.id, kind=queued.kind)
+            return
         try:
             self.guards.observe(self.open_incidents(), self.fleet_size())
             self.metrics.breaker_open.labels("eviction").set(1 if self.guards.breaker.is_open else 0)

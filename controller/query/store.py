@@ -82,6 +82,14 @@ class StoreQueries:
         now = self.clock.time_ms()
         return report_with_history(self.store.connection, now - int(window_s * 1000), now, settings)
 
+    def fleet_series(self, window_s: float, buckets: int) -> list[FleetReport]:
+        now = self.clock.time_ms()
+        span = max(int(window_s * 1000) // max(buckets, 1), 1)
+        start = now - span * buckets
+        return [
+            report_with_history(self.store.connection, start + i * span, start + (i + 1) * span) for i in range(buckets)
+        ]
+
 
 def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     try:

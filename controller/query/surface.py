@@ -86,6 +86,11 @@ class Queries(Protocol):
         seconds, by this side's clock (controller.query.fleet; docs/reliability.md)."""
         ...
 
+    def fleet_series(self, window_s: float, buckets: int) -> list[FleetReport]:
+        """The fleet report of each of ``buckets`` equal spans of the last ``window_s`` seconds,
+        oldest first: the dashboard's plots over time."""
+        ...
+
 
 class IncidentCommands(Protocol):
     """The one change to incidents a person makes through the Admin service (acks are heal's rows)."""

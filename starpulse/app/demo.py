@@ -9,8 +9,8 @@ address. It prints what happens as it happens.
 The repair loop runs too (issue 19): each evicted node is repaired (the simulated GPU reset
 or reboot, ``agent.sim.repairs``), validated (its conditions clear, nothing new for a few
 seconds, a burn-in diagnostic run by its agent as a real subprocess) and returned to the
-spare pool, or retired. The job trains for real: one ``examples/train.py`` per rank on the
-nodes the in-memory scheduler gives it, each through its node's agent job socket
+spare pool, or retired. The job trains for real: one ``starpulse.app.train`` per rank (in the package, so every
+install trains) on the nodes the in-memory scheduler gives it, each through its node's agent job socket
 (``starpulse.app.demo_training``), so it checkpoints, is stopped by a requeue and resumes
 from its last complete checkpoint. Faults come at a pace the guards let the cluster absorb
 (``DEMO_GUARDS``), every fourth one a leaf switch going down (one switch incident, no
@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -51,10 +52,12 @@ from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
 from controller.jobs.registry import JobRecord
+from controller.query.fleet import fleet_report
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app.cli.progress import status
+from starpulse.app.cli.report import report_lines
 from starpulse.app.demo_faults import FAULT_EVERY_S, FaultPacer, ScriptedFault
-from starpulse.app.demo_training import TRAIN_PY, DemoTraining
+from starpulse.app.demo_training import RANK_MODULE, DemoTraining
 from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
@@ -258,6 +261,7 @@ async def _demo(
     or no node left to refill it). ``script``: these faults in this order instead of drawn ones
     (a seeded run); ``bad_boards``: nodes whose burn-in always fails (they climb to retirement)."""
     t0 = time.monotonic()
+    started_ms = SYSTEM_CLOCK.time_ms()  # the fleet report's window: this run
     fabric = demo_fabric(nodes)
     workers = [n for n in fabric.nodes() if not fabric.is_spare(n)]
     scheduler = SimScheduler(list(fabric.nodes()))
@@ -329,17 +333,15 @@ async def _demo(
         tasks.append(asyncio.create_task(agent.run(stop)))
     await agents_online(controller, len(sims), stop, printer)
     training = DemoTraining(scheduler, "demo-train", lambda n: str(workdir / n / "jobs.sock"), workdir)
-    if TRAIN_PY.exists():
-        tasks.append(asyncio.create_task(training.run(stop)))
-        ranks = counted(len(workers), "rank")
-        print(f"training: {ranks} of {TRAIN_PY.name}, one per node, each through its agent's job socket")
-    else:
-        print(f"training: {TRAIN_PY} is not here (an installed starpulse): the job runs in the scheduler only")
+    tasks.append(asyncio.create_task(training.run(stop)))
+    ranks = counted(len(workers), "rank")
+    print(f"training: {ranks} of {RANK_MODULE} (in the package), one per node, each through its agent's job socket")
 
     pacer = FaultPacer(fabric, sims, repairs, controller, scheduler, printer.stamp, script=script)
     shown = (0, 0, 0)  # decisions, evictions, repair outcomes printed so far
     pool_empty = False
     resumes_shown: set[tuple[str, int]] = set()
+    ladder = LadderShown()
     try:
         while not stop.is_set():
             now = time.monotonic()
@@ -353,6 +355,7 @@ async def _demo(
                 pacer.maybe_inject(now)
             if healer is not None:
                 shown = show_healing(printer, healer, shown)
+                show_ladder(printer, healer, ladder)
                 pool_empty = show_pool(printer, healer, pool_empty)
                 resumes_shown = show_resumes(printer, controller, resumes_shown)
             pacer.clear_due(now)
@@ -361,9 +364,12 @@ async def _demo(
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if controller.healer is not None:
+            show_ladder(printer, controller.healer, ladder)  # the last steps before the end
         online = online_count(controller)
         stored = controller.store.count_events()
         summary_lines = demo_summary(controller, pacer.injected, time.monotonic() - t0, leaf_faults=pacer.leaf_faults)
+        report = fleet_report(controller.store.connection, started_ms, controller.clock.time_ms() + 1).to_dict()
         await controller.stop()
         print(
             f"demo over: {online}/{len(fabric.nodes())} nodes online, {counted(stored, 'event')} stored, "
@@ -371,6 +377,48 @@ async def _demo(
         )
         for line in summary_lines:
             print(f"  {line}")
+        print("the same run as `starpulse report --since` its length gives it (docs/reliability.md):")
+        for line in report_lines(report):
+            print(f"  {line}")
+
+
+@dataclass
+class LadderShown:
+    """What ``show_ladder`` printed already: per node, its transitions and its repair's steps."""
+
+    transitions: dict[str, int] = field(default_factory=dict)
+    steps: dict[str, tuple[str | None, int, int]] = field(default_factory=dict)  # (incident, started, shown)
+
+
+LADDER_STATES = frozenset({"evicted", "repairing", "validating"})  # moves out of these are the ladder's
+
+
+def show_ladder(printer: DemoPrinter, healer: Healer, shown: LadderShown) -> None:
+    """Each repair rung as it happens: the node onto a rung (reset, reboot), each step's result
+    (the reset or reboot, every validation check), and its way out (spare, in service, retired)."""
+    repairs = healer.repairs
+    if repairs is None:
+        return
+    for record in healer.store.all_records():
+        node = record.node
+        lines: list[tuple[int, str]] = []  # (at_ms, line): steps, then moves, in time order
+        rep = repairs.repair(node)
+        if rep is not None:
+            incident, started, done = shown.steps.get(node, (None, 0, 0))
+            if (incident, started) != (rep.incident_id, rep.started_ms):
+                done = 0  # a new repair of the node: its steps start again
+            for step in rep.evidence[done:]:
+                result = "ok" if step["ok"] else "failed"
+                detail = str(step["detail"]).splitlines()[0][:160] if step["detail"] else ""
+                lines.append((int(step["at_ms"]), f"{node} {step['step']} {result}: {detail}"))
+            shown.steps[node] = (rep.incident_id, rep.started_ms, len(rep.evidence))
+        history = healer.store.history(node)
+        for t in history[shown.transitions.get(node, 0) :]:
+            if str(t.from_state) in LADDER_STATES:
+                lines.append((t.at_ms, f"{node} {t.from_state} -> {t.to_state} ({t.reason})"))
+        shown.transitions[node] = len(history)
+        for _, line in sorted(lines, key=lambda item: item[0]):
+            print(f"{printer.stamp()} ladder: {line}", flush=True)
 
 
 def show_resumes(printer: DemoPrinter, controller: Controller, shown: set[tuple[str, int]]) -> set[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""The demo's training job: real ``examples/train.py`` processes, one per rank, on the
+"""The demo's training job: real ``starpulse.app.train`` processes, one per rank, on the
 nodes the (in-memory) scheduler gives the job, each talking to its node's agent through
 that agent's job socket.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -30,7 +31,16 @@ from controller.heal.scheduler.sim import SimScheduler
 
 log = structlog.get_logger(__name__)
 
-TRAIN_PY = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+RANK_MODULE = "starpulse.app.train"  # the rank script, shipped in the package: every install trains
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where ``starpulse`` is imported from
+
+
+def rank_env() -> dict[str, str]:
+    """The ranks' environment: this process's, with the starpulse it runs importable first
+    (a checkout run without an install, or a wheel's site-packages: the same package)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 @dataclass(frozen=True)
@@ -109,11 +119,11 @@ class DemoTraining:
             out = (self.log_dir / f"{self.job}-r{restarts}-rank{rank}.log").open("ab")
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, str(TRAIN_PY), "--job", self.job, "--steps", str(10**9),
+                    sys.executable, "-m", RANK_MODULE, "--job", self.job, "--steps", str(10**9),
                     "--step-time", f"{cfg.step_time_s:g}", "--checkpoint-dir", str(self.checkpoint_dir),
                     "--checkpoint-every", str(cfg.checkpoint_every), "--rank", str(rank),
                     "--world-size", str(len(nodes)), "--socket", self.socket_of(node),
-                    stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL, env=rank_env(),
                 )  # fmt: skip
             finally:
                 out.close()

@@ -39,6 +39,9 @@ from controller.heal.states import NodeHealState
 from controller.heal.states import NodeRecord as LifecycleRecord
 from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.jobs.registry import JobRecord
+from controller.outputs.web.fleet import MAX_BUCKETS as MAX_FLEET_BUCKETS
+from controller.outputs.web.fleet import MAX_DAYS as MAX_FLEET_DAYS
+from controller.outputs.web.fleet import fleet_json
 from controller.outputs.web.history import History, Sampler
 from controller.outputs.web.node import node_json
 from controller.outputs.web.page import add_page_routes
@@ -538,7 +541,7 @@ def not_found(message: str) -> web.HTTPNotFound:
 
 
 def add_view_routes(app: web.Application, state: DashboardState) -> None:
-    """The per-node page, its time series, and the jobs view."""
+    """The per-node page, its time series, the jobs view and the fleet report's plots."""
 
     async def node_handler(request: web.Request) -> web.Response:
         check_params(request, ())
@@ -561,7 +564,15 @@ def add_view_routes(app: web.Application, state: DashboardState) -> None:
 
     app.router.add_get("/api/node/{name}", node_handler)
     app.router.add_get("/api/node/{name}/history", history_handler)
+
+    async def fleet_handler(request: web.Request) -> web.Response:
+        check_params(request, ("days", "buckets"))
+        days = int_param(request, "days", 30, 1, MAX_FLEET_DAYS)
+        buckets = int_param(request, "buckets", min(days, MAX_FLEET_BUCKETS), 1, MAX_FLEET_BUCKETS)
+        return web.json_response(fleet_json(state.queries, float(days), buckets))
+
     app.router.add_get("/api/jobs", jobs_handler)
+    app.router.add_get("/api/fleet", fleet_handler)
 
 
 def add_api_routes(app: web.Application, state: DashboardState, poll_s: float = 1.0, keepalive_s: float = 15.0) -> None:

@@ -55,34 +55,43 @@ def _h(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 3600:.2f} h"
 
 
-def print_text(r: dict[str, Any]) -> None:
+def report_lines(r: dict[str, Any]) -> list[str]:
+    """The text report, one line each (`starpulse report`, and the end of `starpulse demo`)."""
+    out: list[str] = []
     w, fleet, faults = r["window"], r["fleet"], r["faults"]
-    print(f"fleet report: {w['days']:.1f} days, {fleet['node_days']:.1f} node-days, {fleet['gpu_days']:.1f} GPU-days "
-          f"({fleet['nodes_in_service']} nodes, {fleet['gpus_in_service']} GPUs in service now)")  # fmt: skip
-    print(f"faults: {faults['total']}  per 1,000 GPU-days {_f(faults['per_1000_gpu_days'], 3)}  "
-          f"per 1,000 node-days {_f(faults['per_1000_node_days'], 3)}")  # fmt: skip
+    out.append(f"fleet report: {w['days']:.1f} days, {fleet['node_days']:.1f} node-days, "
+               f"{fleet['gpu_days']:.1f} GPU-days "
+               f"({fleet['nodes_in_service']} nodes, {fleet['gpus_in_service']} GPUs in service now)")  # fmt: skip
+    out.append(f"faults: {faults['total']}  per 1,000 GPU-days {_f(faults['per_1000_gpu_days'], 3)}  "
+               f"per 1,000 node-days {_f(faults['per_1000_node_days'], 3)}")  # fmt: skip
     for cause, c in faults["by_cause"].items():
         if c["count"]:
-            print(f"  {cause:<13} {c['count']:>6}  {_f(c['per_1000_gpu_days'], 3):>8} /1k GPU-days  "
-                  f"{_f(c['per_1000_node_days'], 3):>8} /1k node-days")  # fmt: skip
-    print(f"MTBF: fleet {_f(r['mtbf_h']['fleet'])} h, per node {_f(r['mtbf_h']['node'], 1)} h")
+            out.append(f"  {cause:<13} {c['count']:>6}  {_f(c['per_1000_gpu_days'], 3):>8} /1k GPU-days  "
+                       f"{_f(c['per_1000_node_days'], 3):>8} /1k node-days")  # fmt: skip
+    out.append(f"MTBF: fleet {_f(r['mtbf_h']['fleet'])} h, per node {_f(r['mtbf_h']['node'], 1)} h")
     pool, job = r["mttr"]["fault_to_node_back_in_pool"], r["mttr"]["fault_to_job_resumed"]
-    print(f"MTTR fault -> node back in pool: mean {_h(pool['mean_s'])}, median {_h(pool['median_s'])} "
-          f"({pool['count']} returned, {pool['still_out']} still out)")  # fmt: skip
-    print(f"MTTR fault -> job resumed: mean {_h(job['mean_s'])}, median {_h(job['median_s'])} ({job['count']})")
-    print(f"ETTR fleet: {_f(r['ettr']['fleet'], 4)}; lost {r['lost']['steps']} steps, "
-          f"{r['lost']['gpu_hours']:.1f} GPU-hours")  # fmt: skip
+    out.append(f"MTTR fault -> node back in pool: mean {_h(pool['mean_s'])}, median {_h(pool['median_s'])} "
+               f"({pool['count']} returned, {pool['still_out']} still out)")  # fmt: skip
+    out.append(f"MTTR fault -> job resumed: mean {_h(job['mean_s'])}, median {_h(job['median_s'])} ({job['count']})")
+    out.append(f"ETTR fleet: {_f(r['ettr']['fleet'], 4)}; lost {r['lost']['steps']} steps, "
+               f"{r['lost']['gpu_hours']:.1f} GPU-hours")  # fmt: skip
     for j in r["ettr"]["jobs"]:
         bound = " (upper bound)" if j["ettr_is_upper_bound"] else ""
-        print(f"  {j['job']:<20} {j['gpus']:>6} GPUs  ETTR {_f(j['ettr'], 4)}{bound}  "
-              f"{j['interruptions']} interruption(s)  down {_h(j['downtime_s'])}  "
-              f"lost {j['steps_lost']} steps {j['gpu_hours_lost']:.1f} GPU-h  [{j['basis']}]")  # fmt: skip
+        out.append(f"  {j['job']:<20} {j['gpus']:>6} GPUs  ETTR {_f(j['ettr'], 4)}{bound}  "
+                       f"{j['interruptions']} interruption(s)  down {_h(j['downtime_s'])}  "
+                       f"lost {j['steps_lost']} steps {j['gpu_hours_lost']:.1f} GPU-h  [{j['basis']}]")  # fmt: skip
     ev = r["evictions"]
-    print(f"evictions: {ev['total']}, wrongful {ev['wrongful']} (clean {ev['clean_s'] / 86400:g} d after return; "
-          f"{ev['pending']} pending, {ev['unknown']} unknown)")  # fmt: skip
+    out.append(f"evictions: {ev['total']}, wrongful {ev['wrongful']} (clean {ev['clean_s'] / 86400:g} d after return; "
+               f"{ev['pending']} pending, {ev['unknown']} unknown)")  # fmt: skip
     lem = r["lemons"]
     names = ", ".join(f"{n['node']} ({n['faults']})" for n in lem["nodes"]) or "none"
-    print(f"lemons (>= {lem['threshold_faults']} faults in {lem['window_s'] / 86400:g} d): {names}")
+    out.append(f"lemons (>= {lem['threshold_faults']} faults in {lem['window_s'] / 86400:g} d): {names}")
+    return out
+
+
+def print_text(r: dict[str, Any]) -> None:
+    for line in report_lines(r):
+        print(line)
 
 
 def write_csv(r: dict[str, Any], out: Any) -> None:
