@@ -91,6 +91,10 @@ def history(tmp_path: Path) -> History:
         "WHERE job = 'llm'",
         (clock.time_ms() + 30 * 60_000,),
     )
+    # ...and the job running again, as the registry keeps it once it has seen that step (read back
+    # as a restarted controller would): a later requeue is a new interruption, not this one again
+    store.connection.execute("UPDATE heal_jobs SET state = 'running' WHERE job = 'llm'")
+    jobs = JobRegistry(store.connection, clock)
     _evict_and_return(heal, clock, "node-0", ids["xid"], 3600)
     _save_repair(store, "node-0", ids["xid"], [("reset", True), ("scan", True), ("evidence_quiet", True)], T0)
 
