@@ -160,6 +160,8 @@ class Detection:
                 shard_settings,
                 on_changes=self.feed_shard_changes,
                 on_lost=on_shard_lost,
+                cpu=metrics.stage_cpu,
+                shard_cpu=metrics.shard_stage_cpu,
             )
         self._refresh_gauges()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from controller.detect.shard_worker import (
 from controller.detect.shardwire import encode_frame, frame_parts, read_frame
 from controller.ingest.registry import NodeRecord
 from controller.ingest.verdict import ReportResult
+from controller.metrics import StageCpu
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -78,7 +80,11 @@ class DetectShards:
         on_changes: Callable[[list[ConditionChange], list[EventsOpened]], None],
         on_lost: Callable[[int], None],
         max_in_flight: int = 4096,
+        cpu: StageCpu | None = None,
+        shard_cpu: dict[int, dict[str, float]] | None = None,
     ) -> None:
+        """``cpu``: where the event loop's share of the hand-over is charged (ControllerMetrics.stage_cpu);
+        ``shard_cpu``: each shard's CPU by stage, as it last said (ControllerMetrics.shard_stage_cpu)."""
         if workers < 1:
             raise ValueError("detection shards need at least one worker")
         self.workers = workers
@@ -93,6 +99,8 @@ class DetectShards:
         self._room = asyncio.Event()
         self._room.set()
         self._stopping = False
+        self._cpu = cpu if cpu is not None else StageCpu()
+        self._shard_cpu = shard_cpu if shard_cpu is not None else {}
 
     # -- life ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -211,12 +219,14 @@ class DetectShards:
     def flush(self) -> None:
         """Everything submitted since the last flush, one frame per shard."""
         self._flush_scheduled = False
+        at = time.thread_time()
         for shard in self._shards:
             if shard.ops and shard.proc.stdin is not None and not shard.proc.stdin.is_closing():
                 ops, shard.ops = shard.ops, []
                 header, body = frame_parts(ops)
                 shard.proc.stdin.write(header)  # two writes: writelines() would join them (a copy)
                 shard.proc.stdin.write(body)
+        self._cpu.since("shard_handover", at)
 
     # -- output -------------------------------------------------------------------------
     async def _read(self, shard: _Shard) -> None:
@@ -227,21 +237,27 @@ class DetectShards:
                 frame = await read_frame(shard.proc.stdout)
                 if frame is None:
                     break
-                results, changes, opened = frame
-                shard.in_flight -= len(results)
-                self._in_flight -= len(results)
+                at = time.thread_time()
+                wire, changes, opened, totals = frame
+                shard.in_flight -= len(wire)
+                self._in_flight -= len(wire)
                 if not self._room.is_set() and self._in_flight < self.max_in_flight // 2:
                     self._room.set()
-                for result in results:
+                for values in wire:
+                    result = ReportResult.from_wire(values)
                     try:
                         self._on_verdict(result)
                     except Exception:
                         log.exception("shard_result_failed", node=result.node_id)
+                at = self._cpu.since("verdicts", at)
                 if changes or opened:
                     try:
                         self._on_changes(changes, opened)
                     except Exception:  # a bug downstream must not read as a lost shard
                         log.exception("shard_changes_failed", shard=shard.index, changes=len(changes))
+                    self._cpu.since("conditions", at)
+                if totals:
+                    self._shard_cpu[shard.index] = totals
         except asyncio.CancelledError:
             raise
         except Exception as exc:
