@@ -59,6 +59,9 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         ("controller.detect.rules", "import controller.heal.policy", "Controller floors"),  # detect -> heal
         ("controller.outputs.admin", "import controller.service", "Controller floors"),  # the old circle
         ("controller.detect.evaluators.gpu", "import controller.detect.conditions", "Evaluators below the engine"),
+        ("controller.detect.evaluators.nic", "import controller.detect.lifecycle", "Evaluators below the engine"),
+        ("controller.detect.intake", "import controller.detect.evaluators.events", "The engine names no rule kind"),
+        ("controller.detect.reports", "import controller.detect.evaluators.gpu", "The engine names no rule kind"),
         ("agent.collectors.gpu", "import agent.runtime", "Agent floors"),
         ("agent.factory", "import agent.sim.node", "Simulator off the production path"),  # the old import
         ("controller.outputs.web.api", "import controller.detect.pipeline", "Outputs read the query surface"),

@@ -3,10 +3,13 @@
 An evaluator is one rule kind, whole: its name (``kind``), its parameters (``params``,
 checked when the rules file loads, with ``prepare`` for checks across parameters), the
 sample fields it reads (``reads``, and for per-GPU kinds ``wake``), and what it judges
-(one method per family, which says ``bad`` or ``good`` through the engine's ``Judge``).
+(one method per family, which says ``bad`` or ``good`` through the engine's ``Judge``),
+and what a matching event does to its rules (``event``: by default a state kind's
+condition opened early, held until a report confirms it; the event kind counts and holds).
 
-The engine (controller.detect.conditions) keeps the condition lifecycle and the per-report
-fast path, and builds that path from these declarations: the one read per GPU or NIC port
+The engine (controller.detect.conditions) composes the condition lifecycle (the ``Judge``),
+the naming (``Names``), event intake and the per-report fast path, and builds that path
+from these declarations: the one read per GPU or NIC port
 holds every field an evaluator declares, and a per-GPU evaluator that declares no ``wake``
 is asked about every GPU. So a new evaluator cannot be left off the fast path by hand.
 
@@ -22,8 +25,12 @@ Families (where and how often the engine asks):
 - ``NicEvaluator``: the report's NIC ports, named and read, once per report;
   ``NicCounterEvaluator``: each port's counter rates when due;
 - ``SwitchPortEvaluator``, ``HostEvaluator``: each switch port, the host sample;
-- ``EventEvaluator``: events (the engine holds and counts them); ``PresenceEvaluator``:
-  a node going silent or coming back.
+- ``EventEvaluator``: a kind that only events open (``accepts`` filters them; it holds
+  and counts them in its ``event``); ``PresenceEvaluator``: a node going silent or coming back.
+
+Every kind is asked about the events its rules match (``Evaluator.event``), whatever its
+family: event intake (controller.detect.intake) names the component and hands over an
+``EventHit``; no engine code knows a kind.
 
 An evaluator instance belongs to one engine and holds that engine's rules of its kind.
 It never raises on a sample: an absent (unsupported) field is neither bad nor good.
@@ -36,6 +43,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from controller.detect.evaluators.event_text import event_evidence, event_message
 from controller.detect.evaluators.params import Param
 from controller.detect.model import ComponentType, Condition, Defaults, Rule
 from controller.detect.nvlinks import Links
@@ -46,6 +54,19 @@ from starpulse.v1 import telemetry_pb2 as tpb
 Owned = Mapping[tuple[str, str], Any] | None  # the node's open conditions by (rule, component), or None
 # A NIC port of a report: (component, "mlx5_3/1", sample, the engine's read of it, on a rail)
 NicPort = tuple[str, str, tpb.NicSample, tuple[Any, ...], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class EventHit:
+    """One event as event intake hands it to the kinds whose rules it matches."""
+
+    owner: str  # the node that sent it (its conditions are that node's)
+    component: str  # the fabric name of what it is about
+    ctype: ComponentType
+    node: str | None  # the compute node it is about (None: a switch's)
+    event: tpb.Event
+    count: int  # occurrences it stands for (an agent's storm summary carries 'suppressed')
+    severity: int  # 0 info .. 3 fatal (unspecified reads as a warning)
 
 
 class Judge(Protocol):
@@ -75,6 +96,28 @@ class Judge(Protocol):
     def clear(self, rule: Rule, comp: str, now: int, reason: str) -> None:
         """The bad state is over for certain (a silent node is heard again): resolve now."""
 
+    def repeat_event(self, rule: Rule, hit: EventHit, now: int, *, stamp: bool) -> bool:
+        """Another matching event on the open condition of (rule, hit.component): count it
+        (``stamp``: note its time in the evidence). False when none is open."""
+
+    def open_event(
+        self,
+        rule: Rule,
+        hit: EventHit,
+        message: str,
+        evidence: dict[str, Any],
+        count: int,
+        now: int,
+        *,
+        windowed: bool = False,
+    ) -> Condition:
+        """Open a condition from an event: held for ``hold`` unless a report confirms it, or
+        (``windowed``) active until the rule's event window (``Windows``) empties."""
+
+
+class Names(Protocol):
+    """How the engine names what evaluators judge."""
+
     def nic_evidence(self, comp: str, s: tpb.NicSample, **extra: Any) -> dict[str, Any]:
         """A NIC condition's evidence: the port, and its leaf and leaf port when the fabric knows."""
 
@@ -82,11 +125,20 @@ class Judge(Protocol):
         """(component, type, peer) of a switch port: its cable when the fabric knows the peer."""
 
 
+class Windows(Protocol):
+    """The engine's event windows (counted event rules), keyed (node, rule, component)."""
+
+    def add(self, owner: str, rule: Rule, comp: str, n: int, now: int) -> int:
+        """Count ``n`` occurrences now; returns the occurrences inside the rule's window."""
+
+
 @dataclass(frozen=True, slots=True)
 class Setup:
     """What an evaluator is built with: the engine's judge and how the engine reads samples."""
 
     judge: Judge
+    names: Names
+    windows: Windows
     defaults: Defaults
     rates: CounterRate
     gpu_fields: Mapping[str, int]  # GpuSample field -> its position in the engine's one read per GPU
@@ -125,6 +177,8 @@ class Evaluator:
     def __init__(self, rules: tuple[Rule, ...], setup: Setup) -> None:
         self.rules = rules
         self.judge = setup.judge
+        self.names = setup.names
+        self.windows = setup.windows
 
     def bad_on(
         self,
@@ -139,6 +193,18 @@ class Evaluator:
     ) -> None:
         """``Judge.bad`` for a component of node ``nid`` that its own reports drive (most kinds)."""
         self.judge.bad(rule, comp, ctype, nid, nid, message, evidence, now, **kw)
+
+    def event(self, rule: Rule, hit: EventHit, now: int) -> None:
+        """A matching event for ``rule`` (its ``events:``). A state kind's condition opens early
+        and is held until a report confirms it; info events (restored, admin down) never open."""
+        if hit.severity <= 0:
+            return
+        if self.judge.repeat_event(rule, hit, now, stamp=False):
+            return
+        cond = self.judge.open_event(
+            rule, hit, event_message(hit.component, hit.event), event_evidence(hit.event, hit.count), hit.count, now
+        )
+        self.opened_by_event(rule, cond, hit.event)
 
     def opened_by_event(self, rule: Rule, cond: Condition, ev: tpb.Event) -> None:
         """An event opened ``rule``'s condition before a report confirmed it: adjust it from the
@@ -253,7 +319,8 @@ class HostEvaluator(Evaluator, ABC):
 
 
 class EventEvaluator(Evaluator, ABC):
-    """Events open its conditions; the engine holds them (``hold``) or counts them in a window."""
+    """A kind only events open: ``accepts`` filters them, and its ``event`` holds or counts them
+    (through the ``Judge`` and the ``Windows``); the lifecycle keeps what it opens."""
 
     @abstractmethod
     def accepts(self, rule: Rule, severity: int, action: str = "") -> bool:

@@ -1,19 +1,23 @@
 """The event kind: an event (or a count of events within a window) opens a condition.
 
 Which events match a rule (its event kinds, and for Xids the Xid numbers or the catalog
-bucket) is the rule set's dispatch table (controller.detect.rules.RuleSet.event_rules);
-the engine holds an event condition for ``hold`` after its last event, or, for counted
-events (``min_count`` in a ``window``), until the window empties.
+bucket) is the rule set's dispatch table (controller.detect.rules.RuleSet.event_rules).
+This kind decides what a matching event does (``event``): an event it ``accepts`` opens a
+condition held for ``hold`` after its last event, or, for counted events (``min_count`` in
+a ``window``), one that opens when the window holds enough and resolves when it empties.
+The engine's lifecycle keeps the condition; no engine code knows this kind.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from controller.detect.evaluators.base import Derived, EventEvaluator
+from controller.detect.evaluators.base import Derived, EventEvaluator, EventHit
+from controller.detect.evaluators.event_text import event_evidence, event_message
 from controller.detect.evaluators.params import WINDOW, Param, event_kind, integer, list_of, one_of
 from controller.detect.model import Defaults, Rule
 from starpulse.core import vocab
+from starpulse.core.findings import event_kind_name
 from starpulse.core.vocab import SEVERITY_ORDER
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -58,3 +62,26 @@ class EventRule(EventEvaluator):
         actions = rule.params.get("event_actions")
         # An event that names no action of its own (an older agent's) is one to investigate.
         return not actions or (action or vocab.ACTION_INVESTIGATE) in actions
+
+    def event(self, rule: Rule, hit: EventHit, now: int) -> None:
+        if not self.accepts(rule, hit.severity, hit.event.action):
+            return
+        min_count = rule.params.get("min_count", 1)
+        if min_count <= 1:
+            if not self.judge.repeat_event(rule, hit, now, stamp=True):
+                self.judge.open_event(
+                    rule,
+                    hit,
+                    event_message(hit.component, hit.event),
+                    event_evidence(hit.event, hit.count),
+                    hit.count,
+                    now,
+                )
+            return
+        count = self.windows.add(hit.owner, rule, hit.component, hit.count, now)
+        if self.judge.repeat_event(rule, hit, now, stamp=True) or count < min_count:
+            return
+        ev = hit.event
+        kind, window_s = event_kind_name(ev.kind), rule.window_s
+        msg = f"{hit.component}: {count} {kind} events in {window_s:g}s (threshold {min_count})"
+        self.judge.open_event(rule, hit, msg, event_evidence(ev, count), count, now, windowed=True)

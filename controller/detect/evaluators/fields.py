@@ -382,7 +382,7 @@ class NicField(_FieldKind, NicEvaluator):
                     comp, local, s, _, _ = port
                     if _known(b, s, state):
                         detail, evidence = _evidence(b, value, rhs, state)
-                        evidence = judge.nic_evidence(comp, s, state=s.state, phys_state=s.phys_state, **evidence)
+                        evidence = self.names.nic_evidence(comp, s, state=s.state, phys_state=s.phys_state, **evidence)
                         message = f"{comp} ({local}): {rule.description} ({detail})"
                         self.bad_on(nid, rule, comp, "nic", message, evidence, now)
                 elif owned and (rule.id, port[0]) in owned and _known(b, port[2], state):

@@ -66,7 +66,7 @@ class NicState(NicEvaluator):
                 if not code:
                     continue  # 0: the state was not read, neither bad nor good
                 comp, local, s, _, _ = port
-                evidence = judge.nic_evidence(
+                evidence = self.names.nic_evidence(
                     comp, s, state=s.state, state_code=code, phys_state=s.phys_state, operstate=s.netdev_operstate
                 )
                 self.bad_on(
@@ -122,7 +122,7 @@ class NicCounter(NicCounterEvaluator):
                     comp,
                     "nic",
                     counters.threshold_message(rule, f"{comp} {counter}", value, saturated),
-                    self.judge.nic_evidence(comp, s, **counters.threshold_evidence(rule, counter, value, saturated)),
+                    self.names.nic_evidence(comp, s, **counters.threshold_evidence(rule, counter, value, saturated)),
                     now,
                     window=window,
                 )
@@ -150,7 +150,7 @@ class NicCounter(NicCounterEvaluator):
             comp,
             "nic",
             counters.stuck_message(f"{comp} {counter}", saturation, _CLEAR_PORT),
-            self.judge.nic_evidence(
+            self.names.nic_evidence(
                 comp, s, **counters.stuck_evidence(counter, self._rates.last(comp, counter), saturation)
             ),
             now,
@@ -208,7 +208,7 @@ class NicRate(NicEvaluator):
                         comp,
                         "nic",
                         f"{comp} negotiated {rate:g} Gb/s, expected {expected:g} Gb/s",
-                        self.judge.nic_evidence(
+                        self.names.nic_evidence(
                             comp,
                             s,
                             rate_gbps=rate,

@@ -1,7 +1,7 @@
 """Switch port rule kinds: a port down while meant up, a PFC watchdog storm, optics out of range.
 
 A switch port is named as its cable when the fabric knows what it connects to, else as
-the port itself (the engine's ``Judge.port_component``).
+the port itself (the engine's ``Names.port_component``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ class _PortKind(SwitchPortEvaluator, ABC):
     """What the switch port kinds share: naming the port (or its cable) in what they say."""
 
     def bad_port(self, rule: Rule, nid: str, p: tpb.SwitchPortSample, message: str, now: int, **evidence: Any) -> None:
-        comp, ctype, peer = self.judge.port_component(nid, p.port)
+        comp, ctype, peer = self.names.port_component(nid, p.port)
         self.judge.bad(rule, comp, ctype, None, nid, message, port_evidence(nid, p, peer, **evidence), now)
 
     def good_port(self, owned: Owned, rule: Rule, nid: str, p: tpb.SwitchPortSample, now: int) -> None:
-        self.judge.good(owned, rule, self.judge.port_component(nid, p.port)[0], now)
+        self.judge.good(owned, rule, self.names.port_component(nid, p.port)[0], now)
 
 
 class SwitchPortState(_PortKind):
