@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import functools
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from starpulse.core.vocab import EVICTABLE_KINDS
 
@@ -44,6 +47,36 @@ class StageCpu:
         now = time.thread_time()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + (now - started)
         return now
+
+
+class LoopHistogram(Collector):
+    """A histogram without labels whose ``observe`` is one C-level bisect and two additions.
+
+    Why: prometheus_client's ``Histogram.observe`` walks its buckets in Python under a lock,
+    3-9 us a call measured, and the controller observes two histograms per report (processing
+    and report age): ~5 % of its main process at 10,000 nodes (issue 31). Observed and
+    scraped on the controller's event loop only (aiohttp serves /metrics there), so it takes
+    no lock. The exposition is the same series (``_bucket{le}``, ``_sum``, ``_count``)
+    without ``_created``; a value on a bound falls in that bound's bucket, as there.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float], registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(sorted(float(b) for b in buckets if b != float("inf")))
+        self._les = [*map(floatToGoString, self._bounds), "+Inf"]
+        self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound
+        self._sum = 0.0
+        registry.register(self)
+
+    def observe(self, amount: float) -> None:
+        self._counts[bisect_left(self._bounds, amount)] += 1
+        self._sum += amount
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation)
+        family.add_metric([], buckets=list(zip(self._les, accumulate(self._counts), strict=True)), sum_value=self._sum)
+        yield family
 
 
 class _StageCpuCollector(Collector):
@@ -122,7 +155,7 @@ class ControllerMetrics:
             ["state"],
             registry=r,
         )
-        self.ingest_seconds = Histogram(
+        self.ingest_seconds = LoopHistogram(
             "starpulse_ingest_seconds",
             "Time to ingest one agent message (validate, store, notify).",
             buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
@@ -131,7 +164,7 @@ class ControllerMetrics:
         # A report's decision: validated, recorded, and detection's verdict on it committed
         # (condition changes handed to the correlator); ingest_seconds is the processing
         # share of it. Report acks go out after it (at most every report_ack_interval_s).
-        self.report_age_seconds = Histogram(
+        self.report_age_seconds = LoopHistogram(
             "starpulse_report_age_at_decision_seconds",
             "From a report's timestamp (agent clock) to detection's decision on it: the agent's "
             "collection, transit, queueing in the controller and processing. Agent clock skew shifts it.",
