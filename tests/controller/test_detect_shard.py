@@ -176,3 +176,24 @@ def test_frames_round_trip_and_a_torn_frame_is_an_error() -> None:
         os.close(r)
         if w != -1:
             os.close(w)
+
+
+async def test_events_go_to_their_shard_without_the_reports_linger() -> None:
+    """Reports wait up to FLUSH_LINGER_S to share a frame; a batch of events (a fault's first
+    word) brings that flush forward to the next turn of the loop, and only one flush runs."""
+    import asyncio
+
+    from controller.detect.shards import DetectShards
+
+    shards = DetectShards(1, ShardSettings(), on_changes=lambda changes, opened: None, on_lost=lambda index: None)
+    flushes: list[int] = []
+    shards.flush = lambda: flushes.append(1)  # type: ignore[method-assign]  # no shard processes here
+    shards._schedule_flush()  # a report: lingers
+    await asyncio.sleep(0)
+    assert flushes == []
+    shards._schedule_flush(0.0)  # events: at once
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert flushes == [1]
+    await asyncio.sleep(0.01)  # past the report linger: the brought-forward flush was the only one
+    assert flushes == [1]
