@@ -338,3 +338,30 @@ def test_a_quiet_gpu_is_asked_only_by_rules_without_a_wake() -> None:
         resolved += feed(engine, clock, narrow)
     assert resolved == [("resolved", "t.wake")]
     assert engine.get("t.always", GPU5) is not None and engine.get("t.wake", f"{NODE}/gpu-2") is None
+
+
+def test_a_quiet_gpus_unchanged_fields_are_not_asked_again_yet_a_guard_that_comes_to_hold_is_heard() -> None:
+    """Per change, not per report: a GPU whose tested fields are those every test failed on is
+    skipped; but a test that holds while its guard does not is asked again on the next report
+    (the guard may hold then with the very same fields), and a changed field is asked at once."""
+    doc = (
+        "version: 1\nrules:\n"
+        "  - {id: t.slow, description: d, category: gpu, severity: warning, action: investigate,"
+        " kind: gpu_field, field: pcie_link_gen, op: '<', other: pcie_link_gen_max,"
+        " when: {field: utilization_gpu_pct, op: '>=', threshold: '50%'}}\n"
+    )
+    clock = FakeClock(1_000_000)
+    engine = ConditionEngine(parse_rules(doc, "test"), clock=clock)
+
+    def link(gen: int, util: float):
+        def edit(r: tpb.Report) -> None:
+            for g in r.gpus:
+                g.pcie_link_gen, g.pcie_link_gen_max, g.utilization_gpu_pct = 5, 5, 95.0
+            r.gpus[5].pcie_link_gen, r.gpus[5].utilization_gpu_pct = gen, util
+
+        return edit
+
+    assert feed(engine, clock, link(5, 95.0)) == []
+    assert feed(engine, clock, link(5, 95.0)) == []  # same fields, every test failed: skipped
+    assert feed(engine, clock, link(3, 10.0)) == []  # slower, but idle: the guard does not hold
+    assert feed(engine, clock, link(3, 95.0)) == [("opened", "t.slow")]  # same link, now busy
