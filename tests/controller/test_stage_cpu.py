@@ -70,3 +70,26 @@ def test_a_verdict_crosses_the_shard_wire_whole() -> None:
     wire = pickle.loads(pickle.dumps(verdict.to_wire(), protocol=pickle.HIGHEST_PROTOCOL))
     assert type(wire) is tuple
     assert ReportResult.from_wire(wire) == verdict
+
+
+def test_bench_scale_splits_the_cpu_per_report_by_where_it_went() -> None:
+    """What bench.scale prints: the loop's stages from the series, the loop's rest, gRPC's
+    threads and the shard processes from outside, all in microseconds per decided report."""
+    from bench.scale import cpu_split
+
+    key = 'starpulse_stage_cpu_seconds_total{{process="{}",stage="{}"}}'
+    before = {key.format("main", "verdicts"): 1.0, key.format("shard-0", "rules"): 2.0}
+    after = {
+        key.format("main", "verdicts"): 1.2,
+        key.format("shard-0", "rules"): 2.5,
+        key.format("shard-1", "rules"): 0.5,
+    }
+    ctl = {"own_cpu_s": 0.5, "main_thread_cpu_s": 0.4, "children_cpu_s": {"11": 0.6, "12": 0.6}}
+    split = cpu_split(before, after, ctl, reports=1000)
+    assert split["main: gRPC and other threads"] == 100.0
+    assert split["main loop: verdicts"] == 200.0
+    assert split["main loop: other (asyncio, gRPC reads, HTTP)"] == 200.0
+    assert split["shards, all (processes)"] == 1200.0
+    assert split["shards: rules"] == 1000.0  # 0.5 s on shard 0, 0.5 s on shard 1 (new since before)
+    assert split["shards: other (select, GC)"] == 200.0
+    assert cpu_split(before, after, ctl, reports=0) == {}
