@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import socket
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import structlog
 
 from agent.jobs import JobGateway
+from agent.stacks import StackCollector
 from starpulse.v1 import service_pb2 as spb
 
 log = structlog.get_logger(__name__)
@@ -40,7 +42,7 @@ MAX_REQUESTED_TIMEOUT_S = 4 * 3600.0  # the longest time limit a controller may 
 def is_configurable(kind: str) -> bool:
     """A kind an operator may configure: a disruptive command, the default diagnostic, or a named one."""
     if kind.startswith(DIAGNOSTIC_PREFIX):
-        return bool(DIAGNOSTIC_NAME.match(kind.removeprefix(DIAGNOSTIC_PREFIX)))
+        return bool(DIAGNOSTIC_NAME.fullmatch(kind.removeprefix(DIAGNOSTIC_PREFIX)))
     return kind in CONFIGURABLE and kind != "diagnostic.NAME"
 
 
@@ -70,7 +72,7 @@ def _validate(name: str, value: str) -> str:
         if not value.isdigit() or int(value) > MAX_GPU_INDEX:
             raise InvalidArgs(f"gpu must be a GPU index (0..{MAX_GPU_INDEX}), got {value!r}")
         return str(int(value))
-    if not SAFE_VALUE.match(value):
+    if not SAFE_VALUE.fullmatch(value):
         raise InvalidArgs(f"{name}={value!r} is not a plain value")
     return value
 
@@ -101,6 +103,7 @@ class CommandHandler:
         gateway: JobGateway | None,
         allowed: Mapping[str, Sequence[str]] | None = None,
         timeout_s: float = 120.0,
+        job_pids: Callable[[str], list[tuple[int, int]]] | None = None,
     ) -> None:
         self.gateway = gateway
         self.allowed = {k: list(v) for k, v in (allowed or {}).items()}
@@ -115,13 +118,20 @@ class CommandHandler:
         # In-process actions for simulated hardware only (agent.sim.repairs): a simulated GPU
         # cannot be reset by a subprocess. Empty on a real node.
         self.local: dict[str, Callable[[dict[str, str]], Awaitable[tuple[bool, str]]]] = {}
+        # Never disruptive: needs no operator configuration.
+        self.stacks = StackCollector(gateway, job_pids=job_pids)
 
     async def __call__(self, command: spb.Command) -> spb.CommandResult:
         kind = kind_name(command.kind)
         args = dict(command.args)
         started = time.monotonic()
+        payload = ""
         try:
-            ok, message = await self._dispatch(kind, args)
+            if kind == "collect_stacks":
+                ok, message, data = await self.stacks.collect(args.get("job", ""))
+                payload = json.dumps(data, separators=(",", ":")) if data else ""
+            else:
+                ok, message = await self._dispatch(kind, args)
         except Exception as exc:  # a handler bug must still answer the controller
             log.exception("command_error", id=command.id, kind=kind)
             ok, message = False, f"{type(exc).__name__}: {exc}"
@@ -134,7 +144,7 @@ class CommandHandler:
             message=message,
             duration_s=round(time.monotonic() - started, 3),
         )
-        return spb.CommandResult(id=command.id, ok=ok, message=message)
+        return spb.CommandResult(id=command.id, ok=ok, message=message, payload_json=payload)
 
     async def _dispatch(self, kind: str, args: dict[str, str]) -> tuple[bool, str]:
         if kind == "checkpoint_request":

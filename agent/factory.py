@@ -18,12 +18,14 @@ from agent.collectors.accel import registry
 from agent.collectors.accel.base import AcceleratorBackend, BackendUnavailable
 from agent.collectors.base import Collector, FindingSink
 from agent.collectors.ethtool import EthtoolCollector
+from agent.collectors.gpu_procs import GpuProcessCollector
 from agent.collectors.host import HostCollector
 from agent.collectors.kmsg import KmsgCollector
 from agent.collectors.lldp import LldpCollector, Runner, lldpcli_command
 from agent.collectors.pci import pair_nics_with_gpus
 from agent.collectors.rdma import RdmaSysfsCollector
 from agent.collectors.sonic import SonicSwitchCollector, default_redis_factory
+from agent.probe.prober import Prober
 from agent.runtime import Agent, AgentConfig
 from starpulse.core.findings import Finding
 from starpulse.v1 import inventory_pb2 as ipb
@@ -89,6 +91,9 @@ class SimulatedHost(Protocol):
 
     def sync_real_netdevs(self) -> None: ...
     def advance(self, dt_s: float) -> None: ...
+    def process_source(self) -> tuple[Any, str] | None:
+        """(the NVML look-alike, the proc root) its GPU processes are read from; None: not NVIDIA."""
+        ...
 
 
 def build_collectors(
@@ -129,6 +134,11 @@ def build_collectors(
         gpu = sim.accelerator(sink)
     rdma = RdmaSysfsCollector(sysfs_root)
     collectors: list[Collector] = [gpu, rdma]
+    # Which process computes on which GPU, and its Slurm job (what hang detection without the
+    # job library reads): NVML's process lists. AMD and Ascend backends do not say yet.
+    procs = (load_nvml(), "/proc") if backend == "nvml" else sim.process_source() if sim is not None else None
+    if procs is not None:
+        collectors.append(GpuProcessCollector(*procs))
     starters: list[Callable[[], object]] = [gpu.start_events]
     if sink is not None:  # a port going down is an event at once, not news in the next report
         hook = sim.sync_real_netdevs if sim is not None else None
@@ -159,8 +169,12 @@ def build_collectors(
     )
 
 
-def build_agent(config: AgentConfig, backend: str, **factory_kwargs: Any) -> Agent:
-    """An Agent whose collectors for `backend` push their findings into it."""
+def build_agent(config: AgentConfig, backend: str, prober: Prober | None = None, **factory_kwargs: Any) -> Agent:
+    """An Agent whose collectors for `backend` push their findings into it.
+
+    ``prober``: the probe mesh's prober (None: the real UDP one); a simulator hands one whose
+    data plane is its fake fabric (agent.sim.probe_fabric).
+    """
     holder: list[Agent] = []
 
     def sink(finding: Finding) -> None:
@@ -174,6 +188,7 @@ def build_agent(config: AgentConfig, backend: str, **factory_kwargs: Any) -> Age
         starters=plan.starters,
         kmsg=plan.kmsg,
         inventory_hooks=plan.inventory_hooks,
+        prober=prober,
     )
     holder.append(agent)
     return agent

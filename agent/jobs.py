@@ -32,6 +32,15 @@ from typing import Any
 import structlog
 
 from starpulse.core.findings import Finding
+from starpulse.core.joblimits import (
+    MAX_CHECKPOINT_PATH,
+    MAX_JOB_NAME,
+    MAX_RANKS_PER_NODE,
+    int_problem,
+    job_name_problem,
+    step_time_problem,
+    text_problem,
+)
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -39,7 +48,12 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET = "/run/starpulse/jobs.sock"
 MAX_LINE = 64 * 1024
+# Connections held at once: every rank keeps one, and a local process opening them without end
+# would take the agent's file descriptors from its collectors.
+MAX_CONNECTIONS = 1024
 AVG_WINDOW = 8  # steps in the moving average
+_OPS = frozenset({"register", "step", "checkpoint_done", "phase"})
+PHASES = frozenset({"starting", "training", "checkpointing", "evaluating"})
 
 
 @dataclass
@@ -58,10 +72,19 @@ class RankState:
     resumed_from_step: int = 0  # the checkpoint this run of the rank started from (0: fresh start)
     checkpoint_dir: str = ""
     last_seen: float = 0.0  # monotonic
+    phase: str = ""  # starpulse.job phases; "" until the rank says (a library from before phases)
+    phase_since_ms: int = 0  # wall clock when it entered the phase
 
     @property
     def avg_step_time_s(self) -> float:
         return sum(self.recent) / len(self.recent) if self.recent else self.step_time_s
+
+
+def _set_phase(state: RankState, phase: object) -> None:
+    """Enter ``phase`` (when it is one we know and differs); its start is the agent's wall clock."""
+    if isinstance(phase, str) and phase in PHASES and phase != state.phase:
+        state.phase = phase
+        state.phase_since_ms = int(time.time() * 1000)
 
 
 def pid_alive(pid: int) -> bool:
@@ -103,6 +126,50 @@ def _prepare_socket_path(path: str) -> None:
         p.unlink()
 
 
+class _Fields:
+    """One message's optional fields, each checked against the shared limits; a bad one is
+    dropped (the caller's fallback kept) with a log line naming the job, rank and field."""
+
+    def __init__(self, msg: dict[str, Any], job: str, rank: int) -> None:
+        self.msg = msg
+        self.job = job
+        self.rank = rank
+
+    def _dropped(self, key: str, problem: str) -> None:
+        log.warning("job_field_dropped", job=self.job, rank=self.rank, field=key, problem=problem[:200])
+
+    def integer(self, key: str, wire_field: str, fallback: int, missing: int | None = None) -> int:
+        """``msg[key]`` as the integer field ``wire_field``; ``missing`` (else 0) when absent or null."""
+        value = self.msg.get(key)
+        if value is None:
+            return missing if missing is not None else 0
+        problem = int_problem(wire_field, value)
+        if problem is not None:
+            self._dropped(key, problem)
+            return fallback
+        return int(value)
+
+    def step_time(self, key: str) -> float | None:
+        value = self.msg.get(key)
+        if value is None:
+            return None
+        problem = step_time_problem(value)
+        if problem is not None:
+            self._dropped(key, problem)
+            return None
+        return float(value)
+
+    def text(self, key: str, limit: int, fallback: str) -> str:
+        value = self.msg.get(key)
+        if value is None:
+            return fallback
+        problem = text_problem(value, limit)
+        if problem is not None:
+            self._dropped(key, problem)
+            return fallback
+        return str(value)
+
+
 class JobGateway:
     """An asyncio unix-socket server for the training processes on this node."""
 
@@ -112,8 +179,12 @@ class JobGateway:
         stale_after_s: float = 300.0,
         mode: int = 0o660,
         alive: Callable[[int], bool] = pid_alive,
+        max_ranks: int = MAX_RANKS_PER_NODE,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.socket_path = socket_path
+        self.max_ranks = max_ranks  # registrations kept: a local process cannot grow the agent without end
+        self.max_connections = max_connections
         self.stale_after_s = stale_after_s
         self.mode = mode
         self._alive = alive
@@ -149,14 +220,20 @@ class JobGateway:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_pid = _peer_pid(writer)
+        if len(self._writers) >= self.max_connections:
+            log.warning("job_gateway_connections_full", peer_pid=peer_pid, max_connections=self.max_connections)
+            writer.close()
+            return
         self._writers[writer] = set()
         try:
             while True:
                 try:
                     line = await reader.readline()
                 except (ValueError, asyncio.LimitOverrunError):
-                    log.warning("job_gateway_line_too_long", peer_pid=peer_pid)
-                    break
+                    # The over-long line is discarded (the reader drops what it buffered) and the
+                    # connection's next lines still count: one bad line never costs a rank the rest.
+                    log.warning("job_gateway_line_too_long", peer_pid=peer_pid, limit=MAX_LINE)
+                    continue
                 except ConnectionError:
                     break
                 if not line:
@@ -177,67 +254,96 @@ class JobGateway:
                 await writer.wait_closed()
 
     def handle(self, msg: dict[str, Any], peer_pid: int = 0) -> tuple[str, int] | None:
-        """Apply one message from a rank; returns its (job, rank) key, None when invalid."""
+        """Apply one message from a rank; returns its (job, rank) key, None when refused.
+
+        The limits are the controller's own (``starpulse.core.joblimits``): a message whose
+        job or rank breaks them is refused whole, a field that breaks them is dropped, each
+        with a log line naming the job and the field, and the rest is applied. So one rank's
+        NaN, its 300-character job name or a rank past the wire's uint32 never reaches a
+        report, where it would make the controller refuse the node's every report.
+        """
         op = msg.get("op")
         job = msg.get("job")
-        try:
-            rank = int(msg.get("rank", 0))
-        except (TypeError, ValueError):
+        rank = msg.get("rank", 0)
+        if op not in _OPS:
+            log.warning("job_gateway_bad_message", op=str(op)[:64], job=str(job)[:MAX_JOB_NAME], field="op")
             return None
-        if not isinstance(job, str) or not job or rank < 0 or op not in ("register", "step", "checkpoint_done"):
-            log.warning("job_gateway_bad_message", op=op, job=job)
+        problem = job_name_problem(job)
+        field_name = "job"
+        if problem is None:
+            problem, field_name = int_problem("rank", rank), "rank"
+        if problem is not None:
+            log.warning(
+                "job_message_refused", op=op, job=str(job)[:MAX_JOB_NAME], field=field_name, problem=problem[:200]
+            )
             return None
+        assert isinstance(job, str) and isinstance(rank, int)
         key = (job, rank)
-        try:
-            with self._lock:
-                state = self._ranks.get(key)
-                if state is None:
-                    state = self._ranks[key] = RankState(job=job, rank=rank)
-                    if op != "register":
-                        log.info("job_rank_seen", job=job, rank=rank)
-                state.last_seen = time.monotonic()
-                if peer_pid:
-                    state.pid = peer_pid
-                if op == "register":
-                    if not peer_pid:
-                        state.pid = int(msg.get("pid") or 0)
-                    state.world_size = int(msg.get("world_size") or 0)
-                    sig = msg.get("signal")
-                    state.signal_name = sig if isinstance(sig, str) and sig in signal.Signals.__members__ else None
-                    state.checkpoint_dir = str(msg.get("checkpoint_dir") or "")
-                    if msg.get("resumed_from_step") is not None:
-                        state.resumed_from_step = int(msg["resumed_from_step"])
-                    if msg.get("last_checkpoint_step") is not None:
-                        state.last_checkpoint_step = int(msg["last_checkpoint_step"])
-                        state.checkpoint_path = str(msg.get("checkpoint_path") or "")
-                        state.last_checkpoint_ms = int(msg.get("last_checkpoint_ms") or 0)
-                    log.info(
-                        "job_rank_registered",
-                        job=job,
-                        rank=rank,
-                        pid=state.pid,
-                        world_size=state.world_size,
-                        last_checkpoint_step=state.last_checkpoint_step,
-                    )
-                elif op == "step":
-                    state.step = int(msg.get("step", 0))
-                    state.step_time_s = float(msg.get("step_time_s", 0.0))
-                    state.recent.append(state.step_time_s)
-                else:
-                    state.last_checkpoint_step = int(msg.get("step", 0))
-                    state.checkpoint_path = str(msg.get("path") or "")
-                    state.last_checkpoint_ms = int(msg.get("time_ms") or time.time() * 1000)
-                    log.info(
-                        "job_checkpoint_done",
-                        job=job,
-                        rank=rank,
-                        step=state.last_checkpoint_step,
-                        path=state.checkpoint_path,
-                    )
-        except (TypeError, ValueError):
-            log.warning("job_gateway_bad_message", op=op, job=job, rank=rank)
-            return None
+        with self._lock:
+            state = self._ranks.get(key)
+            if state is None:
+                if len(self._ranks) >= self.max_ranks:
+                    log.warning("job_registrations_full", job=job, rank=rank, max_ranks=self.max_ranks)
+                    return None
+                state = self._ranks[key] = RankState(job=job, rank=rank)
+                if op != "register":
+                    log.info("job_rank_seen", job=job, rank=rank)
+            state.last_seen = time.monotonic()
+            if peer_pid:
+                state.pid = peer_pid
+            fields = _Fields(msg, job, rank)
+            if op == "register":
+                self._register(state, fields, peer_pid)
+            elif op == "step":
+                state.step = fields.integer("step", "step", state.step)
+                step_time = fields.step_time("step_time_s")
+                if step_time is not None:
+                    state.step_time_s = step_time
+                    state.recent.append(step_time)
+                if state.phase in ("", "starting"):
+                    _set_phase(state, "training")  # a step means training
+            elif op == "phase":
+                _set_phase(state, msg.get("phase"))
+            else:
+                state.last_checkpoint_step = fields.integer("step", "last_checkpoint_step", state.last_checkpoint_step)
+                state.checkpoint_path = fields.text("path", MAX_CHECKPOINT_PATH, "")
+                state.last_checkpoint_ms = fields.integer(
+                    "time_ms", "last_checkpoint_ms", int(time.time() * 1000), missing=int(time.time() * 1000)
+                )
+                log.info(
+                    "job_checkpoint_done",
+                    job=job,
+                    rank=rank,
+                    step=state.last_checkpoint_step,
+                    path=state.checkpoint_path,
+                )
         return key
+
+    @staticmethod
+    def _register(state: RankState, fields: _Fields, peer_pid: int) -> None:
+        if not peer_pid:
+            state.pid = fields.integer("pid", "pid", 0)
+        state.world_size = fields.integer("world_size", "world_size", 0)
+        sig = fields.msg.get("signal")
+        state.signal_name = sig if isinstance(sig, str) and sig in signal.Signals.__members__ else None
+        state.checkpoint_dir = fields.text("checkpoint_dir", MAX_CHECKPOINT_PATH, "")
+        if fields.msg.get("resumed_from_step") is not None:
+            state.resumed_from_step = fields.integer("resumed_from_step", "resumed_from_step", 0)
+        if fields.msg.get("last_checkpoint_step") is not None:
+            state.last_checkpoint_step = fields.integer("last_checkpoint_step", "last_checkpoint_step", 0)
+            state.checkpoint_path = fields.text("checkpoint_path", MAX_CHECKPOINT_PATH, "")
+            state.last_checkpoint_ms = fields.integer("last_checkpoint_ms", "last_checkpoint_ms", 0)
+        if fields.msg.get("step") is not None:  # an agent that restarted: where the rank is
+            state.step = max(state.step, fields.integer("step", "step", 0))
+        _set_phase(state, fields.msg.get("phase") or "starting")
+        log.info(
+            "job_rank_registered",
+            job=state.job,
+            rank=state.rank,
+            pid=state.pid,
+            world_size=state.world_size,
+            last_checkpoint_step=state.last_checkpoint_step,
+        )
 
     # -- queries and requests ------------------------------------------------------------
 
@@ -337,6 +443,8 @@ class JobCollector:
                 pid=max(state.pid, 0),
                 world_size=max(state.world_size, 0),
                 resumed_from_step=max(state.resumed_from_step, 0),
+                phase=state.phase,
+                phase_since_ms=state.phase_since_ms,
             )
         return []
 

@@ -49,6 +49,8 @@ class AgentStatus:
     reports_sent_total: int = 0
     cycles_total: int = 0
     connected: bool = False
+    streams_replaced_total: int = 0  # ended by the controller: another stream took this node over
+    streams_silent_total: int = 0  # ended here: the controller answered nothing within its limit
 
 
 class AgentMetricsCollector(Collector):
@@ -138,6 +140,20 @@ class AgentMetricsCollector(Collector):
         )
         f.counter(
             "starpulse_agent_cycles_total", "Collection cycles completed since start.", labels, [node], st.cycles_total
+        )
+        f.counter(
+            "starpulse_agent_streams_replaced_total",
+            "Streams the controller ended because another client took this node's stream over (security).",
+            labels,
+            [node],
+            st.streams_replaced_total,
+        )
+        f.counter(
+            "starpulse_agent_streams_silent_total",
+            "Streams this agent ended because the controller answered nothing within its silence limit.",
+            labels,
+            [node],
+            st.streams_silent_total,
         )
 
     def _report_meta(self, f: Families, report: tpb.Report) -> None:

@@ -22,6 +22,7 @@ from agent.collectors.kmsg import KmsgCollector
 from agent.commands import CommandHandler
 from agent.jobs import JobCollector, JobGateway
 from agent.metrics import AgentMetricsCollector, AgentStatus
+from agent.probe.prober import Prober
 from agent.transport.buffer import EventBuffer
 from agent.transport.link import ControllerLink
 from agent.transport.storm import StormSuppressor
@@ -191,7 +192,10 @@ class Agent:
         starters: Sequence[Callable[[], object]] = (),
         kmsg: KmsgCollector | None = None,
         inventory_hooks: Sequence[Callable[[ipb.Inventory], None]] = (),
+        prober: Prober | None = None,
     ) -> None:
+        """``prober``: the probe mesh's sender and responder (agent.probe); None: the real UDP one,
+        started when the controller first pushes a plan (a simulator hands one over its fake fabric)."""
         self.config = config
         self.jobs = JobGateway(config.job_socket) if config.job_socket else None
         if self.jobs is not None:
@@ -209,10 +213,19 @@ class Agent:
         self._kmsg = kmsg
         self._inventory_hooks = inventory_hooks
         self.boot_id = read_boot_id(config.boot_id_path)
-        self.commands = CommandHandler(self.jobs, config.allowed_commands)
+        # A hung job without the job library is found by its GPU processes (agent.collectors.gpu_procs).
+        pids_of = next((c.pids_of for c in collectors if hasattr(c, "pids_of")), None)
+        self.commands = CommandHandler(self.jobs, config.allowed_commands, job_pids=pids_of)
         credentials = load_channel_credentials(config.tls) if config.tls is not None else None
+        self.prober = prober if prober is not None else Prober()
+        self._prober_started = False
         self.link = ControllerLink(
-            config.controllers, self._hello, self.buffer, on_command=self.commands, credentials=credentials
+            config.controllers,
+            self._hello,
+            self.buffer,
+            on_command=self.commands,
+            credentials=credentials,
+            on_probe_plan=self._probe_plan,
         )
         self._report_seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -230,6 +243,13 @@ class Agent:
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._wake.set)
+
+    def _probe_plan(self, plan: spb.ProbePlan) -> None:
+        """A plan from the controller: the prober takes it (its thread starts with the first one)."""
+        self.prober.apply(plan)
+        if not self._prober_started:
+            self._prober_started = True
+            self.prober.start()
 
     def _hello(self) -> spb.Hello:
         return spb.Hello(
@@ -324,6 +344,8 @@ class Agent:
             reports_sent_total=self.link.reports_sent,
             cycles_total=self.cycles,
             connected=self.link.connected.is_set(),
+            streams_replaced_total=self.link.replaced,
+            streams_silent_total=self.link.silent_streams,
         )
 
     def metrics_collector(self) -> AgentMetricsCollector:
@@ -360,6 +382,7 @@ class Agent:
             next_at = time.monotonic()
             while not stop.is_set():
                 result = await asyncio.to_thread(self._cycle)
+                result.report.probe_results.extend(self.prober.take_results())
                 self.cycles += 1
                 self.latest_report = result.report
                 for finding in result.findings:
@@ -396,6 +419,8 @@ class Agent:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
+            if self._prober_started:
+                await asyncio.to_thread(self.prober.stop)
             await asyncio.to_thread(self.collectors.close)
             self.buffer.close()
             log.info("agent_stopped", node=self.config.node_id)

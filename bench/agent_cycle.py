@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 
 from bench.common import ProcSampler, free_port, median, percentile, quiet_logging, table, write_result
+from starpulse.core.clock import SYSTEM_CLOCK
 
 NAME = "agent_cycle"
 
@@ -199,7 +200,7 @@ class ThreadController:
                 heartbeat_timeout_s=600,
                 grace_s=0.5,
             )
-            self.controller = Controller(cfg)
+            self.controller = Controller(cfg, clock=SYSTEM_CLOCK)
             await self.controller.start()
             self._started.set()
             try:

@@ -48,6 +48,7 @@ from controller.service import Controller, ControllerConfig
 from controller.stages import STAGES
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import FaultSpec
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.vocab import EVICTABLE_KINDS
 
 NODES = 6
@@ -161,7 +162,8 @@ async def starpulse_row(kind: str, interval_s: float, trials: int, deadline: flo
                 db_path=Path(tmp) / "c.db",
                 fabric=fabric,
                 notify=notify,
-            )
+            ),
+            clock=SYSTEM_CLOCK,
         )
         ctl.detection.listeners.append(opened)
         async with hooks.serving():

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable, Sequence
 
 import structlog
 
+from controller.detect.agent_conflict import AgentConflicts
 from controller.detect.model import ConditionChange, Incident
 from controller.detect.pipeline import Detection, IncidentListener
 from controller.detect.rules import load_rules
@@ -50,7 +52,11 @@ from controller.heal.spares import SparePool
 from controller.heal.states import AUTOMATIC, RemediationStore
 from controller.ingest.registry import NodeRecord, NodeRegistry
 from controller.ingest.verdict import ReportResult
+from controller.jobs.hang import HangDetector
 from controller.jobs.registry import JobRegistry
+from controller.jobs.stacks import RankStack, group_stacks, hardware_on, rank_stacks
+from controller.jobs.stall import GpuStallDetector
+from controller.mesh import ProbeMesh
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerConfig, HealSettings
 from controller.stages import StageTracker
@@ -98,10 +104,16 @@ class DecisionCore:
             clock=clock,
             listeners=[self],
             stages=stages,
+            on_takeover=self._taken_over,
+            sweep_interval_s=config.sweep_interval_s,
         )
+        self.conflicts = AgentConflicts(clock)
         self.jobs = JobRegistry(store.connection, clock)
         for job, nodes in config.jobs.items():
             self.jobs.register_job(job, nodes)
+        self.hangs = HangDetector(config.hang, clock)
+        self.stalls = GpuStallDetector(config.stall, clock)
+        self._stack_tasks: set[asyncio.Task[None]] = set()
         # The healer reads detection's incidents through late-bound callables: it is built first
         # so that detection is built with every incident listener it has.
         self.healer = self._build_healer(config.heal) if config.heal is not None else None
@@ -132,12 +144,27 @@ class DecisionCore:
         if self.detection.shards is not None:
             shards = self.detection.shards
             metrics.set_shard_sources(lambda: len(shards.running()), lambda: shards.in_flight)
+        # The probe mesh (issue 29): planned from the fabric, pushed on the streams, replanned on change.
+        self.mesh: ProbeMesh | None = None
+        if fabric is not None and config.detection.probes.enabled:
+            self.mesh = ProbeMesh(
+                fabric,
+                config.detection.probes,
+                self.registry,
+                busy=lambda node: bool(self.jobs.jobs_of(node)),
+                clock=clock,
+                on_planned=lambda plan: metrics.probe_mesh_targets.set(sum(len(t) for t in plan.targets.values())),
+            )
         # The sweep's steps, in order, each timed (starpulse_periodic_seconds{step}).
         self._periodic: list[tuple[str, Callable[[], object]]] = [
             ("heartbeat_sweep", self.registry.sweep),
             ("presence_flush", self.registry.flush_presence),
             ("detection_tick", self.detection.tick),
+            ("agent_conflicts", self._conflicts_tick),
+            ("hang_check", self.check_hangs),
         ]
+        if self.mesh is not None:
+            self._periodic.append(("probe_mesh", self.mesh.tick))
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._heal_task: asyncio.Task[None] | None = None
@@ -228,6 +255,74 @@ class DecisionCore:
         """Condition changes decided on this floor (a job-level verdict): to the correlator."""
         self.detection.feed(changes)
 
+    def check_hangs(self) -> None:
+        """Every ``hang.every_s``: judge each job's progress; verdicts to the correlator (``feed``).
+
+        A job-level verdict, so decided here on the core's floor from the job registry (the
+        hang detector lives on the jobs floor, above detection).
+        """
+        if not self.hangs.due():
+            return
+        changes = self.hangs.evaluate(self.jobs.live()) + self.stalls.evaluate()
+        if changes:
+            for change in changes:
+                if change.kind == "opened":
+                    ev = change.condition.evidence
+                    self.metrics.job_hangs_total.labels(str(ev.get("shape", "")), str(ev.get("source", ""))).inc()
+                    self._collect_stacks_soon(str(ev["job"]), [str(n) for n in ev.get("nodes", [])])
+            self.feed(changes)
+            self.metrics.job_hangs_open.set(len({c.component for c in self.hangs.active() + self.stalls.active()}))
+
+    def _collect_stacks_soon(self, job: str, nodes: list[str]) -> None:
+        """Ask every node of a hung job for its ranks' stacks, as a task (none without a running loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self.collect_stacks(job, nodes))
+        self._stack_tasks.add(task)
+        task.add_done_callback(self._stack_tasks.discard)
+
+    async def collect_stacks(self, job: str, nodes: list[str]) -> None:
+        """COLLECT_STACKS to each node of ``job``; the stacks grouped (controller.jobs.stacks), the
+        outliers named on the hang's condition, which goes to the correlator as an update."""
+        started = self.clock.monotonic()
+        timeout_s = self.config.hang.stacks_timeout_s
+        results = await asyncio.gather(
+            *(
+                self.registry.run_command(
+                    node,
+                    spb.Command(id=f"stacks:{job}:{node}:{self.clock.time_ms()}", kind=spb.COMMAND_KIND_COLLECT_STACKS,
+                                args={"job": job}),
+                    timeout_s,
+                )
+                for node in nodes
+            )
+        )  # fmt: skip
+        stacks: list[RankStack] = []
+        for node, result in zip(nodes, results, strict=True):
+            if result is None:
+                log.warning("job_hang_stacks_unanswered", job=job, node=node)
+                continue
+            if not result.payload_json:
+                log.info("job_hang_stacks_none", job=job, node=node, message=result.message)
+                continue
+            try:
+                payload = json.loads(result.payload_json)
+            except ValueError:
+                log.warning("job_hang_stacks_bad_payload", job=job, node=node)
+                continue
+            if isinstance(payload, dict):
+                stacks += rank_stacks(node, payload)
+        verdict = group_stacks(stacks)
+        cond = next((c for c in self.hangs.active() + self.stalls.active() if c.evidence.get("job") == job), None)
+        named = {o.node for o in verdict.outliers} or set(cond.evidence.get("suspect_nodes", []) if cond else [])
+        verdict.hardware = hardware_on(named, self.open_incidents())
+        self.metrics.job_hang_culprit_seconds.observe(self.clock.monotonic() - started)
+        changes = self.hangs.annotate(job, verdict) + self.stalls.annotate(job, verdict)
+        if changes:
+            self.feed(changes)
+
     def tick(self) -> None:
         """One periodic sweep: each step in order, timed; then a fail-slow comparison when due."""
         self._sweep_steps()
@@ -237,6 +332,17 @@ class DecisionCore:
                 pass
             self.detection.feed(changes)
 
+    def _conflicts_tick(self) -> None:
+        changes = self.conflicts.tick()
+        if changes:
+            self.detection.feed(changes)
+
+    def _taken_over(self, node: NodeRecord, old_peer: str, new_peer: str) -> None:
+        """A foreign stream took a node over: a second one within the window is an agent_conflict."""
+        changes = self.conflicts.takeover(node.node_id, old_peer, new_peer)
+        if changes:
+            self.detection.feed(changes)
+
     def _record(self, verdict: ReportResult) -> None:
         node = self.registry.nodes.get(verdict.node_id)
         if node is not None and not verdict.error:
@@ -244,14 +350,21 @@ class DecisionCore:
 
     # -- IngestListener (controller.ingest.registry): what the registry recorded ----------
     def on_report(self, node: NodeRecord, verdict: ReportResult) -> None:
-        """A recorded report: detection has it already (it decided it); the job registry takes its ranks."""
+        """A recorded report: detection has it already (it decided it); the job registry takes its ranks,
+        the GPU-signature hang detector its jobs' GPUs (with the NIC rate, when fail-slow sampled one)."""
         self.jobs.on_report(node, verdict)
+        if verdict.job_gpus:
+            self.stalls.observe(node.node_id, verdict.job_gpus, verdict.signals.get("nic_gbps"))
+        if verdict.lldp is not None and self.mesh is not None:
+            self.mesh.changed()  # learned wiring may have moved a cable
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         self.detection.on_events(node, events)
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         self.detection.on_presence(node, old_state, new_state)
+        if self.mesh is not None:
+            self.mesh.changed()
 
     # -- life -----------------------------------------------------------------------------
     async def start_shards(self) -> None:
@@ -270,7 +383,7 @@ class DecisionCore:
 
     async def stop(self) -> None:
         """Periodic tasks cancelled; the healer finishes its current step; shards end last."""
-        for task in self._tasks:
+        for task in [*self._tasks, *self._stack_tasks]:  # stack collections in flight end too
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -130,6 +130,37 @@ class ControllerMetrics:
             "starpulse_messages_rejected", "Agent messages refused, by reason.", ["reason"], registry=r
         )
         self.streams = Gauge("starpulse_agent_streams", "Open agent streams.", registry=r)
+        self.clock_skewed = Gauge(
+            "starpulse_agents_clock_skewed",
+            "Nodes whose latest agent timestamp is more than 5 min from the controller's clock.",
+            registry=r,
+        )
+        # Security-relevant: "foreign" is a second claimant of a node's identity (issue 32).
+        self.stream_takeovers = Counter(
+            "starpulse_agent_stream_takeovers",
+            "Agent streams replaced by a newer stream for the same node: reconnect (the agent's own) or foreign.",
+            ["kind"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "starpulse_controller_lag_seconds",
+            "How late the last heartbeat sweep ran: the controller's own lag (a node is not called down for it).",
+            registry=r,
+        )
+        self.probe_results = Counter(
+            "starpulse_probe_results",
+            "Probe results (one flow or one target's clean flows, one window) received.",
+            registry=r,
+        )
+        self.probe_loss = Gauge(
+            "starpulse_probe_loss_ratio",
+            "Loss share through each component the probe localisation names (issue 29), by its kind.",
+            ["component", "kind"],
+            registry=r,
+        )
+        self.probe_mesh_targets = Gauge(
+            "starpulse_probe_mesh_targets", "Probe targets in the current mesh plan, all nodes together.", registry=r
+        )
         self.relays = Gauge("starpulse_relays_connected", "Relays streaming agents' messages in.", registry=r)
         self.shards_running = Gauge(
             "starpulse_detect_shards", "Detection shard processes running (controller --detect-workers).", registry=r
@@ -192,6 +223,21 @@ class ControllerMetrics:
             registry=r,
         )
         self.incidents_open = Gauge("starpulse_incidents_open", "Open incidents by kind.", ["kind"], registry=r)
+        self.job_hangs_open = Gauge(
+            "starpulse_job_hangs_open", "Jobs judged hung now (steps stopped past their bound).", registry=r
+        )
+        self.job_hangs_total = Counter(
+            "starpulse_job_hangs_total",
+            "Hangs detected, by shape (stalled: every rank; diverged: some) and source (job_library, gpu_signature).",
+            ["shape", "source"],
+            registry=r,
+        )
+        self.job_hang_culprit_seconds = Histogram(
+            "starpulse_job_hang_stacks_seconds",
+            "Seconds from a hang's incident to its ranks' stacks grouped (who stalled it named, or not).",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
         # Periodic work runs on the event loop between reports: while a step runs, reports wait.
         self.periodic_seconds = Histogram(
             "starpulse_periodic_seconds",

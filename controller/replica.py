@@ -93,7 +93,7 @@ class Replica:
     # -- standby ----------------------------------------------------------------------------
     def _prepare_db(self) -> None:
         """Create every module's tables in the local file (building a controller does that), then close it."""
-        throwaway = Controller(self.config, self.clock)
+        throwaway = Controller(self.config, clock=self.clock)
         throwaway.store.close()
 
     async def _standby(self, client: aetcd.Client, elector: Elector, stop: asyncio.Event) -> bool:
@@ -168,7 +168,7 @@ class Replica:
         if config.heal is not None:
             fenced = FencedScheduler(config.heal.scheduler, elector, None)  # type: ignore[arg-type]
             config = dataclasses.replace(config, heal=dataclasses.replace(config.heal, scheduler=fenced))
-        controller = Controller(config, self.clock)
+        controller = Controller(config, clock=self.clock)
         mirror = StateMirror(controller.store.connection, client, self.ha, elector)
         if fenced is not None:
             fenced.mirror = mirror

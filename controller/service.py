@@ -15,9 +15,11 @@ from controller.core import DecisionCore
 from controller.detect.shards import ShardLost
 from controller.fabric import load_fabric
 from controller.heal.states import NodeHealState, lifecycle_counts
+from controller.ingest.quota import IngestQuota
 from controller.ingest.relayed import RelayServicer, relayed_or_peer_node_id
 from controller.ingest.servicer import TelemetryServicer
 from controller.metrics import ControllerMetrics
+from controller.outputs import http_logs
 from controller.outputs.admin import AdminServicer
 from controller.outputs.http import build_app
 from controller.outputs.notify import Notifier, Outbox
@@ -29,9 +31,9 @@ from controller.stages import StageTracker
 from controller.store import Store
 from starpulse.core import sdnotify
 from starpulse.core.auth import AuthInterceptor
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 from starpulse.core.listen import GRPC_SERVER_OPTIONS, ListenError, add_grpc_port, ensure_free
-from starpulse.core.tls import load_server_credentials, peer_node_id, server_ssl_context
+from starpulse.core.tls import ADMIN_CERT_NAME, load_server_credentials, peer_node_id, server_ssl_context
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
 log = structlog.get_logger(__name__)
@@ -59,16 +61,17 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 
 class Controller:
-    def __init__(self, config: ControllerConfig, clock: Clock | None = None) -> None:
-        """``clock``: the one clock every part reads the time from and waits on (None: the real one).
+    def __init__(self, config: ControllerConfig, *, clock: Clock) -> None:
+        """``clock``: the one clock every part reads the time from and waits on, always handed in.
 
-        A simulation hands in a ``FakeClock``; detection shards, being other processes, keep real time.
+        The CLI's composition root hands in ``SYSTEM_CLOCK``, a simulation a ``FakeClock``;
+        detection shards, being other processes, keep real time.
         Everything that decides is the ``DecisionCore`` (controller.core); this puts gRPC, HTTP
         and alerts in front of it. Every part is built with what it needs: nothing is assigned
         to a part after it is built (tools/wiring_count.py counts).
         """
         self.config = config
-        self.clock = clock if clock is not None else SYSTEM_CLOCK
+        self.clock = clock
         self.metrics = ControllerMetrics()
         self.fabric = config.fabric or (load_fabric(config.fabric_path) if config.fabric_path else None)
         allowed = config.allowed_nodes
@@ -123,6 +126,8 @@ class Controller:
             controller_id=config.controller_id,
             identity_of=relayed_or_peer_node_id if config.tls is not None else None,
             report_ack_interval_s=config.report_ack_interval_s,
+            not_nodes=frozenset({ADMIN_CERT_NAME, *config.auth.admin_cert_names, *config.relays}),
+            quota=IngestQuota(self.store.connection, self.clock),
         )
         self.relay = RelayServicer(
             self.telemetry,
@@ -200,6 +205,8 @@ class Controller:
             http_auth=cfg.http_auth,
             secure=ssl_context is not None,
         )
+        # aiohttp logs a request it cannot parse with the raw line: never with a credential in it.
+        http_logs.install(cfg.http_auth.tokens or ())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = split_host_port(cfg.http)

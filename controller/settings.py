@@ -15,6 +15,8 @@ from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.base import Scheduler
+from controller.jobs.hang import HangConfig
+from controller.jobs.stall import StallConfig
 from controller.outputs.notify import NotifyConfig
 from starpulse.core.auth import AuthConfig, HttpAuthConfig
 from starpulse.core.schema import setting
@@ -85,6 +87,8 @@ class ControllerConfig:
         {}, "Static job -> nodes placement, until a job registry reports it", example={"llama-70b": ["node-001"]}
     )
     detection: DetectionConfig = field(default_factory=DetectionConfig)
+    hang: HangConfig = field(default_factory=HangConfig)  # a job whose steps stop (controller.jobs.hang)
+    stall: StallConfig = field(default_factory=StallConfig)  # a job's GPUs busy at idle power (controller.jobs.stall)
     notify: NotifyConfig = field(default_factory=NotifyConfig)  # alert receivers (none: alerts off)
     heal: HealSettings | None = None  # self-healing (None: detect and alert only)
     controller_id: str = setting("controller-0", "This controller's name in acks and logs", nonempty=True)

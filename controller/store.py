@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from starpulse.core.schema import ConfigError
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -103,8 +104,19 @@ class StoredEventRow:
     received_ms: int
 
 
-class StoreError(RuntimeError):
-    """The database is unusable (corrupt, wrong schema version, unwritable)."""
+class StoreError(ConfigError):
+    """The database is unusable (corrupt, wrong schema version, unwritable): one line naming the
+    file and what to do, which the CLI prints as it prints a bad settings file (exit 2)."""
+
+
+def damaged_store_advice(path: str | Path, problem: object) -> str:
+    """The one line for a damaged controller database: the file, the problem and the way out."""
+    return (
+        f"controller database {path} is damaged ({problem}): stop the controller, keep a copy, then either"
+        f" recover what is intact (sqlite3 {path} .recover | sqlite3 {path}.recovered, then use that file)"
+        f" or move it aside to start empty (incidents and history stay in the copy; agents resend what"
+        f" was not acked)"
+    )
 
 
 class Store:
@@ -112,16 +124,30 @@ class Store:
         self.path = Path(path)
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._checkpointer: tuple[threading.Thread, threading.Event] | None = None
         try:
-            self._checkpointer: tuple[threading.Thread, threading.Event] | None = None
             self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot open controller database {path}: {exc} (check the folder and its permissions)"
+            ) from None
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
+            # A truncated or garbled file is found here, at start, with one line saying what to
+            # do, not by the first query that touches a bad page (an internal error mid-run).
+            (check,) = self._db.execute("PRAGMA quick_check").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
             self._db.executescript(_SCHEMA)
             self._check_version()
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open store {path}: {exc}") from exc
+        except sqlite3.OperationalError as exc:  # locked by another process, read-only, disk full
+            self._db.close()
+            raise StoreError(f"cannot use controller database {path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:  # not a database, malformed, failed its check
+            self._db.close()
+            raise StoreError(damaged_store_advice(path, exc)) from None
 
     def _check_version(self) -> None:
         row = self._db.execute("SELECT version FROM schema_version").fetchone()
@@ -266,6 +292,13 @@ class Store:
             ev.ParseFromString(payload)
             out.append(StoredEventRow(nid, ev, received))
         return out
+
+    def last_event_seq(self, node_id: str, epoch: str) -> int:
+        """The highest seq stored for ``node_id`` in buffer epoch ``epoch`` (0: none); one index probe."""
+        (seq,) = self._db.execute(
+            "SELECT MAX(seq) FROM events WHERE node_id = ? AND epoch = ?", (node_id, epoch)
+        ).fetchone()
+        return int(seq or 0)
 
     def count_events(self, node_id: str | None = None) -> int:
         if node_id:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import grpc
 import structlog
 
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -42,7 +43,7 @@ class Upstream:
         seed: int | None = None,
     ) -> None:
         # Which controller next and how long to wait: the rule every starpulse client shares.
-        self.reconnect = Reconnector(targets, backoff, seed, name="relay")
+        self.reconnect = Reconnector(targets, backoff, seed, name="relay", clock=SYSTEM_CLOCK)
         self.targets = self.reconnect.targets  # the same list: a leader a standby names is added to it
         self.backoff = self.reconnect.backoff
         self.relay_id = relay_id

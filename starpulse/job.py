@@ -17,6 +17,16 @@ Job -> agent::
     {"op": "step", "job": "llm", "rank": 0, "step": 101, "step_time_s": 0.52}
     {"op": "checkpoint_done", "job": "llm", "rank": 0, "step": 110,
      "path": "/ckpt/llm/step-0000000110", "time_ms": 1700000000000}
+    {"op": "phase", "job": "llm", "rank": 0, "phase": "evaluating", "step": 110}
+
+``phase`` is what the rank is doing: ``starting`` (from registration to its first step),
+``training``, ``checkpointing`` (``save_checkpoint`` enters it and returns to training
+itself) or ``evaluating``. It is sent only when it changes, so it costs nothing per step.
+The progress signal is the step itself, never a timer thread: a thread proves the process
+is alive, not that it moves, and the controller judges a hang by steps that stop
+(controller.jobs.hang), each phase against its own bound. ``register`` also carries the
+rank's current ``step`` and ``phase``, so an agent that restarted does not see the rank
+start over.
 
 ``signal`` names the signal the job handles as "checkpoint now" (null: none; the agent
 then only asks over the socket). ``step`` and ``checkpoint_done`` carry job and rank so
@@ -61,6 +71,11 @@ STEP_DIR_RE = re.compile(r"^step-(\d+)$")
 MARKER_SUFFIX = ".COMPLETE"
 STATE_SUFFIX = ".ckpt"
 MAX_OUTBOX = 64 * 1024  # bytes queued for a slow agent; beyond this, messages are dropped
+PHASE_STARTING = "starting"
+PHASE_TRAINING = "training"
+PHASE_CHECKPOINTING = "checkpointing"
+PHASE_EVALUATING = "evaluating"
+PHASES = (PHASE_STARTING, PHASE_TRAINING, PHASE_CHECKPOINTING, PHASE_EVALUATING)
 
 
 def step_dir_name(step: int) -> str:
@@ -126,6 +141,8 @@ class StarpulseJob:
         self._previous_handler: Any = None
         self.last_checkpoint: tuple[int, str, int] | None = None  # (step, path, time_ms)
         self.resumed_from_step: int | None = None  # set by resume(): where this run started from
+        self.phase = PHASE_STARTING
+        self.last_step = 0
         if signal_number is not None:
             self._install_signal(signal_number)
 
@@ -145,13 +162,32 @@ class StarpulseJob:
         return self._connect()
 
     def step(self, step: int, step_time_s: float) -> None:
-        """Report one finished step (cheap: a non-blocking send, dropped when the agent is away)."""
+        """Report one finished step (cheap: a non-blocking send, dropped when the agent is away).
+
+        A step means training: a rank still ``starting`` moves to ``training`` with it.
+        """
         if self._sock is None and self._registered:
             self._maybe_reconnect()
+        self.last_step = int(step)
+        if self.phase == PHASE_STARTING:
+            self.phase = PHASE_TRAINING  # the agent sets it from the step too: no message needed
         self._send(
             {"op": "step", "job": self.job, "rank": self.rank, "step": int(step), "step_time_s": float(step_time_s)}
         )
         self._poll()
+
+    def set_phase(self, phase: str) -> None:
+        """Say what this rank does now (one of PHASES); sent only when it changes.
+
+        ``evaluating`` around an evaluation pass, ``training`` after it: an evaluation is
+        judged against its own bound, not against the step time.
+        """
+        if phase not in PHASES:
+            raise ValueError(f"phase {phase!r} is not one of {PHASES}")
+        if phase == self.phase:
+            return
+        self.phase = phase
+        self._send({"op": "phase", "job": self.job, "rank": self.rank, "phase": phase, "step": self.last_step})
 
     @property
     def checkpoint_requested(self) -> bool:
@@ -205,6 +241,8 @@ class StarpulseJob:
             "pid": os.getpid(),
             "signal": signal.Signals(self.signal_number).name if self.signal_number is not None else None,
             "checkpoint_dir": str(self.checkpoint_dir.absolute()),
+            "phase": self.phase,
+            "step": self.last_step,
         }
         if self.last_checkpoint is not None:
             step, path, time_ms = self.last_checkpoint
@@ -316,6 +354,14 @@ class StarpulseJob:
         between leaves a folder that is never "latest". Clears ``checkpoint_requested``
         and tells the agent.
         """
+        previous_phase = self.phase
+        self.set_phase(PHASE_CHECKPOINTING)
+        try:
+            return self._write_checkpoint(step, state)
+        finally:
+            self.set_phase(PHASE_TRAINING if previous_phase == PHASE_STARTING else previous_phase)
+
+    def _write_checkpoint(self, step: int, state: bytes | dict[str, Any]) -> str:
         if isinstance(state, bytes | bytearray | memoryview):
             data, fmt = bytes(state), "bytes"
         else:
@@ -383,6 +429,7 @@ class StarpulseJob:
             state: bytes | dict[str, Any] = json.loads(data) if manifest.get("format") == "json" else data
             self.last_checkpoint = (step, str(folder), int(manifest.get("time_ms", 0)))
             self.resumed_from_step = step
+            self.last_step = step
             self._send(self._register_message())  # tell the controller where this run restarted from
             log.info("starpulse: resuming from step %d (%s)", step, folder)
             return step, state
@@ -395,7 +442,7 @@ class StarpulseJob:
             return []
         found = []
         for entry in entries:
-            m = STEP_DIR_RE.match(entry.name)
+            m = STEP_DIR_RE.fullmatch(entry.name)
             if m and entry.is_dir():
                 found.append((int(m.group(1)), entry))
         return sorted(found, reverse=True)

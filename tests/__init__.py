@@ -1,0 +1,1 @@
+"""starpulse's tests: tests/ mirrors the source tree (docs/testing.md, "Where a test lives")."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agent.factory import build_agent
+from agent.probe.prober import Prober
 from agent.runtime import Agent, AgentConfig
 from agent.sim.node import SimNode
 
@@ -136,6 +137,7 @@ def make_sim_agent(
     interval_s: float = 0.3,
     sim: SimNode | None = None,
     seed: int = 0,
+    prober: Prober | None = None,
 ) -> SimAgent:
     """Build (not start) an agent whose collectors read a simulated node under workdir."""
     sim = sim or SimNode(node_id, workdir / node_id / "hw", seed=seed)
@@ -148,6 +150,7 @@ def make_sim_agent(
         ),
         "sim",
         sim=sim,
+        prober=prober,
     )
     agent.link.backoff.initial_s = 0.1
     agent.link.backoff.max_s = 0.5

@@ -127,13 +127,18 @@ def test_protocol_lines_and_agent_checkpoint_message(short_dir: Path) -> None:
             job.save_checkpoint(7, b"s")
             conn.settimeout(5)
             data = b""
-            while data.count(b"\n") < 3:
+            while data.count(b"\n") < 5:
                 data += conn.recv(4096)
             msgs = [json.loads(line) for line in data.splitlines()]
-            assert [m["op"] for m in msgs] == ["register", "step", "checkpoint_done"]
+            # The phase is said only when it changes: the step itself moves "starting" to training
+            # (the agent reads that from the step), a checkpoint is bracketed by two phase messages.
+            assert [m["op"] for m in msgs] == ["register", "step", "phase", "checkpoint_done", "phase"]
             assert msgs[0]["pid"] == os.getpid() and msgs[0]["world_size"] == 2 and msgs[0]["signal"] is None
+            assert msgs[0]["phase"] == "starting" and msgs[0]["step"] == 0
             assert msgs[1] == {"op": "step", "job": "llm", "rank": 1, "step": 7, "step_time_s": 0.25}
-            assert msgs[2]["step"] == 7 and msgs[2]["path"].endswith(step_dir_name(7))
+            assert msgs[2] == {"op": "phase", "job": "llm", "rank": 1, "phase": "checkpointing", "step": 7}
+            assert msgs[3]["step"] == 7 and msgs[3]["path"].endswith(step_dir_name(7))
+            assert msgs[4]["phase"] == "training"
             conn.sendall(b'{"op": "checkpoint"}\n')
             for _ in range(100):
                 if job.checkpoint_requested:

@@ -18,6 +18,7 @@ from controller.ingest.verdict import ReportResult
 from controller.service import Controller, ControllerConfig
 from starpulse.app.scenario.cluster import SimCluster, render_lldpcli_json
 from starpulse.app.scenario.spec import FaultSpec
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.findings import event_kind_name
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -75,7 +76,8 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
             db_path=tmp_path / "controller.db",
             heartbeat_timeout_s=HEARTBEAT_S,
             sweep_interval_s=0.2,
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     seen = Seen()
     controller.registry.listeners.append(seen)

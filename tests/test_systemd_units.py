@@ -111,8 +111,12 @@ def test_agent_devices_and_capabilities() -> None:
     allowed = svc["DeviceAllow"]
     for device in ("/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "char-nvidia-frontend rw", "/dev/kmsg r"):
         assert device in allowed, device
-    assert one(unit, "CapabilityBoundingSet") == "CAP_SYSLOG"
-    assert one(unit, "AmbientCapabilities") == "CAP_SYSLOG"
+    # CAP_SYS_PTRACE: py-spy reads a hung job's stacks and the agent reaches the ranks' flight
+    # recorder through /proc/PID/root, so its own /tmp stays private (issue 27).
+    assert one(unit, "CapabilityBoundingSet").split() == ["CAP_SYSLOG", "CAP_SYS_PTRACE"]
+    assert one(unit, "AmbientCapabilities").split() == ["CAP_SYSLOG", "CAP_SYS_PTRACE"]
+    assert one(unit, "PrivateTmp") == "yes"
+    assert "ProtectProc" not in svc, "ProtectProc=invisible would hide the ranks' /proc/PID from the agent"
     assert "/var/lib/starpulse" in svc["ReadWritePaths"]
     assert one(unit, "StateDirectory") == "starpulse"
     assert one(unit, "RuntimeDirectory") == "starpulse"

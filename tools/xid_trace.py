@@ -89,7 +89,7 @@ def trace(workdir: Path) -> Tracer:
         {"receivers": [{"name": "hook", "type": "webhook", "url": "http://127.0.0.1:9/", "secret": "s" * 32}]}
     )
     clock = FakeClock()
-    ctl = Controller(ControllerConfig(db_path=workdir / "c.db", fabric=fabric, notify=notify), clock)
+    ctl = Controller(ControllerConfig(db_path=workdir / "c.db", fabric=fabric, notify=notify), clock=clock)
     inventory = ipb.Inventory(gpus=[ipb.GpuInfo(index=i) for i in range(8)])
     node = ctl.registry.register(spb.Hello(node_id=NODE, role=ipb.NODE_ROLE_COMPUTE, inventory=inventory))
     event = xid_event()

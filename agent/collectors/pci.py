@@ -37,7 +37,7 @@ def _shared_pci_depth(a: list[str], b: list[str]) -> int:
     for x, y in zip(a, b, strict=False):
         if x != y:
             break
-        if PCI_ADDR_RE.match(x):
+        if PCI_ADDR_RE.fullmatch(x):
             depth += 1
     return depth
 

@@ -5,7 +5,7 @@ The host collector asks for these every cycle. ``psutil.cpu_percent()`` and
 tuples of every field; this keeps both files open, re-reads them with one ``pread`` at
 offset 0 (procfs regenerates the text, as sysfs does) and parses only what the report
 carries. The arithmetic is psutil's own, in the same order, so
-the values are the same (tests/agent/test_procfs.py checks that against psutil on the same
+the values are the same (tests/agent/collectors/test_procfs.py checks that against psutil on the same
 files). Linux only; ``ProcStats.open`` returns None elsewhere and the caller keeps psutil.
 """
 

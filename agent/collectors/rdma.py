@@ -213,7 +213,7 @@ class RdmaSysfsCollector:
         if not os.path.exists(link):
             return ""
         base = os.path.basename(os.path.realpath(link))
-        return base if PCI_ADDR_RE.match(base) else ""
+        return base if PCI_ADDR_RE.fullmatch(base) else ""
 
     def supported(self) -> bool:
         """True when sysfs lists at least one RDMA device."""

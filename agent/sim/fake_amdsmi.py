@@ -4,7 +4,7 @@ The real package (pinned in ``pyproject.toml``'s ``amd`` extra) loads ``libamd_s
 it is imported, so without ROCm ``import amdsmi`` raises ``OSError`` or ``KeyError``, never
 ``ImportError``: it cannot be imported here, let alone called. This fake has the names the AMD
 backend uses, with the real signatures' parameter names, the real enum values and the real
-exception classes' names, codes and messages; ``tests/agent/test_fake_amdsmi.py`` parses the
+exception classes' names, codes and messages; ``tests/agent/sim/test_fake_amdsmi.py`` parses the
 real package's source (downloaded, never imported) and fails when any of them drifts.
 
 Behaviour matched to the real library: calls before ``amdsmi_init`` raise

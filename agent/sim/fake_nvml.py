@@ -33,6 +33,7 @@ H100_MODEL = "NVIDIA H100 80GB HBM3"
 H100_MEMORY_TOTAL = 85_520_809_984  # 81559 MiB, as nvidia-smi shows it
 H100_NVLINKS = 18
 H100_POWER_LIMIT_MW = 700_000
+STALL_POWER_MW = 95_000  # an H100 spinning in a stuck NCCL kernel: ~idle power (soperator #796, ClusterMAX)
 H100_SM_CLOCK_MAX_MHZ = 1980
 H100_MEM_CLOCK_MHZ = 2619
 H100_PCIE_WIDTH = 16  # H100 SXM5: PCIe Gen5 x16 to its host switch
@@ -124,6 +125,17 @@ class FakeUtilization:
     memory: int
 
 
+@dataclass
+class FakeProcessInfo:
+    """pynvml's friendly object for ``c_nvmlProcessInfo_v3_t``: pid, usedGpuMemory (None when NVML
+    says NOT_AVAILABLE), gpuInstanceId and computeInstanceId (0xFFFFFFFF outside MIG)."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = _NO_INSTANCE
+    computeInstanceId: int = _NO_INSTANCE
+
+
 @dataclass(frozen=True)
 class FakeEventData:
     """``c_nvmlEventData_t``."""
@@ -183,6 +195,8 @@ class SimGpu:
     nvlink_up: list[bool] = field(default_factory=list)
     nvlink_errors: list[list[int]] = field(default_factory=list)
     recovery_action: int = 0
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, used bytes) computing on it
+    collective_stall: bool = False  # kernels spinning in a stuck collective: busy, at idle power
 
     @classmethod
     def build(cls, index: int, seed: int, bus: int | None = None) -> SimGpu:
@@ -494,6 +508,8 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
         with self._lock:
             gpu = self._device(handle, "nvmlDeviceGetPowerUsage")
+            if gpu.collective_stall:
+                return round(STALL_POWER_MW + self._noise(4_000.0))
             power = gpu.base_power_mw * gpu.slow_factor * (0.7 if gpu.thermal else 1.0)
             return max(70_000, round(power + self._noise(8_000.0)))
 
@@ -505,9 +521,15 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> FakeUtilization:
         with self._lock:
             gpu = self._device(handle, "nvmlDeviceGetUtilizationRates")
-            util = gpu.base_util_pct * gpu.slow_factor + self._noise(0.5)
+            util = 100.0 if gpu.collective_stall else gpu.base_util_pct * gpu.slow_factor + self._noise(0.5)
             mem = gpu.base_mem_util_pct * gpu.slow_factor + self._noise(1.0)
             return FakeUtilization(gpu=_clamp_pct(util), memory=_clamp_pct(mem))
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[FakeProcessInfo]:
+        """The compute processes on the GPU, as pynvml's (v3) call returns them."""
+        with self._lock:
+            gpu = self._device(handle, "nvmlDeviceGetComputeRunningProcesses")
+            return [FakeProcessInfo(pid, used) for pid, used in gpu.processes]
 
     def nvmlDeviceGetClockInfo(self, handle: FakeHandle, clock_type: int) -> int:
         with self._lock:
@@ -742,6 +764,16 @@ class FakeNvml:
             raise ValueError(f"slow factor must be in (0, 1], got {factor}")
         with self._lock:
             self._gpus[index].slow_factor = factor
+
+    def set_processes(self, index: int, processes: list[tuple[int, int | None]]) -> None:
+        """The compute processes (pid, used bytes or None) running on GPU ``index`` from now on."""
+        with self._lock:
+            self._gpus[index].processes = list(processes)
+
+    def set_collective_stall(self, index: int, on: bool) -> None:
+        """A stuck collective: utilisation pinned at 100 %, power at idle level (``STALL_POWER_MW``)."""
+        with self._lock:
+            self._gpus[index].collective_stall = on
 
     def set_recovery_action(self, index: int, value: int) -> None:
         """Set NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and deliver a GpuRecoveryAction event."""

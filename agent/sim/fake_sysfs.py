@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # Same counter names as the recorded H100 node (../shared/fixtures/sysfs/class-infiniband-h100;
-# tests/agent/test_fake_sysfs.py compares them where it is provided).
+# tests/agent/sim/test_fake_sysfs.py compares them where it is provided).
 COUNTERS = (
     "VL15_dropped",
     "excessive_buffer_overrun_errors",

@@ -230,6 +230,24 @@ def _partition_clear(c: ClusterSurface, f: Fault) -> None:
         c.unsilence(name)
 
 
+def _collective_stall(c: ClusterSurface, f: Fault) -> None:
+    """A job stuck in a collective on every target node: its ranks on every GPU, the GPUs busy at
+    idle power, the NICs silent. No job library: only the hardware and the scheduler's cgroups say so."""
+    for name in f.targets:
+        if c.hold(("collective_stall", name)):
+            sim = c.node(name)
+            sim.run_job(str(f.params["job"]))
+            sim.collective_stall(True)
+
+
+def _collective_stall_clear(c: ClusterSurface, f: Fault) -> None:
+    for name in f.targets:
+        if c.release(("collective_stall", name)):
+            sim = c.node(name)
+            sim.collective_stall(False)
+            sim.run_job(None)
+
+
 # -- the table --------------------------------------------------------------------------------
 
 _GPU = frozenset({"gpu"})
@@ -430,6 +448,16 @@ FAULTS: Final[FaultTable] = FaultTable(
             frozenset({"node"}),
             ("node_down",),
             cluster=OnCluster(_node_down, _node_up),
+        ),
+        FaultKind(
+            "collective_stall",
+            "A job hung in a collective on the target nodes: its GPUs busy at idle power, their NICs flat"
+            " (its ranks are the GPUs' compute processes, in Slurm job ``job``'s cgroup).",
+            frozenset({"node"}),
+            ("job_hang",),
+            params=(Param("job", "the Slurm job id of the ranks", default=4242, minimum=1),),
+            cluster=OnCluster(_collective_stall, _collective_stall_clear),
+            many=True,
         ),
         FaultKind(
             "partition",

@@ -69,6 +69,32 @@ class SimParts:
         self.real_netdevs: RealNetdevs | None = None
         self._net_lock = threading.Lock()  # real_netdevs.sync: the cycle and the link watch
 
+    def process_source(self) -> tuple[FakeNvml, str] | None:
+        """The fake NVML and the fake proc root its GPU processes are read from (NVIDIA nodes)."""
+        return (self.nvml, str(self.workdir / "proc")) if self.vendor == "nvidia" else None
+
+    def run_job(self, job: str | None, pid_base: int = 40_000) -> None:
+        """A Slurm job's ranks on every GPU (one process each, its cgroup naming ``job_<id>``); None: none."""
+        for i in range(self.gpus):
+            pid = pid_base + i
+            folder = self.workdir / "proc" / str(pid)
+            if job is None:
+                for f in ("cgroup", "environ"):
+                    (folder / f).unlink(missing_ok=True)
+                self.nvml.set_processes(i, [])
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "cgroup").write_text(f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_{i}\n")
+            (folder / "environ").write_bytes(f"SLURM_JOB_ID={job}\0SLURM_PROCID={i}\0".encode())
+            self.nvml.set_processes(i, [(pid, 60 * 1024**3)])
+
+    def collective_stall(self, on: bool) -> None:
+        """Every GPU spins in a stuck collective (busy at idle power) and the NICs carry nothing."""
+        for i in range(self.gpus):
+            self.nvml.set_collective_stall(i, on)
+        with self._lock:
+            self._throughput = [0.0 if on else self.base_throughput_gbps] * self.nics
+
     def follow_real_netdevs(self, net_root: str = "/sys/class/net") -> list[int]:
         """NICs whose netdev is a real interface here: their port state follows its carrier from now on."""
         self.real_netdevs = RealNetdevs(self.sysfs, net_root)

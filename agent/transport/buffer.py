@@ -4,17 +4,25 @@ SQLite (WAL, synchronous=FULL) so an agent or host crash loses nothing that was
 accepted. Sequence numbers are assigned here and survive restarts; the buffer has an
 epoch (random id made when the file is created) so the controller can tell a reset
 buffer from a replay.
+
+A damaged file (truncated, garbled, not a database) never stops the agent: it is moved aside
+with a timestamp, a fresh buffer (a new epoch) starts, and its first event says so
+(``EVENT_KIND_BUFFER_RESET``: where the old file went and how many unsent events it may have
+held), so the controller alerts and nobody has to delete a file to end a restart loop.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from starpulse.core.eventlimits import fit_event
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
@@ -23,6 +31,15 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 """
+
+
+@dataclass(frozen=True)
+class BufferReset:
+    """A damaged buffer file moved aside at start: where it went, why, and what it may have held."""
+
+    moved_to: Path
+    reason: str
+    lost: int | None  # unsent events the old file held; None: it could not be read at all
 
 
 class EventBuffer:
@@ -35,13 +52,65 @@ class EventBuffer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_events = max_events
         self._lock = threading.Lock()
+        self.reset: BufferReset | None = None  # set when a damaged file was moved aside at start
+        try:
+            self._open()
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            self.reset = self._move_aside(str(exc) or type(exc).__name__)
+            self._open()
+            self._announce_reset(self.reset)
+
+    def _open(self) -> None:
+        """Open the file, checked: a file SQLite cannot read whole raises DatabaseError here, not later."""
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self.epoch = self._meta("epoch") or self._init_meta()
-        self._next_seq = int(self._meta("next_seq") or "1")
-        self.dropped_total = int(self._meta("dropped_total") or "0")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            (check,) = self._db.execute("PRAGMA quick_check").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {check}")
+            self.epoch = self._meta("epoch") or self._init_meta()
+            self._next_seq = int(self._meta("next_seq") or "1")
+            self.dropped_total = int(self._meta("dropped_total") or "0")
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _move_aside(self, reason: str) -> BufferReset:
+        """Move the damaged file (and its WAL and shared-memory files) aside, named with the time."""
+        lost = _count_readable(self.path)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        moved_to = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = self.path.with_name(self.path.name + suffix)
+            if src.exists():
+                src.rename(self.path.with_name(f"{self.path.name}{suffix}.damaged-{stamp}"))
+        log.error(
+            "event_buffer_damaged",
+            path=str(self.path),
+            moved_to=str(moved_to),
+            reason=reason,
+            unsent_events_lost="unknown" if lost is None else lost,
+        )
+        return BufferReset(moved_to, reason, lost)
+
+    def _announce_reset(self, reset: BufferReset) -> None:
+        """The fresh buffer's first event: the controller hears of the damage (and alerts)."""
+        lost = "unknown" if reset.lost is None else str(reset.lost)
+        event = tpb.Event(
+            timestamp_ms=int(time.time() * 1000),
+            kind=tpb.EVENT_KIND_BUFFER_RESET,
+            severity=tpb.SEVERITY_WARNING,
+            component="agent",
+            message=(
+                f"the agent's event buffer was damaged ({reset.reason[:200]}); moved to {reset.moved_to.name},"
+                f" a fresh one started; unsent events it may have held: {lost}"
+            ),
+        )
+        event.attributes["moved_to"] = reset.moved_to.name
+        event.attributes["lost"] = lost
+        self.append(event)
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -79,6 +148,16 @@ class EventBuffer:
             numbered = tpb.Event()
             numbered.CopyFrom(event)
             numbered.seq = self._next_seq
+            # The controller's own limits: an event past them would end the stream at every
+            # resend, so it is cut to fit here, once, before it is stored.
+            cuts = fit_event(numbered)
+            if cuts:
+                log.warning(
+                    "event_fitted_to_limits",
+                    kind=tpb.EventKind.Name(numbered.kind),
+                    component=numbered.component,
+                    cut=cuts[:8],
+                )
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute(
@@ -142,3 +221,18 @@ class EventBuffer:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _count_readable(path: Path) -> int | None:
+    """How many events a damaged buffer still shows, read-only; None when it cannot be read."""
+    try:
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        (count,) = db.execute("SELECT COUNT(*) FROM events").fetchone()
+        return int(count)
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()

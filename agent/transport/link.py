@@ -18,6 +18,7 @@ import structlog
 
 from agent.transport.buffer import EventBuffer
 from agent.transport.delta import ReportDelta
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -26,6 +27,20 @@ from starpulse.v1 import telemetry_pb2 as tpb
 log = structlog.get_logger(__name__)
 
 CommandHandler = Callable[[spb.Command], Awaitable[spb.CommandResult]]
+
+# A controller that answers nothing for this long while we send is gone, whatever TCP says
+# (used until a Welcome names its own limit: Welcome.silence_limit_s).
+DEFAULT_SILENCE_LIMIT_S = 60.0
+# A stream displaced sooner than this after it was welcomed is a fight over the node (an
+# imposter coming straight back): the reconnect backoff keeps growing instead of starting over.
+STABLE_STREAM_S = 10.0
+
+
+class StreamSilent(TimeoutError):
+    """We sent and the controller answered nothing within the silence limit: the stream is dead.
+
+    A TimeoutError: the shared reconnect rule (``after_failure``) moves on to the next controller.
+    """
 
 
 class ControllerLink:
@@ -41,14 +56,16 @@ class ControllerLink:
         backoff: Backoff | None = None,
         max_in_flight: int = 1000,
         seed: int | None = None,
+        on_probe_plan: Callable[[spb.ProbePlan], None] | None = None,
     ) -> None:
         # Which controller next and how long to wait: the rule every starpulse client shares.
-        self.reconnect = Reconnector(targets, backoff, seed, name="agent")
+        self.reconnect = Reconnector(targets, backoff, seed, name="agent", clock=SYSTEM_CLOCK)
         self.targets = self.reconnect.targets  # the same list: a leader a standby names is added to it
         self.backoff = self.reconnect.backoff
         self._hello = hello
         self.buffer = buffer
         self._on_command = on_command
+        self._on_probe_plan = on_probe_plan
         self._credentials = credentials
         self.max_in_flight = max_in_flight
         self._wake = asyncio.Event()
@@ -68,6 +85,14 @@ class ControllerLink:
         self.reports_replaced = 0
         self.connects = 0
         self.report_interval_hint_s = 0.0
+        # Stream generations rise across this agent's restarts too (start time, then +1 per
+        # stream): with the buffer epoch they tell our own reconnect from a second agent.
+        self._generation = int(time.time() * 1000) * 1000
+        self.silence_limit_s = DEFAULT_SILENCE_LIMIT_S
+        self._unanswered_since: float | None = None  # first write since the controller last spoke
+        self.replaced = 0  # streams the controller ended because another stream took the node over
+        self.silent_streams = 0  # streams ended here because the controller went silent
+        self._replaced_last = False  # the last stream was displaced soon after it began: keep backing off
 
     # -- producer side -------------------------------------------------------------
     def wake(self) -> None:
@@ -89,6 +114,11 @@ class ControllerLink:
             # LLDP updates are sent only on change: carry one forward rather than lose it.
             if self._latest_report.HasField("lldp") and not report.HasField("lldp"):
                 report.lldp.CopyFrom(self._latest_report.lldp)
+            # Probe results are each window's once: carry the unsent ones forward too.
+            if self._latest_report.probe_results:
+                newer = list(report.probe_results)
+                del report.probe_results[:]
+                report.probe_results.extend([*self._latest_report.probe_results, *newer])
         self._latest_report = report
         self._wake.set()
 
@@ -132,6 +162,8 @@ class ControllerLink:
             hello.buffer_epoch = self.buffer.epoch
             hello.oldest_buffered_event_seq = self.buffer.oldest_seq()
             hello.next_event_seq = self.buffer.next_seq
+            self._generation += 1
+            hello.stream_generation = self._generation
             await call.write(spb.AgentMessage(hello=hello))
             first = await asyncio.wait_for(call.read(), timeout=30)
             if first is grpc.aio.EOF or not first.HasField("welcome"):
@@ -141,7 +173,19 @@ class ControllerLink:
             self.report_interval_hint_s = welcome.report_interval_s
             self.delta.reset(enabled=welcome.accepts_delta_reports)
             self.connects += 1
-            self.reconnect.accepted()
+            welcomed_at = time.monotonic()
+            self.silence_limit_s = welcome.silence_limit_s or DEFAULT_SILENCE_LIMIT_S
+            self._unanswered_since = None
+            if not self._replaced_last:
+                self.reconnect.accepted()  # displaced again and again: the backoff keeps growing
+            self._replaced_last = False
+            if welcome.replaced_live_stream:
+                log.warning(
+                    "agent_identity_contested",
+                    security=True,
+                    target=target,
+                    detail="this stream replaced another live stream for this node: another agent holds its identity",
+                )
             self.connected.set()
             log.info(
                 "controller_connected",
@@ -153,6 +197,14 @@ class ControllerLink:
             reader.add_done_callback(lambda _task: self._wake.set())  # the write loop sees the stream end
             try:
                 await self._write_loop(call, reader)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.ABORTED:
+                    # Another stream for this node took over: reconnect (after the backoff) and
+                    # say so; if it was an imposter, the controller sees the fight.
+                    self.replaced += 1
+                    self._replaced_last = time.monotonic() - welcomed_at < STABLE_STREAM_S
+                    log.warning("agent_stream_replaced", security=True, target=target, detail=err.details())
+                raise
             finally:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
@@ -172,12 +224,16 @@ class ControllerLink:
             msg = await call.read()
             if msg is grpc.aio.EOF:
                 return
+            self._unanswered_since = None  # the controller spoke: everything sent so far is answered or coming
             which = msg.WhichOneof("body")
             if which == "ack":
                 self._apply_ack(msg.ack.event_seq, msg.ack.report_seq)
                 if msg.ack.full_report_needed:
                     self.delta.force_full()
                 self._wake.set()
+            elif which == "probe_plan":
+                if self._on_probe_plan is not None:
+                    self._on_probe_plan(msg.probe_plan)
             elif which == "command":
                 task = asyncio.create_task(self._run_command(call, msg.command))
                 self._command_tasks.add(task)
@@ -205,6 +261,7 @@ class ControllerLink:
             if reader.done():
                 reader.result()  # re-raise the stream error, if any
                 raise ConnectionError("controller ended the stream")
+            self._check_silence()
             self._wake.clear()
             progressed = False
             # Events first (they are history); never more than max_in_flight unacked.
@@ -215,6 +272,7 @@ class ControllerLink:
                     event.buffered_us = self._buffered_us.pop(event.seq, 0)
                     event.sent_us = int(time.time() * 1e6)
                     await call.write(spb.AgentMessage(event=event))
+                    self._sent()
                     sent_upto = event.seq
                     progressed = True
             report = self._latest_report
@@ -223,6 +281,7 @@ class ControllerLink:
                 msg = spb.AgentMessage()
                 self.delta.encode_into(report, msg.report)  # one copy, full or delta
                 await call.write(msg)
+                self._sent()
                 self.reports_sent += 1
                 progressed = True
             if not progressed:
@@ -233,3 +292,19 @@ class ControllerLink:
                     await self._wake.wait()
                 finally:
                     timer.cancel()
+
+    def _sent(self) -> None:
+        if self._unanswered_since is None:
+            self._unanswered_since = time.monotonic()
+
+    def _check_silence(self) -> None:
+        """End a stream the controller stopped answering (keepalive only sees the TCP connection).
+
+        A half-open stream, a controller that orphaned it, a wedged handler: pings still pass,
+        writes still fit in the window, and nothing is ever acked. The bound is on the time since
+        the first unanswered send, so an idle stream is never called dead.
+        """
+        since = self._unanswered_since
+        if since is not None and time.monotonic() - since > self.silence_limit_s:
+            self.silent_streams += 1
+            raise StreamSilent(f"the controller answered nothing for {self.silence_limit_s:g} s while this agent sent")

@@ -70,12 +70,24 @@ log = structlog.get_logger(__name__)
 KIND_ACTIONS: dict[str, str] = {
     "switch_fault": "investigate_switch",
     "partition": "investigate_network",
+    "path_fault": "investigate_network",
     "link_fault": vocab.ACTION_CHECK_LINK,
     "straggler": vocab.ACTION_INVESTIGATE,
     "node_down": vocab.ACTION_INVESTIGATE,
     "other": vocab.ACTION_INVESTIGATE,
 }
 _ACTION_RANK = {a: i for i, a in enumerate(vocab.ACTIONS)}
+
+
+def _named(evidence: list[dict[str, Any]]) -> tuple[tuple[str, tuple[str, ...], bool], ...]:
+    """What a hang's members say about whom to blame (its suspects, whether its stacks are in):
+    news an operator and the healer act on, so a change is an incident update."""
+    out = []
+    for e in evidence:
+        ev = e.get("evidence") or {}
+        if e.get("category") == "hang":
+            out.append((str(e.get("rule", "")), tuple(ev.get("suspect_nodes") or ()), "stacks" in ev))
+    return tuple(out)
 
 
 def summarize(c: Condition) -> dict[str, Any]:
@@ -359,6 +371,7 @@ class Correlator:
             inc.affected_nodes,
             inc.affected_jobs,
             inc.condition_keys,
+            _named(inc.evidence),
         )
         inc.kind, inc.root_cause, inc.component_type = g.kind, g.root_cause, g.component_type
         inc.severity = self._severity(g.kind, conds)
@@ -378,6 +391,7 @@ class Correlator:
             inc.affected_nodes,
             inc.affected_jobs,
             inc.condition_keys,
+            _named(inc.evidence),
         )
         if after != before:
             inc.updated_ms = now

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from controller.detect.agent_conflict import RULE as AGENT_CONFLICT_RULE
 from controller.detect.correlation_settings import CorrelationConfig
 from controller.detect.model import ComponentType, Condition
 from controller.fabric.model import LINK_SEPARATOR, Fabric
@@ -183,6 +184,17 @@ class Grouper:
                 cause.note.setdefault("explained_stragglers", []).append(node)
             else:
                 self._add(out, "straggler", node, "node", [c], [node])
+        for c in by_cat.pop("agent", []):  # the agent itself: never explained by a hardware fault
+            node = c.node or c.component
+            if c.rule == AGENT_CONFLICT_RULE:  # someone else speaks as the node
+                self._add(out, "agent_conflict", node, "node", [c], [node])
+            else:  # its own troubles (a damaged buffer): seen and alerted, never a reason to evict
+                self._add(out, "other", c.component, c.component_type, [c], [node])
+        for c in by_cat.pop("hang", []):  # one job's verdict, decided on the jobs floor: its own incident
+            nodes = c.evidence.get("nodes") or ([c.node] if c.node else [])
+            self._add(out, "job_hang", c.component, "job", [c], [str(n) for n in nodes])
+        for c in by_cat.pop("path", []):  # probes' loss above a leaf, its uplink not traced
+            self._add(out, "path_fault", c.component, "network", [c], [])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])

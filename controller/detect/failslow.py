@@ -93,6 +93,13 @@ class FailSlowConfig:
         "median says little about which one is odd",
         ge=2,
     )
+    recent_samples: int = setting(
+        3,
+        "Latest samples of each node that must show the same gap against the group's latest: a window "
+        "median alone flags the node whose samples happened to fall later when a whole job slows at "
+        "once (its median turns before its peers'); its latest samples equal theirs, a straggler's do not",
+        ge=1,
+    )
     signals: tuple[str, ...] = setting(SIGNALS, "Signals to compare", choices=SIGNALS)
     job_ttl_s: float | None = setting(
         None, "Seconds a node stays in the job it last reported in job_steps; null: window_s", gt=0
@@ -428,21 +435,40 @@ class FailSlowDetector:
                 values = medians[signal]
                 if len(values) < cfg.min_group_size:
                     continue
-                med = statistics.median(values.values())
-                if med <= 0:
-                    continue  # an idle group (no traffic, no steps): nothing to be slower than
-                mad = statistics.median(abs(v - med) for v in values.values())
                 higher_slower = signal in HIGHER_IS_SLOWER
-                for node, value in values.items():
-                    gap = value - med if higher_slower else med - value
-                    if gap <= 0:
-                        continue
-                    relative = gap / abs(med)
-                    z = _MAD_SCALE * gap / mad if mad > 0 else math.inf
-                    if z >= cfg.z_threshold and relative >= cfg.min_relative_deviation:
-                        found.setdefault(node, []).append(
-                            Deviation(signal, value, med, mad, z, relative, group, len(values) - 1)
-                        )
+                slower = self._slower(signal, values, higher_slower, group)
+                if not slower:
+                    continue
+                # The latest samples must agree (recent_samples): see FailSlowConfig.recent_samples.
+                latest = {node: self._latest(node, signal) for node in values}
+                now_slower = self._slower(signal, latest, higher_slower, group)
+                for node, dev in slower.items():
+                    if node in now_slower:
+                        found.setdefault(node, []).append(dev)
+
+    def _slower(self, signal: str, values: dict[str, float], higher_slower: bool, group: str) -> dict[str, Deviation]:
+        """The nodes whose value is slower than the group's median by both tests (z and relative)."""
+        cfg = self.config
+        med = statistics.median(values.values())
+        if med <= 0:
+            return {}  # an idle group (no traffic, no steps): nothing to be slower than
+        mad = statistics.median(abs(v - med) for v in values.values())
+        out: dict[str, Deviation] = {}
+        for node, value in values.items():
+            gap = value - med if higher_slower else med - value
+            if gap <= 0:
+                continue
+            relative = gap / abs(med)
+            z = _MAD_SCALE * gap / mad if mad > 0 else math.inf
+            if z >= cfg.z_threshold and relative >= cfg.min_relative_deviation:
+                out[node] = Deviation(signal, value, med, mad, z, relative, group, len(values) - 1)
+        return out
+
+    def _latest(self, node: str, signal: str) -> float:
+        """The median of the node's latest ``recent_samples`` samples of ``signal``."""
+        values = self._nodes[node].series[signal].values
+        n = min(self.config.recent_samples, len(values))
+        return statistics.median(values[-i] for i in range(1, n + 1))
 
     def evaluate(self) -> list[ConditionChange]:
         """Compare every node with its group; open, update or resolve fail-slow conditions."""

@@ -30,7 +30,7 @@ from controller.detect.model import Condition
 Key = tuple[str, str]
 
 # Categories (controller.detect.model.CATEGORIES) no component shared between nodes explains.
-NODE_LOCAL = frozenset({"gpu", "host", "failslow"})
+NODE_LOCAL = frozenset({"gpu", "host", "failslow", "agent", "hang"})  # a hang: decided job-wide already
 # Seen only through the heartbeat sweep.
 PRESENCE = frozenset({"heartbeat"})
 

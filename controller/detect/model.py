@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from starpulse.core.vocab import Severity
 
-ComponentType = Literal["gpu", "nic", "node", "switch", "link", "network"]
+ComponentType = Literal["gpu", "nic", "node", "switch", "link", "network", "job"]
 
 # What a condition is about, for correlation: which failure domain it can implicate.
 CATEGORIES = (
@@ -27,6 +27,9 @@ CATEGORIES = (
     "heartbeat",  # a node not heard from
     "host",  # disk, memory
     "failslow",  # a node persistently slower than its peers
+    "agent",  # the node's agent itself: two agents claiming the node (controller.detect.agent_conflict)
+    "hang",  # a job whose steps stopped moving (controller.jobs.hang): blames its suspects, if any
+    "path",  # probes lose or slow down above a leaf, on an uplink not yet traced (controller.detect.probes)
 )
 
 

@@ -30,15 +30,18 @@ from google.protobuf.message import DecodeError
 from controller.detect.conditions import ConditionEngine, nic_fabric_evidence
 from controller.detect.correlate import CorrelationConfig, Correlator
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.gpu_jobs import job_gpu_signature
 from controller.detect.grouping import GroupingWindows, ReportCadence
 from controller.detect.grouping_task import GroupingTask
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
+from controller.detect.probes import ProbeLocaliser, ProbeObs, observations
 from controller.detect.rules import RuleSet
 from controller.detect.shard_worker import ShardSettings
 from controller.detect.shards import DetectShards
 from controller.detect.switch_witness import SwitchPortWitness
 from controller.fabric import Fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.fabric.topology import TopologyTracker
 from controller.ingest.registry import NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_report
@@ -63,6 +66,7 @@ _SWITCH = ipb.NODE_ROLE_SWITCH
 class DetectionConfig:
     correlation: CorrelationConfig = field(default_factory=CorrelationConfig)
     failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
     failslow_every_s: float = setting(
         5.0, "Seconds between fail-slow peer comparisons; each one looks at a whole window", gt=0
     )
@@ -163,7 +167,22 @@ class Detection:
                 cpu=metrics.stage_cpu,
                 shard_cpu=metrics.shard_stage_cpu,
             )
+        # The probe mesh's localisation (controller.detect.probes): the one place that sees every
+        # node's probe results with the whole fabric, whether reports were decided here or in shards.
+        self.probes: ProbeLocaliser | None = None
+        if fabric is not None and self.config.probes.enabled:
+            self.probes = ProbeLocaliser(fabric, self.config.probes, clock=clock, node_ok=self._probe_node_ok)
         self._refresh_gauges()
+
+    def _probe_node_ok(self, node_id: str, since_ms: int) -> bool:
+        """A node whose probe results count: online, connected since before ``since_ms`` (one that
+        restarted within the window lost probes to its restart, not to the network), and heard
+        within one and a half report intervals (one gone quiet may be restarting right now)."""
+        rec = self._node_of(node_id)
+        if rec is None or rec.state != "online" or not rec.connected or rec.connected_ms > since_ms:
+            return False
+        interval = self.cadence.interval_s() or 5.0
+        return self.clock.time_ms() - rec.last_seen_ms <= 1500 * interval
 
     def _peer_group(self, node: str) -> str | None:
         """Fail-slow peers: the node's job, else its block (pod) in the fabric."""
@@ -204,12 +223,16 @@ class Detection:
                 self.switch_ports.saw(nid, report.switch_ports, self.clock.time_ms())
             self._feed(self.engine.on_report(node, report))
             signals, job = self.failslow.extract(nid, report) if node.role == _COMPUTE else ({}, None)
+            job_gpus = job_gpu_signature(report)
         except Exception:
             # A bug in a rule must not lose the report: it is still recorded and acked (a
             # shard does the same, controller.detect.shard_worker).
             log.exception("report_decision_failed", node=nid)
-            signals, job = {}, None
+            signals, job, job_gpus = {}, None, {}
         self._fold(node, signals, job, report.timestamp_ms, lldp)
+        if self.probes is not None and report.probe_results:
+            self.probes.add(nid, observations(report))
+            self.metrics.probe_results.inc(len(report.probe_results))
         self._verdicts(
             ReportResult(
                 node_id=nid,
@@ -221,6 +244,7 @@ class Detection:
                 signals=signals,
                 job=job,
                 job_steps=report.job_steps,
+                job_gpus=job_gpus,
                 lldp=lldp,
                 gpus=len(report.gpus),
                 nics=len(report.nics),
@@ -260,6 +284,9 @@ class Detection:
                 if verdict.lldp is not None:
                     node.lldp = verdict.lldp
                 self._fold(node, verdict.signals, verdict.job, verdict.timestamp_ms, verdict.lldp)
+                if self.probes is not None and verdict.probes:
+                    self.probes.add(node.node_id, [ProbeObs(*o) for o in verdict.probes])
+                    self.metrics.probe_results.inc(len(verdict.probes))
         self._verdicts(verdict)
 
     def _fold(
@@ -277,6 +304,8 @@ class Detection:
                 self.cadence.saw(node.node_id, timestamp_ms)
             if lldp is not None:
                 self.topology.update(node)
+                if self.probes is not None:
+                    self.probes.forget_paths()  # learned wiring may have moved a cable under a path
         except Exception:
             log.exception("report_fold_failed", node=node.node_id)
 
@@ -357,6 +386,14 @@ class Detection:
         changes = self.engine.tick()
         if not self.failslow_stepwise and self.failslow_due():
             changes += self.failslow.evaluate()
+        if self.probes is not None and self.probes.due():
+            try:
+                changes += self.probes.run()
+                self.metrics.probe_loss.clear()
+                for b in self.probes.last_blames:
+                    self.metrics.probe_loss.labels(b.component, b.kind).set(round(b.rate, 5))
+            except Exception:
+                log.exception("probe_localisation_failed")
         self._feed(changes)
         self.topology.tick()
         return self.group()

@@ -42,7 +42,9 @@ from google.protobuf.message import DecodeError
 from controller import gcpolicy
 from controller.detect.conditions import ConditionEngine
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
+from controller.detect.gpu_jobs import job_gpu_signature
 from controller.detect.model import ConditionChange
+from controller.detect.probes import observations
 from controller.detect.rules import load_rules
 from controller.ingest.registry import ONLINE, NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_event, validate_report
@@ -189,6 +191,9 @@ class Shard:
         phase[2] += time.perf_counter() - judged
         if report.job_steps:
             result.job_steps = list(report.job_steps)
+        result.job_gpus = job_gpu_signature(report)
+        if report.probe_results:
+            result.probes = list(observations(report))  # decoded here, localised in the controller
         return result
 
     def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> list[EventsOpened]:
@@ -212,8 +217,12 @@ class Shard:
         return self.engine.forget(node_id)
 
 
-def serve(fd_in: int, fd_out: int) -> None:
-    """The shard's life: settings, then batches until the controller closes stdin."""
+def serve(fd_in: int, fd_out: int, *, clock: Clock) -> None:
+    """The shard's life: settings, then batches until the controller closes stdin.
+
+    ``clock``: the shard is its own process, so ``main`` hands in the system clock; its
+    ticks and full collections are timed on it too.
+    """
     from controller.detect.shardwire import read_frame_fd, write_frame_fd
 
     for fd in (fd_in, fd_out):
@@ -221,15 +230,15 @@ def serve(fd_in: int, fd_out: int) -> None:
     settings = read_frame_fd(fd_in)
     if not isinstance(settings, ShardSettings):
         raise SystemExit("a detection shard's first frame must be its settings")
-    shard = Shard(settings, SYSTEM_CLOCK)  # its own process: real time
+    shard = Shard(settings, clock)
     gcpolicy.tune()  # as the controller: no automatic full collections in the middle of a batch
     write_frame_fd(fd_out, ("ready", os.getpid()))
-    next_tick = time.monotonic() + settings.tick_s
-    next_collection = time.monotonic() + settings.full_collection_s
+    next_tick = clock.monotonic() + settings.tick_s
+    next_collection = clock.monotonic() + settings.full_collection_s
     cpu = StageCpu()
     decide_wall = 0.0
     while True:
-        wait = max(0.0, next_tick - time.monotonic())
+        wait = max(0.0, next_tick - clock.monotonic())
         readable, _, _ = select.select([fd_in], [], [], wait)
         results: list[ReportResult] = []
         changes: list[ConditionChange] = []
@@ -245,8 +254,8 @@ def serve(fd_in: int, fd_out: int) -> None:
             results, changes, opened = shard.handle(ops)
             decide_wall += time.perf_counter() - wall
             at = cpu.since("decide", at)
-        if time.monotonic() >= next_tick:
-            next_tick = time.monotonic() + settings.tick_s
+        if clock.monotonic() >= next_tick:
+            next_tick = clock.monotonic() + settings.tick_s
             try:
                 changes += shard.tick()
             except Exception:
@@ -303,4 +312,4 @@ def main() -> None:
     from starpulse.core.logs import configure_logging
 
     configure_logging(stream=sys.stderr)
-    serve(sys.stdin.fileno(), fd_out)
+    serve(sys.stdin.fileno(), fd_out, clock=SYSTEM_CLOCK)  # its own process: real time

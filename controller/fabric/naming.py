@@ -34,7 +34,7 @@ class NicNamer:
         self._by_netdev: dict[str, str] = {}
         rails_by_netdev: dict[str, int] = {}
         for nb in lldp if lldp is not None else inventory.lldp_neighbors:
-            m = _LEAF_RAIL.match(nb.chassis_name)
+            m = _LEAF_RAIL.fullmatch(nb.chassis_name)
             if m:
                 rails_by_netdev[nb.local_interface] = int(m.group(1))
         rails = [n for n in inventory.nics if "bond" not in n.rdma_device]

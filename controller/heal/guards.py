@@ -283,6 +283,15 @@ def fleet_share_refusal(node: str, out: set[str], fleet_size: int, max_share: fl
     return None
 
 
+def _blamed(inc: Incident) -> list[str]:
+    """The nodes an evictable incident counts against the breaker: the one it blames, else those it
+    touches; a hang only the nodes its evidence names (its other nodes merely wait on them)."""
+    if inc.kind == "job_hang":
+        return sorted({str(n) for e in inc.evidence for n in (e.get("evidence") or {}).get("suspect_nodes") or []})
+    n = target_node(inc)
+    return [n] if n else list(inc.affected_nodes)
+
+
 class Guards:
     """The checks of the module docstring, over the remediation store and their own tables."""
 
@@ -472,8 +481,7 @@ class Guards:
         recent = {i.id: i for i in incidents if vocab.may_evict(i.kind) and i.active and i.opened_ms >= since}
         nodes: set[str] = set()
         for inc in recent.values():
-            n = target_node(inc)
-            nodes.update([n] if n else inc.affected_nodes)
+            nodes.update(_blamed(inc))
         need = max(cfg.breaker_min_nodes, math.ceil(cfg.breaker_trip_share * fleet_size))
         reason = ""
         if fleet_size > 0 and len(nodes) >= need:

@@ -43,6 +43,9 @@ log = structlog.get_logger(__name__)
 S = NodeHealState
 
 
+_RESTART_IN_PLACE = "job_hang: restart in place"  # the restart's reason in the job's history (what the cap counts)
+
+
 @dataclass
 class HealConfig:
     checkpoint_timeout_s: float = setting(
@@ -62,6 +65,16 @@ class HealConfig:
         "to clear while it is validated. A reboot takes 5-15 minutes and reports come every few seconds, "
         "so 2 s adds nothing to a repair and costs one query per node in repair (a handful at 16,000 GPUs)",
         gt=0,
+    )
+    hang_restarts_in_place: int = setting(
+        2,
+        "Restarts in place of one hung job (no node named) within hang_restart_window_s before a person "
+        "is called instead: a hang from a bug in the job recurs at the same step, and restarting it "
+        "again only burns the fleet's time",
+        ge=0,
+    )
+    hang_restart_window_s: float = setting(
+        6 * 3600.0, "Seconds over which restarts in place of one job are counted against that cap", gt=0
     )
 
 
@@ -128,6 +141,7 @@ class Healer:
         self._queue: asyncio.Queue[Incident] = asyncio.Queue()
         self.evictions: list[Eviction] = []
         self.decisions: list[dict[str, Any]] = []
+        self._hang_seen: set[tuple[str, int]] = set()  # (incident, its hang's start) acted on by this run
 
     # -- IncidentListener ------------------------------------------------------------------
     def on_incident(self, change: str, incident: Incident) -> None:
@@ -177,11 +191,97 @@ class Healer:
 
     async def handle(self, incident: Incident) -> None:
         """Decide, guard, and act on one incident."""
+        if incident.kind == "job_hang":
+            await self._handle_hang(incident)
+            return
         decision = self.policy.decide(incident, self.history)
         record = {"incident": incident.id, "kind": incident.kind, "action": decision.action, "node": decision.node}
         if not decision.touches_node or decision.node is None:
             self.decisions.append({**record, "outcome": "alert_only", "reason": decision.reason})
             return
+        await self._carry_out(incident, decision, record)
+
+    async def _handle_hang(self, incident: Incident) -> None:
+        """A hung job cannot checkpoint: requeue it from its last complete checkpoint without the
+        node(s) its evidence names (each through the guards and the repair ladder, a spare in its
+        place), or restart it in place when the evidence names none, at most
+        ``hang_restarts_in_place`` times in ``hang_restart_window_s`` before a person is called.
+
+        Either verdict (the job library's, the GPU signature's) waits for the ranks' stacks: the
+        controller asks for them as the verdict opens, and an update of the incident follows them,
+        named or not (unanswered within ``hang.stacks_timeout_s``: "no stack could be read").
+        """
+        evidence = [e.get("evidence") or {} for e in incident.evidence]
+        if not evidence or any("stacks" not in e for e in evidence):
+            return  # the stacks' verdict is on its way
+        job = str(evidence[0].get("job", ""))
+        # One remediation per hang: a hang that recurs reopens the same incident with new conditions;
+        # a second verdict joining the first (the GPU signature after the steps) is the same hang.
+        active = [int(e.get("first_seen_ms") or 0) for e in incident.evidence if e.get("resolved_ms") is None]
+        episode = (incident.id, min(active, default=0))
+        if episode in self._hang_seen:
+            return  # acted on (or held for a person) already
+        rec = self.jobs.job(job)
+        if rec is not None and rec.state != "running":
+            return  # interrupted or restarting already: its hang ends with the old run
+        self._hang_seen.add(episode)
+        suspects = sorted({str(n) for e in evidence for n in e.get("suspect_nodes") or []})
+        record = {"incident": incident.id, "kind": incident.kind, "job": job}
+        if suspects:
+            for node in suspects:
+                decision = Decision(
+                    "evict", False, f"job_hang of {job}: {node} named by its ranks' stacks or steps", node=node
+                )
+                await self._carry_out(incident, decision, {**record, "action": "evict", "node": node})
+            return
+        await self._restart_in_place(incident, job, record)
+
+    async def _restart_in_place(self, incident: Incident, job: str, record: dict[str, Any]) -> None:
+        """No node named: restart the job where it runs, from its last complete checkpoint.
+
+        No node leaves service, so the eviction budget and the cool-down (per node) do not count
+        it; the per-job cap does, and dry-run, manual mode and an open breaker hold it.
+        """
+        record = {**record, "action": "restart_in_place", "node": None}
+        rec = self.jobs.job(job)
+        if not job or rec is None:
+            self.decisions.append({**record, "outcome": "alert_only", "reason": f"job {job!r} is not known"})
+            return
+        since = self._clock_ms() - int(self.config.hang_restart_window_s * 1000)
+        done = sum(1 for h in rec.history if h.reason.startswith(_RESTART_IN_PLACE) and h.interrupted_ms >= since)
+        mode = self.guards.config.mode
+        held = None
+        if done >= self.config.hang_restarts_in_place:
+            held = ("restart_cap_reached", f"{job} restarted in place {done} time(s): calling a person")
+        elif self.guards.breaker.is_open:
+            held = ("breaker_open", "circuit breaker open")
+        elif mode != "enforce":
+            held = (mode, f"{mode} mode: would restart {job} in place")
+        if held is not None:
+            self.decisions.append({**record, "outcome": held[0], "reason": held[1]})
+            log.warning("hang_restart_held", incident=incident.id, job=job, code=held[0], reason=held[1])
+            return
+        now = self._clock_ms()
+        self.jobs.mark_interrupted(job, now, f"{_RESTART_IN_PLACE} ({incident.id})")
+        result = await self._act(
+            f"job:{job}", "restart_in_place", incident.id, lambda: self.scheduler.requeue(job, [], []), job=job
+        )
+        resumed_from = rec.last_complete_step
+        self.jobs.mark_resumed(job, self._clock_ms(), resumed_from)
+        self.decisions.append({**record, "outcome": "ok" if result.ok else "failed", "reason": result.detail})
+        self.metrics.evictions.labels(incident.kind, "restart_in_place").inc()
+        log.warning(
+            "hang_restarted_in_place",
+            incident=incident.id,
+            job=job,
+            resumed_from_step=resumed_from,
+            restarts_in_place=done + 1,
+            detail=result.detail,
+        )
+
+    async def _carry_out(self, incident: Incident, decision: Decision, record: dict[str, Any]) -> None:
+        """The guards, then the action on ``decision.node`` (evict, cordon, with the follow-ups)."""
+        assert decision.node is not None
         if decision.evicts and not vocab.may_evict(incident.kind):  # belt and braces: policy and guards refuse too
             log.error("refused_eviction_for_network_incident", incident=incident.id, kind=incident.kind)
             return
@@ -416,6 +516,8 @@ class Healer:
                 result = await self.scheduler.drain(action.node, reason)
             elif action.kind == "cordon":
                 result = await self.scheduler.cordon(action.node, reason)
+            elif action.kind == "restart_in_place" and action.job:
+                result = await self.scheduler.requeue(action.job, [], [])
             elif action.kind == "requeue" and action.job:
                 spare = self._spare_of(action.node)
                 result = await self.scheduler.requeue(action.job, [action.node], [spare] if spare else [])

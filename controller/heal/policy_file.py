@@ -31,7 +31,7 @@ from starpulse.core.vocab import EVICTABLE_KINDS, SEVERITY_ORDER
 
 ACTIONS: tuple[str, ...] = ("alert_only", "cordon", "evict", "reset_gpu", "reboot", "rma")
 AGENT_COMMANDS: tuple[str, ...] = ("reset_gpu", "reboot")
-NEVER_EVICT_KINDS: frozenset[str] = frozenset({"switch_fault", "link_fault", "partition", "node_down"})
+NEVER_EVICT_KINDS: frozenset[str] = frozenset({"switch_fault", "link_fault", "path_fault", "partition", "node_down"})
 SEVERITIES: tuple[str, ...] = tuple(SEVERITY_ORDER)
 _TIME = ("time",)
 

@@ -108,7 +108,17 @@ LEGACY_STATES: dict[str, NodeHealState] = {
 }
 """The states a store written before the lifecycle names holds, and what each becomes."""
 
-ACTION_KINDS: tuple[str, ...] = ("cordon", "drain", "evict", "resume", "reboot", "reset_gpu", "requeue", "checkpoint")
+ACTION_KINDS: tuple[str, ...] = (
+    "cordon",
+    "drain",
+    "evict",
+    "resume",
+    "reboot",
+    "reset_gpu",
+    "requeue",
+    "checkpoint",
+    "restart_in_place",  # a hung job restarted where it runs (node: "job:<name>")
+)
 ACTION_STATUSES: tuple[str, ...] = ("planned", "done", "failed")
 
 

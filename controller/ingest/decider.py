@@ -7,7 +7,7 @@ processes (``controller.detect.shards.DetectShards``); the service picks one and
 to the ``TelemetryServicer``, which binds itself as the sink of every verdict. Either way
 a report comes back as one ``ReportResult`` and is recorded, acked or refused by one path.
 
-What every implementation keeps (tests/controller/test_decider_contract.py):
+What every implementation keeps (tests/controller/ingest/test_decider_contract.py):
 
 - Each report it takes gets exactly one verdict through the sink, during the call or
   later; a verdict names the node and its stream (``node.stream_token`` when handed over).

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
+from controller.ingest.validate import InvalidMessage
 from controller.metrics import ControllerMetrics
 from controller.stages import StageTracker
 from controller.store import Store, StoredNode
@@ -28,6 +30,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# The most an event's seq may run ahead of the node's stored position on one stream: events on a
+# stream are contiguous, and a buffer's overflow is settled at Hello (oldest_buffered_event_seq).
+MAX_SEQ_JUMP = 1_000_000
+# An agent stamp further than this from the controller's clock is flagged (logged with both
+# dates, counted, shown on the node page): its events' times cannot be compared with others'.
+MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
 PRESENCE_ROWS_PER_FLUSH = 250  # last-seen rows a sweep writes (state changes come on top)
 ONLINE = "online"
 UNREACHABLE = "unreachable"
@@ -53,6 +61,11 @@ class NodeRecord:
     commands: asyncio.Queue[spb.Command] = field(default_factory=asyncio.Queue)
     full_report_needed: bool = False  # ask the agent for a full report with the next ack
     boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
+    takeovers: int = 0  # foreign stream takeovers since the controller started (issue 32)
+    clock_skew_ms: int = 0  # agent's clock minus ours, when past MAX_CLOCK_SKEW_MS (0: within it)
+    connected_ms: int = 0  # when its current stream said Hello (probe results from before are not trusted)
+    probe_plan: spb.ProbePlan | None = None  # its part of the probe mesh, pushed on its stream
+    stream_wake: asyncio.Event | None = None  # wakes its stream's writer (a new probe plan)
 
     def to_stored(self) -> StoredNode:
         return StoredNode(
@@ -101,9 +114,13 @@ class NodeRegistry:
         last_seen_flush_s: float = 15.0,
         listeners: Sequence[IngestListener] = (),
         stages: StageTracker | None = None,
+        on_takeover: Callable[[NodeRecord, str, str], None] | None = None,
+        sweep_interval_s: float = 1.0,
     ) -> None:
         """``listeners``: who hears each recorded report, batch of events and presence change
-        (the decision core); ``stages``: the per-stage latency trace (events' received mark)."""
+        (the decision core); ``stages``: the per-stage latency trace (events' received mark);
+        ``sweep_interval_s``: how often ``sweep`` is meant to run (a longer gap is the
+        controller's own lag, not its nodes' silence)."""
         self.store = store
         self.metrics = metrics
         self.heartbeat_timeout_ms = int(heartbeat_timeout_s * 1000)
@@ -113,8 +130,13 @@ class NodeRegistry:
         self.nodes: dict[str, NodeRecord] = {}
         self.listeners: list[IngestListener] = list(listeners)
         self.stages = stages
+        self._on_takeover = on_takeover  # a foreign stream replaced a node's live one (the decision core)
         self._stream_counter = 0
         self._started_ms = clock.time_ms()
+        self._sweep_ms = int(sweep_interval_s * 1000)
+        self._last_sweep_ms: int | None = None
+        self._stalls: list[tuple[int, int]] = []  # (when the controller resumed, ms it had stood still)
+        self.lag_ms = 0  # the last sweep's lateness: the controller's own lag
         self._presence_dirty: set[str] = set()
         # Last-seen times are written at most this often (a state change at once): each is
         # only a restart's starting point, and writing every report's was ~5 % of a core at
@@ -176,16 +198,19 @@ class NodeRegistry:
             log.info("node_rebooted", node=node.node_id, old_boot=node.boot_id, new_boot=hello.boot_id)
         node.boot_id = hello.boot_id or node.boot_id
         if node.epoch != hello.buffer_epoch:
-            # A new buffer file on the agent: its sequence starts over, in a new epoch.
+            # A new buffer file on the agent: its sequence starts over, in a new epoch. Or an
+            # epoch seen before (the real agent back after another client claimed the node):
+            # it resumes where its events were stored, not at 0 (no false loss, no resend).
             log.info("node_new_buffer_epoch", node=node.node_id, old=node.epoch, new=hello.buffer_epoch)
             node.epoch = hello.buffer_epoch
-            node.acked_event_seq = 0
+            node.acked_event_seq = self.store.last_event_seq(node.node_id, hello.buffer_epoch)
         if hello.oldest_buffered_event_seq > node.acked_event_seq + 1:
             lost = hello.oldest_buffered_event_seq - node.acked_event_seq - 1
             log.warning("node_events_lost_in_agent", node=node.node_id, lost=lost)
             self.metrics.lost_events.inc(lost)
             node.acked_event_seq = hello.oldest_buffered_event_seq - 1
         node.last_seen_ms = now
+        node.connected_ms = now
         node.state = ONLINE
         self.presence_version += 1
         node.connected = True
@@ -195,6 +220,33 @@ class NodeRegistry:
         if old_state != ONLINE:
             self._notify_presence(node, old_state, ONLINE)
         return node
+
+    def _check_clock(self, node: NodeRecord, stamp_ms: int) -> None:
+        """Flag an agent whose stamps are far from our clock; log each change once, with dates."""
+        skew = stamp_ms - self._clock_ms()
+        skewed = abs(skew) > MAX_CLOCK_SKEW_MS
+        if skewed == (node.clock_skew_ms != 0):
+            if skewed:
+                node.clock_skew_ms = skew
+            return
+        node.clock_skew_ms = skew if skewed else 0
+        if skewed:
+            self.metrics.clock_skewed.inc()
+        else:
+            self.metrics.clock_skewed.dec()
+        log.warning(
+            "agent_clock_skewed" if skewed else "agent_clock_back_in_step",
+            node=node.node_id,
+            agent_time=_iso(stamp_ms),
+            controller_time=_iso(self._clock_ms()),
+            skew_s=round(skew / 1000, 1),
+        )
+
+    def taken_over(self, node: NodeRecord, old_peer: str, new_peer: str) -> None:
+        """A stream that is not the agent's own reconnect replaced ``node``'s live stream."""
+        node.takeovers += 1
+        if self._on_takeover is not None:
+            self._on_takeover(node, old_peer, new_peer)
 
     def disconnected(self, node: NodeRecord, token: int) -> None:
         if node.stream_token == token:
@@ -223,6 +275,8 @@ class NodeRegistry:
         if verdict.lldp is not None:
             node.lldp = verdict.lldp
         node.latest_report = verdict.report  # None with shards: the report stays in its shard
+        if verdict.timestamp_ms:
+            self._check_clock(node, verdict.timestamp_ms)
         for listener in self.listeners:
             try:
                 listener.on_report(node, verdict)
@@ -238,6 +292,12 @@ class NodeRegistry:
             if ev.seq <= acked:
                 self.metrics.duplicate_events.inc()
                 continue
+            if ev.seq > acked + MAX_SEQ_JUMP:
+                # Taken, every real event below it would read as a replay and be dropped: one
+                # forged number would silence the node's events for the rest of the epoch.
+                raise InvalidMessage(
+                    f"event seq {ev.seq} jumps {ev.seq - acked} past the last stored ({acked}; max jump {MAX_SEQ_JUMP})"
+                )
             if ev.seq > acked + 1:
                 lost = ev.seq - acked - 1
                 log.warning("event_gap", node=node.node_id, expected=acked + 1, got=ev.seq)
@@ -250,6 +310,8 @@ class NodeRegistry:
             for ev in fresh:
                 kind = tpb.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower()
                 self.stages.received(node.node_id, ev.seq, kind, ev.component, (ev.read_us, ev.buffered_us, ev.sent_us))
+        if fresh[-1].timestamp_ms:
+            self._check_clock(node, fresh[-1].timestamp_ms)
         self.store.insert_events(node.node_id, node.epoch, fresh, self._clock_ms(), acked)
         node.acked_event_seq = acked
         for ev in fresh:
@@ -270,11 +332,16 @@ class NodeRegistry:
         """
         now = self._clock_ms()
         changed: list[NodeRecord] = []
+        self._note_lag(now)
         cutoff = now - self.heartbeat_timeout_ms  # heard before this: silent too long
         if self._started_ms >= cutoff:
             return changed  # the controller itself has not run a whole timeout yet
         # Every second over every node: one comprehension, not a loop body per node.
         silent = [n for n in self.nodes.values() if n.last_seen_ms < cutoff and n.state == ONLINE]
+        if self._stalls and silent:
+            # Time the controller stood still is not the nodes' silence: their reports may be
+            # waiting, unread, in its own buffers.
+            silent = [n for n in silent if n.last_seen_ms + self._stalled_since(n.last_seen_ms) < cutoff]
         for node in silent:
             heard = max(node.last_seen_ms, self._started_ms)
             node.state = UNREACHABLE
@@ -285,6 +352,25 @@ class NodeRegistry:
             log.warning("node_unreachable", node=node.node_id, silent_s=round((now - heard) / 1000, 1))
             self._notify_presence(node, ONLINE, UNREACHABLE)
         return changed
+
+    def _note_lag(self, now: int) -> None:
+        """Measure how late this sweep runs; a stall (a starved process, a long pause) is remembered
+        for one heartbeat timeout, so nodes silent only while the controller was are not called down."""
+        if self._last_sweep_ms is not None:
+            late = now - self._last_sweep_ms - self._sweep_ms
+            self.lag_ms = max(0, late)
+            self.metrics.lag.set(self.lag_ms / 1000)
+            if late > max(self._sweep_ms, 1000):
+                self._stalls.append((now, late))
+                log.warning("controller_lagging", lag_s=round(late / 1000, 1))
+        self._last_sweep_ms = now
+        if self._stalls:
+            horizon = now - 2 * self.heartbeat_timeout_ms
+            self._stalls = [s for s in self._stalls if s[0] >= horizon]
+
+    def _stalled_since(self, since_ms: int) -> int:
+        """Milliseconds the controller stood still after ``since_ms``."""
+        return sum(lost for resumed, lost in self._stalls if resumed > since_ms)
 
     def flush_presence(self, force: bool = False) -> None:
         """Persist last-seen and state for nodes touched since the last flush, in one transaction.
@@ -323,6 +409,15 @@ class NodeRegistry:
 
     def _count_state(self, state: str) -> int:
         return sum(1 for node in self.nodes.values() if node.state == state)
+
+    def push_probe_plan(self, node_id: str, plan: spb.ProbePlan) -> None:
+        """The node's new part of the probe mesh: sent on its stream now, or when it connects."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        node.probe_plan = plan
+        if node.stream_wake is not None:
+            node.stream_wake.set()
 
     # -- commands --------------------------------------------------------------------
     def send_command(self, node_id: str, command: spb.Command) -> None:
@@ -366,3 +461,11 @@ class NodeRegistry:
         waiter = self._command_waiters.get(result.id)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
+
+
+def _iso(ms: int) -> str:
+    """A stamp with its date (UTC): a clock a day off reads as the same time of day otherwise."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms (not a date)"

@@ -23,6 +23,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from controller.ingest.decider import ReportDecider
+from controller.ingest.quota import IngestQuota
 from controller.ingest.ratelimit import TokenBucket
 from controller.ingest.registry import NodeRecord, NodeRegistry, UnknownNode
 from controller.ingest.validate import InvalidMessage, validate_event, validate_hello, validate_report
@@ -53,6 +54,21 @@ class StreamRejected(Exception):
         self.code = code
         self.reason = reason
         self.detail = detail
+
+
+@dataclass(eq=False, slots=True)
+class StreamClaim:
+    """A stream's claim to its node, made the moment its Hello is accepted (before any await,
+    so two Hellos arriving together cannot both miss each other): who it is, and how to end it."""
+
+    node: NodeRecord
+    task: asyncio.Task[Any]
+    reject: Callable[[grpc.StatusCode, str, str], None] | None  # a relayed stream's; None: cancel the task
+    epoch: str  # the Hello's buffer epoch and stream generation: an own reconnect or another agent
+    generation: int
+    boot_id: str
+    peer: str
+    replaced: StreamRejected | None = None  # a newer stream for the node took over: this one ends with it
 
 
 @dataclass(eq=False, slots=True)
@@ -125,6 +141,9 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         controller_id: str = "",
         identity_of: Any = None,
         report_ack_interval_s: float = 0.0,
+        silence_limit_s: float = 0.0,
+        not_nodes: frozenset[str] = frozenset(),
+        quota: IngestQuota | None = None,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
@@ -135,9 +154,16 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         self.report_interval_s = report_interval_s
         self.controller_id = controller_id
         self.report_ack_interval_s = report_ack_interval_s
+        # What the agent is told (Welcome.silence_limit_s): a stream that sent and heard nothing
+        # back this long is dead. Report acks are spaced report_ack_interval_s, so well above it.
+        self.silence_limit_s = silence_limit_s or max(30.0, 3 * report_ack_interval_s)
         # identity_of(context) -> node id the peer's certificate names, or None (no mTLS).
         self._identity_of = identity_of
-        self._active: dict[str, asyncio.Task[Any]] = {}
+        # Certificates whose role is not "node" (the CLI's admin certificate, a relay's own):
+        # refused on a telemetry stream even when the Hello names them (issue 32).
+        self._not_nodes = not_nodes
+        self.quota = quota  # what one node may store per minute (None: unbounded)
+        self._claims: dict[str, StreamClaim] = {}  # node -> the stream that holds it now
         self._streams: dict[str, OpenStream] = {}  # node -> its open stream (where verdicts are answered)
         # Awaited before every ack (HA: the events must be in etcd before the agent may forget them).
         self.before_ack: Callable[[], Awaitable[Any]] | None = None
@@ -161,47 +187,29 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
 
     async def serve(self, context: grpc.aio.ServicerContext, relayed: RelayedContext | None = None) -> None:
         """One agent stream, direct (``context`` is gRPC's) or relayed (both are the RelayedStream)."""
-        try:
-            first = await self._read(context)
-        except StreamRejected as bad:
-            await self._reject(context, bad.code, bad.reason, bad.detail)
+        hello = await self._read_hello(context)
+        if hello is None:
             return
-        if first is grpc.aio.EOF:
-            return
-        if first.WhichOneof("body") != "hello":
-            await self._reject(
-                context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello", "the first message must be Hello"
-            )
-            return
-        hello = first.hello
-        try:
-            validate_hello(hello)
-        except InvalidMessage as exc:
-            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_hello", str(exc))
-            return
-        if self._identity_of is not None:
-            identity = self._identity_of(context)
-            if identity != hello.node_id:
-                await self._reject(
-                    context,
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    "identity_mismatch",
-                    f"certificate names {identity!r}, hello claims {hello.node_id!r}",
-                )
-                return
         try:
             node = self.registry.register(hello)
         except UnknownNode as exc:
             await self._reject(context, grpc.StatusCode.NOT_FOUND, "unknown_node", str(exc))
             return
         token = node.stream_token
-        previous = self._active.get(node.node_id)
-        if previous is not None and not previous.done():
-            # A reconnect while the old stream is half-open: the new one wins.
-            previous.cancel()
         me = asyncio.current_task()
         assert me is not None
-        self._active[node.node_id] = me
+        claim = StreamClaim(
+            node,
+            me,
+            relayed.reject if relayed is not None else None,
+            epoch=hello.buffer_epoch,
+            generation=hello.stream_generation,
+            boot_id=hello.boot_id,
+            peer=context.peer(),
+        )
+        previous = self._claims.get(node.node_id)
+        foreign = previous is not None and previous.replaced is None and self._take_over(previous, claim)
+        self._claims[node.node_id] = claim
         await context.write(
             spb.ControllerMessage(
                 welcome=spb.Welcome(
@@ -210,12 +218,14 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     report_interval_s=self.report_interval_s,
                     controller_id=self.controller_id,
                     accepts_delta_reports=True,
+                    silence_limit_s=self.silence_limit_s,
+                    replaced_live_stream=foreign,
                 )
             )
         )
         self.metrics.streams.inc()
         log.info("agent_stream_open", node=node.node_id, acked_event_seq=node.acked_event_seq)
-        ack_needed = asyncio.Event()
+        ack_needed = self._writer_wake(node)
         writer = asyncio.create_task(self._write_loop(context, node, ack_needed))
         stream = OpenStream(
             node,
@@ -234,6 +244,11 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             await self._read_messages(context, stream)
         except StreamRejected as exc:
             rejected = exc
+        except asyncio.CancelledError:
+            if claim.replaced is None:
+                raise  # the controller is stopping
+            me.uncancel()  # cancelled by _take_over only to wake the read: end with its status
+            rejected = claim.replaced
         finally:
             if relayed is not None:
                 relayed.reports = None
@@ -242,13 +257,113 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             await asyncio.gather(writer, return_exceptions=True)
             self.metrics.streams.dec()
             self.registry.disconnected(node, token)
-            if self._active.get(node.node_id) is me:
-                del self._active[node.node_id]
+            if self._claims.get(node.node_id) is claim:
+                del self._claims[node.node_id]
             if self._streams.get(node.node_id) is stream:
                 del self._streams[node.node_id]
             log.info("agent_stream_closed", node=node.node_id)
         if rejected is not None:
             await self._reject(context, rejected.code, rejected.reason, rejected.detail)
+
+    async def _read_hello(self, context: grpc.aio.ServicerContext) -> spb.Hello | None:
+        """The stream's first message, a valid Hello from the node the certificate names; else
+        the stream is ended with its status and None comes back."""
+        try:
+            first = await self._read(context)
+        except StreamRejected as bad:
+            await self._reject(context, bad.code, bad.reason, bad.detail)
+            return None
+        if first is grpc.aio.EOF:
+            return None
+        if first.WhichOneof("body") != "hello":
+            await self._reject(
+                context, grpc.StatusCode.FAILED_PRECONDITION, "no_hello", "the first message must be Hello"
+            )
+            return None
+        hello: spb.Hello = first.hello
+        try:
+            validate_hello(hello)
+        except InvalidMessage as exc:
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "bad_hello", str(exc))
+            return None
+        if self._identity_of is not None:
+            identity = self._identity_of(context)
+            if identity in self._not_nodes:
+                await self._reject(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "role_mismatch",
+                    f"certificate {identity!r} is not a node's (an admin or relay certificate): it cannot open a"
+                    " telemetry stream as a node",
+                )
+                return None
+            if identity != hello.node_id:
+                await self._reject(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "identity_mismatch",
+                    f"certificate names {identity!r}, hello claims {hello.node_id!r}",
+                )
+                return None
+        return hello
+
+    def _take_over(self, previous: StreamClaim, new: StreamClaim) -> bool:
+        """A Hello for a node whose stream is open: the newest stream wins, the old one is told.
+
+        Who wins: always the newest. An agent whose own stream went half-open (its network
+        blinked, the controller has not noticed yet) must get back at once, and the controller
+        cannot tell a dead stream from a live one before its silence limit. The replaced stream
+        ends with ABORTED, which its agent acts on (reconnects after its backoff, by the shared
+        rule), so a real agent displaced by an imposter comes back and displaces it in turn: the
+        fight is seen (``agent_conflict``), never a silent orphan. An own reconnect (same buffer
+        epoch, a higher stream generation or a new boot) is routine; anything else is a second
+        claimant of the node's identity: logged as a security event and counted. Returns
+        whether it was foreign.
+        """
+        own = previous.epoch == new.epoch and (
+            new.generation == 0  # an agent older than stream generations
+            or previous.generation == 0
+            or new.generation > previous.generation
+            or new.boot_id not in ("", previous.boot_id)
+        )
+        node = previous.node
+        detail = (
+            f"node {node.node_id}: this stream was replaced by a newer stream for the same node"
+            f" from {new.peer}; reconnect if this agent is the node's own"
+        )
+        previous.replaced = StreamRejected(grpc.StatusCode.ABORTED, "replaced", detail)
+        if previous.reject is not None:  # relayed: wake its read with the status
+            previous.reject(grpc.StatusCode.ABORTED, "replaced", detail)
+        elif not previous.task.done():
+            previous.task.cancel()  # direct: its read is woken by the cancel and ends with the status
+        kind = "reconnect" if own else "foreign"
+        self.metrics.stream_takeovers.labels(kind).inc()
+        if own:
+            log.info("agent_stream_replaced_by_reconnect", node=node.node_id, old_peer=previous.peer, new_peer=new.peer)
+            return False
+        log.warning(
+            "agent_stream_takeover",
+            security=True,
+            node=node.node_id,
+            old_peer=previous.peer,
+            new_peer=new.peer,
+            old_epoch=previous.epoch,
+            new_epoch=new.epoch,
+            old_generation=previous.generation,
+            new_generation=new.generation,
+        )
+        self.registry.taken_over(node, previous.peer, new.peer)
+        return True
+
+    @staticmethod
+    def _writer_wake(node: NodeRecord) -> asyncio.Event:
+        """What wakes the stream's writer: a read to ack, a command, or a new probe plan (set
+        at once when the node has one: it goes out right after the Welcome)."""
+        wake = asyncio.Event()
+        node.stream_wake = wake
+        if node.probe_plan is not None:
+            wake.set()
+        return wake
 
     async def _read_messages(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
         node, bucket, decider = stream.node, stream.bucket, self.decider
@@ -289,8 +404,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                         await decider.room()
                     continue
                 if which == "event":
-                    validate_event(msg.event)
-                    self.registry.record_events(node, [msg.event])
+                    self._take_event(node, msg.event)
                 elif which == "command_result":
                     self.registry.touch(node)
                     self.registry.command_result(node, msg.command_result)
@@ -307,6 +421,15 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, "invalid_message", str(exc)) from None
             self.metrics.ingest_seconds.observe(time.perf_counter() - started)
             ack_needed.set()
+
+    def _take_event(self, node: NodeRecord, event: Any) -> None:
+        """One event: checked (InvalidMessage), charged to the node's write quota, then stored."""
+        validate_event(event)
+        if self.quota is not None:
+            over = self.quota.charge(node.node_id, 1, event.ByteSize())
+            if over is not None:
+                raise StreamRejected(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota", over)
+        self.registry.record_events(node, [event])
 
     def on_verdict(self, verdict: ReportResult) -> None:
         """A report was decided (here or in a shard): record it and ack it, or end its stream if invalid."""
@@ -368,6 +491,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         so an ack costs one Event wait, not two tasks and an asyncio.wait per message.
         """
         sent = (-1, -1)
+        plan_sent = 0
 
         def next_command() -> asyncio.Future[spb.Command]:
             fut = asyncio.ensure_future(node.commands.get())
@@ -383,6 +507,10 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     self.metrics.command_queue.dec()
                     await context.write(spb.ControllerMessage(command=command_wait.result()))
                     command_wait = next_command()
+                plan = node.probe_plan
+                if plan is not None and plan.version != plan_sent:
+                    await context.write(spb.ControllerMessage(probe_plan=plan))
+                    plan_sent = plan.version
                 current = (node.acked_event_seq, node.acked_report_seq)
                 if current != sent or node.full_report_needed:
                     if self.before_ack is not None:
@@ -395,3 +523,5 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
                     sent = current
         finally:
             command_wait.cancel()
+            if node.stream_wake is wake:
+                node.stream_wake = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from operator import attrgetter
 
+from starpulse.core.eventlimits import SQLITE_INT_MAX, event_problem
+from starpulse.core.joblimits import MAX_CHECKPOINT_PATH, MAX_JOB_NAME, job_name_problem, step_time_problem
 from starpulse.core.names import InvalidName, validate_node_id
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -45,6 +47,9 @@ def validate_hello(hello: spb.Hello) -> None:
         raise InvalidMessage("inventory too large")
     if len(hello.buffer_epoch) > MAX_NAME:
         raise InvalidMessage("hello.buffer_epoch too long")
+    for name in ("next_event_seq", "oldest_buffered_event_seq"):
+        if getattr(hello, name) > SQLITE_INT_MAX:
+            raise InvalidMessage(f"hello.{name} {getattr(hello, name)} is past the largest storable ({SQLITE_INT_MAX})")
 
 
 def validate_report(report: tpb.Report) -> None:
@@ -55,6 +60,8 @@ def validate_report(report: tpb.Report) -> None:
     """
     if report.seq == 0:
         raise InvalidMessage("report.seq must start at 1")
+    if report.seq > SQLITE_INT_MAX:
+        raise InvalidMessage(f"report.seq {report.seq} is past the largest storable ({SQLITE_INT_MAX})")
     gpus = report.gpus
     nics = report.nics
     if len(gpus) > MAX_GPUS:
@@ -81,9 +88,21 @@ def validate_report(report: tpb.Report) -> None:
         if not isfinite(rate):
             raise InvalidMessage(f"nic {nic.rdma_device}.rate_gbps is not a finite number ({rate})")
     for step in report.job_steps:
-        _finite(f"job_steps[{step.job}].step_time_s", step.step_time_s)
-        if len(step.job) > MAX_NAME:
-            raise InvalidMessage("job name too long")
+        _job_step(step)
+
+
+def _job_step(step: tpb.JobStepSample) -> None:
+    """The limits the agent's job socket applies too (starpulse.core.joblimits): one definition."""
+    problem = job_name_problem(step.job)
+    if problem is not None:
+        raise InvalidMessage(f"job_steps[{step.job[:MAX_JOB_NAME]!r}].job {problem}")
+    problem = step_time_problem(step.step_time_s)
+    if problem is None and len(step.checkpoint_path) > MAX_CHECKPOINT_PATH:
+        problem = f"checkpoint_path is longer than {MAX_CHECKPOINT_PATH} characters"
+    elif problem is not None:
+        problem = f"step_time_s {problem}"
+    if problem is not None:
+        raise InvalidMessage(f"job_steps[{step.job}/{step.rank}].{problem}")
 
 
 def validate_event(event: tpb.Event) -> None:
@@ -93,7 +112,6 @@ def validate_event(event: tpb.Event) -> None:
         raise InvalidMessage(f"event {event.seq} has unknown kind {event.kind}")
     if event.severity not in tpb.Severity.values() or event.severity == tpb.SEVERITY_UNSPECIFIED:
         raise InvalidMessage(f"event {event.seq} has unknown severity {event.severity}")
-    if len(event.component) > MAX_NAME or len(event.message) > MAX_TEXT:
-        raise InvalidMessage(f"event {event.seq} has an oversize component or message")
-    if len(event.attributes) > 64:
-        raise InvalidMessage(f"event {event.seq} has too many attributes")
+    problem = event_problem(event)  # the limits the agent's buffer fits events to (one definition)
+    if problem is not None:
+        raise InvalidMessage(problem)

@@ -30,6 +30,8 @@ class ReportResult:
     signals: dict[str, float] = field(default_factory=dict)  # fail-slow signals ({}: not sampled)
     job: str | None = None  # the job the node's ranks named (fail-slow peer group)
     job_steps: Sequence[tpb.JobStepSample] = ()  # what the JobRegistry reads
+    # job -> (lowest GPU utilisation %, highest power / limit) of its GPUs here (controller.detect.gpu_jobs)
+    job_gpus: dict[str, tuple[float, float]] = field(default_factory=dict)
     lldp: list[ipb.LldpNeighbor] | None = None  # the node's new LLDP neighbours, when the report carried them
     gpus: int = 0
     nics: int = 0
@@ -37,6 +39,9 @@ class ReportResult:
     # The report itself where it was decided in this process (the node's latest_report);
     # None from a shard, where the report stays.
     report: tpb.Report | None = None
+    # The report's probe results decoded where it was decided (controller.detect.probes.ProbeObs
+    # tuples), for the one place that holds the whole fabric: the probe localiser.
+    probes: list[tuple[str, str, str, int, int, float, float, bool]] = field(default_factory=list)
 
     def to_wire(self) -> tuple[Any, ...]:
         """The verdict as a plain tuple of its fields, in order, for the shard wire.

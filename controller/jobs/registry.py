@@ -104,6 +104,9 @@ class RankRecord:
     world_size: int = 0
     updated_ms: int = 0
     resumed_from_step: int = 0  # what this run of the rank says it resumed from (in memory only)
+    phase: str = ""  # what the rank says it does (starpulse.job phases; in memory only)
+    phase_since_ms: int = 0  # agent wall clock when it entered the phase
+    moved_ms: int = 0  # controller clock when its step last changed (in memory only)
 
 
 @dataclass
@@ -211,7 +214,24 @@ class JobRecord:
             "resumed_from_step": self.resumed_from_step,
             "resumed_from_checkpoint": last.resumed_from_checkpoint if last else None,
             "ranks": {r.rank: r.node for r in sorted(self.ranks.values(), key=lambda r: r.rank)},
+            "phase": self.phase,
+            "since_step_s": self.since_step_s,
         }
+
+    @property
+    def phase(self) -> str:
+        """What the job does: a phase other than training any rank is in (its peers wait on it), else training."""
+        phases = {r.phase for r in self.ranks.values() if r.phase}
+        for p in ("checkpointing", "evaluating", "starting"):
+            if p in phases:
+                return p
+        return "training" if phases or self.ranks else ""
+
+    @property
+    def since_step_s(self) -> float | None:
+        """Seconds since any rank's step last changed, as the controller saw it; None: no rank."""
+        moved = [r.moved_ms for r in self.ranks.values() if r.moved_ms]
+        return round((self.now_ms - max(moved)) / 1000.0, 1) if moved and self.now_ms else None
 
 
 class JobRegistry:
@@ -416,6 +436,9 @@ class JobRegistry:
                 world_size=s.world_size,
                 updated_ms=now,
                 resumed_from_step=s.resumed_from_step,
+                phase=s.phase,
+                phase_since_ms=s.phase_since_ms,
+                moved_ms=now if old is None or old.step != s.step else old.moved_ms,
             )
             self._note_progress(rec, old, new, now, dirty_restarts, dirty_jobs)
             rec.ranks[s.rank] = new
@@ -590,6 +613,11 @@ class JobRegistry:
             history=[replace(h) for h in rec.history],
             now_ms=self._clock_ms(),
         )
+
+    def live(self) -> list[JobRecord]:
+        """The registry's own records, not copies: for readers on this floor and above that only
+        read (hang detection looks at every rank every few seconds; copying 80,000 would cost more)."""
+        return list(self._jobs.values())
 
     def jobs(self) -> list[JobRecord]:
         return [self._snapshot(self._jobs[name]) for name in sorted(self._jobs)]

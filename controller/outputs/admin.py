@@ -80,7 +80,7 @@ def check_actor(actor: str) -> str:
     name = (actor or "").strip()
     if not name:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "an actor is required: the name of the person acting")
-    if not _ACTOR.match(name):
+    if not _ACTOR.fullmatch(name):
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid actor {name[:64]!r}: 1-64 printable characters")
     if not is_human(name):
         raise Refused(
@@ -271,7 +271,7 @@ class AdminServicer(sgrpc.AdminServicer):
         healer = self._healer()
         actor = check_actor(request.actor)
         incident_id = request.incident_id.strip()
-        if not _INCIDENT_ID.match(incident_id):
+        if not _INCIDENT_ID.fullmatch(incident_id):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid incident id {incident_id[:128]!r}")
         node = check_node(request.node) if request.node else None
         try:

@@ -21,6 +21,7 @@ import html
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from yarl import URL
 
 from starpulse.core.auth import HttpAuthConfig, token_matches
 from starpulse.core.tls import node_id_from_peercert
@@ -68,6 +69,16 @@ def _certificate_ok(config: HttpAuthConfig, request: web.Request) -> bool:
     return node_id_from_peercert(cert) in config.cert_names
 
 
+def same_origin_location(url: URL) -> str:
+    """Where to send the browser after a ``?token=`` sign-in: the same path without the token,
+    and always on this origin. A path that begins with several slashes or a backslash
+    (``GET ////evil.example/x?token=...``) would otherwise be read as another host's address."""
+    path = "/" + url.raw_path.lstrip("/\\")
+    query = [(k, v) for k, v in url.query.items() if k != "token"]
+    target = URL(path, encoded=True).with_query(query)
+    return str(target)
+
+
 def needs_credential(config: HttpAuthConfig, path: str) -> bool:
     """Whether a request for ``path`` must carry a credential under ``config``."""
     if path in ALWAYS_OPEN:
@@ -92,8 +103,9 @@ def auth_middleware(config: HttpAuthConfig, secure_cookie: bool) -> Middleware:
             if not tokens or not token_matches(query_token, tokens):
                 log.warning("http_auth_refused", path=request.path, how="query", peer=request.remote)
                 return _refusal(request, 403, "That token is not valid")
-            target = request.rel_url.with_query([(k, v) for k, v in request.query.items() if k != "token"])
-            response = web.Response(status=303, headers={"Location": str(target), "Cache-Control": "no-store"})
+            response = web.Response(
+                status=303, headers={"Location": same_origin_location(request.rel_url), "Cache-Control": "no-store"}
+            )
             response.set_cookie(COOKIE, query_token, httponly=True, secure=secure_cookie, samesite="Strict", path="/")
             return response
         presented = _bearer(request)

@@ -82,7 +82,9 @@ def incident_detail(queries: Queries, incident: Incident, message: str = "") -> 
 def topology_response(view: TopologyView) -> spb.TopologyResponse:
     report = view.report
     return spb.TopologyResponse(
-        summary_json=json.dumps(dict(view.summary), sort_keys=True),
+        summary_json=json.dumps(
+            {**view.summary, **({"probe_worst": list(view.probe_worst)} if view.probe_worst else {})}, sort_keys=True
+        ),
         miswired=[m.message for m in report.miswired],
         unknown_devices=[f"{u.name} (seen by {u.seen_by} {u.local})".strip() for u in report.unknown],
         missing_links=[m.message for m in report.missing],

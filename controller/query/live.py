@@ -40,7 +40,14 @@ class LiveQueries(StoreQueries):
     def topology(self) -> TopologyView | None:
         fabric = self._detection.fabric
         tracker = self._detection.topology
-        return TopologyView(fabric.summary() if fabric is not None else {}, tracker.report, tracker.nodes_reporting)
+        probes = self._detection.probes
+        return TopologyView(
+            fabric.summary() if fabric is not None else {},
+            tracker.report,
+            tracker.nodes_reporting,
+            probe_worst=tuple(probes.worst()) if probes is not None else (),
+            probe_health=probes.health if probes is not None else {},
+        )
 
     def jobs(self) -> list[JobRecord] | None:
         return self._jobs.jobs() if self._jobs is not None else None

@@ -7,7 +7,7 @@ SQLite, and a test may answer from a list.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.detect.model import Incident
@@ -28,6 +28,10 @@ class TopologyView:
     summary: Mapping[str, Any]  # the declared fabric's counts; {} without one
     report: ReconcileReport
     nodes_reporting_lldp: int
+    # The probe mesh's worst probed links and switches over its last window, worst first (issue 29):
+    # {"component", "kind", "sent", "lost", "loss", "p99_us"}; () where probing is off.
+    probe_worst: tuple[Mapping[str, Any], ...] = ()
+    probe_health: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # every probed component
 
 
 class Queries(Protocol):

@@ -55,6 +55,7 @@ from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app.cli.progress import status
 from starpulse.app.demo_faults import FAULT_EVERY_S, FaultPacer, ScriptedFault
 from starpulse.app.demo_training import TRAIN_PY, DemoTraining
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.findings import event_kind_name, severity_name
 from starpulse.core.logs import configure_logging
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -275,7 +276,8 @@ async def _demo(
                 guards=demo_guards(len(fabric.nodes())),
                 heal=HealConfig(checkpoint_timeout_s=3.0, repair_poke_s=2.0),
             ),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     printer = DemoPrinter(t0)
     controller.registry.listeners.append(printer)

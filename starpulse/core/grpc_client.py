@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from starpulse.core.clock import SYSTEM_CLOCK, Clock
+from starpulse.core.clock import Clock
 
 log = structlog.get_logger(__name__)
 
@@ -126,7 +126,8 @@ class Reconnector:
         targets: Sequence[str],
         backoff: Backoff | None = None,
         seed: int | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        *,
+        clock: Clock,
         name: str = "agent",
     ) -> None:
         if not targets:

@@ -17,7 +17,7 @@ class InvalidName(ValueError):
 
 def validate_node_id(node_id: str) -> str:
     """Return node_id when it is a safe host-like name (letters, digits, . _ -; ≤ 63 chars)."""
-    if not _NODE_ID.match(node_id or ""):
+    if not _NODE_ID.fullmatch(node_id or ""):
         raise InvalidName(
             f"invalid node id {node_id!r}: use 1-63 letters, digits, '.', '_' or '-', starting alphanumeric"
         )

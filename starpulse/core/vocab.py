@@ -76,13 +76,20 @@ INCIDENT_KINDS: Final[tuple[str, ...]] = (
     "straggler",
     "switch_fault",
     "link_fault",
+    "path_fault",  # loss or delay that probes see but cannot pin to one component yet (issue 29)
     "partition",
     "node_down",
+    "agent_conflict",  # two live agents claim one node (issue 32): whose telemetry is it?
+    "job_hang",  # a job whose steps stopped (controller.jobs.hang); its suspects, if named, in the evidence
     "other",
 )
 # Only these may name a node to evict. Switch, link, partition and node_down incidents are the
 # fabric's or unknown: evicting their nodes would punish healthy machines for the network.
-EVICTABLE_KINDS: Final[frozenset[str]] = frozenset({"gpu_fault", "node_fault", "nic_fault", "straggler", "host_fault"})
+# A job_hang names a node only when its ranks' stacks or steps single one out (the healer's hang
+# path, controller.heal.healer); without one it restarts the job in place and evicts nobody.
+EVICTABLE_KINDS: Final[frozenset[str]] = frozenset(
+    {"gpu_fault", "node_fault", "nic_fault", "straggler", "host_fault", "job_hang"}
+)
 
 
 def may_evict(kind: str) -> bool:
@@ -102,7 +109,7 @@ def canonical_pci(bus_id: str) -> str:
     """Linux's "dddd:bb:dd.f" form of any bus id (lower case, 4-digit domain); unparsable
     text comes back stripped and lower-cased, so it can still be shown and compared."""
     text = bus_id.strip().lower().removeprefix("pci:")
-    m = _PCI_RE.match(text)
+    m = _PCI_RE.fullmatch(text)
     if m is None:
         return text
     domain, bus, device, function = m.groups()
@@ -113,7 +120,7 @@ def pci_key(bus_id: str) -> str:
     """The "dddd:bb:dd" key that matches a device however it was written: the kernel log
     names a GPU without its function, so the function is left out."""
     text = bus_id.strip().lower().removeprefix("pci:")
-    m = _PCI_RE.match(text)
+    m = _PCI_RE.fullmatch(text)
     if m is None:
         return text
     domain, bus, device, _function = m.groups()

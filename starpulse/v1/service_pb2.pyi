@@ -16,14 +16,16 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_RUN_DIAGNOSTIC: _ClassVar[CommandKind]
     COMMAND_KIND_GPU_RESET: _ClassVar[CommandKind]
     COMMAND_KIND_REBOOT: _ClassVar[CommandKind]
+    COMMAND_KIND_COLLECT_STACKS: _ClassVar[CommandKind]
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_CHECKPOINT_REQUEST: CommandKind
 COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
 COMMAND_KIND_GPU_RESET: CommandKind
 COMMAND_KIND_REBOOT: CommandKind
+COMMAND_KIND_COLLECT_STACKS: CommandKind
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "boot_id")
+    __slots__ = ("node_id", "role", "inventory", "agent_version", "buffer_epoch", "oldest_buffered_event_seq", "next_event_seq", "stream_generation", "boot_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +33,7 @@ class Hello(_message.Message):
     BUFFER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     OLDEST_BUFFERED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     NEXT_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    STREAM_GENERATION_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: _inventory_pb2.NodeRole
@@ -39,8 +42,9 @@ class Hello(_message.Message):
     buffer_epoch: str
     oldest_buffered_event_seq: int
     next_event_seq: int
+    stream_generation: int
     boot_id: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_inventory_pb2.NodeRole, str]] = ..., inventory: _Optional[_Union[_inventory_pb2.Inventory, _Mapping]] = ..., agent_version: _Optional[str] = ..., buffer_epoch: _Optional[str] = ..., oldest_buffered_event_seq: _Optional[int] = ..., next_event_seq: _Optional[int] = ..., stream_generation: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "event", "command_result")
@@ -55,18 +59,22 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[_telemetry_pb2.Report, _Mapping]] = ..., event: _Optional[_Union[_telemetry_pb2.Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("acked_event_seq", "acked_report_seq", "report_interval_s", "controller_id", "accepts_delta_reports")
+    __slots__ = ("acked_event_seq", "acked_report_seq", "report_interval_s", "controller_id", "accepts_delta_reports", "silence_limit_s", "replaced_live_stream")
     ACKED_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     ACKED_REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_DELTA_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    SILENCE_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_LIVE_STREAM_FIELD_NUMBER: _ClassVar[int]
     acked_event_seq: int
     acked_report_seq: int
     report_interval_s: float
     controller_id: str
     accepts_delta_reports: bool
-    def __init__(self, acked_event_seq: _Optional[int] = ..., acked_report_seq: _Optional[int] = ..., report_interval_s: _Optional[float] = ..., controller_id: _Optional[str] = ..., accepts_delta_reports: _Optional[bool] = ...) -> None: ...
+    silence_limit_s: float
+    replaced_live_stream: bool
+    def __init__(self, acked_event_seq: _Optional[int] = ..., acked_report_seq: _Optional[int] = ..., report_interval_s: _Optional[float] = ..., controller_id: _Optional[str] = ..., accepts_delta_reports: _Optional[bool] = ..., silence_limit_s: _Optional[float] = ..., replaced_live_stream: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("event_seq", "report_seq", "full_report_needed")
@@ -96,24 +104,77 @@ class Command(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("id", "ok", "message")
+    __slots__ = ("id", "ok", "message", "payload_json")
     ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     ok: bool
     message: str
-    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    payload_json: str
+    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., payload_json: _Optional[str] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
-    __slots__ = ("welcome", "ack", "command")
+    __slots__ = ("welcome", "ack", "command", "probe_plan")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PLAN_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     ack: Ack
     command: Command
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+    probe_plan: ProbePlan
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., probe_plan: _Optional[_Union[ProbePlan, _Mapping]] = ...) -> None: ...
+
+class ProbePlan(_message.Message):
+    __slots__ = ("version", "paused", "targets", "listen", "port", "dscp", "payload_bytes", "timeout_ms", "window_s", "slow_us")
+    class ListenEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    DSCP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    SLOW_US_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    paused: bool
+    targets: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
+    listen: _containers.ScalarMap[str, str]
+    port: int
+    dscp: int
+    payload_bytes: int
+    timeout_ms: int
+    window_s: int
+    slow_us: float
+    def __init__(self, version: _Optional[int] = ..., paused: _Optional[bool] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., listen: _Optional[_Mapping[str, str]] = ..., port: _Optional[int] = ..., dscp: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., window_s: _Optional[int] = ..., slow_us: _Optional[float] = ...) -> None: ...
+
+class ProbeTarget(_message.Message):
+    __slots__ = ("local_nic", "local_address", "peer_nic", "peer_address", "src_ports", "packets_per_s", "purpose")
+    LOCAL_NIC_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PEER_NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SRC_PORTS_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    local_nic: str
+    local_address: str
+    peer_nic: str
+    peer_address: str
+    src_ports: _containers.RepeatedScalarFieldContainer[int]
+    packets_per_s: float
+    purpose: str
+    def __init__(self, local_nic: _Optional[str] = ..., local_address: _Optional[str] = ..., peer_nic: _Optional[str] = ..., peer_address: _Optional[str] = ..., src_ports: _Optional[_Iterable[int]] = ..., packets_per_s: _Optional[float] = ..., purpose: _Optional[str] = ...) -> None: ...
 
 class RelayHello(_message.Message):
     __slots__ = ("relay_id", "version")

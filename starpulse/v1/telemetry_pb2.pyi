@@ -29,6 +29,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_AGENT: _ClassVar[EventKind]
     EVENT_KIND_THERMAL_SLOWDOWN: _ClassVar[EventKind]
     EVENT_KIND_ACCEL_FAULT: _ClassVar[EventKind]
+    EVENT_KIND_BUFFER_RESET: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +57,7 @@ EVENT_KIND_KERNEL: EventKind
 EVENT_KIND_AGENT: EventKind
 EVENT_KIND_THERMAL_SLOWDOWN: EventKind
 EVENT_KIND_ACCEL_FAULT: EventKind
+EVENT_KIND_BUFFER_RESET: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity
@@ -344,7 +346,7 @@ class CollectorStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., supported: _Optional[bool] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., duration_s: _Optional[float] = ...) -> None: ...
 
 class JobStepSample(_message.Message):
-    __slots__ = ("job", "rank", "step", "step_time_s", "last_checkpoint_step", "checkpoint_path", "last_checkpoint_ms", "pid", "world_size", "resumed_from_step")
+    __slots__ = ("job", "rank", "step", "step_time_s", "last_checkpoint_step", "checkpoint_path", "last_checkpoint_ms", "pid", "world_size", "resumed_from_step", "phase", "phase_since_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +357,8 @@ class JobStepSample(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     step: int
@@ -365,10 +369,26 @@ class JobStepSample(_message.Message):
     pid: int
     world_size: int
     resumed_from_step: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., last_checkpoint_ms: _Optional[int] = ..., pid: _Optional[int] = ..., world_size: _Optional[int] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
+    phase: str
+    phase_since_ms: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., checkpoint_path: _Optional[str] = ..., last_checkpoint_ms: _Optional[int] = ..., pid: _Optional[int] = ..., world_size: _Optional[int] = ..., resumed_from_step: _Optional[int] = ..., phase: _Optional[str] = ..., phase_since_ms: _Optional[int] = ...) -> None: ...
+
+class GpuProcess(_message.Message):
+    __slots__ = ("gpu_index", "pid", "used_memory_bytes", "job", "job_source")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    JOB_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    pid: int
+    used_memory_bytes: int
+    job: str
+    job_source: str
+    def __init__(self, gpu_index: _Optional[int] = ..., pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., job: _Optional[str] = ..., job_source: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta")
+    __slots__ = ("seq", "timestamp_ms", "gpus", "nics", "host", "switch_ports", "collectors", "job_steps", "lldp", "counters_delta", "gpu_processes", "probe_results")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +399,8 @@ class Report(_message.Message):
     JOB_STEPS_FIELD_NUMBER: _ClassVar[int]
     LLDP_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_DELTA_FIELD_NUMBER: _ClassVar[int]
+    GPU_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    PROBE_RESULTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp_ms: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
@@ -389,7 +411,39 @@ class Report(_message.Message):
     job_steps: _containers.RepeatedCompositeFieldContainer[JobStepSample]
     lldp: LldpUpdate
     counters_delta: bool
-    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ...) -> None: ...
+    gpu_processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
+    probe_results: _containers.RepeatedCompositeFieldContainer[ProbeResult]
+    def __init__(self, seq: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicSample, _Mapping]]] = ..., host: _Optional[_Union[HostSample, _Mapping]] = ..., switch_ports: _Optional[_Iterable[_Union[SwitchPortSample, _Mapping]]] = ..., collectors: _Optional[_Iterable[_Union[CollectorStatus, _Mapping]]] = ..., job_steps: _Optional[_Iterable[_Union[JobStepSample, _Mapping]]] = ..., lldp: _Optional[_Union[LldpUpdate, _Mapping]] = ..., counters_delta: _Optional[bool] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probe_results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ...) -> None: ...
+
+class ProbeResult(_message.Message):
+    __slots__ = ("local_nic", "peer_nic", "src_port", "sent", "lost", "rtt_p50_us", "rtt_p99_us", "rtt_stdev_us", "responder_us", "plan_version", "window_ms", "via", "peer_restarted")
+    LOCAL_NIC_FIELD_NUMBER: _ClassVar[int]
+    PEER_NIC_FIELD_NUMBER: _ClassVar[int]
+    SRC_PORT_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_US_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_US_FIELD_NUMBER: _ClassVar[int]
+    RTT_STDEV_US_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_US_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    PEER_RESTARTED_FIELD_NUMBER: _ClassVar[int]
+    local_nic: str
+    peer_nic: str
+    src_port: int
+    sent: int
+    lost: int
+    rtt_p50_us: float
+    rtt_p99_us: float
+    rtt_stdev_us: float
+    responder_us: float
+    plan_version: int
+    window_ms: int
+    via: str
+    peer_restarted: bool
+    def __init__(self, local_nic: _Optional[str] = ..., peer_nic: _Optional[str] = ..., src_port: _Optional[int] = ..., sent: _Optional[int] = ..., lost: _Optional[int] = ..., rtt_p50_us: _Optional[float] = ..., rtt_p99_us: _Optional[float] = ..., rtt_stdev_us: _Optional[float] = ..., responder_us: _Optional[float] = ..., plan_version: _Optional[int] = ..., window_ms: _Optional[int] = ..., via: _Optional[str] = ..., peer_restarted: _Optional[bool] = ...) -> None: ...
 
 class LldpUpdate(_message.Message):
     __slots__ = ("neighbors",)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.jobs import JobCollector, JobGateway
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.job import StarpulseJob
 from starpulse.v1 import telemetry_pb2 as tpb
 from tests.helpers import wait_for
@@ -244,7 +245,8 @@ async def test_end_to_end_controller_registry_and_checkpoint_command(short_dir: 
     ctl = Controller(
         ControllerConfig(
             listen=f"127.0.0.1:{port}", http="127.0.0.1:0", db_path=tmp_path / "controller.db", sweep_interval_s=0.2
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     registry = JobRegistry(ctl.store.connection, ctl.clock)
@@ -306,3 +308,24 @@ async def test_end_to_end_controller_registry_and_checkpoint_command(short_dir: 
         stop.set()
         await task
         await ctl.stop()
+
+
+async def test_phases_reach_the_report_and_a_restarted_agent_keeps_the_step(short_dir: Path) -> None:
+    gw = JobGateway(str(short_dir / "p.sock"), stale_after_s=3600, alive=lambda pid: True)
+    gw.handle({"op": "register", "job": "j", "rank": 0, "pid": 111, "world_size": 1})
+    [state] = gw.ranks()
+    assert state.phase == "starting" and state.phase_since_ms > 0
+    gw.handle({"op": "step", "job": "j", "rank": 0, "step": 1, "step_time_s": 0.5})
+    assert gw.ranks()[0].phase == "training"  # a step means training; the library sends no phase for it
+    gw.handle({"op": "phase", "job": "j", "rank": 0, "phase": "checkpointing", "step": 1})
+    gw.handle({"op": "phase", "job": "j", "rank": 0, "phase": "napping", "step": 1})  # not a phase: ignored
+    report = tpb.Report()
+    JobCollector(gw).collect(report)
+    [sample] = report.job_steps
+    assert (sample.phase, sample.step) == ("checkpointing", 1) and sample.phase_since_ms > 0
+    # A new agent (empty gateway) hears the rank re-register with where it is, not step 0.
+    fresh = JobGateway(str(short_dir / "q.sock"), stale_after_s=3600, alive=lambda pid: True)
+    fresh.handle(
+        {"op": "register", "job": "j", "rank": 0, "pid": 111, "world_size": 1, "phase": "training", "step": 41}
+    )
+    assert (fresh.ranks()[0].step, fresh.ranks()[0].phase) == (41, "training")

@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 
 from controller.metrics import ControllerMetrics
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.vocab import EVICTABLE_KINDS
 from tests.helpers import free_port
 from tests.support.metrics import controller_exposition, find, one, promtool_check, samples
@@ -49,7 +50,10 @@ class TestControllerSeries:
 
 
 async def test_http_metrics_route_serves_new_series(tmp_path: Path) -> None:
-    ctl = Controller(ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"))
+    ctl = Controller(
+        ControllerConfig(listen=f"127.0.0.1:{free_port()}", http="127.0.0.1:0", db_path=tmp_path / "c.db"),
+        clock=SYSTEM_CLOCK,
+    )
     await ctl.start()
     try:
         url = f"http://127.0.0.1:{ctl.http_port}/metrics"

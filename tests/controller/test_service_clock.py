@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from controller.detect.correlate import CorrelationConfig
 from controller.detect.pipeline import DetectionConfig
 from controller.fabric import generate_fabric
@@ -24,7 +26,7 @@ def test_the_service_hands_one_clock_to_every_part(tmp_path: Path) -> None:
         ControllerConfig(
             db_path=tmp_path / "c.db", fabric=fabric, heal=HealSettings(scheduler=SimScheduler([*fabric.nodes()]))
         ),
-        clock,
+        clock=clock,
     )
     try:
         healer = ctl.healer
@@ -54,8 +56,11 @@ def test_the_service_hands_one_clock_to_every_part(tmp_path: Path) -> None:
         ctl.store.close()
 
 
-def test_without_a_clock_the_service_runs_on_the_system_clock(tmp_path: Path) -> None:
-    ctl = Controller(ControllerConfig(db_path=tmp_path / "c.db"))
+def test_the_clock_is_required_and_the_system_clock_reaches_every_part(tmp_path: Path) -> None:
+    """No default clock: a caller that forgets it fails at once instead of running on real time unnoticed."""
+    with pytest.raises(TypeError, match="clock"):
+        Controller(ControllerConfig(db_path=tmp_path / "none.db"))  # type: ignore[call-arg]
+    ctl = Controller(ControllerConfig(db_path=tmp_path / "c.db"), clock=SYSTEM_CLOCK)
     try:
         assert ctl.clock is SYSTEM_CLOCK
         assert ctl.registry.clock is ctl.detection.correlator.clock is ctl.notifier.clock is SYSTEM_CLOCK
@@ -78,7 +83,7 @@ async def test_a_silent_node_becomes_an_incident_on_the_fake_clock_alone(tmp_pat
         heartbeat_timeout_s=15.0,
         detection=DetectionConfig(correlation=CorrelationConfig(settle_s=2.0)),
     )
-    ctl = Controller(config, clock)
+    ctl = Controller(config, clock=clock)
     nodes = [
         ctl.registry.register(spb.Hello(node_id=f"node-{i:03d}", role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
         for i in range(10)

@@ -19,7 +19,7 @@ import pytest
 from agent.transport.buffer import EventBuffer
 from agent.transport.link import ControllerLink
 from relay.upstream import Upstream
-from starpulse.core.clock import FakeClock
+from starpulse.core.clock import SYSTEM_CLOCK, FakeClock
 from starpulse.core.grpc_client import (
     FAIL_OVER_CODES,
     LEADER_METADATA_KEY,
@@ -84,36 +84,36 @@ class TestReconnectorMoves:
     """Where the next session goes after each kind of failure."""
 
     def test_next_walks_the_list_round(self) -> None:
-        r = Reconnector(["a", "b"], seed=1)
+        r = Reconnector(["a", "b"], seed=1, clock=SYSTEM_CLOCK)
         r.failed("a", rpc_error(grpc.StatusCode.UNAVAILABLE))
         assert r.target == "b"
         r.failed("b", rpc_error(grpc.StatusCode.UNAVAILABLE))
         assert r.target == "a"
 
     def test_same_stays(self) -> None:
-        r = Reconnector(["a", "b"], seed=1)
+        r = Reconnector(["a", "b"], seed=1, clock=SYSTEM_CLOCK)
         assert r.failed("a", rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED)) is Move.SAME
         assert r.target == "a"
 
     def test_a_named_leader_not_in_the_list_is_added_and_the_backoff_restarts(self) -> None:
-        r = Reconnector(["standby"], backoff=Backoff(attempt=4), seed=1)
+        r = Reconnector(["standby"], backoff=Backoff(attempt=4), seed=1, clock=SYSTEM_CLOCK)
         assert r.failed("standby", rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "leader")) is Move.LEADER
         assert r.targets == ["standby", "leader"] and r.target == "leader"
         assert r.backoff.attempt == 0
 
     def test_a_refusal_naming_no_leader_moves_on(self) -> None:
-        r = Reconnector(["a", "b"], seed=1)
+        r = Reconnector(["a", "b"], seed=1, clock=SYSTEM_CLOCK)
         assert r.failed("a", rpc_error(grpc.StatusCode.FAILED_PRECONDITION)) is Move.NEXT
         assert r.target == "b"
 
     def test_a_refusal_naming_itself_moves_on(self) -> None:
-        r = Reconnector(["a", "b"], seed=1)
+        r = Reconnector(["a", "b"], seed=1, clock=SYSTEM_CLOCK)
         assert r.failed("a", rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "a")) is Move.NEXT
         assert r.target == "b"
 
     def test_no_targets_is_refused(self) -> None:
         with pytest.raises(ValueError, match="at least one controller"):
-            Reconnector([])
+            Reconnector([], clock=SYSTEM_CLOCK)
 
 
 class TestReconnectorLoop:

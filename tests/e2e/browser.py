@@ -32,6 +32,7 @@ from controller.fabric import Fabric
 from controller.service import Controller, ControllerConfig
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import parse_scenario
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port, wait_for
 
 T = TypeVar("T")
@@ -216,7 +217,7 @@ SMALL_CLUSTER = {"nodes": 8, "gpus_per_node": 8, "rails": 4, "nodes_per_block": 
 @contextlib.asynccontextmanager
 async def fabric_only_rig(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Rig]:
     """A controller with a declared fabric and no agents (every node "never seen")."""
-    controller = Controller(controller_config(tmp_path, fabric))
+    controller = Controller(controller_config(tmp_path, fabric), clock=SYSTEM_CLOCK)
     await controller.start()
     try:
         yield Rig(controller, None)

@@ -22,6 +22,7 @@ from controller.fabric import generate_fabric
 from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.e2e.agent_process import agent_process
 from tests.helpers import wait_for
 
@@ -128,7 +129,8 @@ class TestThroughAgentAndController:
                 fabric=fabric,
                 sweep_interval_s=0.2,
                 heal=HealSettings(scheduler=sched, guards=GuardConfig(mode="enforce")),
-            )
+            ),
+            clock=SYSTEM_CLOCK,
         )
         ctl.detection.correlator.config.settle_s = 0.5
         await ctl.start()

@@ -10,6 +10,7 @@ import pytest
 
 from controller.fabric import generate_fabric
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.ascend_tools import AscendTools
 from tests.e2e.agent_process import agent_process
 from tests.helpers import wait_for
@@ -22,7 +23,8 @@ async def test_npu_ports_on_the_fabric_and_judged_as_nics(tmp_path: Path) -> Non
     ctl = Controller(
         ControllerConfig(
             listen="127.0.0.1:0", http="127.0.0.1:0", db_path=tmp_path / "c.db", fabric=fabric, sweep_interval_s=0.2
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     ctl.detection.correlator.config.settle_s = 0.5
     ctl.detection.topology.min_interval_s = 0.0

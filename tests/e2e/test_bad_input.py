@@ -15,6 +15,7 @@ import pytest
 import structlog
 
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -32,7 +33,8 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
             max_message_bytes=64 * 1024,
             rate_per_node_per_s=5,
             rate_burst=20,
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     yield ctl

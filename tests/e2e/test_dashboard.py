@@ -8,7 +8,7 @@ leaf as the fault, linked to the incident. The screenshot is kept in test-artifa
 The page is loaded as ``/?live=0`` (render once, no event stream): Chromium's
 ``--virtual-time-budget`` does not advance while a fetch is pending, and an open
 EventSource is a fetch that never ends. The stream itself is tested over HTTP in
-tests/controller/test_web_api.py.
+tests/controller/outputs/web/test_web_api.py.
 
 Needs the Debian package ``chromium`` (skipped with a reason when no binary exists).
 """

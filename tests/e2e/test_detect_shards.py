@@ -26,6 +26,7 @@ from controller.detect.pipeline import DetectionConfig
 from controller.detect.shards import DetectShards, ShardLost
 from controller.service import Controller, ControllerConfig
 from controller.stages import STAGES
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -42,7 +43,8 @@ def _controller(tmp_path: Path, port: int, workers: int = 2) -> Controller:
             db_path=tmp_path / "controller.db",
             sweep_interval_s=0.2,
             detection=DetectionConfig(workers=workers),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
 
 

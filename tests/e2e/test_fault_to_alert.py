@@ -12,6 +12,7 @@ from controller.fabric import Fabric, generate_fabric
 from controller.outputs.notify import parse_notify_config
 from controller.service import Controller, ControllerConfig
 from controller.stages import STAGES
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.e2e.test_alerting import Receiver, receiving
 from tests.helpers import free_port, make_sim_agent, wait_for
 
@@ -36,7 +37,8 @@ def two_nodes_and_a_webhook(
             sweep_interval_s=sweep_interval_s,
             notify=notify,
             detection=detection or DetectionConfig(),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     return ctl, receiver, fabric, port
 

@@ -29,6 +29,7 @@ import yaml
 
 from controller.service import Controller, ControllerConfig
 from starpulse.core.auth import HttpAuthConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.tls import TestCA, make_test_ca
 from tests.e2e.test_dashboard import CHROMIUM, run_chromium
 from tests.helpers import free_port
@@ -64,7 +65,8 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
             db_path=tmp_path / "controller.db",
             tls=ca.controller,
             http_auth=HttpAuthConfig(require_auth=True, tokens=[TOKEN]),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await controller.start()
     try:

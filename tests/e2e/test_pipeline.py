@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.findings import event_kind_name
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -24,7 +25,8 @@ def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
             db_path=tmp_path / "controller.db",
             sweep_interval_s=0.2,
             **kw,  # type: ignore[arg-type]
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
 
 

@@ -25,6 +25,7 @@ from agent.factory import build_agent
 from agent.runtime import AgentConfig
 from agent.sim.node import SimNode
 from controller.service import Controller, ControllerConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port
 from tests.support.metrics import agent_expositions, controller_exposition
 
@@ -335,7 +336,8 @@ async def test_real_prometheus_scrapes_agent_and_controller(
             http="127.0.0.1:0",
             db_path=tmp_path / "controller.db",
             sweep_interval_s=0.2,
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     agent = build_agent(

@@ -16,6 +16,7 @@ import grpc
 
 from controller.service import Controller, ControllerConfig
 from relay.service import Relay, RelayConfig
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.findings import event_kind_name
 from starpulse.core.tls import TestCA, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
@@ -32,7 +33,8 @@ def _controller(tmp_path: Path, port: int, **kw: object) -> Controller:
             db_path=tmp_path / "controller.db",
             sweep_interval_s=0.2,
             **kw,  # type: ignore[arg-type]
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
 
 

@@ -21,6 +21,7 @@ from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.core.auth import AuthConfig, bearer_metadata
+from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.core.tls import TestCA, TLSSettings, load_channel_credentials, make_test_ca
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -63,7 +64,8 @@ async def _rig(tmp_path: Path, auth: AuthConfig) -> Rig:
             tls=ca.controller,
             auth=auth,
             grace_s=0.5,
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     await ctl.start()
     return Rig(ctl, sim, ca, f"127.0.0.1:{ctl.grpc_port}")
@@ -183,6 +185,20 @@ class TestMutualTLS:
         code = await _session(rig.channel(rig.ca.admin), _hello("node-000"))
         assert code == grpc.StatusCode.PERMISSION_DENIED
         assert "node-000" not in rig.controller.registry.nodes
+
+    async def test_admin_certificate_cannot_stream_as_itself(self, rig: Rig) -> None:
+        """Issue 32: the CLI's admin certificate saying Hello as the name it carries ("admin") is
+        refused for its role, before the fabric is asked whether such a node exists."""
+        code = await _session(rig.channel(rig.ca.admin), _hello("admin"))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert rig.controller.metrics.rejected.labels("role_mismatch")._value.get() == 1
+        assert "admin" not in rig.controller.registry.nodes
+
+    async def test_node_id_with_a_trailing_newline_is_refused(self, rig: Rig) -> None:
+        """Issue 32: names are checked whole (``$`` alone would let "node-000\n" through)."""
+        code = await _session(rig.channel(rig.ca.nodes["node-000"]), _hello("node-000\n"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "node-000\n" not in rig.controller.registry.nodes
 
     async def test_oversize_message_is_resource_exhausted(self, rig: Rig) -> None:
         big = tpb.Report(seq=1)

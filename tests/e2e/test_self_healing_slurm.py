@@ -30,6 +30,7 @@ from controller.fabric import generate_fabric
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler import SlurmScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.core.clock import SYSTEM_CLOCK
 from tests.helpers import free_port, wait_for
 from tests.slurm_cluster import SlurmCluster
 
@@ -69,7 +70,8 @@ def _controller(
                 policy_path=policy_path,
                 heal=HealConfig(checkpoint_timeout_s=5.0, retry_delay_s=0.5, repair_poke_s=repair_poke_s),
             ),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
 
 

@@ -14,7 +14,7 @@ from controller.detect.model import Incident
 from controller.ha.standby import LEADER_METADATA_KEY, StandbyQuery, StandbyTelemetry, standby_admin
 from controller.service import Controller, ControllerConfig
 from controller.store import Store, StoredNode
-from starpulse.core.clock import FakeClock
+from starpulse.core.clock import SYSTEM_CLOCK, FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -23,7 +23,9 @@ from tests.helpers import make_sim_agent, wait_for
 
 @pytest.fixture
 async def leader(tmp_path: Path) -> AsyncIterator[Controller]:
-    ctl = Controller(ControllerConfig(listen="127.0.0.1:0", http="127.0.0.1:0", db_path=tmp_path / "leader.db"))
+    ctl = Controller(
+        ControllerConfig(listen="127.0.0.1:0", http="127.0.0.1:0", db_path=tmp_path / "leader.db"), clock=SYSTEM_CLOCK
+    )
     await ctl.start()
     yield ctl
     await ctl.stop()

@@ -11,6 +11,7 @@ from controller.fabric import generate_fabric
 from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.service import Controller, ControllerConfig, HealSettings
+from starpulse.core.clock import SYSTEM_CLOCK
 
 
 async def start_rig(
@@ -27,7 +28,7 @@ async def start_rig(
         heal=HealSettings(scheduler=sim, guards=GuardConfig(mode=mode)) if heal else None,  # type: ignore[arg-type]
         grace_s=0.5,
     )
-    controller = Controller(config)
+    controller = Controller(config, clock=SYSTEM_CLOCK)
     await controller.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{controller.grpc_port}", options=[("grpc.enable_http_proxy", 0)])
     return controller, sim, channel

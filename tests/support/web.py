@@ -16,21 +16,21 @@ from controller.detect.pipeline import DetectionConfig
 from controller.fabric import Fabric, generate_fabric
 from controller.outputs.http import build_app
 from controller.service import Controller, ControllerConfig
-from starpulse.core.clock import SYSTEM_CLOCK, FakeClock
+from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 
 Client = TestClient[web.Request, web.Application]
 
 
-def make_controller(tmp_path: Path, fabric: Fabric | None, clock: FakeClock | None = None) -> Controller:
+def make_controller(tmp_path: Path, fabric: Fabric | None, clock: Clock) -> Controller:
     return Controller(
         ControllerConfig(
             db_path=tmp_path / "controller.db",
             fabric=fabric,
             detection=DetectionConfig(correlation=CorrelationConfig(settle_s=0, resolve_hold_s=0)),
         ),
-        clock,
+        clock=clock,
     )
 
 
@@ -83,7 +83,7 @@ def fabric() -> Fabric:
 
 @pytest.fixture
 async def ctl(tmp_path: Path, fabric: Fabric) -> AsyncIterator[Controller]:
-    controller = make_controller(tmp_path, fabric)
+    controller = make_controller(tmp_path, fabric, SYSTEM_CLOCK)
     yield controller
     controller.store.close()
 

@@ -59,7 +59,7 @@ class NpuChip:
     @property
     def pci(self) -> str:
         """The bus id as Linux writes it; "" where npu-smi prints none (a 310B SoC's ``NA``)."""
-        return vocab.canonical_pci(self.bus_id) if _PCI_RE.match(self.bus_id) else ""
+        return vocab.canonical_pci(self.bus_id) if _PCI_RE.fullmatch(self.bus_id) else ""
 
     @property
     def device_memory_mb(self) -> tuple[int, int]:
@@ -146,7 +146,7 @@ def _second_row(cells: list[str], chip: NpuChip, columns: _Columns) -> bool:
         return False
     ids = _ids(cells[0])
     bus = cells[1]
-    if ids is None or not (_PCI_RE.match(bus) or bus.upper() in ("NA", "N/A", "-")):
+    if ids is None or not (_PCI_RE.fullmatch(bus) or bus.upper() in ("NA", "N/A", "-")):
         return False
     chip.chip_id, chip.phy_id = ids
     chip.bus_id = bus

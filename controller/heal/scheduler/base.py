@@ -132,7 +132,11 @@ class Scheduler(Protocol):
     async def job_nodes(self, job: str) -> list[str]: ...
 
     async def requeue(self, job: str, exclude: list[str], prefer: list[str]) -> ActionResult:
-        """Restart job away from `exclude`, on `prefer` (the spares) when given."""
+        """Restart job away from `exclude`, on `prefer` (the spares) when given.
+
+        Both empty: restart it where it runs (a hung job whose evidence names no node); the
+        caller's planned-action log makes that exactly-once, not the scheduler.
+        """
         ...
 
     async def signal_job(self, job: str, signal: str) -> ActionResult:
@@ -144,7 +148,7 @@ class Scheduler(Protocol):
 
 def validate_job_id(job: str) -> str:
     """Return job when it is a safe job name: letters, digits, . _ + - (optionally ns/name)."""
-    if not isinstance(job, str) or not _JOB_ID.match(job):
+    if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
         raise InvalidName(f"invalid job id {job!r}")
     return job
 

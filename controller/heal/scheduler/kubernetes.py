@@ -2,7 +2,7 @@
 
 NOTE: no Kubernetes API server runs on the machines this project is developed and
 tested on. This module is tested only against a local HTTP stand-in of the few API
-endpoints it uses (tests/controller/test_scheduler_kubernetes.py), not a real cluster.
+endpoints it uses (tests/controller/heal/scheduler/test_scheduler_kubernetes.py), not a real cluster.
 
 Semantics (telemetry.md 6.4):
 * cordon = PATCH node spec.unschedulable=true, plus our taint

@@ -202,7 +202,7 @@ class SimScheduler:
             return ActionResult.failure(f"unknown job {job}")
         if (injected := self._injected("requeue", job)) is not None:
             return injected
-        if j.state == "running" and not set(j.nodes) & set(exclude):
+        if j.state == "running" and exclude and not set(j.nodes) & set(exclude):
             return ActionResult.success(f"job {job} already running on {','.join(j.nodes)}")
         for n in j.nodes:
             self.nodes[n].jobs.remove(job)

@@ -72,7 +72,7 @@ _TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF
 
 def validate_slurm_job_id(job: str) -> str:
     """Return job when it is a Slurm job id (digits, optionally an array task `123_4`)."""
-    if not isinstance(job, str) or not _SLURM_JOB_ID.match(job):
+    if not isinstance(job, str) or not _SLURM_JOB_ID.fullmatch(job):
         raise InvalidName(f"invalid Slurm job id {job!r}")
     return job
 
@@ -366,7 +366,7 @@ class SlurmScheduler:
         t0 = time.monotonic()
         state = fields.get("JobState", "")
         old_nodes = await self._hostnames(fields.get("NodeList", ""))
-        if state == "RUNNING" and not set(old_nodes) & set(exclude):
+        if state == "RUNNING" and exclude and not set(old_nodes) & set(exclude):  # none: restart in place
             return ActionResult.success(f"job {job} already running on {','.join(old_nodes)}")
         if state != "PENDING":
             res = await self._run("scontrol", "requeue", job)

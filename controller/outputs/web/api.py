@@ -297,7 +297,9 @@ def fabric_json(state: DashboardState) -> dict[str, Any]:
         )
     placed = set(fabric.nodes())
     loose = sorted(n.node_id for n in state.compute_nodes() if n.node_id not in placed)
+    view = state.queries.topology() if state.queries is not None else None
     return {
+        "probes": probe_links_json(view.probe_health if view is not None else {}),
         "fabric": True,
         "summary": fabric.summary(),
         "rails": rails,
@@ -306,6 +308,26 @@ def fabric_json(state: DashboardState) -> dict[str, Any]:
         "nodes": [node_entry(n, False) for n in loose],
         "links": links,
     }
+
+
+PROBE_WARN_LOSS = 0.001  # 0.1 %: amber on the fabric view
+PROBE_BAD_LOSS = 0.005  # 0.5 %: red (the localisation's default loss threshold)
+PROBE_SLOW_US = 500.0  # network p99 over R-Pingmesh's SLA: amber
+
+
+def probe_links_json(health: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Probe health per leaf-spine cable (issue 29): its ends, loss, p99 and a colour level."""
+    out = []
+    for name, h in sorted(health.items()):
+        if h.get("kind") != "link" or LINK_SEPARATOR not in name:
+            continue
+        a, _, b = name.partition(LINK_SEPARATOR)
+        loss, p99 = float(h.get("loss", 0.0)), float(h.get("p99_us", 0.0))
+        level = "bad" if loss >= PROBE_BAD_LOSS else "warn" if loss >= PROBE_WARN_LOSS or p99 >= PROBE_SLOW_US else "ok"
+        out.append(
+            {"name": name, "a": a, "b": b, "loss": loss, "p99_us": p99, "sent": h.get("sent", 0), "level": level}
+        )
+    return out
 
 
 def lifecycle_json(rec: LifecycleRecord | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ Memory bound: a ring is one ``array('d')`` of timestamps and one ``array('f')`` 
 preallocated, so a node costs ``size * (8 + 4 * len(METRICS))`` bytes of samples plus a fixed
 overhead of under 1 KiB (the arrays' headers and the dict entry): with the defaults (120
 samples, 4 metrics) that is 2,880 bytes + overhead, under 40 MB at 10,000 nodes
-(``tests/controller/test_web_history.py`` measures it). Prometheus and Grafana remain the
+(``tests/controller/outputs/web/test_web_history.py`` measures it). Prometheus and Grafana remain the
 long-term store; this is the last ``size * step_s`` (30 minutes by default) at a glance.
 A node that leaves the registry leaves the history on the next sample.
 """

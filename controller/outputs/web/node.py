@@ -100,6 +100,10 @@ def node_json(
         "hostname": rec.hostname,
         "agent_version": rec.agent_version,
         "report_ms": report.timestamp_ms if report is not None else None,
+        # The agent's clock minus ours when past the registry's limit (None: in step).
+        "clock_skew_s": round(rec.clock_skew_ms / 1000, 1) if rec.clock_skew_ms else None,
+        # Streams for this node replaced by another claimant (not its own reconnects): an imposter.
+        "stream_takeovers": rec.takeovers,
         "gpus": [gpu_json(infos.get(i), samples.get(i), i) for i in sorted(set(infos) | set(samples))],
         "nics": nics,
     }

@@ -26,6 +26,23 @@ def _clock(ms: int) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ms / 1000)) if ms else "--:--:--"
 
 
+def stacks_lines(stacks: dict[str, Any]) -> str:
+    """A hang's ranks grouped by stack, outliers first (controller.jobs.stacks), for a person."""
+    lines = [f"    stacks: {stacks.get('reason', '')}"]
+    for g in stacks.get("groups") or []:
+        ranks = ", ".join(str(r) for r in (g.get("ranks") or [])[:16])
+        where = " / ".join(g.get("nodes") or [])
+        last = f", last collective {g['last_collective']}" if g.get("last_collective") else ""
+        lines.append(f"    {g.get('role', '?'):8} ranks {ranks} on {where}{last}")
+        for frame in (g.get("frames") or [])[:4]:
+            lines.append(f"               {frame}")
+    for h in stacks.get("hardware") or []:
+        lines.append(f"    hardware {h.get('kind')} {h.get('root_cause')} ({h.get('id')}) on a named node")
+    for u in stacks.get("unread") or []:
+        lines.append(f"    unread   rank {u.get('rank')} on {u.get('node')}: {u.get('error') or 'no stack'}")
+    return "\n".join(lines)
+
+
 def _print_detail(resp: Any) -> None:
     inc = resp.incident
     state = f"resolved {age(inc.resolved_ms)}" if inc.resolved_ms else f"open since {age(inc.opened_ms)}"
@@ -36,6 +53,9 @@ def _print_detail(resp: Any) -> None:
     print(f"evidence ({len(evidence)}):")
     for e in evidence[:12]:
         print(f"  - {e.get('rule', '?')} on {e.get('component', '?')}: {e.get('message', '')}".rstrip(": "))
+        stacks = (e.get("evidence") or {}).get("stacks")
+        if isinstance(stacks, dict):
+            print(stacks_lines(stacks))
     timeline = json.loads(resp.timeline_json or "[]")
     print(f"timeline ({len(timeline)}, UTC):")
     for t in timeline:

@@ -92,7 +92,7 @@ def _serve_controller(config: Any) -> int:
 
             await Replica(config, SYSTEM_CLOCK).serve_forever(stop)
         else:
-            await Controller(config, SYSTEM_CLOCK).serve_forever(stop)
+            await Controller(config, clock=SYSTEM_CLOCK).serve_forever(stop)
 
     from starpulse.core.listen import ListenError
 

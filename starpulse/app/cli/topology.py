@@ -71,8 +71,16 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json("topology", out)
         return 0
+    worst = out["summary"].pop("probe_worst", [])
     print(json.dumps(out["summary"], sort_keys=True))
     print(f"LLDP reported by {resp.nodes_reporting_lldp} nodes/switches")
+    if worst:
+        print("worst probed links and switches (last window):")
+        for w in worst:
+            print(
+                f"  {w['component']:<32} {w['kind']:<5} loss {100 * w['loss']:6.2f}% "
+                f"({w['lost']}/{w['sent']})  p99 {w['p99_us']:.0f} us"
+            )
     for line in out["miswired"] + out["unknown_devices"] + out["missing_links"]:
         print(f"  {line}")
     if not (out["miswired"] or out["unknown_devices"] or out["missing_links"]):

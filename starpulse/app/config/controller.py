@@ -17,10 +17,13 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.pipeline import DetectionConfig
 from controller.fabric import Fabric, load_fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.ha.config import HAConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.base import Scheduler
+from controller.jobs.hang import HangConfig
+from controller.jobs.stall import StallConfig
 from controller.outputs.notify import NotifyConfig, NotifyConfigError, parse_notify_config
 from controller.service import ControllerConfig, HealSettings
 from starpulse.app.config.common import (
@@ -85,6 +88,13 @@ class DetectionSection:
         CorrelationConfig, "Grouping conditions into incidents on the fabric: how long to wait, how many make a pattern"
     )
     failslow: FailSlowConfig = section(FailSlowConfig, "Fail-slow: a node markedly slower than its peers")
+    hang: HangConfig = section(HangConfig, "Hangs: a job whose steps stop moving, judged against its own step time")
+    stall: StallConfig = section(
+        StallConfig, "Hangs without the job library: a job's GPUs busy at idle power, its RDMA traffic flat"
+    )
+    probes: ProbeConfig = section(
+        ProbeConfig, "Probe mesh (issue 29): who probes whom on the rails, the budget, and localising what probes see"
+    )
 
 
 @dataclass
@@ -353,11 +363,15 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
     fields = gather(s, ControllerConfig)
     if fabric is not None:  # loaded already: the simulated scheduler runs its nodes
         fields["fabric_path"] = None
-    detection = DetectionConfig(s.detection.correlation, s.detection.failslow, **gather(s.detection, DetectionConfig))
+    detection = DetectionConfig(
+        s.detection.correlation, s.detection.failslow, s.detection.probes, **gather(s.detection, DetectionConfig)
+    )
     config = ControllerConfig(
         **fields,
         fabric=fabric,
         detection=detection,
+        hang=s.detection.hang,
+        stall=s.detection.stall,
         notify=notify,
         heal=heal,
         ha=s.ha,

@@ -25,10 +25,13 @@ from controller.detect.pipeline import DetectionConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.sim import SimScheduler
+from controller.jobs.hang import HangConfig
+from controller.jobs.stall import StallConfig
 from controller.service import Controller, ControllerConfig, HealSettings
 from starpulse.app.scenario.cluster import SimCluster
 from starpulse.app.scenario.spec import FaultSpec, Scenario
 from starpulse.app.scenario.training import SimTraining
+from starpulse.core.clock import SYSTEM_CLOCK
 
 log = structlog.get_logger(__name__)
 
@@ -189,12 +192,16 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
                 ),  # a window of ~10 reports: every one is a sample
                 failslow_every_s=max(2 * interval, 1.0),
             ),
+            # A hang without the job library: the signature over ~8 reports (a minute at 5 s)
+            stall=StallConfig(window_s=max(8 * interval, 4.0)),
+            hang=HangConfig(every_s=max(interval, 0.5)),
             heal=HealSettings(
                 scheduler=scheduler,
                 heal=HealConfig(checkpoint_timeout_s=max(4 * interval, 2.0), retry_delay_s=0.2),
                 guards=GuardConfig(**scenario.guards),  # type: ignore[arg-type]
             ),
-        )
+        ),
+        clock=SYSTEM_CLOCK,
     )
     recorder = Recorder()
     controller.detection.listeners.append(recorder)

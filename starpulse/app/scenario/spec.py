@@ -102,7 +102,7 @@ class FaultSpec:
 @dataclass(frozen=True)
 class ExpectedIncident:
     kind: str = field(metadata=meta("An incident kind", choices=tuple(sorted(INCIDENT_KINDS))))
-    root_cause: str | None = setting(None, "A fabric component; null: any root cause")
+    root_cause: str | None = setting(None, "A fabric component, or job:NAME for a job_hang; null: any root cause")
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,7 @@ def _check_vendor(reading: Reading, scenario: Scenario, i: int) -> None:
 def _check_expect(reading: Reading, expect: Expectations, fabric: Fabric) -> None:
     """What the schema cannot say about expectations: fabric components, and keys that contradict."""
     for i, inc in enumerate(expect.incidents):
-        if inc.root_cause:
+        if inc.root_cause and not inc.root_cause.startswith("job:"):  # a job (job_hang) is no fabric component
             try:
                 fabric.component_type(inc.root_cause)
             except (KeyError, ValueError) as exc:

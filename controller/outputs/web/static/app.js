@@ -61,11 +61,19 @@
 
   function fmtClock(ms) {
     if (!ms) return "–";
-    return new Date(Number(ms)).toLocaleTimeString([], { hour12: false });
+    const when = new Date(Number(ms));
+    // More than 12 h from now (an old event, or an agent whose clock is off): with its date,
+    // or a day-old stamp reads as a fresh one.
+    if (Math.abs(Date.now() - when.getTime()) > 12 * 3600 * 1000) {
+      return when.toLocaleString([], { hour12: false, year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+    }
+    return when.toLocaleTimeString([], { hour12: false });
   }
 
   function fmtAgo(ms) {
     if (!ms) return "never";
+    const ahead = Math.round((Number(ms) - Date.now()) / 1000);
+    if (ahead > 60) return fmtDuration(ahead * 1000) + " ahead of this clock";
     const s = Math.max(0, Math.round((Date.now() - Number(ms)) / 1000));
     if (s < 60) return s + " s ago";
     if (s < 3600) return Math.floor(s / 60) + " min ago";
@@ -393,6 +401,7 @@
     drawSpines(layers.shapes, L, pos);
     L.blocks.forEach((b, i) => drawBlock(layers, L, b, i, pos));
     drawUplinks(cables, L, pos);
+    drawProbeLinks(root, f.probes || [], pos);
     drawFaultyLinks(root, f.links || [], pos);
   }
 
@@ -508,6 +517,22 @@
       const pts = [chX, busY, chX, o.y + 9, o.x, o.y + 9].join(" ");
       parent.append(svg("polyline", { class: cls, points: pts }));
     });
+  }
+
+  /** Leaf-spine cables as the probe mesh sees them: loss and delay as colour (ok, warn, bad). */
+  function drawProbeLinks(parent, probes, pos) {
+    for (const p of probes) {
+      const a = pos.get(p.a);
+      const b = pos.get(p.b);
+      if (!a || !b || p.level === "ok") continue;
+      const g = svg("g", { class: "probe pl-" + p.level, "data-name": p.name });
+      const ln = svg("line", { x1: a.box.x + a.box.w / 2, y1: a.box.y + a.box.h / 2, x2: b.box.x + b.box.w / 2, y2: b.box.y + b.box.h / 2 });
+      const title = svg("title", {});
+      title.textContent = p.name + ": loss " + (100 * p.loss).toFixed(2) + "%, p99 " + Math.round(p.p99_us) + " us (probes)";
+      ln.append(title);
+      g.append(ln);
+      parent.append(g);
+    }
   }
 
   /** Cables that are themselves the root cause of an incident, drawn on top and linked. */

@@ -67,6 +67,12 @@
       ...fact("model", first.model),
       ...fact("hostname", node.hostname),
       ...fact("agent", node.agent_version),
+      // Only when it happened: another client took this node's stream over (see its agent_conflict incident).
+      ...(node.stream_takeovers ? fact("stream taken over", node.stream_takeovers + " times by another claimant of this node") : []),
+      // Only when off: an agent clock past the controller's limit (its stamps shown with their date).
+      ...(node.clock_skew_s == null
+        ? []
+        : fact("agent clock", (node.clock_skew_s > 0 ? "+" : "") + node.clock_skew_s + " s off this controller's (last report stamped " + fmtClock(node.report_ms) + ")")),
     );
     $("node-facts").dataset.lifecycle = life;
     $("node-gpus").tBodies[0].replaceChildren(...node.gpus.map(gpuRow));

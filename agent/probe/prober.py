@@ -1,0 +1,362 @@
+"""The prober: one thread that sends probes on the plan's schedule, answers peers, sums results.
+
+Per NIC of the plan it binds one responder (rail address, the plan's port) and one socket per
+flow (rail address, source port): the probes leave from that rail's own address in the RoCE
+class. Each flow gets its share of its target's packets per second, started at a random
+phase so a node's probes do not leave in bursts. A reply's round trip less the responder's
+own processing time is the network's; a probe with no reply within the plan's timeout is
+lost. Every ``window_s`` each flow's counts become one ``ProbeResult``, which the next report
+carries (``take_results``), and the counts start again.
+
+A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
+that window: its missed replies are its restart, not the network's loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import math
+import os
+import random
+import selectors
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from agent.probe import wire
+from agent.probe.endpoint import Endpoint, EndpointFactory, UdpEndpoint
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PathFate:
+    """What the simulated data plane does to one flow (tests and the simulator only)."""
+
+    drop: float = 0.0  # probability a probe of this flow is lost
+    delay_s: float = 0.0  # added to its round trip, outside the responder's processing time
+    via: str = ""  # the spine it crosses, as a trace would name it
+
+
+FateOf = Callable[[str, str, int], PathFate]  # (local NIC, peer NIC, source port)
+
+
+@dataclass(slots=True)
+class _Flow:
+    local_nic: str
+    peer_nic: str
+    peer_address: str
+    peer_port: int
+    src_port: int
+    interval_ns: int
+    sent: int = 0
+    lost: int = 0
+    rtts_us: list[float] = field(default_factory=list)
+    processing_us: float = 0.0
+    via: str = ""
+    restarted: bool = False
+
+
+class Prober:
+    """Runs a probe plan in its own thread; ``apply`` swaps plans, ``take_results`` drains windows."""
+
+    def __init__(
+        self,
+        endpoints: EndpointFactory = UdpEndpoint,
+        fate: FateOf | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        seed: int | None = None,
+    ) -> None:
+        self._endpoints = endpoints
+        self._fate = fate
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._pending: spb.ProbePlan | None = None
+        self._results: list[tpb.ProbeResult] = []
+        self._stop = threading.Event()
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # made by start(): none for an idle agent
+        self._thread: threading.Thread | None = None
+        self.epoch = int.from_bytes(os.urandom(4), "big") or 1
+        self.plan = spb.ProbePlan()
+        self.sent_total = 0
+        self.answered_total = 0
+        self.bind_errors = 0
+        # run state, touched by the thread only
+        self._sel: selectors.BaseSelector | None = None
+        self._responders: list[Endpoint] = []
+        self._senders: dict[tuple[str, int], Endpoint] = {}
+        self._flows: list[_Flow] = []
+        self._due: list[tuple[int, int]] = []  # (due ns, flow index)
+        self._outstanding: dict[tuple[str, int, int], tuple[int, int]] = {}  # (nic, sport, seq) -> (flow, sent ns)
+        self._delayed: list[tuple[int, int, int, bytes]] = []  # (due ns, flow, seq, data): the sim's delays
+        self._peer_epoch: dict[str, int] = {}
+        self._seq = 0
+        self._window_end = 0
+
+    # -- the agent's side --------------------------------------------------------------
+    def apply(self, plan: spb.ProbePlan) -> None:
+        """A newer plan from the controller; an older or equal version is ignored."""
+        with self._lock:
+            current = self._pending or self.plan
+            if plan.version and plan.version <= current.version:
+                return
+            self._pending = plan
+        self._poke()
+
+    def take_results(self) -> list[tpb.ProbeResult]:
+        """The windows completed since the last call (each result is handed out once)."""
+        with self._lock:
+            out, self._results = self._results, []
+        return out
+
+    def start(self) -> None:
+        self._wake = socket.socketpair()
+        self._wake[0].setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake[0], selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._close_endpoints()
+        if self._sel is not None:
+            self._sel.close()
+        if self._wake is not None:
+            for s in self._wake:
+                s.close()
+            self._wake = None
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                self._wake[1].send(b"x")
+
+    # -- the thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        assert self._sel is not None and self._wake is not None
+        timeout = 0.0
+        while not self._stop.is_set():
+            # Read what arrived before anything can time out: a thread that was not scheduled
+            # for a while must not count replies waiting in its sockets as lost.
+            for key, _ in self._sel.select(timeout=timeout):
+                if key.data is None:
+                    with contextlib.suppress(OSError):
+                        self._wake[0].recv(512)
+                else:
+                    self._readable(*key.data)
+            self._maybe_switch()
+            now = self._clock()
+            self._send_due(now)
+            self._expire(now)
+            if self.plan.targets and now >= self._window_end:
+                self._close_window(now)
+            timeout = max(0.0, (self._next_wake(now) - now) / 1e9)
+
+    def _next_wake(self, now: int) -> int:
+        wake = now + 1_000_000_000
+        if self._due:
+            wake = min(wake, self._due[0][0])
+        if self._delayed:
+            wake = min(wake, self._delayed[0][0])
+        if self._outstanding:
+            wake = min(wake, now + self._timeout_ns // 4)
+        if self.plan.targets:
+            wake = min(wake, self._window_end)
+        return wake
+
+    @property
+    def _timeout_ns(self) -> int:
+        return max(1, self.plan.timeout_ms) * 1_000_000
+
+    def _maybe_switch(self) -> None:
+        with self._lock:
+            plan, self._pending = self._pending, None
+        if plan is None:
+            return
+        self._close_endpoints()
+        self.plan = plan
+        self._flows, self._due, self._outstanding, self._delayed = [], [], {}, []
+        if plan.paused:
+            log.info("probe_plan_paused", version=plan.version)
+            return
+        for address in sorted(set(plan.listen.values())):
+            self._open(address, plan.port, responder=True)
+        now = self._clock()
+        for t in plan.targets:
+            ports = list(t.src_ports) or [0]
+            per_flow_pps = t.packets_per_s / len(ports) if t.packets_per_s > 0 else 0.0
+            if per_flow_pps <= 0:
+                continue
+            interval = int(1e9 / per_flow_pps)
+            for sport in ports:
+                if (t.local_nic, sport) not in self._senders:
+                    ep = self._open(t.local_address, sport, responder=False, nic=t.local_nic)
+                    if ep is None:
+                        continue
+                index = len(self._flows)
+                self._flows.append(_Flow(t.local_nic, t.peer_nic, t.peer_address, plan.port, sport, interval))
+                heapq.heappush(self._due, (now + int(self._rng.random() * interval), index))
+        self._window_end = now + max(1, plan.window_s) * 1_000_000_000
+        log.info(
+            "probe_plan_applied",
+            version=plan.version,
+            targets=len(plan.targets),
+            flows=len(self._flows),
+            responders=len(self._responders),
+        )
+
+    def _open(self, address: str, port: int, *, responder: bool, nic: str = "") -> Endpoint | None:
+        try:
+            ep = self._endpoints(address, port, self.plan.dscp)
+        except OSError as exc:
+            self.bind_errors += 1
+            log.warning("probe_bind_failed", address=address, port=port, error=str(exc))
+            return None
+        assert self._sel is not None
+        self._sel.register(ep.fileno(), selectors.EVENT_READ, (ep, nic, port))
+        if responder:
+            self._responders.append(ep)
+        else:
+            self._senders[(nic, port)] = ep
+        return ep
+
+    def _close_endpoints(self) -> None:
+        for ep in [*self._responders, *self._senders.values()]:
+            try:
+                if self._sel is not None:
+                    self._sel.unregister(ep.fileno())
+            except (KeyError, ValueError, OSError):
+                pass
+            ep.close()
+        self._responders, self._senders = [], {}
+
+    def _send_due(self, now: int) -> None:
+        size = max(wire.HEADER, self.plan.payload_bytes)
+        while self._delayed and self._delayed[0][0] <= now:
+            _, index, _, data = heapq.heappop(self._delayed)
+            f = self._flows[index]
+            ep = self._senders.get((f.local_nic, f.src_port))
+            if ep is not None:
+                ep.send(data, f.peer_address, f.peer_port)
+        while self._due and self._due[0][0] <= now:
+            due, index = heapq.heappop(self._due)
+            f = self._flows[index]
+            heapq.heappush(self._due, (max(due + f.interval_ns, now), index))
+            ep = self._senders.get((f.local_nic, f.src_port))
+            if ep is None:
+                continue
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            data = wire.encode(wire.Probe(wire.REQUEST, self._seq, now), size)
+            self._outstanding[(f.local_nic, f.src_port, self._seq)] = (index, now)
+            self.sent_total += 1
+            fate = self._fate(f.local_nic, f.peer_nic, f.src_port) if self._fate is not None else None
+            if fate is not None:
+                f.via = fate.via
+                if fate.drop > 0 and self._rng.random() < fate.drop:
+                    continue  # the simulated fabric ate it: it times out like a real loss
+                if fate.delay_s > 0:
+                    heapq.heappush(self._delayed, (now + int(fate.delay_s * 1e9), index, self._seq, data))
+                    continue
+            ep.send(data, f.peer_address, f.peer_port)
+
+    def _readable(self, ep: Endpoint, nic: str, local_port: int) -> None:
+        for _ in range(64):  # bounded: one busy socket does not starve the schedule
+            got = ep.receive()
+            if got is None:
+                return
+            data, address, port = got
+            received = self._clock()
+            probe = wire.decode(data)
+            if probe is None:
+                continue
+            if probe.kind == wire.REQUEST:
+                ep.send(wire.reply_to(data, self._clock() - received, self.epoch), address, port)
+                self.answered_total += 1
+            else:
+                self._replied((nic, local_port, probe.seq), probe, received)
+
+    def _replied(self, key: tuple[str, int, int], probe: wire.Probe, received: int) -> None:
+        entry = self._outstanding.pop(key, None)
+        if entry is None:
+            return  # late (already counted lost) or from another plan
+        index, sent = entry
+        f = self._flows[index]
+        last = self._peer_epoch.get(f.peer_nic)
+        if last is not None and last != probe.epoch:
+            for other in self._flows:
+                if other.peer_nic == f.peer_nic:
+                    other.restarted = True
+        self._peer_epoch[f.peer_nic] = probe.epoch
+        f.sent += 1
+        f.rtts_us.append(max(0.0, (received - sent - probe.processing_ns) / 1000))
+        f.processing_us += probe.processing_ns / 1000
+
+    def _expire(self, now: int) -> None:
+        limit = now - self._timeout_ns
+        late = [k for k, (_, sent) in self._outstanding.items() if sent < limit]
+        for k in late:
+            index, _ = self._outstanding.pop(k)
+            f = self._flows[index]
+            f.sent += 1
+            f.lost += 1
+
+    def _close_window(self, now: int) -> None:
+        window_ms = max(1, self.plan.window_s) * 1000
+        # A flow that lost probes is reported on its own (its source port and spine name it); the
+        # clean flows of one target are summed into one result with source port 0 and no spine
+        # (ECMP spreads them evenly), so a report carries tens of results per window, not one per flow.
+        groups: dict[tuple[str, str, str, int, bool], list[_Flow]] = {}
+        slow = self.plan.slow_us or float("inf")
+        for f in self._flows:
+            if f.sent:
+                alone = f.lost > 0 or (bool(f.rtts_us) and max(f.rtts_us) >= slow)
+                key = (f.local_nic, f.peer_nic, f.via if alone else "", f.src_port if alone else 0, f.restarted)
+                groups.setdefault(key, []).append(f)
+        out: list[tpb.ProbeResult] = []
+        for (local, peer, via, sport, restarted), fs in groups.items():
+            rtts = sorted(r for f in fs for r in f.rtts_us)
+            answered = len(rtts)
+            out.append(
+                tpb.ProbeResult(
+                    local_nic=local,
+                    peer_nic=peer,
+                    src_port=sport,
+                    sent=sum(f.sent for f in fs),
+                    lost=sum(f.lost for f in fs),
+                    rtt_p50_us=_quantile(rtts, 0.5),
+                    rtt_p99_us=_quantile(rtts, 0.99),
+                    rtt_stdev_us=statistics.pstdev(rtts) if answered > 1 else 0.0,
+                    responder_us=sum(f.processing_us for f in fs) / answered if answered else 0.0,
+                    plan_version=self.plan.version,
+                    window_ms=window_ms,
+                    via=via,
+                    peer_restarted=restarted,
+                )
+            )
+        for f in self._flows:
+            f.sent, f.lost, f.rtts_us, f.processing_us, f.restarted = 0, 0, [], 0.0, False
+        with self._lock:
+            self._results.extend(out)
+            if len(self._results) > 20_000:  # the controller is away: keep the newest windows
+                del self._results[: len(self._results) - 20_000]
+        self._window_end = now + window_ms * 1_000_000
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]

@@ -1,0 +1,49 @@
+"""The probe packet: a request and its reply share one layout, padded to the plan's size.
+
+The reply carries the responder's own processing time (receive to send, in its clock), so
+the prober takes it out of the round trip: what is left is the network's, and a slow host
+shows as a large ``responder_us``, not as network delay. ``epoch`` is random per responder
+start: a change tells the prober its peer restarted, so the probes it missed are not loss.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"SPRB"
+REQUEST = 0
+REPLY = 1
+_LAYOUT = struct.Struct("!4sBIQQI")  # magic, kind, seq, sent_ns (prober's clock), processing_ns, epoch
+HEADER = _LAYOUT.size
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    kind: int
+    seq: int
+    sent_ns: int
+    processing_ns: int = 0
+    epoch: int = 0
+
+
+def encode(probe: Probe, size: int) -> bytes:
+    """The probe padded with zeros to ``size`` bytes (at least its header)."""
+    head = _LAYOUT.pack(MAGIC, probe.kind, probe.seq, probe.sent_ns, probe.processing_ns, probe.epoch)
+    return head + bytes(max(0, size - HEADER))
+
+
+def decode(data: bytes) -> Probe | None:
+    """A probe, or None for anything else that reached the port."""
+    if len(data) < HEADER or data[:4] != MAGIC:
+        return None
+    _, kind, seq, sent_ns, processing_ns, epoch = _LAYOUT.unpack_from(data)
+    if kind not in (REQUEST, REPLY):
+        return None
+    return Probe(kind, seq, sent_ns, processing_ns, epoch)
+
+
+def reply_to(data: bytes, processing_ns: int, epoch: int) -> bytes:
+    """The reply to a request: the same bytes (size, seq, sent time) with kind, processing time and epoch set."""
+    _, _, seq, sent_ns, _, _ = _LAYOUT.unpack_from(data)
+    return _LAYOUT.pack(MAGIC, REPLY, seq, sent_ns, processing_ns, epoch) + data[HEADER:]

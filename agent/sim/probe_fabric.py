@@ -1,0 +1,141 @@
+"""A simulated rail data plane for the probe mesh: which flows a faulty fabric drops or slows.
+
+Given the wiring (a NIC's leaf, a leaf's spines: callables, so the simulator needs nothing of
+the controller) and the faults injected (silent drop on a switch, loss or delay on a cable,
+loss on a NIC's cable, a slow host), it says what happens to one flow: the spine its ECMP hash
+picks (crc32 of its addresses and source port, as a switch hashes the 5-tuple), whether a
+probe is lost, and how much later it comes back. ``fate`` is the prober's seam
+(``agent.probe.prober.FateOf``) for real agents over loopback; ``window_results`` draws a
+window's results statistically, for runs on a fake clock and for benches.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from agent.probe.prober import PathFate
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+LINK = "<->"
+
+
+@dataclass
+class SimProbeFabric:
+    leaf_of: Callable[[str], str | None]
+    spines_of: Callable[[str], Sequence[str]]
+    traced: bool = True  # flows report the spine they crossed (a tracepath), else via is ""
+    loss: dict[str, float] = field(default_factory=dict)  # component -> drop probability per crossing
+    delay_s: dict[str, float] = field(default_factory=dict)  # component -> added round-trip seconds
+    base_rtt_us: float = 8.0
+    _paths: dict[tuple[str, str, int], tuple[list[str], str]] = field(default_factory=dict, repr=False)
+
+    def inject_loss(self, component: str, share: float) -> None:
+        """``component``: a leaf or spine (silent drop), 'a<->b' (a cable), a NIC (its cable), a node."""
+        self.loss[_canon(component)] = share
+
+    def inject_delay(self, component: str, seconds: float) -> None:
+        self.delay_s[_canon(component)] = seconds
+
+    def clear(self, component: str | None = None) -> None:
+        if component is None:
+            self.loss.clear()
+            self.delay_s.clear()
+        else:
+            self.loss.pop(_canon(component), None)
+            self.delay_s.pop(_canon(component), None)
+
+    def path(self, local_nic: str, peer_nic: str, src_port: int) -> tuple[list[str], str]:
+        """The components a flow's probe and reply cross, and the spine it takes ("" within a leaf)."""
+        key = (local_nic, peer_nic, src_port)
+        known = self._paths.get(key)
+        if known is None:
+            known = self._paths[key] = self._path(local_nic, peer_nic, src_port)
+        return known
+
+    def _path(self, local_nic: str, peer_nic: str, src_port: int) -> tuple[list[str], str]:
+        a, b = self.leaf_of(local_nic), self.leaf_of(peer_nic)
+        hosts = [local_nic.rsplit("/", 1)[0], peer_nic.rsplit("/", 1)[0]]
+        comps = [local_nic, peer_nic, *hosts]
+        if a is None or b is None:
+            return comps, ""
+        if a == b:
+            return [*comps, a], ""
+        spines = sorted(self.spines_of(a))
+        spine = spines[zlib.crc32(f"{local_nic}|{peer_nic}|{src_port}".encode()) % len(spines)] if spines else ""
+        comps += [a, b]
+        if spine:
+            comps += [spine, _canon(f"{a}{LINK}{spine}"), _canon(f"{b}{LINK}{spine}")]
+        return comps, spine
+
+    def fate(self, local_nic: str, peer_nic: str, src_port: int) -> PathFate:
+        comps, spine = self.path(local_nic, peer_nic, src_port)
+        via = spine if self.traced else ""
+        if not self.loss and not self.delay_s:
+            return PathFate(via=via)
+        keep = 1.0
+        for c in comps:
+            keep *= (1 - self.loss.get(c, 0.0)) ** 2  # there and back
+        delay = sum(self.delay_s.get(c, 0.0) for c in comps)
+        return PathFate(drop=1 - keep, delay_s=delay, via=via)
+
+    def window_results(
+        self, plan: spb.ProbePlan, rng: random.Random, *, window_s: float | None = None
+    ) -> list[tpb.ProbeResult]:
+        """One window of the node's plan, drawn: per flow, probes sent at the plan's rate, each lost
+        with its path's probability; clean flows summed per target and spine, as the prober does."""
+        span = window_s if window_s is not None else float(plan.window_s or 10)
+        groups: dict[tuple[str, str, str, int], list[float]] = {}
+        counts: dict[tuple[str, str, str, int], list[int]] = {}
+        for t in plan.targets:
+            ports = list(t.src_ports) or [0]
+            per_flow = max(1, round(t.packets_per_s * span / len(ports)))
+            for port in ports:
+                fate = self.fate(t.local_nic, t.peer_nic, port)
+                lost = sum(1 for _ in range(per_flow) if rng.random() < fate.drop) if fate.drop else 0
+                alone = lost > 0 or (plan.slow_us > 0 and self.base_rtt_us + fate.delay_s * 1e6 >= plan.slow_us)
+                key = (t.local_nic, t.peer_nic, fate.via if alone else "", port if alone else 0)
+                c = counts.setdefault(key, [0, 0])
+                c[0] += per_flow
+                c[1] += lost
+                if per_flow > lost:
+                    groups.setdefault(key, []).append(self.base_rtt_us + fate.delay_s * 1e6 + rng.random())
+        out = []
+        for key, (sent, lost) in counts.items():
+            rtts = sorted(groups.get(key, []))
+            p99 = rtts[-1] if rtts else 0.0
+            out.append(
+                tpb.ProbeResult(
+                    local_nic=key[0],
+                    peer_nic=key[1],
+                    via=key[2],
+                    src_port=key[3],
+                    sent=sent,
+                    lost=lost,
+                    rtt_p50_us=rtts[len(rtts) // 2] if rtts else 0.0,
+                    rtt_p99_us=p99,
+                    responder_us=3.0,
+                    plan_version=plan.version,
+                    window_ms=int(span * 1000),
+                )
+            )
+        return out
+
+
+def _canon(component: str) -> str:
+    """A cable's two ends in a stable order, whichever way it was named."""
+    if LINK not in component:
+        return component
+    a, _, b = component.partition(LINK)
+    tier = {"node": 0, "leaf": 3, "spine": 4}
+
+    def rank(name: str) -> tuple[int, str]:
+        if "/nic-" in name:
+            return (2, name)
+        return (tier.get(name.split("-", 1)[0], 9), name)
+
+    first, second = sorted((a, b), key=rank)
+    return f"{first}{LINK}{second}"

@@ -1,0 +1,131 @@
+"""The agent's prober over loopback: real UDP sockets on per-rail 127.x addresses."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.probe import wire
+from agent.probe.prober import PathFate, Prober
+from starpulse.v1 import service_pb2 as spb
+from starpulse.v1 import telemetry_pb2 as tpb
+
+
+def _udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _plan(version: int, me: str, peer: str, port: int, *, pps: float = 200.0) -> spb.ProbePlan:
+    addr = {"a/nic-0": "127.0.41.1", "b/nic-0": "127.0.42.1"}
+    plan = spb.ProbePlan(version=version, port=port, dscp=26, payload_bytes=1000, timeout_ms=200, window_s=1)
+    plan.listen[me] = addr[me]
+    plan.targets.add(
+        local_nic=me,
+        local_address=addr[me],
+        peer_nic=peer,
+        peer_address=addr[peer],
+        src_ports=[_udp_port(), _udp_port()],
+        packets_per_s=pps,
+        purpose="cross",
+    )
+    return plan
+
+
+def _wait_results(p: Prober, n: int = 1, limit_s: float = 10.0) -> list[tpb.ProbeResult]:
+    out: list[tpb.ProbeResult] = []
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        out += p.take_results()
+        if len(out) >= 2 * n:
+            return out
+        time.sleep(0.1)
+    raise AssertionError(f"no results within {limit_s}s: {out}")
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Prober, Prober, int]]:
+    port = _udp_port()
+    a, b = Prober(seed=1), Prober(seed=2)
+    a.start()
+    b.start()
+    yield a, b, port
+    a.stop()
+    b.stop()
+
+
+def test_two_nodes_probe_each_other_with_no_loss(pair: tuple[Prober, Prober, int]) -> None:
+    a, b, port = pair
+    a.apply(_plan(1, "a/nic-0", "b/nic-0", port))
+    b.apply(_plan(1, "b/nic-0", "a/nic-0", port))
+    results = _wait_results(a, n=2)
+    assert {r.peer_nic for r in results} == {"b/nic-0"}
+    assert sum(r.sent for r in results) > 0
+    assert sum(r.lost for r in results) == 0
+    assert all(r.rtt_p50_us > 0 and r.rtt_p99_us >= r.rtt_p50_us for r in results if r.sent)
+    assert all(r.plan_version == 1 and r.window_ms == 1000 for r in results)
+    assert b.answered_total > 0
+
+
+def test_a_lossy_and_slow_path_shows_in_the_results(pair: tuple[Prober, Prober, int]) -> None:
+    a, b, port = pair
+    a = Prober(fate=lambda local, peer, sport: PathFate(drop=0.5, delay_s=0.02, via="spine-3"), seed=3)
+    a.start()
+    try:
+        a.apply(_plan(1, "a/nic-0", "b/nic-0", port))
+        b.apply(_plan(1, "b/nic-0", "a/nic-0", port))
+        results = _wait_results(a, n=2)
+        sent, lost = sum(r.sent for r in results), sum(r.lost for r in results)
+        assert 0.3 < lost / sent < 0.7
+        answered = [r for r in results if r.sent > r.lost]
+        assert answered and all(r.rtt_p50_us >= 20_000 for r in answered)  # the network's 20 ms
+        assert all(r.responder_us < 20_000 for r in answered)  # not the responder's
+        assert {r.via for r in results} == {"spine-3"}
+    finally:
+        a.stop()
+
+
+def test_a_peer_that_restarts_marks_its_flows(pair: tuple[Prober, Prober, int]) -> None:
+    a, b, port = pair
+    a.apply(_plan(1, "a/nic-0", "b/nic-0", port))
+    b.apply(_plan(1, "b/nic-0", "a/nic-0", port))
+    _wait_results(a, n=2)
+    b.stop()
+    b2 = Prober(seed=9)  # the peer's agent restarted: a new responder epoch
+    b2.start()
+    try:
+        b2.apply(_plan(1, "b/nic-0", "a/nic-0", port))
+        deadline = time.monotonic() + 10
+        restarted = False
+        while time.monotonic() < deadline and not restarted:
+            restarted = any(r.peer_restarted for r in a.take_results())
+            time.sleep(0.1)
+        assert restarted
+    finally:
+        b2.stop()
+
+
+def test_an_older_plan_is_ignored_and_a_paused_one_stops_probing() -> None:
+    p = Prober()
+    p.apply(_plan(5, "a/nic-0", "b/nic-0", 1))
+    p.apply(_plan(4, "a/nic-0", "b/nic-0", 1))
+    assert p._pending is not None and p._pending.version == 5
+    p.apply(spb.ProbePlan(version=6, paused=True))
+    p.start()
+    try:
+        time.sleep(0.2)
+        assert p.plan.paused and p.sent_total == 0
+    finally:
+        p.stop()
+
+
+def test_the_wire_format_round_trips_and_ignores_strangers() -> None:
+    data = wire.encode(wire.Probe(wire.REQUEST, 7, 123), 64)
+    assert len(data) == 64
+    reply = wire.decode(wire.reply_to(data, 55, 9))
+    assert reply == wire.Probe(wire.REPLY, 7, 123, 55, 9)
+    assert wire.decode(b"hello world, not a probe at all!") is None
