@@ -235,6 +235,7 @@ class NicMissing(NicSetEvaluator):
         super().__init__(rules, setup)
         # node -> (its inventory mapping, the same ports as (rdma_device, port) keys)
         self._ports: dict[str, tuple[Mapping[str, str], frozenset[tuple[str, int]]]] = {}
+        self._shared: dict[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] = {}
 
     def nic_set(self, nid: str, inventory: Mapping[str, str], report: tpb.Report, now: int, owned: Owned) -> None:
         nics = report.nics
@@ -275,6 +276,7 @@ class NicMissing(NicSetEvaluator):
         if cached is not None and cached[0] is inventory:
             return cached[1]
         keys = frozenset(_split_port(local) for local in inventory)
+        keys = self._shared.setdefault(keys, keys)  # one set for every node with the same ports
         self._ports[nid] = (inventory, keys)
         return keys
 
