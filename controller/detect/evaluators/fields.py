@@ -348,10 +348,11 @@ class GpuField(_FieldKind, GpuEvaluator):
         # only if a test holds; a test is a pure function of its fields, which (a link's width
         # and generation against their maxima) change rarely. So a GPU whose tested fields are
         # those of its last quiet report, where every test failed, is not asked again
-        # (one C-level read and a tuple compare; ~40 bytes per GPU).
+        # (one C-level read and a tuple compare; a dict entry per GPU, the values shared).
         tested = sorted({at for b in self._always for at in (b.at, b.other_at) if at >= 0})
         self._tested = _positions_getter(tested)
         self._all_failed: dict[str, tuple[Any, ...]] = {}  # GPU -> tested fields when every test failed
+        self._same: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # one tuple per distinct set of values
 
     def gpu(self, nid: str, comp: str, g: tpb.GpuSample, state: tuple[Any, ...], now: int, owned: Owned) -> None:
         if not owned and not any(map(state.__getitem__, self._woken_at)):
@@ -371,6 +372,9 @@ class GpuField(_FieldKind, GpuEvaluator):
             self._all_failed.pop(comp, None)
             self._judge(self._always, nid, comp, g, state, now, owned)
         else:
+            same = self._same
+            if len(same) < _MAX_SHARED:  # most GPUs share their values; a float field's would not
+                tested = same.setdefault(tested, tested)
             self._all_failed[comp] = tested
 
     def _judge(
@@ -397,6 +401,9 @@ class GpuField(_FieldKind, GpuEvaluator):
                     self.bad_on(nid, b.rule, comp, "gpu", message, evidence, now)
             elif owned and (b.rule.id, comp) in owned and _known(b, g, state):
                 self.judge.good(owned, b.rule, comp, now)
+
+
+_MAX_SHARED = 1024  # distinct tested values kept as one tuple each (GpuField)
 
 
 def _positions_getter(positions: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
