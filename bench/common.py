@@ -139,19 +139,32 @@ class ProcSampler:
         self.own_cpu_s = 0.0
         self._own_cpu = self._own_cpu0 = 0.0
         self.wall_s = 0.0
+        # the process's first thread (an asyncio service's event loop) and each child, apart
+        self._main_thread = self._main_thread0 = 0.0
+        self._children: dict[int, float] = {}
+        self._children0: dict[int, float] = {}
+        self.main_thread_cpu_s = 0.0
+        self.children_cpu_s: dict[int, float] = {}
 
     def _cpu(self) -> float:
         total = 0.0
         own = 0.0
+        children: dict[int, float] = {}
         for p in [self.proc, *self.proc.children(recursive=True)]:
             try:
                 t = p.cpu_times()
                 total += t.user + t.system
                 if p.pid == self.proc.pid:
                     own = t.user + t.system
+                    self._main_thread = next(
+                        (th.user_time + th.system_time for th in p.threads() if th.id == p.pid), 0.0
+                    )
+                else:
+                    children[p.pid] = t.user + t.system
             except psutil.Error:
                 pass
         self._own_cpu = own
+        self._children = children
         return total
 
     def _rss(self) -> int:
@@ -172,6 +185,8 @@ class ProcSampler:
     def start(self) -> ProcSampler:
         self._cpu0 = self._cpu()
         self._own_cpu0 = self._own_cpu
+        self._main_thread0 = self._main_thread
+        self._children0 = dict(self._children)
         self._t0 = time.monotonic()
         self.rss.append(self._rss())
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -181,6 +196,8 @@ class ProcSampler:
     def stop(self) -> dict[str, float]:
         self.cpu_s = self._cpu() - self._cpu0
         self.own_cpu_s = self._own_cpu - self._own_cpu0
+        self.main_thread_cpu_s = self._main_thread - self._main_thread0
+        self.children_cpu_s = {pid: cpu - self._children0.get(pid, 0.0) for pid, cpu in self._children.items()}
         self.wall_s = time.monotonic() - self._t0
         self.rss.append(self._rss())
         self._stop.set()
@@ -195,6 +212,11 @@ class ProcSampler:
             "cpu_pct_of_one_core": round(100 * self.cpu_s / self.wall_s, 2) if self.wall_s else float("nan"),
             # the process alone, without its children (a controller's detection shards)
             "own_cpu_pct_of_one_core": round(100 * self.own_cpu_s / self.wall_s, 2) if self.wall_s else float("nan"),
+            "own_cpu_s": round(self.own_cpu_s, 3),
+            # of it the first thread (an asyncio service's event loop); the rest is its other threads
+            "main_thread_cpu_s": round(self.main_thread_cpu_s, 3),
+            # each child process (a controller's detection shards), by pid
+            "children_cpu_s": {str(pid): round(cpu, 3) for pid, cpu in sorted(self.children_cpu_s.items())},
             "rss_mib_median": round(median(self.rss) / 2**20, 1),
             "rss_mib_max": round(max(self.rss) / 2**20, 1),
         }

@@ -163,6 +163,7 @@ def scrape(http_port: int) -> dict[str, float]:
                 "starpulse_reports_received_total",
                 "starpulse_incidents_open",
                 "starpulse_periodic_seconds",
+                "starpulse_stage_cpu_seconds",
             )
         ):
             continue
@@ -218,6 +219,49 @@ def periodic_steps(before: dict[str, float], after: dict[str, float]) -> dict[st
             "longest_under_ms": 1000 * longest,
         }
     return out
+
+
+def cpu_split(
+    before: dict[str, float], after: dict[str, float], ctl: dict[str, Any], reports: float
+) -> dict[str, float]:
+    """The controller's CPU per report, in microseconds, by where it went.
+
+    From outside: the main process's event-loop thread and its other threads (gRPC's own:
+    reading sockets, HTTP/2; SQLite's checkpoint), and each detection shard process. From the
+    controller's ``starpulse_stage_cpu_seconds_total{process,stage}`` (controller.metrics.StageCpu):
+    the loop's stages (a relay batch's hand-over, the shard frames out, the shards' verdicts
+    applied (fail-slow fold, registry, histograms, acks), condition changes, the periodic
+    sweep and fail-slow steps) and what each shard says of itself (its frames read and written,
+    a report's decode and validation, the rules, fail-slow extraction, its tick). What the
+    loop's thread spends outside its stages is asyncio, gRPC's reads into Python and HTTP.
+    """
+    if not reports:
+        return {}
+    us = 1e6 / reports
+    out: dict[str, float] = {}
+    loop = ctl.get("main_thread_cpu_s", 0.0)
+    out["main: gRPC and other threads"] = (ctl.get("own_cpu_s", 0.0) - loop) * us
+    staged = 0.0
+    shards: dict[str, float] = {}
+    prefix = "starpulse_stage_cpu_seconds_total{"
+    for key, value in sorted(after.items()):
+        if not key.startswith(prefix):
+            continue
+        process = key.split('process="', 1)[1].split('"', 1)[0]
+        stage = key.split('stage="', 1)[1].split('"', 1)[0]
+        spent = (value - before.get(key, 0.0)) * us
+        if process == "main":
+            out[f"main loop: {stage}"] = spent
+            staged += spent
+        else:
+            shards[stage] = shards.get(stage, 0.0) + spent
+    out["main loop: other (asyncio, gRPC reads, HTTP)"] = loop * us - staged
+    out["shards, all (processes)"] = sum(ctl.get("children_cpu_s", {}).values()) * us
+    for stage, spent in shards.items():
+        out[f"shards: {stage}"] = spent
+    if shards:
+        out["shards: other (select, GC)"] = out["shards, all (processes)"] - sum(shards.values())
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def run_size(
@@ -366,6 +410,8 @@ def run_size(
         "controller_cpu_ms_per_report": round(1000 * cpu_frac / rate, 3) if rate else float("nan"),
         # the controller's own process; the rest of controller_cpu_pct is its detection shards
         "controller_main_cpu_pct": ctl_sum["own_cpu_pct_of_one_core"],
+        # microseconds per decided report by where they went (cpu_split)
+        "cpu_split_us_per_report": cpu_split(m0, m1, ctl_sum, decided),
         "controller_rss_mib_idle": base_rss,
         "controller_rss_mib_median": ctl_sum["rss_mib_median"],
         "controller_rss_mib_max": ctl_sum["rss_mib_max"],
@@ -484,6 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ("controller CPU % of one core", r["controller_cpu_pct"]),
                 ("controller CPU ms per report", r["controller_cpu_ms_per_report"]),
                 ("  of it the main process, % of one core", r["controller_main_cpu_pct"]),
+                *((f"  us per report, {where}", spent) for where, spent in r["cpu_split_us_per_report"].items()),
                 (
                     "periodic steps: mean / longest under, ms",
                     ", ".join(f"{k} {v['mean_ms']} / {v['longest_under_ms']:g}" for k, v in r["periodic"].items()),

@@ -442,6 +442,7 @@ class DecisionCore:
             watchdog.kick()
 
     def _sweep_steps(self) -> None:
+        at = time.thread_time()
         for step, run in self._periodic:
             started = time.perf_counter()
             try:
@@ -449,6 +450,7 @@ class DecisionCore:
             except Exception:
                 log.exception("periodic_step_failed", step=step)
             self.metrics.periodic_seconds.labels(step).observe(time.perf_counter() - started)
+        self.metrics.stage_cpu.since("periodic", at)  # the report path's split (bench.scale) names it too
 
     async def _failslow_evaluation(self) -> None:
         """One fail-slow peer comparison in steps of ~500 nodes, reports decided in between.
@@ -461,6 +463,7 @@ class DecisionCore:
         finished = False
         while not finished:
             started = time.perf_counter()
+            at = time.thread_time()
             try:
                 next(steps)
             except StopIteration:
@@ -469,6 +472,7 @@ class DecisionCore:
                 log.exception("periodic_step_failed", step="failslow_step")
                 return
             observe(time.perf_counter() - started)
+            self.metrics.stage_cpu.since("failslow", at)
             if not finished:
                 await asyncio.sleep(0)
         try:

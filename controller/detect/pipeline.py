@@ -164,6 +164,8 @@ class Detection:
                 shard_settings,
                 on_changes=self.feed_shard_changes,
                 on_lost=on_shard_lost,
+                cpu=metrics.stage_cpu,
+                shard_cpu=metrics.shard_stage_cpu,
             )
         # The probe mesh's localisation (controller.detect.probes): the one place that sees every
         # node's probe results with the whole fabric, whether reports were decided here or in shards.

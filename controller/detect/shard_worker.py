@@ -18,8 +18,9 @@ One node's reports and events reach one shard in the order they arrived, so its 
 state is exactly what the controller's own engine would hold.
 
 Protocol (controller.detect.shardwire frames): stdin carries the settings, then batches of
-operations; stdout carries ``("ready", pid)``, then one ``(results, changes, opened)`` per
-batch or tick. Logs go to stderr.
+operations; stdout carries ``("ready", pid)``, then one ``(results, changes, opened, cpu)``
+per batch or tick: ``results`` as ``ReportResult.to_wire`` tuples, ``cpu`` the shard's CPU
+seconds by stage so far (``StageCpu``; sent with each tick, else None). Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import os
 import select
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,7 @@ from controller.detect.rules import load_rules
 from controller.ingest.registry import ONLINE, NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_event, validate_report
 from controller.ingest.verdict import ReportResult
+from controller.metrics import StageCpu
 from starpulse.core.clock import SYSTEM_CLOCK, Clock
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -99,6 +102,9 @@ class Shard:
         self.failslow = FailSlowDetector(settings.failslow, clock=clock)
         self.nodes: dict[str, NodeRecord] = {}
         self._full_seen: set[str] = set()  # nodes whose current stream sent a full report
+        # Wall seconds of the reports' phases (decode and validate, rules, fail-slow): serve()
+        # splits the CPU of a whole batch by them (three perf_counter reads per report, ~0.2 us).
+        self.phase_s = [0.0, 0.0, 0.0]
 
     def handle(self, ops: list[tuple[Any, ...]]) -> Answer:
         results: list[ReportResult] = []
@@ -147,6 +153,7 @@ class Shard:
         if node is None:
             result.error = f"shard knows no node {node_id!r}"  # the controller always says OP_NODE first
             return result
+        started = time.perf_counter()
         try:
             msg = spb.AgentMessage.FromString(raw)
         except DecodeError as exc:
@@ -176,8 +183,14 @@ class Shard:
         result.gpus = len(report.gpus)
         result.nics = len(report.nics)
         result.switch_ports = len(report.switch_ports)
+        decoded = time.perf_counter()
         changes += self.engine.on_report(node, report)
+        judged = time.perf_counter()
         result.signals, result.job = self.failslow.extract(node_id, report)
+        phase = self.phase_s
+        phase[0] += decoded - started
+        phase[1] += judged - decoded
+        phase[2] += time.perf_counter() - judged
         if report.job_steps:
             result.job_steps = list(report.job_steps)
         result.job_gpus = job_gpu_signature(report)
@@ -224,17 +237,25 @@ def serve(fd_in: int, fd_out: int, *, clock: Clock) -> None:
     write_frame_fd(fd_out, ("ready", os.getpid()))
     next_tick = clock.monotonic() + settings.tick_s
     next_collection = clock.monotonic() + settings.full_collection_s
+    cpu = StageCpu()
+    decide_wall = 0.0
     while True:
         wait = max(0.0, next_tick - clock.monotonic())
         readable, _, _ = select.select([fd_in], [], [], wait)
         results: list[ReportResult] = []
         changes: list[ConditionChange] = []
         opened: list[EventsOpened] = []
+        totals: dict[str, float] | None = None
+        at = time.thread_time()
         if readable:
             ops = read_frame_fd(fd_in)
             if ops is None:
                 return  # the controller closed our stdin: it is stopping
+            at = cpu.since("frame_read", at)
+            wall = time.perf_counter()
             results, changes, opened = shard.handle(ops)
+            decide_wall += time.perf_counter() - wall
+            at = cpu.since("decide", at)
         if clock.monotonic() >= next_tick:
             next_tick = clock.monotonic() + settings.tick_s
             try:
@@ -244,8 +265,29 @@ def serve(fd_in: int, fd_out: int, *, clock: Clock) -> None:
             if next_tick >= next_collection:
                 next_collection = next_tick + settings.full_collection_s
                 gc.collect()
-        if results or changes or opened:
-            write_frame_fd(fd_out, (results, changes, opened))
+            at = cpu.since("tick", at)
+            totals = stage_totals(cpu.seconds, shard.phase_s, decide_wall)
+        if results or changes or opened or totals:
+            write_frame_fd(fd_out, ([r.to_wire() for r in results], changes, opened, totals))
+            cpu.since("frame_write", at)
+
+
+PHASES = ("decode_validate", "rules", "failslow")
+
+
+def stage_totals(seconds: dict[str, float], phase_wall: list[float], decide_wall: float) -> dict[str, float]:
+    """The shard's CPU by stage: its batches' CPU (``decide``) split by the reports' phases' shares
+    of the batches' wall time; what is left of it (node and event operations, verdicts) stays ``decide``."""
+    out = dict(seconds)
+    decide = out.pop("decide", 0.0)
+    left = decide
+    if decide_wall > 0:
+        for name, wall in zip(PHASES, phase_wall, strict=True):
+            share = decide * min(1.0, wall / decide_wall)
+            out[name] = share
+            left -= share
+    out["decide_other"] = max(0.0, left)
+    return out
 
 
 def _widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ import grpc
 import structlog
 
 from controller.ingest.servicer import OpenStream, RawReport, StreamRejected, TelemetryServicer
-from controller.metrics import ControllerMetrics
+from controller.metrics import ControllerMetrics, StageCpu
 from starpulse.core.tls import peer_node_id
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -127,8 +128,11 @@ class RelayLink:
         context: grpc.aio.ServicerContext,
         max_message_bytes: int,
         max_queued_bytes: int,
+        cpu: StageCpu | None = None,
     ) -> None:
+        """``cpu``: where a batch's hand-over is charged (``relay_dispatch``: ControllerMetrics.stage_cpu)."""
         self.relay_id = relay_id
+        self._cpu = cpu if cpu is not None else StageCpu()
         self._telemetry = telemetry
         self._context = context
         self._max_message_bytes = max_message_bytes
@@ -145,6 +149,7 @@ class RelayLink:
     # -- inbound ------------------------------------------------------------------------
     async def dispatch(self, batch: spb.RelayedAgentBatch) -> None:
         """Hand each message to its stream; wait while too many bytes are queued (backpressure to the relay)."""
+        at = time.thread_time()
         for item in batch.messages:
             stream = self.streams.get(item.stream)
             if item.closed:
@@ -179,6 +184,7 @@ class RelayLink:
                 continue
             self._queued_bytes += len(message)
             stream.feed(message)
+        self._cpu.since("relay_dispatch", at)  # with shards: reports handed over; without: decided too
         if self._queued_bytes >= self._max_queued_bytes:
             self._drained.clear()
             await self._drained.wait()
@@ -298,7 +304,9 @@ class RelayServicer(sgrpc.RelayServicer):
                     f"certificate names {identity!r}; relay {relay_id!r} is not in ingest.relays",
                 )
                 return
-        link = RelayLink(relay_id, self.telemetry, context, self.max_message_bytes, self.max_queued_bytes)
+        link = RelayLink(
+            relay_id, self.telemetry, context, self.max_message_bytes, self.max_queued_bytes, self.metrics.stage_cpu
+        )
         previous = self.links.get(relay_id)
         self.links[relay_id] = link
         if previous is not None:

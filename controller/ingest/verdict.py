@@ -8,7 +8,9 @@ from a shard crosses a pipe as a pickle: everything in it is a plain value or a 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any
 
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -43,3 +45,20 @@ class ReportResult:
     # The report's probe results decoded where it was decided (controller.detect.probes.ProbeObs
     # tuples), for the one place that holds the whole fabric: the probe localiser.
     probes: list[tuple[str, str, str, int, int, float, float, bool]] = field(default_factory=list)
+
+    def to_wire(self) -> tuple[Any, ...]:
+        """The verdict as a plain tuple of its fields, in order, for the shard wire.
+
+        Why: pickling a slots dataclass runs its ``__getstate__``/``__setstate__`` in Python
+        for every field (~11 us to pickle and ~5.5 us to unpickle one verdict, measured), once
+        per report on each side of the pipe; a tuple of the same values is pickled in C
+        (~0.7 + 0.4 us). ``from_wire`` builds the verdict again.
+        """
+        return _WIRE(self)
+
+    @classmethod
+    def from_wire(cls, values: tuple[Any, ...]) -> ReportResult:
+        return cls(*values)
+
+
+_WIRE = attrgetter(*(f.name for f in fields(ReportResult)))

@@ -59,3 +59,33 @@ def test_scan_names_the_expected_port_by_the_same_rule() -> None:
     assert verdict.conditions[0].component.startswith(f"{NODE}/")  # named as the controller names it
     assert verdict.missing == ["nic mlx5_9/1"] and verdict.exit_code == 1
     assert judge(NODE, node.inventory, reports, [], Expected(nics=("mlx5_0/1",))).exit_code == 0
+
+
+def test_a_new_inventory_is_read_again_after_re_registration() -> None:
+    """The ports a report is compared with are the node's current inventory: a node that
+    registers again with one more port has that port missing from its next report."""
+    engine, clock = make_engine()
+    node = compute_node()
+    healthy = good_report(clock.time_ms())
+    healthy.collectors.add(name="nic", supported=True, ok=True)
+    assert not [k for k in opened(engine.on_report(node, healthy)) if k[0] == "nic.missing"]
+    node.inventory.nics.add(rdma_device="mlx5_9", port=1, netdev="eth9")
+    node.stream_token += 1  # a new stream: the engine names the node anew
+    clock.advance(5)
+    again = good_report(clock.time_ms())
+    again.collectors.add(name="nic", supported=True, ok=True)
+    missing = [k for k in opened(engine.on_report(node, again)) if k[0] == "nic.missing"]
+    assert len(missing) == 1
+    cond = engine.get(*missing[0])
+    assert cond is not None and cond.evidence["port"] == "mlx5_9/1"
+
+
+def test_an_open_condition_is_still_resolved_when_every_port_is_back() -> None:
+    """The fast path (every port reported) is taken only while nothing is open on the node."""
+    engine, clock = make_engine()
+    node = compute_node()
+    engine.on_report(node, _without_nic5(clock.time_ms()))
+    clock.advance(5)
+    back = good_report(clock.time_ms())
+    back.collectors.add(name="nic", supported=True, ok=True)
+    assert resolved(engine.on_report(node, back)) == [KEY]

@@ -65,3 +65,21 @@ async def test_http_metrics_route_serves_new_series(tmp_path: Path) -> None:
     names = {s.name for s in samples(text)}
     assert {"starpulse_breaker_open", "starpulse_evictions_total", "starpulse_reports_received_total"} <= names
     promtool_check(text)
+
+
+def test_the_loop_histogram_exposes_what_prometheus_clients_histogram_does() -> None:
+    """The per-report histograms (LoopHistogram: a bisect, no lock) read as before on /metrics:
+    the same buckets (a value on a bound counted in it), sum and count; only ``_created`` is gone."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from controller.metrics import LoopHistogram
+
+    bounds = (0.001, 0.01, 0.1, 1.0)
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    reference = Histogram("x_seconds", "help", buckets=bounds, registry=theirs)
+    fast = LoopHistogram("x_seconds", "help", bounds, ours)
+    for value in (0.0, 0.0005, 0.001, 0.002, 0.01, 0.5, 1.0, 7.0):
+        reference.observe(value)
+        fast.observe(value)
+    expected = [line for line in generate_latest(theirs).decode().splitlines() if "_created" not in line]
+    assert generate_latest(ours).decode().splitlines() == expected

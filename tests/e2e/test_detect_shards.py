@@ -121,6 +121,12 @@ class TestShardedDetection:
             first = reg.nodes[relayed[0].sim.node_id]
             assert first.state == "online"
             assert first.latest_report is None  # the report stays in its shard
+            # Each shard says where its CPU went (bench.scale's split), and so does the loop.
+            await wait_for(lambda: len(ctl.metrics.shard_stage_cpu) == 2, what="both shards' CPU by stage")
+            for stages in ctl.metrics.shard_stage_cpu.values():
+                assert stages["rules"] > 0 and stages["decode_validate"] > 0
+            loop = ctl.metrics.stage_cpu.seconds
+            assert loop["verdicts"] > 0 and loop["shard_handover"] > 0 and loop["relay_dispatch"] > 0
         finally:
             await halt_agents(agents)
             await relay.stop()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from operator import eq, ge, gt, le, lt, ne
+from operator import eq, ge, gt, itemgetter, le, lt, ne
 from typing import Any, ClassVar
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -337,9 +337,57 @@ class GpuField(_FieldKind, GpuEvaluator):
     def __init__(self, rules: tuple[Rule, ...], setup: Setup) -> None:
         super().__init__(rules, setup)
         self._bound = _bind(rules, setup.gpu_fields, self.known)
+        # One rule without a wake (a PCIe width against its maximum) has this kind asked about
+        # every GPU; its rules with a wake have nothing to say about a GPU whose wake field is
+        # zero while nothing is open on the node, so there only the others are run. Why: on
+        # every healthy GPU of every report, three of the five default rules were compared
+        # for nothing (issue 31).
+        self._always = tuple(b for b in self._bound if self.wake(b.rule) is None)
+        self._woken_at = tuple(b.at for b in self._bound if self.wake(b.rule) is not None)
+        # Per change, not per report: on such a GPU the others' verdict can only be "bad", and
+        # only if a test holds; a test is a pure function of its fields, which (a link's width
+        # and generation against their maxima) change rarely. So a GPU whose tested fields are
+        # those of its last quiet report, where every test failed, is not asked again
+        # (one C-level read and a tuple compare; a dict entry per GPU, the values shared).
+        tested = sorted({at for b in self._always for at in (b.at, b.other_at) if at >= 0})
+        self._tested = _positions_getter(tested)
+        self._all_failed: dict[str, tuple[Any, ...]] = {}  # GPU -> tested fields when every test failed
+        self._same: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # one tuple per distinct set of values
 
     def gpu(self, nid: str, comp: str, g: tpb.GpuSample, state: tuple[Any, ...], now: int, owned: Owned) -> None:
-        for b in self._bound:
+        if not owned and not any(map(state.__getitem__, self._woken_at)):
+            self._quiet(nid, comp, g, state, now, owned)
+            return
+        self._all_failed.pop(comp, None)
+        self._judge(self._bound, nid, comp, g, state, now, owned)
+
+    def _quiet(self, nid: str, comp: str, g: tpb.GpuSample, state: tuple[Any, ...], now: int, owned: Owned) -> None:
+        """A GPU with no wake field set and nothing open on its node: the rules without a wake only."""
+        tested = self._tested(state)
+        if self._all_failed.get(comp) == tested:
+            return  # the same values every test failed on last time: the same answer
+        if any(
+            b.test.compare(state[b.at], b.test.value if b.other_at < 0 else state[b.other_at]) for b in self._always
+        ):
+            self._all_failed.pop(comp, None)
+            self._judge(self._always, nid, comp, g, state, now, owned)
+        else:
+            same = self._same
+            if len(same) < _MAX_SHARED:  # most GPUs share their values; a float field's would not
+                tested = same.setdefault(tested, tested)
+            self._all_failed[comp] = tested
+
+    def _judge(
+        self,
+        bound: tuple[_Bound, ...],
+        nid: str,
+        comp: str,
+        g: tpb.GpuSample,
+        state: tuple[Any, ...],
+        now: int,
+        owned: Owned,
+    ) -> None:
+        for b in bound:
             test = b.test
             if b.guard is not None and not _guard_holds(b, state):
                 continue  # the guard does not hold: neither bad nor good
@@ -353,6 +401,19 @@ class GpuField(_FieldKind, GpuEvaluator):
                     self.bad_on(nid, b.rule, comp, "gpu", message, evidence, now)
             elif owned and (b.rule.id, comp) in owned and _known(b, g, state):
                 self.judge.good(owned, b.rule, comp, now)
+
+
+_MAX_SHARED = 1024  # distinct tested values kept as one tuple each (GpuField)
+
+
+def _positions_getter(positions: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """itemgetter that always returns a tuple (itemgetter of one position returns the bare value)."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    if positions:
+        one = positions[0]
+        return lambda state: (state[one],)
+    return lambda state: ()
 
 
 class NicField(_FieldKind, NicEvaluator):

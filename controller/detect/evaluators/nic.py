@@ -4,6 +4,7 @@ port of the inventory absent from the report."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any
 
 from controller.detect.evaluators import counters
@@ -230,13 +231,26 @@ class NicMissing(NicSetEvaluator):
 
     kind = "nic_missing"
 
+    def __init__(self, rules: tuple[Rule, ...], setup: Setup) -> None:
+        super().__init__(rules, setup)
+        # node -> (its inventory mapping, the same ports as (rdma_device, port) keys)
+        self._ports: dict[str, tuple[Mapping[str, str], frozenset[tuple[str, int]]]] = {}
+        self._shared: dict[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] = {}
+
     def nic_set(self, nid: str, inventory: Mapping[str, str], report: tpb.Report, now: int, owned: Owned) -> None:
+        nics = report.nics
+        if not owned and self._inventory_keys(nid, inventory) <= set(map(_PORT_KEY, nics)):
+            # Every port reported and nothing open to resolve: no verdict can change, whatever
+            # the collector's status says. Asked first, with one C-level read per port, since it
+            # is the answer for nearly every report (issue 31: the formatted names and the
+            # status lookup below were ~5 % of a shard's time).
+            return
         status = next((c for c in report.collectors if c.name == "nic"), None)
         if status is not None and status.supported and not status.ok:
             return  # the collector failed: absent ports are unknown, not missing (no RDMA tree at all: missing)
-        if not report.nics and status is None:
+        if not nics and status is None:
             return  # a report without NIC data says nothing about NICs
-        reported = {f"{n.rdma_device}/{n.port}" for n in report.nics}
+        reported = {f"{n.rdma_device}/{n.port}" for n in nics}
         if not owned and inventory.keys() <= reported:
             return  # every port reported and nothing open to resolve: no verdict can change
         present = len(inventory.keys() & reported)
@@ -255,3 +269,22 @@ class NicMissing(NicSetEvaluator):
                     )
                 elif owned:
                     self.judge.good(owned, rule, comp, now)
+
+    def _inventory_keys(self, nid: str, inventory: Mapping[str, str]) -> frozenset[tuple[str, int]]:
+        """The inventory's ports as report keys, once per inventory (a new one after re-registration)."""
+        cached = self._ports.get(nid)
+        if cached is not None and cached[0] is inventory:
+            return cached[1]
+        keys = frozenset(_split_port(local) for local in inventory)
+        keys = self._shared.setdefault(keys, keys)  # one set for every node with the same ports
+        self._ports[nid] = (inventory, keys)
+        return keys
+
+
+_PORT_KEY = attrgetter("rdma_device", "port")
+
+
+def _split_port(local: str) -> tuple[str, int]:
+    """``"mlx5_0/1"`` -> ``("mlx5_0", 1)``; a name that is not one never matches a report's port."""
+    device, _, port = local.rpartition("/")
+    return (device, int(port)) if port.isdigit() else (local, -1)

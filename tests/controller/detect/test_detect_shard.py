@@ -23,6 +23,7 @@ from controller.detect.rules import load_rules
 from controller.detect.shard_worker import OP_EVENTS, OP_FORGET, OP_NODE, OP_REPORT, Shard, ShardSettings
 from controller.detect.shardwire import ShardWireError, encode_frame, read_frame_fd, write_frame_fd
 from controller.ingest.registry import ONLINE, NodeRecord
+from controller.ingest.verdict import ReportResult
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -191,5 +192,26 @@ def test_probe_results_are_decoded_in_the_shard_and_carried_in_the_verdict() -> 
     report.probe_results.add(local_nic="n/nic-0", peer_nic="k/nic-0", sent=0)  # nothing sent: nothing to say
     raw = spb.AgentMessage(report=report).SerializeToString()
     results, *_ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""), (OP_REPORT, "n", 1, raw, False, 0.0)])
-    back = pickle.loads(pickle.dumps(results[0]))
+    back = ReportResult.from_wire(pickle.loads(pickle.dumps(results[0].to_wire())))
     assert [ProbeObs(*o) for o in back.probes] == [ProbeObs("n/nic-0", "m/nic-0", "spine-1", 200, 3, 9.0, 0.0, False)]
+
+
+async def test_events_go_to_their_shard_without_the_reports_linger() -> None:
+    """Reports wait up to FLUSH_LINGER_S to share a frame; a batch of events (a fault's first
+    word) brings that flush forward to the next turn of the loop, and only one flush runs."""
+    import asyncio
+
+    from controller.detect.shards import DetectShards
+
+    shards = DetectShards(1, ShardSettings(), on_changes=lambda changes, opened: None, on_lost=lambda index: None)
+    flushes: list[int] = []
+    shards.flush = lambda: flushes.append(1)  # type: ignore[method-assign]  # no shard processes here
+    shards._schedule_flush()  # a report: lingers
+    await asyncio.sleep(0)
+    assert flushes == []
+    shards._schedule_flush(0.0)  # events: at once
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert flushes == [1]
+    await asyncio.sleep(0.01)  # past the report linger: the brought-forward flush was the only one
+    assert flushes == [1]

@@ -307,3 +307,63 @@ class TestExpressible:
         loaded = load_rules()
         for kind in ("gpu_field", "nic_field"):
             assert loaded.by_kind[kind] and all(isinstance(r.spec, FieldSpec) for r in loaded.by_kind[kind])
+
+
+def test_a_quiet_gpu_is_asked_only_by_rules_without_a_wake() -> None:
+    """A kind with a rule that looks at every GPU (a field against another) and a rule with a
+    wake runs the latter only where its field is set or something is open on the node: the
+    verdicts are those of asking every rule about every GPU."""
+    doc = (
+        "version: 1\nrules:\n"
+        "  - {id: t.wake, description: d, category: gpu, severity: warning, action: investigate,"
+        " kind: gpu_field, field: remap_pending, op: '==', threshold: true}\n"
+        "  - {id: t.always, description: d, category: gpu, severity: warning, action: investigate,"
+        " kind: gpu_field, field: pcie_link_width, op: '<', other: pcie_link_width_max}\n"
+    )
+    clock = FakeClock(1_000_000)
+    engine = ConditionEngine(parse_rules(doc, "test"), clock=clock)
+
+    def narrow(r: tpb.Report) -> None:
+        for g in r.gpus:
+            g.pcie_link_width, g.pcie_link_width_max = 16, 16
+        r.gpus[5].pcie_link_width = 8
+
+    def pending(r: tpb.Report) -> None:
+        narrow(r)
+        r.gpus[2].remap_pending = True
+
+    assert feed(engine, clock, narrow) == [("opened", "t.always")]  # quiet GPUs: the always-asked rule
+    assert feed(engine, clock, pending) == [("opened", "t.wake")]  # a wake field set: its rule is asked
+    # a condition open on the node: every rule is asked, so GPU 2 resolves once its field is clear
+    resolved = []
+    for _ in range(3):
+        resolved += feed(engine, clock, narrow)
+    assert resolved == [("resolved", "t.wake")]
+    assert engine.get("t.always", GPU5) is not None and engine.get("t.wake", f"{NODE}/gpu-2") is None
+
+
+def test_a_quiet_gpus_unchanged_fields_are_not_asked_again_yet_a_guard_that_comes_to_hold_is_heard() -> None:
+    """Per change, not per report: a GPU whose tested fields are those every test failed on is
+    skipped; but a test that holds while its guard does not is asked again on the next report
+    (the guard may hold then with the very same fields), and a changed field is asked at once."""
+    doc = (
+        "version: 1\nrules:\n"
+        "  - {id: t.slow, description: d, category: gpu, severity: warning, action: investigate,"
+        " kind: gpu_field, field: pcie_link_gen, op: '<', other: pcie_link_gen_max,"
+        " when: {field: utilization_gpu_pct, op: '>=', threshold: '50%'}}\n"
+    )
+    clock = FakeClock(1_000_000)
+    engine = ConditionEngine(parse_rules(doc, "test"), clock=clock)
+
+    def link(gen: int, util: float):
+        def edit(r: tpb.Report) -> None:
+            for g in r.gpus:
+                g.pcie_link_gen, g.pcie_link_gen_max, g.utilization_gpu_pct = 5, 5, 95.0
+            r.gpus[5].pcie_link_gen, r.gpus[5].utilization_gpu_pct = gen, util
+
+        return edit
+
+    assert feed(engine, clock, link(5, 95.0)) == []
+    assert feed(engine, clock, link(5, 95.0)) == []  # same fields, every test failed: skipped
+    assert feed(engine, clock, link(3, 10.0)) == []  # slower, but idle: the guard does not hold
+    assert feed(engine, clock, link(3, 95.0)) == [("opened", "t.slow")]  # same link, now busy
