@@ -41,7 +41,7 @@ def probe_config() -> ProbeConfig:
         enabled=True,
         port=_udp_port(),
         window_s=1,
-        timeout_ms=200,
+        timeout_ms=1000,  # a starved responder thread on a loaded test machine is not a lost probe
         packets_per_s_per_nic=50.0,
         address_template=ADDRESS_TEMPLATE,
         replan_min_s=0.0,
@@ -92,6 +92,10 @@ class RailRun:
                         total += int(nums[1])
             out[spine] = total
         return out
+
+    def evidence(self) -> str:
+        """Every open incident's evidence, for an assertion's message."""
+        return "\n".join(f"{i.kind} {i.root_cause}: {i.evidence}" for i in self.ctl.core.open_incidents())
 
     async def detect(
         self, inject: Callable[[RailLab], None], timeout: float

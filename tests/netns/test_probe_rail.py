@@ -35,14 +35,14 @@ async def test_loss_on_one_leaf_blames_that_leaf_and_no_node(tmp_path: Path) -> 
     async with AsyncExitStack() as stack:
         run = await start_rail_run(stack, tmp_path)
         _, incidents = await run.detect(lambda r: r.leaf_loss("leaf-b1-r0", 2.0), timeout=60)
-        assert incidents == [("switch_fault", "leaf-b1-r0", [])]
+        assert incidents == [("switch_fault", "leaf-b1-r0", [])], run.evidence()
 
 
 async def test_loss_on_one_nic_cable_blames_that_nic(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         run = await start_rail_run(stack, tmp_path)
         _, incidents = await run.detect(lambda r: r.nic_loss("node-004/nic-1", 5.0), timeout=60)
-        assert [(k, c) for k, c, _ in incidents] == [("nic_fault", "node-004/nic-1")]
+        assert [(k, c) for k, c, _ in incidents] == [("nic_fault", "node-004/nic-1")], run.evidence()
 
 
 async def test_a_slow_host_is_blamed_not_the_network(tmp_path: Path) -> None:
