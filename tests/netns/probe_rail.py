@@ -98,12 +98,12 @@ class RailRun:
         return "\n".join(f"{i.kind} {i.root_cause}: {i.evidence}" for i in self.ctl.core.open_incidents())
 
     async def detect(
-        self, inject: Callable[[RailLab], None], timeout: float
+        self, inject: Callable[[RailLab], None], within_s: float
     ) -> tuple[float, list[tuple[str, str, list[str]]]]:
         """Inject, then wait for the first incident: (seconds it took, the incidents then)."""
         t0 = time.monotonic()
         inject(self.rail)
-        await wait_for(lambda: bool(incident_view(self.ctl)), timeout=timeout, what="an incident from probes")
+        await wait_for(lambda: bool(incident_view(self.ctl)), timeout=within_s, what="an incident from probes")
         elapsed = time.monotonic() - t0
         await _settle()
         return elapsed, incident_view(self.ctl)
@@ -152,3 +152,91 @@ async def start_rail_run(stack: AsyncExitStack, tmp_path: Path) -> RailRun:
     )
     await wait_for(lambda: sum(a.agent.prober.answered_total for a in agents) > 600, timeout=30, what="probes answered")
     return RailRun(ctl, rail, agents)
+
+
+# -- detection time per fault kind: python -m tests.netns.probe_rail ------------------------
+CASES: dict[str, tuple[Callable[[RailLab], None], tuple[str, str]]] = {
+    "leaf, 1 % silent drop": (lambda r: r.leaf_loss("leaf-b1-r0", 1.0), ("switch_fault", "leaf-b1-r0")),
+    "leaf, 2 % silent drop": (lambda r: r.leaf_loss("leaf-b1-r0", 2.0), ("switch_fault", "leaf-b1-r0")),
+    "one leaf-spine cable, 2 % loss": (
+        lambda r: r.link_loss("leaf-b0-r1", "spine-1", 2.0),
+        ("path_fault", "leaf-b0-r1"),
+    ),
+    "one NIC's cable, 2 % loss": (lambda r: r.nic_loss("node-004/nic-1", 2.0), ("nic_fault", "node-004/nic-1")),
+    f"one host, +{HOST_DELAY_S * 1000:g} ms": (
+        lambda r: r.host_delay("node-002", HOST_DELAY_S),
+        ("host_fault", "node-002"),
+    ),
+}
+
+
+async def _one(workdir: Path, case: str, within_s: float) -> tuple[float | None, list[tuple[str, str, list[str]]]]:
+    inject, _ = CASES[case]
+    async with AsyncExitStack() as stack:
+        run = await start_rail_run(stack, workdir)
+        try:
+            return await run.detect(inject, within_s)
+        except AssertionError:
+            return None, incident_view(run.ctl)
+
+
+async def _clean(workdir: Path, seconds: float) -> int:
+    """Probe incidents opened over ``seconds`` of a clean fabric."""
+    import asyncio
+
+    async with AsyncExitStack() as stack:
+        run = await start_rail_run(stack, workdir)
+        seen: set[tuple[str, str]] = set()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            seen.update((k, c) for k, c, _ in incident_view(run.ctl))
+            await asyncio.sleep(0.5)
+        return len(seen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Each fault kind ``--repeats`` times on a fresh rail lab: time to the incident and whether
+    it names the right component; then ``--clean-s`` seconds of a clean fabric."""
+    import argparse
+    import asyncio
+    import statistics
+    import tempfile
+
+    from bench.common import quiet_logging
+    from tests.netns.rail import missing_rail_prerequisites
+
+    p = argparse.ArgumentParser(prog="python -m tests.netns.probe_rail", description=main.__doc__)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--clean-s", type=float, default=120.0)
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--only", default="", help="run the cases whose name contains this")
+    args = p.parse_args(argv)
+    problems = missing_rail_prerequisites()
+    if problems:
+        print("probe_rail: cannot build the rail lab here: " + ", ".join(problems))
+        return 2
+    quiet_logging()
+    print("| fault (injected on the rail namespaces) | detection, median (each) | localised right |")
+    print("|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="probe-rail-") as tmp:
+        for i, (case, (_, want)) in enumerate(CASES.items()):
+            if args.only not in case:
+                continue
+            times: list[float] = []
+            right = 0
+            for r in range(args.repeats):
+                took, incidents = asyncio.run(_one(Path(tmp) / f"c{i}r{r}", case, args.timeout_s))
+                if took is not None:
+                    times.append(took)
+                right += [(k, c) for k, c, _ in incidents] == [want]
+            med = f"{statistics.median(times):.1f} s" if times else "none"
+            each = ", ".join(f"{t:.1f}" for t in times)
+            print(f"| {case} | {med} ({each}) | {right}/{args.repeats} `{want[0]} {want[1]}` |", flush=True)
+        if args.clean_s > 0:
+            n = asyncio.run(_clean(Path(tmp) / "clean", args.clean_s))
+            print(f"| clean fabric, {args.clean_s:g} s | {n} probe incidents | |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -41,7 +41,7 @@ from agent.probe.endpoint import Endpoint, UdpEndpoint
 from controller.fabric import Fabric
 from tests.netns.harness import Lab, run, tool
 
-SUBNET = ipaddress.ip_network("10.213.0.0/16")
+SUBNET = ipaddress.IPv4Network("10.213.0.0/16")
 # {rail}{block} in the third octet: rail 0 block 1 is 10.213.101.x; slots from .10
 ADDRESS_TEMPLATE = "10.213.1{rail}{block}.1{slot}"
 _CLONE_NEWNET = 0x40000000

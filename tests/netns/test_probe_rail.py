@@ -34,21 +34,21 @@ async def test_a_clean_fabric_opens_no_incident_and_flows_cross_both_spines(tmp_
 async def test_loss_on_one_leaf_blames_that_leaf_and_no_node(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         run = await start_rail_run(stack, tmp_path)
-        _, incidents = await run.detect(lambda r: r.leaf_loss("leaf-b1-r0", 2.0), timeout=60)
+        _, incidents = await run.detect(lambda r: r.leaf_loss("leaf-b1-r0", 2.0), within_s=60)
         assert incidents == [("switch_fault", "leaf-b1-r0", [])], run.evidence()
 
 
 async def test_loss_on_one_nic_cable_blames_that_nic(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         run = await start_rail_run(stack, tmp_path)
-        _, incidents = await run.detect(lambda r: r.nic_loss("node-004/nic-1", 5.0), timeout=60)
+        _, incidents = await run.detect(lambda r: r.nic_loss("node-004/nic-1", 5.0), within_s=60)
         assert [(k, c) for k, c, _ in incidents] == [("nic_fault", "node-004/nic-1")], run.evidence()
 
 
 async def test_a_slow_host_is_blamed_not_the_network(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         run = await start_rail_run(stack, tmp_path)
-        _, incidents = await run.detect(lambda r: r.host_delay("node-002", HOST_DELAY_S), timeout=60)
+        _, incidents = await run.detect(lambda r: r.host_delay("node-002", HOST_DELAY_S), within_s=60)
         assert [c for _, c, _ in incidents] == ["node-002"]
 
 
@@ -57,5 +57,5 @@ async def test_loss_on_one_leaf_spine_cable_is_placed_above_its_leaf(tmp_path: P
     is a path fault on its leaf: its same-leaf pairs are clean, its cross-leaf flows lose."""
     async with AsyncExitStack() as stack:
         run = await start_rail_run(stack, tmp_path)
-        _, incidents = await run.detect(lambda r: r.link_loss("leaf-b0-r1", "spine-1", 5.0), timeout=60)
+        _, incidents = await run.detect(lambda r: r.link_loss("leaf-b0-r1", "spine-1", 5.0), within_s=60)
         assert [(k, c) for k, c, _ in incidents] == [("path_fault", "leaf-b0-r1")]
