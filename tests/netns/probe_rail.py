@@ -27,8 +27,8 @@ from tests.helpers import free_port, halt_agents, make_sim_agent, wait_for
 from tests.netns.rail import ADDRESS_TEMPLATE, RailLab
 
 # A probe crosses its leaf twice (there and back): 2 % on a leaf loses about 4 % of its probes.
-RTT_THRESHOLD_US = 30_000.0  # a shared 2-core test machine's scheduling noise stays under it
-HOST_DELAY_S = 0.06
+RTT_THRESHOLD_US = 50_000.0  # ksoftirqd on a loaded 2-core machine delays veth delivery by tens of ms
+HOST_DELAY_S = 0.15
 
 
 def rail_fabric() -> Fabric:

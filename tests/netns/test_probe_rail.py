@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.netns.probe_rail import HOST_DELAY_S, incident_view, start_rail_run
+from tests.netns.harness import sweep_stale
 from tests.netns.rail import require_rail_lab
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _rail_lab() -> None:
     require_rail_lab()
+    sweep_stale()  # namespaces a run killed with SIGKILL left behind
 
 
 async def test_a_clean_fabric_opens_no_incident_and_flows_cross_both_spines(tmp_path: Path) -> None:
