@@ -178,6 +178,7 @@ class ProbeLocaliser:
         self._horizon = 0
         self._excluded: set[tuple[str, str, str]] = set()
         self._health: dict[str, dict[str, Any]] | None = None
+        self._switch_addresses: dict[str, str] | None = None  # a traced flow's spine address -> its name
 
     @property
     def health(self) -> dict[str, dict[str, Any]]:
@@ -194,9 +195,12 @@ class ProbeLocaliser:
         # what aged out goes as reports come, a little each time, not all at the localisation
         self._expire(now - int(self.config.localise_window_s * 1000))
         threshold = self.config.rtt_threshold_us
-        for o in obs:
-            if o.restarted:
+        for given in obs:
+            if given.restarted:
                 continue
+            o = given
+            if o.via and o.via not in self.fabric:  # a traced flow names its spine by address
+                o = given._replace(via=self._switch_at(given.via))
             key = (o.local_nic, o.peer_nic, o.via)
             s = self._window.get(key)
             if s is None:
@@ -209,6 +213,19 @@ class ProbeLocaliser:
             self._arrivals.append((now, key))
             slow = 1 if o.sent > o.lost and o.rtt_p99_us >= threshold else 0
             self._change(key, s, o.sent, o.lost, slow)
+
+    def _switch_at(self, address: str) -> str:
+        """The switch a traced flow's address names (its ICMP time-exceeded came from it), from
+        the fabric's switch attribute ``addresses``; "" (untraced) for an address it does not give."""
+        if self._switch_addresses is None:
+            self._switch_addresses = {}
+            for name, attrs in self.fabric.graph.nodes(data=True):
+                given = attrs.get("addresses")
+                if isinstance(given, list | tuple):
+                    for a in given:
+                        if isinstance(a, str):
+                            self._switch_addresses[a] = name
+        return self._switch_addresses.get(address, "")
 
     def _change(self, key: tuple[str, str, str], s: _Sums, sent: int, lost: int, slow: int) -> None:
         """Add (or, negative, take out) one result's counts to its key and the components on its path."""
@@ -278,6 +295,7 @@ class ProbeLocaliser:
     def forget_paths(self) -> None:
         """The fabric's wiring changed: paths are worked out again."""
         self._comps.clear()
+        self._switch_addresses = None
         self._stale = True
 
     def due(self) -> bool:

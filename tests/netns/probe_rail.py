@@ -160,7 +160,7 @@ CASES: dict[str, tuple[Callable[[RailLab], None], tuple[str, str]]] = {
     "leaf, 2 % silent drop": (lambda r: r.leaf_loss("leaf-b1-r0", 2.0), ("switch_fault", "leaf-b1-r0")),
     "one leaf-spine cable, 2 % loss": (
         lambda r: r.link_loss("leaf-b0-r1", "spine-1", 2.0),
-        ("path_fault", "leaf-b0-r1"),
+        ("link_fault", "leaf-b0-r1<->spine-1"),
     ),
     "one NIC's cable, 2 % loss": (lambda r: r.nic_loss("node-004/nic-1", 2.0), ("nic_fault", "node-004/nic-1")),
     f"one host, +{HOST_DELAY_S * 1000:g} ms": (

@@ -19,6 +19,9 @@ Layout, built from a ``generate_fabric`` fabric (names as the controller knows t
   opening thread enters the namespace for ``socket()`` and ``bind()`` and leaves again; a
   socket stays in the namespace it was made in), driven by real agents' probers in this
   process; the agents' gRPC to the controller stays on loopback in the root namespace.
+- A flow that loses probes is traced (``agent.probe.prober``: TTL 2 expires at the spine its
+  ECMP hash picked); the spine-side addresses of its cables are the spine's ``addresses`` in
+  the fabric, as a fabric file gives them, so the controller names the spine.
 - Faults: loss with nftables random drop on a leaf's forwarding (``leaf_loss``), on one
   leaf-spine cable (``link_loss``) or on one NIC's cable (``nic_loss``); this kernel has no
   ``tc netem``. A host's own delay is ``host_delay``: everything its NICs send leaves late,
@@ -170,7 +173,11 @@ class RailLab:
         spines = sorted({s for leaf in leaves for s in f.spines_of(leaf)})
         for name in [*leaves, *spines]:
             self.lab.add_host(name)
-            self._sysctl(name, "net.ipv4.ip_forward=1", "net.ipv4.fib_multipath_hash_policy=1")
+            # icmp_ratelimit 0: a switch's control plane answers traces at hundreds per second, not
+            # Linux's one per second per destination
+            self._sysctl(
+                name, "net.ipv4.ip_forward=1", "net.ipv4.fib_multipath_hash_policy=1", "net.ipv4.icmp_ratelimit=0"
+            )
         # leaf-spine cables: 10.213.2<spine>.<2*leaf> on the leaf, +1 on the spine
         leaf_side: dict[tuple[str, str], str] = {}
         for li, leaf in enumerate(leaves):
@@ -183,6 +190,8 @@ class RailLab:
                 self.lab.ip(spine, "addr", "add", f"{b}/31", "dev", down)
                 self.uplink[(leaf, spine)] = up
                 leaf_side[(leaf, spine)] = a
+                # the fabric file's switch addresses: a traced flow's time-exceeded comes from one
+                f.graph.nodes[spine].setdefault("addresses", []).append(b)
         # NICs: one namespace each, a /32 and a default route to its leaf
         ports: dict[str, int] = {}
         for nic in sorted(addresses):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns.probe_rail import HOST_DELAY_S, incident_view, start_rail_run
 from tests.netns.harness import sweep_stale
+from tests.netns.probe_rail import HOST_DELAY_S, incident_view, start_rail_run
 from tests.netns.rail import require_rail_lab
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -54,10 +54,11 @@ async def test_a_slow_host_is_blamed_not_the_network(tmp_path: Path) -> None:
         assert [c for _, c, _ in incidents] == ["node-002"]
 
 
-async def test_loss_on_one_leaf_spine_cable_is_placed_above_its_leaf(tmp_path: Path) -> None:
-    """Real UDP probes do not learn the spine a flow crossed (no trace yet), so a lossy uplink
-    is a path fault on its leaf: its same-leaf pairs are clean, its cross-leaf flows lose."""
+async def test_loss_on_one_leaf_spine_cable_blames_that_cable(tmp_path: Path) -> None:
+    """Lossy flows are traced (TTL 2 expires at the spine they took), so the cable is named."""
     async with AsyncExitStack() as stack:
         run = await start_rail_run(stack, tmp_path)
         _, incidents = await run.detect(lambda r: r.link_loss("leaf-b0-r1", "spine-1", 5.0), within_s=60)
-        assert [(k, c) for k, c, _ in incidents] == [("path_fault", "leaf-b0-r1")]
+        cable = run.rail.fabric.link_name("leaf-b0-r1", "spine-1")
+        assert [(k, c) for k, c, _ in incidents] == [("link_fault", cable)], run.evidence()
+        assert sum(a.agent.prober.traced_total for a in run.agents) > 0
