@@ -550,6 +550,40 @@ class ProbeLocaliser:
                 bad += 1 if s.slow else 0
         if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
             b.kind = "path"
+            return self._traced_uplink(b) if b.what == "loss" else b
+        return b
+
+    def _traced_uplink(self, b: Blame) -> Blame:
+        """Of a leaf that loses above it, the uplink its traced lossy flows name, where one stands out.
+
+        On a real fabric a flow's reply may come back over another spine than its probe went
+        (ECMP hashes each direction on its own), so a lossy cable's losses also fall on flows
+        traced over the leaf's other uplinks, and the leaf out-votes the cable. The traced flows
+        through the leaf still lose most on the bad uplink: that uplink is blamed when the loss
+        rate of its lossy flows is at least twice that of every other uplink's (and it is
+        suspect on its own), else it stays a path fault."""
+        fab = self.fabric
+        per: dict[str, list[int]] = {}
+        for key, where in self._live():
+            via = key[2]
+            if not via or b.component not in where.comps or where.same_leaf:
+                continue
+            link = fab.link_name(b.component, via)
+            if link not in where.comps:
+                continue
+            s = self._window[key]
+            acc = per.setdefault(link, [0, 0])
+            acc[0] += s.sent
+            acc[1] += s.lost
+        rates = {link: lost / sent for link, (sent, lost) in per.items() if sent}
+        if not rates:
+            return b
+        best = max(rates, key=lambda link: rates[link])
+        sent, lost = per[best]
+        # only lossy flows are reported alone with their spine: an uplink none of them crossed lost nothing
+        others = max((r for link, r in rates.items() if link != best), default=0.0)
+        if lost >= self.config.min_lost and rates[best] >= self.config.loss_threshold and rates[best] >= 2 * others:
+            return Blame(best, "link", b.what, b.votes, sent, lost, b.pairs)
         return b
 
     # -- conditions --------------------------------------------------------------------------
