@@ -137,6 +137,12 @@ class _SlowHostEndpoint:
     def receive(self) -> tuple[bytes, str, int] | None:
         return self._inner.receive()
 
+    def send_ttl(self, data: bytes, address: str, port: int, ttl: int) -> None:
+        self._inner.send_ttl(data, address, port, ttl)
+
+    def expired(self) -> list[tuple[str, bytes]]:
+        return self._inner.expired()
+
     def close(self) -> None:
         self._inner.close()
 
