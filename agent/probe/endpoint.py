@@ -28,7 +28,7 @@ _MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
 _EXTENDED_ERR = struct.Struct("=IBBBBII")  # errno, origin, type, code, pad, info, data
 _SO_EE_ORIGIN_ICMP = 2
 _ICMP_TIME_EXCEEDED = 11
-_ERR_CMSG_SPACE = socket.CMSG_SPACE(_EXTENDED_ERR.size + 16)
+_ERR_CMSG_SPACE = socket.CMSG_SPACE(_EXTENDED_ERR.size + 16) + _CMSG_SPACE  # and the receive stamp
 
 
 class Endpoint(Protocol):
