@@ -22,6 +22,13 @@ _IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("@qq")
 _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+# <linux/in.h>, <linux/errqueue.h>: ICMP errors on the socket's error queue, with the offender
+_IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
+_MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+_EXTENDED_ERR = struct.Struct("=IBBBBII")  # errno, origin, type, code, pad, info, data
+_SO_EE_ORIGIN_ICMP = 2
+_ICMP_TIME_EXCEEDED = 11
+_ERR_CMSG_SPACE = socket.CMSG_SPACE(_EXTENDED_ERR.size + 16) + _CMSG_SPACE  # and the receive stamp
 
 
 class Endpoint(Protocol):
@@ -36,6 +43,14 @@ class Endpoint(Protocol):
     def close(self) -> None: ...
 
 
+class Tracer(Protocol):
+    """An endpoint that can also trace: send with a small TTL and hear who it expired at."""
+
+    def send_ttl(self, data: bytes, address: str, port: int, ttl: int) -> None: ...
+
+    def expired(self) -> list[tuple[str, bytes]]: ...
+
+
 EndpointFactory = Callable[[str, int, int], Endpoint]  # (local address, local port, dscp)
 
 
@@ -46,6 +61,11 @@ class UdpEndpoint:
     ``last_rx_ns``, CLOCK_REALTIME ns, 0 where the kernel gave none), so a prober that wakes in
     batches measures a round trip from when the packet arrived, not from when it was read.
     Datagrams are read into one buffer the socket keeps (no 64 KiB allocation per read).
+
+    Tracing (``send_ttl``): a probe sent with TTL 2 crosses the NIC's leaf and expires at the
+    spine its flow's ECMP hash picked (same 5-tuple, same path); the spine's ICMP time-exceeded
+    comes back on this socket's error queue (``IP_RECVERR``) with the spine's address and the
+    start of the probe, and ``expired`` hands out (offender address, probe bytes) pairs.
     """
 
     def __init__(self, address: str, port: int, dscp: int) -> None:
@@ -62,6 +82,9 @@ class UdpEndpoint:
                 self._sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             except OSError:
                 self.stamps = False
+            self._expired: list[tuple[str, bytes]] = []
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
             self._sock.setblocking(False)
             self._sock.bind((address, port))
         except OSError:
@@ -72,17 +95,54 @@ class UdpEndpoint:
         return self._sock.fileno()
 
     def send(self, data: bytes, address: str, port: int) -> None:
-        # A full queue or an unreachable route is a lost probe, which is what it counts as.
+        # A full queue or an unreachable route is a lost probe, which is what it counts as. An ICMP
+        # error that reached this socket (IP_RECVERR) fails the next send once, taking the error
+        # with it: that probe is sent again, not lost.
+        for _ in range(2):
+            try:
+                self._sock.sendto(data, (address, port))
+                return
+            except OSError:
+                continue
+
+    def send_ttl(self, data: bytes, address: str, port: int, ttl: int) -> None:
+        """Send one datagram with IP TTL ``ttl`` (then back to the default)."""
         with contextlib.suppress(OSError):
-            self._sock.sendto(data, (address, port))
+            self._sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+            try:
+                self.send(data, address, port)
+            finally:
+                self._sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, -1)
+
+    def expired(self) -> list[tuple[str, bytes]]:
+        """The (offender address, probe bytes) of every time-exceeded read since the last call."""
+        out, self._expired = self._expired, []
+        return out
+
+    def _drain_errors(self) -> None:
+        """Read the error queue empty: it keeps the socket readable until it is (a busy loop)."""
+        for _ in range(256):
+            try:
+                data, ancdata, _, _ = self._sock.recvmsg(512, _ERR_CMSG_SPACE, _MSG_ERRQUEUE)
+            except OSError:
+                return
+            for level, kind, raw in ancdata:
+                if level != socket.IPPROTO_IP or kind != _IP_RECVERR or len(raw) < _EXTENDED_ERR.size + 8:
+                    continue
+                _, origin, icmp_type, _, _, _, _ = _EXTENDED_ERR.unpack_from(raw)
+                if origin == _SO_EE_ORIGIN_ICMP and icmp_type == _ICMP_TIME_EXCEEDED:
+                    offender = socket.inet_ntoa(raw[_EXTENDED_ERR.size + 4 : _EXTENDED_ERR.size + 8])
+                    self._expired.append((offender, bytes(data)))
 
     def receive(self) -> tuple[bytes, str, int] | None:
         try:
             n, ancdata, _, (address, port) = self._sock.recvmsg_into([self._view], _CMSG_SPACE)
         except (BlockingIOError, InterruptedError):
+            self._drain_errors()
             return None
         except OSError:
-            return None  # e.g. ICMP port unreachable queued from an earlier send
+            self._drain_errors()  # an ICMP error (port unreachable, time exceeded) is pending
+            return None
         self.last_rx_ns = 0
         for level, kind, raw in ancdata:
             if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:

@@ -10,6 +10,12 @@ carries (``take_results``), and the counts start again.
 
 A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
 that window: its missed replies are its restart, not the network's loss.
+
+A flow that loses a probe is traced, where its endpoint can (``Tracer``): one small probe of
+the same flow with TTL ``TRACE_TTL`` expires at the spine the flow's ECMP hash picks, and the
+spine's address from its ICMP time-exceeded becomes the flow's ``via``, so the controller can
+name the leaf-spine cable. Only lossy flows are traced, at most every ``_TRACE_RETRY_NS`` until
+answered and every ``_TRACE_REFRESH_NS`` after: switches police the ICMP they generate.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
 log = structlog.get_logger(__name__)
+
+TRACE_TTL = 2  # NIC -> leaf (1) -> spine (2) on a two-tier Clos: the probe expires at the spine
+_TRACE_RETRY_NS = 2_000_000_000
+_TRACE_REFRESH_NS = 60_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +73,7 @@ class _Flow:
     processing_us: float = 0.0
     via: str = ""
     restarted: bool = False
+    trace_due: int = 0  # when this flow may be traced again
 
 
 class Prober:
@@ -108,6 +119,8 @@ class Prober:
         self._outstanding: dict[tuple[str, int, int], tuple[int, int]] = {}  # (nic, sport, seq) -> (flow, sent ns)
         self._delayed: list[tuple[int, int, int, bytes]] = []  # (due ns, flow, seq, data): the sim's delays
         self._peer_epoch: dict[str, int] = {}
+        self._traces: dict[int, int] = {}  # trace seq -> flow index
+        self.traced_total = 0
         self._seq = 0
         self._window_end = 0
 
@@ -217,6 +230,7 @@ class Prober:
         self._batch_ns = 0
         self.plan = plan
         self._flows, self._due, self._outstanding, self._delayed = [], [], {}, []
+        self._traces = {}
         if plan.paused:
             log.info("probe_plan_paused", version=plan.version)
             return
@@ -306,6 +320,7 @@ class Prober:
         for _ in range(64):  # bounded: one busy socket does not starve the schedule
             got = ep.receive()
             if got is None:
+                self._traced(ep)
                 return
             data, address, port = got
             received = self._received(ep)
@@ -352,6 +367,38 @@ class Prober:
             f = self._flows[index]
             f.sent += 1
             f.lost += 1
+            if now >= f.trace_due and self._fate is None:
+                self._trace(index, now)
+
+    def _trace(self, index: int, now: int) -> None:
+        """Send the flow's trace probe (TTL-limited, from the flow's own socket and port)."""
+        f = self._flows[index]
+        f.trace_due = now + (_TRACE_REFRESH_NS if f.via else _TRACE_RETRY_NS)
+        ep = self._senders.get((f.local_nic, f.src_port))
+        send_ttl = getattr(ep, "send_ttl", None)
+        if send_ttl is None:
+            return
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        if len(self._traces) > 4096:  # unanswered ones (a same-leaf pair has no spine to answer)
+            self._traces.clear()
+        self._traces[self._seq] = index
+        self.traced_total += 1
+        send_ttl(
+            wire.encode(wire.Probe(wire.TRACE, self._seq, now), wire.HEADER), f.peer_address, f.peer_port, TRACE_TTL
+        )
+
+    def _traced(self, ep: Endpoint) -> None:
+        """Name the spine of every flow whose trace expired at one (its ICMP is on ``ep``)."""
+        expired = getattr(ep, "expired", None)
+        if expired is None:
+            return
+        for offender, data in expired():
+            seq = wire.trace_seq(data)
+            index = self._traces.pop(seq, None) if seq is not None else None
+            if index is not None and index < len(self._flows):
+                f = self._flows[index]
+                f.via = offender
+                f.trace_due = self._clock() + _TRACE_REFRESH_NS
 
     def _close_window(self, now: int) -> None:
         window_ms = max(1, self.plan.window_s) * 1000

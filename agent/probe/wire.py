@@ -14,6 +14,7 @@ from dataclasses import dataclass
 MAGIC = b"SPRB"
 REQUEST = 0
 REPLY = 1
+TRACE = 2  # a TTL-limited probe: it expires at a switch; a responder it reaches ignores it
 _LAYOUT = struct.Struct("!4sBIQQI")  # magic, kind, seq, sent_ns (prober's clock), processing_ns, epoch
 HEADER = _LAYOUT.size
 
@@ -47,3 +48,11 @@ def reply_to(data: bytes, processing_ns: int, epoch: int) -> bytes:
     """The reply to a request: the same bytes (size, seq, sent time) with kind, processing time and epoch set."""
     _, _, seq, sent_ns, _, _ = _LAYOUT.unpack_from(data)
     return _LAYOUT.pack(MAGIC, REPLY, seq, sent_ns, processing_ns, epoch) + data[HEADER:]
+
+
+def trace_seq(data: bytes) -> int | None:
+    """The seq of a trace probe (as an ICMP error quotes it back), None for anything else."""
+    if len(data) < HEADER or data[:4] != MAGIC:
+        return None
+    _, kind, seq, _, _, _ = _LAYOUT.unpack_from(data)
+    return int(seq) if kind == TRACE else None

@@ -178,6 +178,7 @@ class ProbeLocaliser:
         self._horizon = 0
         self._excluded: set[tuple[str, str, str]] = set()
         self._health: dict[str, dict[str, Any]] | None = None
+        self._switch_addresses: dict[str, str] | None = None  # a traced flow's spine address -> its name
 
     @property
     def health(self) -> dict[str, dict[str, Any]]:
@@ -194,9 +195,12 @@ class ProbeLocaliser:
         # what aged out goes as reports come, a little each time, not all at the localisation
         self._expire(now - int(self.config.localise_window_s * 1000))
         threshold = self.config.rtt_threshold_us
-        for o in obs:
-            if o.restarted:
+        for given in obs:
+            if given.restarted:
                 continue
+            o = given
+            if o.via and o.via not in self.fabric:  # a traced flow names its spine by address
+                o = given._replace(via=self._switch_at(given.via))
             key = (o.local_nic, o.peer_nic, o.via)
             s = self._window.get(key)
             if s is None:
@@ -209,6 +213,19 @@ class ProbeLocaliser:
             self._arrivals.append((now, key))
             slow = 1 if o.sent > o.lost and o.rtt_p99_us >= threshold else 0
             self._change(key, s, o.sent, o.lost, slow)
+
+    def _switch_at(self, address: str) -> str:
+        """The switch a traced flow's address names (its ICMP time-exceeded came from it), from
+        the fabric's switch attribute ``addresses``; "" (untraced) for an address it does not give."""
+        if self._switch_addresses is None:
+            self._switch_addresses = {}
+            for name, attrs in self.fabric.graph.nodes(data=True):
+                given = attrs.get("addresses")
+                if isinstance(given, list | tuple):
+                    for a in given:
+                        if isinstance(a, str):
+                            self._switch_addresses[a] = name
+        return self._switch_addresses.get(address, "")
 
     def _change(self, key: tuple[str, str, str], s: _Sums, sent: int, lost: int, slow: int) -> None:
         """Add (or, negative, take out) one result's counts to its key and the components on its path."""
@@ -278,6 +295,7 @@ class ProbeLocaliser:
     def forget_paths(self) -> None:
         """The fabric's wiring changed: paths are worked out again."""
         self._comps.clear()
+        self._switch_addresses = None
         self._stale = True
 
     def due(self) -> bool:
@@ -532,6 +550,40 @@ class ProbeLocaliser:
                 bad += 1 if s.slow else 0
         if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
             b.kind = "path"
+            return self._traced_uplink(b) if b.what == "loss" else b
+        return b
+
+    def _traced_uplink(self, b: Blame) -> Blame:
+        """Of a leaf that loses above it, the uplink its traced lossy flows name, where one stands out.
+
+        On a real fabric a flow's reply may come back over another spine than its probe went
+        (ECMP hashes each direction on its own), so a lossy cable's losses also fall on flows
+        traced over the leaf's other uplinks, and the leaf out-votes the cable. The traced flows
+        through the leaf still lose most on the bad uplink: that uplink is blamed when the loss
+        rate of its lossy flows is at least twice that of every other uplink's (and it is
+        suspect on its own), else it stays a path fault."""
+        fab = self.fabric
+        per: dict[str, list[int]] = {}
+        for key, where in self._live():
+            via = key[2]
+            if not via or b.component not in where.comps or where.same_leaf:
+                continue
+            link = fab.link_name(b.component, via)
+            if link not in where.comps:
+                continue
+            s = self._window[key]
+            acc = per.setdefault(link, [0, 0])
+            acc[0] += s.sent
+            acc[1] += s.lost
+        rates = {link: lost / sent for link, (sent, lost) in per.items() if sent}
+        if not rates:
+            return b
+        best = max(rates, key=lambda link: rates[link])
+        sent, lost = per[best]
+        # only lossy flows are reported alone with their spine: an uplink none of them crossed lost nothing
+        others = max((r for link, r in rates.items() if link != best), default=0.0)
+        if lost >= self.config.min_lost and rates[best] >= self.config.loss_threshold and rates[best] >= 2 * others:
+            return Blame(best, "link", b.what, b.votes, sent, lost, b.pairs)
         return b
 
     # -- conditions --------------------------------------------------------------------------

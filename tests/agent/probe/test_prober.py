@@ -181,3 +181,38 @@ def test_endpoints_without_stamps_wake_per_packet() -> None:
     finally:
         a.stop()
         b.stop()
+
+
+class _ExpiresAtASpine(UdpEndpoint):
+    """A real UDP endpoint whose trace probes 'expire' at 10.9.9.9 (no router on loopback)."""
+
+    def send_ttl(self, data: bytes, address: str, port: int, ttl: int) -> None:
+        assert ttl == 2
+        self._expired.append(("10.9.9.9", data[:64]))  # the ICMP quotes the probe's start
+        super().send_ttl(data, address, port, ttl)
+
+
+def test_a_lossy_flow_is_traced_and_its_results_name_the_spine() -> None:
+    # nothing answers at b: every probe is lost, each port-unreachable lands on a's sockets
+    a = Prober(seed=1, tick_s=0.005, endpoints=_ExpiresAtASpine)
+    a.start()
+    try:
+        a.apply(_plan(1, "a/nic-0", "b/nic-0", _udp_port(), pps=50.0))
+        deadline = time.monotonic() + 10
+        traced: list[tpb.ProbeResult] = []
+        while time.monotonic() < deadline and not traced:
+            traced = [r for r in a.take_results() if r.lost and r.via == "10.9.9.9"]
+            time.sleep(0.1)
+        assert traced, "no lossy result named the spine its trace expired at"
+        assert a.traced_total >= 2  # one per lossy flow, not one per lost probe
+        assert a.traced_total < a.sent_total
+    finally:
+        a.stop()
+
+
+def test_trace_probes_are_ignored_by_responders_and_read_back_from_icmp_quotes() -> None:
+    data = wire.encode(wire.Probe(wire.TRACE, 77, 123), wire.HEADER)
+    assert wire.decode(data) is None  # a responder the trace reaches does not answer it
+    assert wire.trace_seq(data) == 77
+    assert wire.trace_seq(wire.encode(wire.Probe(wire.REQUEST, 77, 123), 64)) is None
+    assert wire.trace_seq(b"junk") is None
