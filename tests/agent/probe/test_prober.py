@@ -144,7 +144,7 @@ def test_batched_wakeups_keep_round_trips_exact_by_the_kernels_stamps() -> None:
         b.apply(_plan(1, "b/nic-0", "a/nic-0", port))
         results = [r for r in _wait_results(a, n=2) if r.sent > r.lost]
         assert results and a._batch_ns == 200_000_000
-        assert max(r.rtt_p50_us for r in results) < 50_000  # the loopback's, not a tick's
+        assert max(r.rtt_p50_us for r in results) < 75_000  # loopback plus load, not half a 200 ms tick
         assert max(r.responder_us for r in results) > 10_000  # b waited for its tick: b's time
     finally:
         a.stop()
