@@ -4,6 +4,7 @@ found by real agents' UDP probes and placed on the fabric by the real controller
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -13,7 +14,13 @@ from tests.netns.harness import sweep_stale
 from tests.netns.probe_rail import HOST_DELAY_S, incident_view, start_rail_run
 from tests.netns.rail import require_rail_lab
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.slow,
+    # Opt-in: on a loaded 2-core CI worker the lab's loopback round trips reach ~70 ms and its
+    # delay threshold (50 ms) opens spurious slow-probe incidents beside the fault under test.
+    pytest.mark.skipif(os.environ.get("STARPULSE_RAIL_LAB") != "1", reason="set STARPULSE_RAIL_LAB=1 (root, quiet)"),
+]
 
 
 @pytest.fixture(autouse=True)
