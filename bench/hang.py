@@ -86,6 +86,15 @@ class HangRun:
         }
 
 
+def report_ranks(core: DecisionCore, gateways: dict[str, JobGateway], seq: int) -> None:
+    """One report interval: every node's agent sends its ranks' samples, then the core ticks."""
+    for node, gw in gateways.items():
+        report = tpb.Report(seq=seq, timestamp_ms=int(time.time() * 1000))
+        JobCollector(gw).collect(report)
+        core.report(node, report)
+    core.tick()
+
+
 async def _agent_commands(core: DecisionCore, node: str, handler: CommandHandler) -> None:
     """The node's end of the command stream: each command run by the agent's real handler."""
     record = core.registry.nodes[node]
@@ -157,11 +166,7 @@ async def run_once(
         while time.monotonic() < deadline:
             await asyncio.sleep(report_s)
             seq += 1
-            for node, gw in gateways.items():
-                report = tpb.Report(seq=seq, timestamp_ms=int(time.time() * 1000))
-                JobCollector(gw).collect(report)
-                core.report(node, report)
-            core.tick()
+            report_ranks(core, gateways, seq)
             hangs = [i for i in core.detection.correlator.incidents() if i.kind == "job_hang"]
             if hangs and hang_at and run is None:
                 cond = core.hangs.active()[0]

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.commands import CommandHandler
-from agent.jobs import JobCollector, JobGateway
-from bench.hang import ODD_RANK, RANKS_PER_NODE, TRAIN, _agent_commands, _free_port
+from agent.jobs import JobGateway
+from bench.hang import ODD_RANK, RANKS_PER_NODE, TRAIN, _agent_commands, _free_port, report_ranks
 from controller.core import DecisionCore
 from controller.detect.correlate import CorrelationConfig
 from controller.detect.pipeline import DetectionConfig
@@ -41,7 +41,6 @@ from controller.store import Store
 from starpulse.core.clock import SYSTEM_CLOCK
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
-from starpulse.v1 import telemetry_pb2 as tpb
 
 JOB = "llm"
 POLL_S = 0.1  # how often the harness looks for a requeue and the new run's first step
@@ -189,11 +188,7 @@ async def run_resume(
             if time.monotonic() >= next_report:
                 next_report += report_s
                 seq += 1
-                for node, gw in gateways.items():
-                    report = tpb.Report(seq=seq, timestamp_ms=int(time.time() * 1000))
-                    JobCollector(gw).collect(report)
-                    core.report(node, report)
-                core.tick()
+                report_ranks(core, gateways, seq)
             hangs = [i for i in core.detection.correlator.incidents() if i.kind == "job_hang"]
             if hangs and opened_ms is None and first.hang_at is not None:
                 opened_ms = hangs[0].opened_ms
@@ -284,11 +279,7 @@ async def run_healthy(
         while time.monotonic() < end:
             await asyncio.sleep(report_s)
             seq += 1
-            for node, gw in gateways.items():
-                report = tpb.Report(seq=seq, timestamp_ms=int(time.time() * 1000))
-                JobCollector(gw).collect(report)
-                core.report(node, report)
-            core.tick()
+            report_ranks(core, gateways, seq)
         hangs = [i for i in core.detection.correlator.incidents(active_only=False) if i.kind == "job_hang"]
         return {"seconds": seconds, "job_hang_incidents": len(hangs), "steps_trained": ranks.max_step}
     finally:
