@@ -218,6 +218,7 @@ class ProbeLocaliser:
         # what aged out goes as reports come, a little each time, not all at the localisation
         self._expire(now - int(self.config.localise_window_s * 1000))
         threshold = self.config.rtt_threshold_us
+        peaks: dict[str, float] = {}  # each fabric component's worst p99 in this report (one arrival time)
         for given in obs:
             if given.restarted:
                 continue
@@ -236,14 +237,20 @@ class ProbeLocaliser:
             self._arrivals.append((now, key))
             slow = 1 if o.sent > o.lost and o.rtt_p99_us >= threshold else 0
             self._change(key, s, o.sent, o.lost, slow)
-            if s.where is not None and not self._stale and o.sent > o.lost and o.rtt_p99_us > 0.0:
-                self._push_worst(s.where.switches, now, o.rtt_p99_us)
+            p99 = o.rtt_p99_us
+            if s.where is not None and not self._stale and o.sent > o.lost and p99 > 0.0:
+                for c in s.where.switches:
+                    if p99 > peaks.get(c, 0.0):
+                        peaks[c] = p99
+        if peaks:
+            self._push_worst(peaks, now)
 
-    def _push_worst(self, comps: tuple[str, ...], now: int, p99: float) -> None:
-        """One answered result's p99 into each component's sliding maximum (amortised O(1))."""
+    def _push_worst(self, peaks: dict[str, float], now: int) -> None:
+        """Answered results' worst p99 per component, all received at ``now``, into each
+        component's sliding maximum (amortised O(1))."""
         cworst = self._cworst
         horizon = self._expired_to
-        for c in comps:
+        for c, p99 in peaks.items():
             dq = cworst.get(c)
             if dq is None:
                 dq = cworst[c] = deque()
@@ -337,7 +344,7 @@ class ProbeLocaliser:
         self._cworst = {}
         answered.sort(key=lambda a: a[0])  # stable: the order they arrived in, within one ms
         for t, p99, comps in answered:
-            self._push_worst(comps, t, p99)
+            self._push_worst(dict.fromkeys(comps, p99), t)
 
     def forget_paths(self) -> None:
         """The fabric's wiring changed: paths are worked out again."""
