@@ -424,7 +424,7 @@ def bench_agent_process(seconds: float, workdir: Path, probes: bool = False) -> 
         if peer is not None:
             _stop(peer)
         ctl.stop()
-    out = {
+    out: dict[str, Any] = {
         "window_s": s["wall_s"],
         "startup_to_third_report_s": round(startup_s, 2),
         "reports_acked_in_window": reports,
