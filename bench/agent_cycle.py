@@ -20,7 +20,7 @@ the runs without. Part 1: the agent's real ``Prober`` runs on loopback at the de
 (8 rail NICs, each probing 4 peers over 33 flows, answered by a peer prober in a child
 process, ``bench.probe_cpu``'s plan); each cycle takes its results as the agent's loop does,
 and one report in ``window_s`` (10 at a 1 s interval) carries a window of real results (the
-first window the prober closed: the cycles run faster than real time). The prober thread's
+second window the prober closed: the cycles run faster than real time). The prober thread's
 own CPU is read per thread (psutil) over the cycles, and the cycle's core share with probes
 adds it. Part 2: the controller declares a two-node fabric (one node per block, 8 rails, rail
 addresses on loopback) with the mesh enabled, two ``starpulse agent`` processes get their
@@ -104,13 +104,18 @@ class LoopbackProbes:
         self._sent0 = self._answered0 = 0
 
     def first_window(self) -> list[Any]:
-        """Wait for the prober's first closed window (its results are what a report carries)."""
-        deadline = time.monotonic() + 2 * self.config.window_s + 10
-        while not self.window and time.monotonic() < deadline:
+        """Wait for the prober's second closed window (its results are what a report carries): the
+        first overlaps the peer process's start, whose unanswered probes are each reported alone."""
+        deadline = time.monotonic() + 3 * self.config.window_s + 10
+        windows = 0
+        while windows < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
-            self.window = self.prober.take_results()
-        if not self.window:
-            raise RuntimeError("the prober closed no window (is loopback UDP blocked?)")
+            got = self.prober.take_results()
+            if got:
+                windows += 1
+                self.window = got
+        if windows < 2:
+            raise RuntimeError("the prober closed no two windows (is loopback UDP blocked?)")
         return self.window
 
     def _thread_cpu(self) -> float:
