@@ -4,7 +4,9 @@ Given the wiring (a NIC's leaf, a leaf's spines: callables, so the simulator nee
 the controller) and the faults injected (silent drop on a switch, loss or delay on a cable,
 loss on a NIC's cable, a slow host), it says what happens to one flow: the spine its ECMP hash
 picks (crc32 of its addresses and source port, as a switch hashes the 5-tuple), whether a
-probe is lost, and how much later it comes back. ``fate`` is the prober's seam
+probe is lost, and how much later it comes back. The simulator's fault table puts its probe mesh
+kinds here (``switch_silent_drop``, ``link_loss``, ``link_delay``, ``host_net_delay``,
+``nic_cable_loss``: ``agent.sim.faults``). ``fate`` is the prober's seam
 (``agent.probe.prober.FateOf``) for real agents over loopback; ``window_results`` draws a
 window's results statistically, for runs on a fake clock and for benches.
 """
@@ -39,6 +41,12 @@ class SimProbeFabric:
 
     def inject_delay(self, component: str, seconds: float) -> None:
         self.delay_s[_canon(component)] = seconds
+
+    def clear_loss(self, component: str) -> None:
+        self.loss.pop(_canon(component), None)
+
+    def clear_delay(self, component: str) -> None:
+        self.delay_s.pop(_canon(component), None)
 
     def clear(self, component: str | None = None) -> None:
         if component is None:
@@ -123,6 +131,16 @@ class SimProbeFabric:
                 )
             )
         return out
+
+
+def component(target: str) -> str:
+    """Where a fault on a scenario target acts on this data plane: a switch, node or NIC by its name, a
+    leaf-spine cable by its two ends in a stable order, a NIC's cable (``nic<->leaf``) as the NIC."""
+    if LINK not in target:
+        return target
+    a, _, b = target.partition(LINK)
+    nic = a if "/nic-" in a else b if "/nic-" in b else None
+    return nic if nic is not None else _canon(target)
 
 
 def _canon(component: str) -> str:

@@ -11,6 +11,12 @@ a switch port): taking it down downs every end it has, each end is down while an
 holds it, so overlapping faults (a NIC down inside a dead leaf) clear correctly. A dead
 switch goes silent and its *peers* see their ends go down; its own tables are left
 alone, since a dead switch reports nothing about itself.
+
+Probes cross a simulated data plane (``SimProbeFabric``): every node's prober is the real one,
+sending and answering real UDP on loopback (each rail's address from the controller's plan),
+and the data plane decides per flow which spine it crosses and whether a fault on its path
+drops or delays it. The probe mesh's fault kinds (silent drop, a lossy or slow cable, a slow
+host, a lossy NIC cable) act there alone: no counter or port state shows them.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ import redis
 import structlog
 
 from agent.factory import build_agent, build_switch_agent
+from agent.probe.prober import Prober
 from agent.runtime import Agent, AgentConfig
 from agent.sim.fake_switch import FakeSwitch
 from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
+from agent.sim.probe_fabric import SimProbeFabric
 from controller.fabric import Fabric
 from starpulse.app.scenario.spec import FaultSpec, Scenario, switch_port, switch_port_count, target_kind
 from starpulse.v1 import inventory_pb2 as ipb
@@ -193,6 +201,7 @@ class SimCluster:
         self._redis: dict[str, _FakeRedisFactory] = {}
         self._members: dict[str, _Member] = {}
         self._holds = _Holds()
+        self.data_plane = SimProbeFabric(self.fabric.leaf_of, self.fabric.spines_of)
         self._pending: set[asyncio.Task[None]] = set()
         self._started = False
         self._stopped = False
@@ -242,6 +251,7 @@ class SimCluster:
         return build_agent(
             self._config(node, ipb.NODE_ROLE_COMPUTE),
             "sim",
+            prober=Prober(fate=self.data_plane.fate),  # idle until the controller plans a mesh
             sim=self.sims[node],
             lldp_runner=lambda _argv: self._lldp_json(node),
             lldp_interval_s=self.lldp_interval_s,
@@ -513,6 +523,9 @@ class _FaultScope:
         if end is None:
             raise ValueError(f"{target} is not cabled to a switch")
         return end
+
+    def data_plane(self) -> SimProbeFabric:
+        return self._c.data_plane
 
     @contextlib.contextmanager
     def switch(self, name: str) -> Iterator[FakeSwitch]:

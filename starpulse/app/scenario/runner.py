@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.model import Incident
 from controller.detect.pipeline import DetectionConfig
+from controller.fabric import Fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.sim import SimScheduler
@@ -81,7 +84,7 @@ def _matches(fault: FaultSpec, rec: IncidentRecord) -> bool:
         return False
     if fault.targets:  # several targets (a partition): an incident that touches any of them
         return bool(set(fault.targets) & set(inc.affected_nodes))
-    target = fault.target
+    target = _canonical(fault.target)
     node = target.split("/", 1)[0]
     if inc.root_cause == target or target in inc.root_cause:
         return True
@@ -90,6 +93,43 @@ def _matches(fault: FaultSpec, rec: IncidentRecord) -> bool:
     if inc.kind in ("node_fault", "node_down", "straggler") and inc.root_cause == node:
         return True
     return kind.answered_by_effect and node in inc.affected_nodes
+
+
+def _canonical(target: str) -> str:
+    """A cable as the controller names it (lower tier first), whichever way the scenario wrote it."""
+    try:
+        a, b = Fabric.link_ends(target)
+    except ValueError:
+        return target
+    nic_or_leaf = sorted((a, b), key=lambda end: (0 if "/nic-" in end else 1 if end.startswith("leaf") else 2))
+    return "<->".join(nic_or_leaf)
+
+
+def probe_settings(scenario: Scenario) -> ProbeConfig:
+    """The probe mesh of a scenario run: the controller's defaults, over loopback and sped up to the run.
+
+    Each rail NIC answers on 127.1{rail}.{block}.1{slot} (all of 127/8 is this host's). Windows
+    follow the report interval (a scenario is seconds long, not hours); a round trip counts as
+    slow from 50 ms, since one process running every agent's prober adds milliseconds of
+    scheduling noise that a real fabric's 500 us threshold would call a slow host.
+    """
+    interval = scenario.interval_s
+    return ProbeConfig(
+        enabled=scenario.probes,
+        port=_free_udp_port(),
+        packets_per_s_per_nic=50.0,
+        window_s=max(1, round(2 * interval)),
+        address_template="127.1{rail}.{block}.1{slot}",
+        replan_min_s=0.0,
+        localise_window_s=max(10 * interval, 5.0),
+        rtt_threshold_us=50_000.0,
+    )
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def build_verdict(scenario: Scenario, recorder: Recorder, injected: dict[int, float]) -> dict[str, Any]:
@@ -140,10 +180,13 @@ def check_expectations(scenario: Scenario, verdict: dict[str, Any]) -> dict[str,
     if expect is not None:
         seen = verdict["incidents"]
         for want in expect.incidents:
-            if not any(
-                i["kind"] == want.kind and (want.root_cause is None or i["root_cause"] == want.root_cause) for i in seen
-            ):
+            found = [
+                i for i in seen if i["kind"] == want.kind and (want.root_cause is None or i["root_cause"] == want.root_cause)
+            ]
+            if not found:
                 failures.append(f"no {want.kind} incident blaming {want.root_cause or 'anything'}")
+            elif want.resolved and all(i["resolved_at_s"] is None for i in found):
+                failures.append(f"the {want.kind} incident blaming {want.root_cause or 'anything'} never resolved")
         for kind in expect.forbid_kinds:
             bad = [i["id"] for i in seen if i["kind"] == kind]
             if bad:
@@ -191,6 +234,7 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
                     window_s=max(10 * interval, 5.0), min_samples=4, persist_evaluations=2, sample_every_s=0
                 ),  # a window of ~10 reports: every one is a sample
                 failslow_every_s=max(2 * interval, 1.0),
+                probes=probe_settings(scenario),
             ),
             # A hang without the job library: the signature over ~8 reports (a minute at 5 s)
             stall=StallConfig(window_s=max(8 * interval, 4.0)),
