@@ -15,7 +15,6 @@ from agent.sim.fake_amdsmi import MI300X_XGMI_LINKS, FakeAmdSmi
 from agent.sim.fake_kmsg import KERN_ERR
 from agent.sim.fake_npu_smi import FakeNpuSmi
 from agent.sim.fake_nvml import H100_NVLINKS, H100_PCIE_GEN, H100_PCIE_WIDTH
-from agent.sim.probe_fabric import component as probe_component
 from agent.sim.fault_kinds import (
     ClusterAction,
     ClusterSurface,
@@ -30,6 +29,7 @@ from agent.sim.fault_kinds import (
     UnknownFault,
     part_index,
 )
+from agent.sim.probe_fabric import component as probe_component
 
 if TYPE_CHECKING:
     from agent.sim.parts import SimParts

@@ -101,7 +101,7 @@ def _canonical(target: str) -> str:
         a, b = Fabric.link_ends(target)
     except ValueError:
         return target
-    nic_or_leaf = sorted((a, b), key=lambda end: (0 if "/nic-" in end else 1 if end.startswith("leaf") else 2))
+    nic_or_leaf = sorted((a, b), key=lambda end: 0 if "/nic-" in end else 1 if end.startswith("leaf") else 2)
     return "<->".join(nic_or_leaf)
 
 
@@ -181,7 +181,9 @@ def check_expectations(scenario: Scenario, verdict: dict[str, Any]) -> dict[str,
         seen = verdict["incidents"]
         for want in expect.incidents:
             found = [
-                i for i in seen if i["kind"] == want.kind and (want.root_cause is None or i["root_cause"] == want.root_cause)
+                i
+                for i in seen
+                if i["kind"] == want.kind and (want.root_cause is None or i["root_cause"] == want.root_cause)
             ]
             if not found:
                 failures.append(f"no {want.kind} incident blaming {want.root_cause or 'anything'}")
