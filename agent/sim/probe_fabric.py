@@ -14,11 +14,12 @@ window's results statistically, for runs on a fake clock and for benches.
 from __future__ import annotations
 
 import random
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agent.probe.prober import PathFate
+from agent.probe.prober import PathFate, Prober
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -131,6 +132,57 @@ class SimProbeFabric:
                 )
             )
         return out
+
+
+class DrawnProber(Prober):
+    """An agent's prober whose windows are drawn from the simulated data plane, not sent.
+
+    Every ``window_s`` of its plan (on the real clock the agent reports on) it hands the agent
+    the results that window would have had (``SimProbeFabric.window_results``: per flow, its
+    probes lost with the probability of the faults on its path, its spine, its delay), in the
+    report's own ``probe_results``, as the UDP prober does. No sockets and no thread: a cluster
+    of dozens of simulated nodes in one process probes at the controller's own thresholds
+    (500 us), which one process's scheduling noise would cross with real round trips.
+    """
+
+    def __init__(
+        self, data_plane: SimProbeFabric, seed: int | None = None, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(fate=data_plane.fate, seed=seed)
+        self.data_plane = data_plane
+        self._draw = random.Random(seed)
+        self._now = now
+        self._next_window = 0.0
+
+    def apply(self, plan: spb.ProbePlan) -> None:
+        """A newer plan: its first window starts now (an older or equal version is ignored)."""
+        with self._lock:
+            if plan.version and plan.version <= self.plan.version:
+                return
+            self.plan = plan
+            self._next_window = self._now() + max(1, plan.window_s)
+
+    def start(self) -> None:
+        """Nothing to start: windows are drawn when the agent asks for them."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def take_results(self) -> list[tpb.ProbeResult]:
+        """Every window of the plan that closed since the last call, drawn."""
+        with self._lock:
+            plan = self.plan
+            if not plan.targets or plan.paused:
+                return []
+            out: list[tpb.ProbeResult] = []
+            span = max(1, plan.window_s)
+            while self._now() >= self._next_window:
+                window = self.data_plane.window_results(plan, self._draw)
+                self.sent_total += sum(r.sent for r in window)
+                self.answered_total += sum(r.sent - r.lost for r in window)
+                out.extend(window)
+                self._next_window += span
+            return out
 
 
 def component(target: str) -> str:

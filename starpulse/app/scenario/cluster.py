@@ -12,11 +12,11 @@ holds it, so overlapping faults (a NIC down inside a dead leaf) clear correctly.
 switch goes silent and its *peers* see their ends go down; its own tables are left
 alone, since a dead switch reports nothing about itself.
 
-Probes cross a simulated data plane (``SimProbeFabric``): every node's prober is the real one,
-sending and answering real UDP on loopback (each rail's address from the controller's plan),
-and the data plane decides per flow which spine it crosses and whether a fault on its path
-drops or delays it. The probe mesh's fault kinds (silent drop, a lossy or slow cable, a slow
-host, a lossy NIC cable) act there alone: no counter or port state shows them.
+Probes cross a simulated data plane (``SimProbeFabric``): every node's agent takes the
+controller's probe plan on its stream and reports each window's results in its reports, drawn
+per flow from the data plane (``DrawnProber``: the spine its ECMP hash picks, its probes lost
+or delayed by the faults on its path). The probe mesh's fault kinds (silent drop, a lossy or
+slow cable, a slow host, a lossy NIC cable) act there alone: no counter or port state shows them.
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ import redis
 import structlog
 
 from agent.factory import build_agent, build_switch_agent
-from agent.probe.prober import Prober
 from agent.runtime import Agent, AgentConfig
 from agent.sim.fake_switch import FakeSwitch
 from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
-from agent.sim.probe_fabric import SimProbeFabric
+from agent.sim.probe_fabric import DrawnProber, SimProbeFabric
 from controller.fabric import Fabric
 from starpulse.app.scenario.spec import FaultSpec, Scenario, switch_port, switch_port_count, target_kind
 from starpulse.v1 import inventory_pb2 as ipb
@@ -251,11 +250,14 @@ class SimCluster:
         return build_agent(
             self._config(node, ipb.NODE_ROLE_COMPUTE),
             "sim",
-            prober=Prober(fate=self.data_plane.fate),  # idle until the controller plans a mesh
+            prober=DrawnProber(self.data_plane, seed=self._seed(node)),  # idle until the controller plans
             sim=self.sims[node],
             lldp_runner=lambda _argv: self._lldp_json(node),
             lldp_interval_s=self.lldp_interval_s,
         )
+
+    def _seed(self, node: str) -> int:
+        return self.fabric.nodes().index(node)
 
     def _build_switch(self, switch: str) -> None:
         factory = _FakeRedisFactory()

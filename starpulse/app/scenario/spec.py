@@ -26,8 +26,8 @@ Fault kinds, whom each targets and their parameters (``xid``, ``factor``, ``coun
 are the simulator's fault table (``agent.sim.faults.FAULTS``); this module checks a
 file against it and against the fabric.
 
-Probes: ``probes: true`` runs the probe mesh (every node's prober sends and answers UDP on
-loopback, through the cluster's simulated data plane); it is on by itself when a fault only
+Probes: ``probes: true`` runs the probe mesh (every node's agent reports the results of its
+plan's probes, drawn from the cluster's simulated data plane); it is on by itself when a fault only
 probes can see is in the file (``switch_silent_drop``, ``link_loss``, ``link_delay``,
 ``host_net_delay``, ``nic_cable_loss``), and ``probes: false`` beside one is an error.
 
@@ -147,7 +147,7 @@ class ScenarioFile:
     guards: GuardLimits = field(default_factory=GuardLimits, metadata=meta("Healer guard limits"))
     probes: bool | None = setting(
         None,
-        "Run the probe mesh (agents probe each other over loopback through the simulated data plane);"
+        "Run the probe mesh (agents report their plan's probes, drawn from the simulated data plane);"
         " null: on when a fault needs it (switch_silent_drop, link_loss, link_delay, host_net_delay, nic_cable_loss)",
     )
     jobs: list[JobSpec] | None = setting([], "Training jobs")
@@ -310,10 +310,6 @@ def _check_jobs(reading: Reading, scenario: Scenario, regular_nodes: int) -> Non
             reading.err(f"jobs[{i}].nodes", f"{job.nodes} nodes but the fabric has {regular_nodes} non-spare nodes")
 
 
-# The scenario runner puts each rail NIC on loopback at 127.1{rail}.{block}.1{slot}: every part one byte.
-LOOPBACK_RAILS, LOOPBACK_SLOTS, LOOPBACK_BLOCKS = 100, 100, 256
-
-
 def _check_probes(reading: Reading, scenario: Scenario, asked: bool | None) -> None:
     """Whether the probe mesh runs; a fault only probes see in a file that turns them off is an error."""
     probed = [i for i, fault in enumerate(scenario.faults) if FAULTS[fault.kind].probed]
@@ -321,16 +317,6 @@ def _check_probes(reading: Reading, scenario: Scenario, asked: bool | None) -> N
         i = probed[0]
         reading.err(f"faults[{i}].kind", f"{scenario.faults[i].kind} is seen only by probes, and `probes` is false")
     scenario.probes = bool(probed) if asked is None else asked
-    if not scenario.probes:
-        return
-    f = scenario.fabric
-    blocks = -(-(f.nodes + scenario.spares) // f.nodes_per_block)
-    if f.rails > LOOPBACK_RAILS or f.nodes_per_block > LOOPBACK_SLOTS or blocks > LOOPBACK_BLOCKS:
-        reading.err(
-            "probes",
-            f"probing on loopback takes at most {LOOPBACK_RAILS} rails, {LOOPBACK_SLOTS} nodes per block and"
-            f" {LOOPBACK_BLOCKS} blocks (this fabric: {f.rails}, {f.nodes_per_block}, {blocks})",
-        )
 
 
 def _check_vendor(reading: Reading, scenario: Scenario, i: int) -> None:

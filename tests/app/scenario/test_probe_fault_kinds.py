@@ -205,13 +205,8 @@ async def test_overlapping_probe_faults_hold_the_data_plane_until_the_last_clear
             {"probes": False},
             "faults[0].kind: link_delay is seen only by probes, and `probes` is false",
         ),
-        (
-            {"kind": "switch_silent_drop", "target": "leaf-b0-r0"},
-            {"fabric": {**FABRIC, "nodes_per_block": 128, "nodes": 128}},
-            "probes: probing on loopback takes at most 100 rails, 100 nodes per block and 256 blocks",
-        ),
     ],
-    ids=["switch-not-node", "no-such-cable", "loss-too-high", "no-delay", "probes-off", "too-big-for-loopback"],
+    ids=["switch-not-node", "no-such-cable", "loss-too-high", "no-delay", "probes-off"],
 )
 def test_a_bad_probe_fault_is_one_line_naming_file_fault_and_key(
     fault: dict[str, Any], extra: dict[str, Any], message: str
