@@ -16,10 +16,12 @@ from __future__ import annotations
 import random
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.probe.prober import PathFate, Prober
+from agent.sim.fault_kinds import UnknownFault
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -209,3 +211,43 @@ def _canon(component: str) -> str:
 
     first, second = sorted((a, b), key=rank)
     return f"{first}{LINK}{second}"
+
+
+@dataclass
+class PlacedFault:
+    """A fault placed on one target (``agent.sim.fault_kinds.Fault``) without a scenario file."""
+
+    target: str
+    params: dict[str, Any] = field(default_factory=dict)
+    targets: Sequence[str] = ()
+
+
+class DataPlaneOnly:
+    """The fault table's cluster surface with only a data plane behind it (no nodes, switches or agents):
+    the probe mesh's kinds on a fake-clock fleet (``bench.probe_mesh``). Anything else is refused."""
+
+    def __init__(self, plane: SimProbeFabric) -> None:
+        self.plane = plane
+        self._held: dict[Hashable, int] = {}
+
+    def data_plane(self) -> SimProbeFabric:
+        return self.plane
+
+    def hold(self, what: Hashable) -> bool:
+        self._held[what] = self._held.get(what, 0) + 1
+        return self._held[what] == 1
+
+    def release(self, what: Hashable) -> bool:
+        left = self._held.get(what, 0) - 1
+        if left < 0:
+            return False
+        if left == 0:
+            del self._held[what]
+        else:
+            self._held[what] = left
+        return left == 0
+
+    def _refuse(self, *args: object) -> Any:
+        raise UnknownFault("only the probe mesh's fault kinds act on a data plane alone")
+
+    shape = node = cut_cables = mend_cables = silence = unsilence = halt = revive = switch_port = switch = _refuse
