@@ -114,7 +114,7 @@ def _inject(sim: Any, spec: str) -> None:
             f"--sim-fault {spec}: {name} acts on {where}, not on one node:"
             " put it in a scenario (starpulse scenario run)"
         )
-    if kind is None:
+    if kind is None or kind.node is None:
         known = ", ".join(k.name for k in FAULTS if k.node is not None)
         raise ExpectError(f"--sim-fault {spec}: unknown node fault {name!r} (known: {known})")
     if not index.isdigit() and index:
