@@ -26,6 +26,7 @@ import contextlib
 import json
 import shutil
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,7 +180,10 @@ class SimCluster:
         *,
         lldp_interval_s: float | None = None,
         keep_files: bool = False,
+        probe_clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``probe_clock``: when the agents' probe windows close (the controller's fake clock in a
+        test that drives it; the agents themselves report on real time)."""
         if isinstance(scenario_or_fabric, Scenario):
             self.scenario: Scenario | None = scenario_or_fabric
             self.fabric = scenario_or_fabric.build_fabric()
@@ -193,6 +197,7 @@ class SimCluster:
         self.controller_target = controller_target
         self.root = Path(workdir) / "simcluster"
         self.keep_files = keep_files
+        self._probe_clock = probe_clock
         self.agents: dict[str, Agent] = {}
         self.sims: dict[str, SimNode] = {}
         self.switches: dict[str, FakeSwitch] = {}
@@ -250,7 +255,7 @@ class SimCluster:
         return build_agent(
             self._config(node, ipb.NODE_ROLE_COMPUTE),
             "sim",
-            prober=DrawnProber(self.data_plane, seed=self._seed(node)),  # idle until the controller plans
+            prober=DrawnProber(self.data_plane, seed=self._seed(node), now=self._probe_clock),  # idle until the controller plans
             sim=self.sims[node],
             lldp_runner=lambda _argv: self._lldp_json(node),
             lldp_interval_s=self.lldp_interval_s,
