@@ -255,7 +255,8 @@ class SimCluster:
         return build_agent(
             self._config(node, ipb.NODE_ROLE_COMPUTE),
             "sim",
-            prober=DrawnProber(self.data_plane, seed=self._seed(node), now=self._probe_clock),  # idle until the controller plans
+            # its probe windows: idle until the controller plans a mesh
+            prober=DrawnProber(self.data_plane, seed=self._seed(node), now=self._probe_clock),
             sim=self.sims[node],
             lldp_runner=lambda _argv: self._lldp_json(node),
             lldp_interval_s=self.lldp_interval_s,
