@@ -15,13 +15,25 @@ Both are measured in process (the fake NVML's methods timed with the thread's CP
 in a separate tiered pass) and subtracted for the "without the simulator" figure, which
 is the one the agent's < 1 % target is judged on.
 
-    .venv/bin/python -m bench.agent_cycle [--quick] [--cycles N] [--agent-seconds S]
+With ``--probes`` (issue 29) both parts run again with the probe mesh on, side by side with
+the runs without. Part 1: the agent's real ``Prober`` runs on loopback at the default budget
+(8 rail NICs, each probing 4 peers over 33 flows, answered by a peer prober in a child
+process, ``bench.probe_cpu``'s plan); each cycle takes its results as the agent's loop does,
+and one report in ``window_s`` (10 at a 1 s interval) carries a window of real results (the
+second window the prober closed: the cycles run faster than real time). The prober thread's
+own CPU is read per thread (psutil) over the cycles, and the cycle's core share with probes
+adds it. Part 2: the controller declares a two-node fabric (one node per block, 8 rails, rail
+addresses on loopback) with the mesh enabled, two ``starpulse agent`` processes get their
+plans on their streams and probe each other; the first is measured as without probes.
+
+    .venv/bin/python -m bench.agent_cycle [--quick] [--cycles N] [--agent-seconds S] [--probes]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing as mp
 import os
 import resource
 import subprocess
@@ -71,11 +83,71 @@ def _time_fake_nvml(fake: Any) -> dict[str, float]:
     return spent
 
 
-def bench_cycles(cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml: bool = False) -> dict[str, Any]:
+class LoopbackProbes:
+    """The agent's real prober at the default budget on loopback, answered by a peer process."""
+
+    def __init__(self) -> None:
+        from agent.probe.prober import Prober
+        from bench.probe_cpu import free_udp_port, peer_main, plan_for
+        from controller.fabric.probeplan import ProbeConfig
+
+        self.config = ProbeConfig()
+        port = free_udp_port()
+        pps = self.config.packets_per_s_per_nic
+        self._peer = mp.get_context("spawn").Process(target=peer_main, args=(port, pps, 3600.0), daemon=True)
+        self._peer.start()
+        self.prober = Prober(seed=1)
+        self.prober.start()
+        self.prober.apply(plan_for(0, 1, port, pps, 30000))
+        self.window: list[Any] = []
+        self._cpu0 = self._wall0 = 0.0
+        self._sent0 = self._answered0 = 0
+
+    def first_window(self) -> list[Any]:
+        """Wait for the prober's second closed window (its results are what a report carries): the
+        first overlaps the peer process's start, whose unanswered probes are each reported alone."""
+        deadline = time.monotonic() + 3 * self.config.window_s + 10
+        windows = 0
+        while windows < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            got = self.prober.take_results()
+            if got:
+                windows += 1
+                self.window = got
+        if windows < 2:
+            raise RuntimeError("the prober closed no two windows (is loopback UDP blocked?)")
+        return self.window
+
+    def _thread_cpu(self) -> float:
+        ids = {t.native_id for t in threading.enumerate() if t.name == "prober"}
+        return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+    def mark(self) -> None:
+        self._cpu0, self._wall0 = self._thread_cpu(), time.perf_counter()
+        self._sent0, self._answered0 = self.prober.sent_total, self.prober.answered_total
+
+    def since_mark(self) -> dict[str, float]:
+        wall = time.perf_counter() - self._wall0
+        return {
+            "prober_thread_cpu_pct": round(100 * (self._thread_cpu() - self._cpu0) / wall, 3),
+            "probes_sent_per_s": round((self.prober.sent_total - self._sent0) / wall, 1),
+            "probes_answered_per_s": round((self.prober.answered_total - self._answered0) / wall, 1),
+        }
+
+    def close(self) -> None:
+        self.prober.stop()
+        self._peer.terminate()
+        self._peer.join(10)
+
+
+def bench_cycles(
+    cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml: bool = False, probes: bool = False
+) -> dict[str, Any]:
     """Time collection cycles; with full_every N, slow counters are read fully every Nth cycle only.
 
     That emulates ``AgentConfig.counters_every_s`` at a 1 s interval (N = counters_every_s)
-    without waiting real seconds between cycles.
+    without waiting real seconds between cycles. ``probes``: the real prober runs beside the
+    cycles (LoopbackProbes) and its results ride in the reports as the agent's loop puts them.
     """
     from agent.factory import build_collectors
     from agent.runtime import CollectorSet
@@ -92,6 +164,14 @@ def bench_cycles(cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml
     for hook in plan.inventory_hooks:
         hook(inventory)
     fake_nvml = _time_fake_nvml(sim.nvml) if time_fake_nvml else None
+    mesh = LoopbackProbes() if probes else None
+    window: list[Any] = mesh.first_window() if mesh is not None else []
+    every = mesh.config.window_s if mesh is not None else 0  # a 1 s agent's reports per window
+    cpu_probes: list[float] = []
+    carrying: list[int] = []
+    # this thread's CPU per cycle (collect, results, encode): process time also counts the
+    # prober's thread (and any collector's), which the probe figures give on their own
+    thread_cycle: list[float] = []
 
     warmup = 5
     wall_total: list[float] = []
@@ -110,6 +190,8 @@ def bench_cycles(cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml
     encoder.reset(enabled=True)
     cpu_encode: list[float] = []
     delta_size: list[int] = []
+    if mesh is not None:
+        mesh.mark()
     for seq in range(1, warmup + cycles + 1):
         for c in tiered:
             c.slow_every_s = 0.0 if seq % full_every == 0 else 1e9
@@ -118,14 +200,26 @@ def bench_cycles(cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml
         c0, w0 = time.process_time(), time.perf_counter()
         sim.advance(1.0)
         c1, w1 = time.process_time(), time.perf_counter()
+        t1 = time.thread_time()
         result = cs.collect(seq)
         c2, w2 = time.process_time(), time.perf_counter()
+        if mesh is not None:  # what Agent.run does after each cycle
+            mesh.prober.take_results()
+            if seq % every == 0:
+                result.report.probe_results.extend(window)
+        c2p = time.process_time()
         out = spb.AgentMessage()
         encoder.encode_into(result.report, out.report)
         c3 = time.process_time()
+        t3 = time.thread_time()
         if seq <= warmup:
             continue
-        cpu_encode.append(c3 - c2)
+        thread_cycle.append(t3 - t1)
+        if mesh is not None:
+            cpu_probes.append(c2p - c2)
+            if seq % every == 0:
+                carrying.append(out.ByteSize())
+        cpu_encode.append(c3 - c2p)
         delta_size.append(out.ByteSize())
         wall_advance.append(w1 - w0)
         wall_collect.append(w2 - w1)
@@ -144,7 +238,27 @@ def bench_cycles(cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml
     cs.close()
     ms = 1000.0
     cpu_ms = median(cpu_collect) * ms
+    probe_figures: dict[str, Any] = {}
+    if mesh is not None:
+        probe_figures = mesh.since_mark()
+        mesh.close()
+        probe_figures.update(
+            {
+                "probe_results_per_window": len(window),
+                "probe_results_into_report_cpu_ms_mean": round(sum(cpu_probes) / len(cpu_probes) * ms, 4),
+                "agent_message_bytes_carrying_a_window_mean": round(sum(carrying) / max(1, len(carrying))),
+                # the cycle (collect, results into the report, delta encode; its own thread) plus the prober's
+                "core_share_pct_at_1s_interval_with_prober": round(
+                    sum(thread_cycle) / len(thread_cycle) * 100 + probe_figures["prober_thread_cpu_pct"], 2
+                ),
+            }
+        )
+    into = cpu_probes or [0.0] * len(cpu_collect)
+    cycle_cpu = [a + b + c for a, b, c in zip(cpu_collect, into, cpu_encode, strict=True)]
     return {
+        "probes": probe_figures or None,
+        "cycle_cpu_ms_mean": round(sum(cycle_cpu) / len(cycle_cpu) * ms, 3),
+        "cycle_thread_cpu_ms_mean": round(sum(thread_cycle) / len(thread_cycle) * ms, 3),
         "cycles": cycles,
         "full_counter_read_every_cycles": full_every,
         "gpus": gpus,
@@ -178,9 +292,11 @@ def bench_cycles(cycles: int, workdir: Path, full_every: int = 1, time_fake_nvml
 class ThreadController:
     """A Controller on its own event loop in a thread of this process."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, fabric: Any = None) -> None:
+        """``fabric``: a declared fabric, and the probe mesh on over it (agents get plans)."""
         self.port = free_port()
         self.workdir = workdir
+        self.fabric = fabric
         self.controller: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -188,7 +304,11 @@ class ThreadController:
         self._thread = threading.Thread(target=self._main, daemon=True)
 
     def _main(self) -> None:
+        from controller.detect.pipeline import DetectionConfig
+        from controller.fabric.probeplan import ProbeConfig
         from controller.service import Controller, ControllerConfig
+
+        detection = DetectionConfig(probes=ProbeConfig(enabled=self.fabric is not None))
 
         async def run() -> None:
             self._loop = asyncio.get_running_loop()
@@ -199,6 +319,8 @@ class ThreadController:
                 db_path=self.workdir / "controller.db",
                 heartbeat_timeout_s=600,
                 grace_s=0.5,
+                fabric=self.fabric,
+                detection=detection,
             )
             self.controller = Controller(cfg, clock=SYSTEM_CLOCK)
             await self.controller.start()
@@ -219,53 +341,95 @@ class ThreadController:
         node = self.controller.registry.nodes.get(node_id)
         return int(node.acked_report_seq) if node is not None else 0
 
+    def probe_results_from(self, node_id: str) -> tuple[int, int, int, int]:
+        """(report seq, probe results, probes sent, lost) of the node's latest report."""
+        node = self.controller.registry.nodes.get(node_id)
+        report = node.latest_report if node is not None else None
+        if report is None:
+            return 0, 0, 0, 0
+        results = list(report.probe_results)
+        return report.seq, len(results), sum(r.sent for r in results), sum(r.lost for r in results)
+
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(15)
 
 
-def bench_agent_process(seconds: float, workdir: Path) -> dict[str, Any]:
-    ctl = ThreadController(workdir)
-    ctl.start()
-    node_id = "node-bench"
-    log_path = workdir / "agent.log"
+def two_node_fabric() -> Any:
+    """Two nodes, one per block, 8 rails and 8 spines, each rail NIC on its own loopback address:
+    the planner gives each NIC a target on another rail of its own node (hostping) and one on the
+    same rail of the other node, at the default budget."""
+    from controller.fabric import generate_fabric
+
+    fabric = generate_fabric(2, gpus_per_node=8, rails=8, nodes_per_block=1, spines=8)
+    for n, node in enumerate(sorted(fabric.nodes())):
+        for nic in fabric.nics_of(node):
+            fabric.graph.nodes[nic]["address"] = f"127.3{n}.{fabric.rail_of(nic)}.1"
+    return fabric
+
+
+def _agent(ctl: ThreadController, node_id: str, workdir: Path, log_path: Path) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "starpulse.app.cli", "agent",
         "--controller", f"127.0.0.1:{ctl.port}",
         "--node-id", node_id,
         "--backend", "sim",
         "--interval-s", "1",
-        "--state-dir", str(workdir / "agent"),
+        "--state-dir", str(workdir / node_id),
         "--log-level", "info",
     ]  # fmt: skip
-    started = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
     try:
-        # Warm-up: imports, probe, describe, connect, first reports.
-        while ctl.reports_from(node_id) < 3:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bench_agent_process(seconds: float, workdir: Path, probes: bool = False) -> dict[str, Any]:
+    """The real agent's footprint; ``probes``: two agents on a declared fabric probing each other."""
+    fabric = two_node_fabric() if probes else None
+    ctl = ThreadController(workdir, fabric)
+    ctl.start()
+    node_id, peer_id = ("node-000", "node-001") if probes else ("node-bench", "")
+    log_path = workdir / "agent.log"
+    started = time.monotonic()
+    peer = _agent(ctl, peer_id, workdir, workdir / "peer.log") if peer_id else None
+    proc = _agent(ctl, node_id, workdir, log_path)
+    seen: dict[int, tuple[int, int, int]] = {}
+    try:
+        # Warm-up: imports, probe, describe, connect, first reports (with probes: the first window).
+        while ctl.reports_from(node_id) < 3 or (probes and not ctl.probe_results_from(node_id)[1]):
             if proc.poll() is not None:
                 raise RuntimeError(f"agent exited early ({proc.returncode}); see {log_path}")
             if time.monotonic() - started > 60:
-                raise RuntimeError(f"agent sent no reports within 60 s; see {log_path}")
+                raise RuntimeError(f"agent sent no reports (with probe results) within 60 s; see {log_path}")
             time.sleep(0.1)
         startup_s = time.monotonic() - started
         seq0 = ctl.reports_from(node_id)
-        sampler = ProcSampler(proc.pid, every_s=0.5).start()
-        time.sleep(seconds)
+        sampler = ProcSampler(proc.pid).start()
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            time.sleep(0.25)
+            if probes:
+                seq, *counts = ctl.probe_results_from(node_id)
+                if counts[0]:
+                    seen[seq] = (counts[0], counts[1], counts[2])
         s = sampler.stop()
         reports = ctl.reports_from(node_id) - seq0
         threads = psutil.Process(proc.pid).num_threads()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
+        if peer is not None:
+            _stop(peer)
         ctl.stop()
-    return {
+    out: dict[str, Any] = {
         "window_s": s["wall_s"],
         "startup_to_third_report_s": round(startup_s, 2),
         "reports_acked_in_window": reports,
@@ -276,6 +440,73 @@ def bench_agent_process(seconds: float, workdir: Path) -> dict[str, Any]:
         "rss_mib_max": s["rss_mib_max"],
         "threads": threads,
     }
+    if probes:
+        sent = sum(v[1] for v in seen.values())
+        out["probe_windows_seen"] = len(seen)
+        out["probe_results_per_window"] = round(sum(v[0] for v in seen.values()) / max(1, len(seen)), 1)
+        from controller.fabric.probeplan import ProbeConfig
+
+        out["probes_sent_per_s"] = round(sent / max(1, len(seen)) / ProbeConfig().window_s, 1)
+        out["probe_loss_pct"] = round(100 * sum(v[2] for v in seen.values()) / sent, 3) if sent else None
+    return out
+
+
+def _side_by_side(cyc: dict[str, Any], proc: dict[str, Any], cyc_p: dict[str, Any], proc_p: dict[str, Any]) -> str:
+    """The cycle's and the agent process's cost without and with the probe mesh, one row each."""
+    p = cyc_p["probes"]
+    rows: list[tuple[str, str, str]] = [
+        # process time: with probes it also counts the prober's thread while the cycle ran
+        ("collect CPU ms/cycle (process time)", f"{cyc['collect_cpu_ms_mean']}", f"{cyc_p['collect_cpu_ms_mean']}"),
+        ("probe results into the report, CPU ms/cycle", "-", f"{p['probe_results_into_report_cpu_ms_mean']}"),
+        (
+            "delta encoding CPU ms/report, mean",
+            f"{cyc['delta_encode_cpu_ms_mean']}",
+            f"{cyc_p['delta_encode_cpu_ms_mean']}",
+        ),
+        ("cycle CPU ms, mean (all three above)", f"{cyc['cycle_cpu_ms_mean']}", f"{cyc_p['cycle_cpu_ms_mean']}"),
+        (
+            "cycle CPU ms, mean, the cycle's own thread",
+            f"{cyc['cycle_thread_cpu_ms_mean']}",
+            f"{cyc_p['cycle_thread_cpu_ms_mean']}",
+        ),
+        (
+            "report bytes on the wire, mean (one in 10 carries a window)",
+            f"{cyc['agent_message_bytes_with_deltas_mean']}",
+            f"{cyc_p['agent_message_bytes_with_deltas_mean']}",
+        ),
+        ("report carrying a window, bytes", "-", f"{p['agent_message_bytes_carrying_a_window_mean']}"),
+        ("probe results per window", "-", f"{p['probe_results_per_window']}"),
+        ("prober thread CPU % of one core", "-", f"{p['prober_thread_cpu_pct']}"),
+        ("probes sent / answered per s", "-", f"{p['probes_sent_per_s']} / {p['probes_answered_per_s']}"),
+        (
+            "core share at 1 s interval, % (cycle's thread + prober thread)",
+            f"{round(cyc['cycle_thread_cpu_ms_mean'] / 10, 2)}",
+            f"{p['core_share_pct_at_1s_interval_with_prober']}",
+        ),
+        (
+            "agent process: CPU % of one core (with the simulator)",
+            f"{proc['cpu_pct_of_one_core']}",
+            f"{proc_p['cpu_pct_of_one_core']}",
+        ),
+        ("agent process: CPU ms per report", f"{proc['cpu_ms_per_report']}", f"{proc_p['cpu_ms_per_report']}"),
+        ("agent process: RSS MiB median", f"{proc['rss_mib_median']}", f"{proc_p['rss_mib_median']}"),
+        ("agent process: threads", f"{proc['threads']}", f"{proc_p['threads']}"),
+        (
+            "agent process: probe windows seen / results per window",
+            "-",
+            f"{proc_p.get('probe_windows_seen')} / {proc_p.get('probe_results_per_window')}",
+        ),
+        (
+            "agent process: probes sent per s / loss %",
+            "-",
+            f"{proc_p.get('probes_sent_per_s')} / {proc_p.get('probe_loss_pct')}",
+        ),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = ["agent_cycle: without / with the probe mesh (default budget, 8 rails)", "-" * (width + 36)]
+    lines.append(f"  {'':<{width}}  {'without':>14}  {'with probes':>16}")
+    lines += [f"  {a:<{width}}  {b:>14}  {c:>16}" for a, b, c in rows]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -283,6 +514,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="fewer cycles, shorter agent run")
     ap.add_argument("--cycles", type=int, default=None, help="timed collection cycles (default 300; quick 100)")
     ap.add_argument("--agent-seconds", type=float, default=None, help="agent subprocess window (20; quick 8)")
+    ap.add_argument(
+        "--probes",
+        action="store_true",
+        help="also run both parts with the probe mesh on (the real prober on loopback at the default "
+        "budget) and print them beside the runs without",
+    )
     args = ap.parse_args(argv)
     cycles = args.cycles or (100 if args.quick else 300)
     seconds = args.agent_seconds or (8.0 if args.quick else 20.0)
@@ -294,6 +531,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # The fake NVML's own share, in a separate pass: its timing wrappers slow the cycle.
         fake = bench_cycles(max(cycles // 3, 50), Path(tmp) / "fake", full_every=5, time_fake_nvml=True)
         proc = bench_agent_process(seconds, Path(tmp) / "proc")
+        with_probes: dict[str, Any] = {}
+        if args.probes:
+            with_probes = {
+                "cycles_tiered": bench_cycles(cycles, Path(tmp) / "tiered-probes", full_every=5, probes=True),
+                "agent_process": bench_agent_process(seconds, Path(tmp) / "proc-probes", probes=True),
+            }
     load_after = [round(x, 2) for x in os.getloadavg()]
     advance_pct = tiered["sim_advance_cpu_ms_mean"] / 10.0  # ms per 1 s cycle -> % of one core
     fake_nvml_pct = fake["fake_nvml_cpu_ms_per_cycle_mean"] / 10.0
@@ -336,15 +579,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("load average (1/5/15) before / after", f"{load_before} / {load_after}"),
     ]
     print(table(f"agent_cycle ({cycles} cycles; 8 GPUs, 8 rails + bond, sim backend)", rows))
+    if with_probes:
+        print()
+        print(_side_by_side(tiered, proc, with_probes["cycles_tiered"], with_probes["agent_process"]))
     figures = {
         "cycles": cyc,
         "cycles_tiered": tiered,
         "cycles_tiered_fake_nvml_timed": fake,
         "agent_process": proc,
+        "with_probes": with_probes or None,
         "load_average_before": load_before,
         "load_average_after": load_after,
     }
-    path = write_result(NAME, {"cycles": cycles, "agent_seconds": seconds, "quick": args.quick}, figures)
+    params = {"cycles": cycles, "agent_seconds": seconds, "quick": args.quick, "probes": args.probes}
+    path = write_result(NAME, params, figures)
     print(f"\nwrote {path}")
     return figures
 

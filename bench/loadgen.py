@@ -154,6 +154,12 @@ def build_templates(
     return Templates(inventory, healthy, faulty, gpus, nics, size, delta_size)
 
 
+def carries(seq: int, interval_s: float, window_s: int) -> bool:
+    """Whether report ``seq`` carries a probe window: the agent closes one every ``window_s`` and
+    the next report takes it (every other report at the 5 s interval and the 10 s window)."""
+    return seq % max(1, round(window_s / interval_s)) == 0
+
+
 # -- worker process ---------------------------------------------------------------------------
 @dataclass
 class NodeStats:
@@ -163,6 +169,7 @@ class NodeStats:
     events_sent: int = 0
     sent_in_window: int = 0
     replaced: int = 0  # reports an agent would replace with a newer one before they could go
+    probe_windows: int = 0  # reports that carried a window of probe results
 
 
 async def run_node(
@@ -176,8 +183,13 @@ async def run_node(
     t_end: float,
     rng: random.Random,
     st: NodeStats,
+    probes: list[bytes] | None = None,
+    probe_window_s: int = 10,
 ) -> None:
-    """Report every interval (+-jitter) until t_end; record report->ack RTT inside the window."""
+    """Report every interval (+-jitter) until t_end; record report->ack RTT inside the window.
+
+    ``probes``: this node's probe-result windows (``bench.probeload``), taken in turn by the
+    reports that carry a window."""
     sent_at: dict[int, float] = {}
     rd = asyncio.create_task(read_acks(call, sent_at, t_start, t_end, st))
     seq = 0
@@ -198,7 +210,11 @@ async def run_node(
                 event_seq += 1
                 st.events_sent += 1
                 await call.write(encode(EVENT_TAG, ev, event_seq, ts))
-            payload = encode(REPORT_TAG, wire[step], seq, ts)
+            body = wire[step]
+            if probes and carries(seq, interval_s, probe_window_s):
+                body += probes[(seq // max(1, round(probe_window_s / interval_s))) % len(probes)]
+                st.probe_windows += 1
+            payload = encode(REPORT_TAG, body, seq, ts)
             if now >= t_start:
                 sent_at[seq] = time.perf_counter()
                 st.sent_in_window += 1
@@ -216,6 +232,7 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
     tpl: Templates = cfg["templates"]
     ids: list[str] = cfg["node_ids"]
     faulty: set[str] = set(cfg["faulty"])
+    probes: dict[str, list[bytes]] = cfg.get("probes") or {}
     sem = asyncio.Semaphore(cfg.get("connect_parallel", 64))
     opened: list[tuple[str, Any, Any, bool]] = []
     hello_rtt: list[float] = []
@@ -247,7 +264,18 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
         phase = rng.uniform(0, cfg["interval_s"])
         try:
             await run_node(
-                call, profile, delta, cfg["interval_s"], cfg["jitter"], t_launch + phase, t_start, t_end, rng, stats[i]
+                call,
+                profile,
+                delta,
+                cfg["interval_s"],
+                cfg["jitter"],
+                t_launch + phase,
+                t_start,
+                t_end,
+                rng,
+                stats[i],
+                probes.get(node_id),
+                cfg.get("probe_window_s", 10),
             )
         except grpc.aio.AioRpcError as exc:
             key = exc.code().name
@@ -274,6 +302,7 @@ async def worker_main(cfg: dict[str, Any], control: Any, results: Any) -> None:
                 "events_sent": sum(s.events_sent for s in stats),
                 "sent_in_window": sum(s.sent_in_window for s in stats),
                 "delta_streams": sum(1 for o in opened if o[3]),
+                "probe_windows": sum(s.probe_windows for s in stats),
                 "errors": errors,
             },
         )

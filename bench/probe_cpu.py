@@ -27,13 +27,13 @@ NICS = 8
 TARGETS = 4
 
 
-def _port() -> int:
+def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _plan(me: int, peer: int, port: int, pps: float, base: int) -> spb.ProbePlan:
+def plan_for(me: int, peer: int, port: int, pps: float, base: int) -> spb.ProbePlan:
     cfg = ProbeConfig()
     plan = spb.ProbePlan(
         version=1,
@@ -63,22 +63,22 @@ def _plan(me: int, peer: int, port: int, pps: float, base: int) -> spb.ProbePlan
     return plan
 
 
-def _peer(port: int, pps: float, seconds: float) -> None:
+def peer_main(port: int, pps: float, seconds: float) -> None:
     quiet_logging()
     p = Prober(seed=2)
     p.start()
-    p.apply(_plan(1, 0, port, pps, 40000))
+    p.apply(plan_for(1, 0, port, pps, 40000))
     time.sleep(seconds)
     p.stop()
 
 
 def run(seconds: float, pps: float) -> dict[str, Any]:
-    port = _port()
-    child = mp.get_context("spawn").Process(target=_peer, args=(port, pps, seconds + 10))
+    port = free_udp_port()
+    child = mp.get_context("spawn").Process(target=peer_main, args=(port, pps, seconds + 10))
     child.start()
     a = Prober(seed=1)
     a.start()
-    a.apply(_plan(0, 1, port, pps, 30000))
+    a.apply(plan_for(0, 1, port, pps, 30000))
     time.sleep(5)  # both sides up, one window in
     a.take_results()
     sent0, answered0 = a.sent_total, a.answered_total

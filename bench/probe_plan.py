@@ -62,7 +62,8 @@ def _localise(fabric: Any, config: ProbeConfig, plan: Any) -> dict[str, Any]:
 
     Times what lands on the controller's loop: adding each report's results (the running sums,
     expiry included), one localisation on a clean fabric, one with 1.5 % loss on one leaf (the
-    vote runs), and working out ``health`` when the topology view reads it.
+    vote runs), and working out ``health`` and its worst components when the topology view reads
+    them (after each clean localisation, and after the lossy one).
     """
     clock = FakeClock()
     loc = ProbeLocaliser(fabric, config, clock=clock)
@@ -73,6 +74,7 @@ def _localise(fabric: Any, config: ProbeConfig, plan: Any) -> dict[str, Any]:
     clean_s: list[float] = []
     lossy_s: list[float] = []
     blamed: list[str] = []
+    view_clean_s: list[float] = []
     windows = int(config.localise_window_s // config.window_s)
     for w in range(3 * windows):
         lossy = w >= 2 * windows
@@ -90,8 +92,12 @@ def _localise(fabric: Any, config: ProbeConfig, plan: Any) -> dict[str, Any]:
         blames = loc.localise()
         (lossy_s if lossy else clean_s).append(time.perf_counter() - started)
         blamed = [b.component for b in blames]
+        if not lossy and w >= windows:
+            started = time.perf_counter()
+            _view(loc)
+            view_clean_s.append(time.perf_counter() - started)
     started = time.perf_counter()
-    health = loc.health
+    health, worst = _view(loc)
     health_s = time.perf_counter() - started
     return {
         "localise_observations_per_window": count // (3 * windows) * windows,
@@ -102,8 +108,18 @@ def _localise(fabric: Any, config: ProbeConfig, plan: Any) -> dict[str, Any]:
         "localise_lossy_leaf_blamed": ",".join(blamed) or "-",
         "localise_lossy_leaf_expected": leaf,
         "health_on_read_s": round(health_s, 3),
+        "health_on_read_clean_s_median": round(statistics.median(view_clean_s), 3),
         "health_components": len(health),
+        "health_worst_after_lossy_leaf": worst[0]["component"] if worst else "-",
     }
+
+
+def _view(loc: ProbeLocaliser) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What the topology view reads (controller.query.live): the probe health it colours the
+    cables with and the worst links, worked out once per localisation (the fabric's own
+    components' share where the localiser has one; before issue 29's fix, every component's)."""
+    health = getattr(loc, "fabric_health", None)
+    return (health if health is not None else loc.health), loc.worst()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import random
 import time
 from typing import Any
 
-from bench.loadgen import EVENT_TAG, REPORT_TAG, NodeStats, Profile, Templates, encode
+from bench.loadgen import EVENT_TAG, REPORT_TAG, NodeStats, Profile, Templates, carries, encode
 
 MAX_BATCH_BYTES = 2 * 1024 * 1024  # the real relay's default (relay.upstream.Upstream)
 
@@ -27,8 +27,19 @@ MAX_BATCH_BYTES = 2 * 1024 * 1024  # the real relay's default (relay.upstream.Up
 class SimRelay:
     """One relay's stream to the controller, and the nodes behind it."""
 
-    def __init__(self, port: int, relay_id: str, nodes: list[tuple[int, str, Profile]], linger_s: float) -> None:
+    def __init__(
+        self,
+        port: int,
+        relay_id: str,
+        nodes: list[tuple[int, str, Profile]],
+        linger_s: float,
+        probes: dict[str, list[bytes]] | None = None,
+        probe_window_s: int = 10,
+    ) -> None:
+        """``probes``: each node's probe-result windows (bench.probeload), appended to its reports."""
         self.port = port
+        self.probes = probes or {}
+        self.probe_window_s = probe_window_s
         self.relay_id = relay_id
         self.nodes = nodes  # (stream id, node id, profile)
         self.linger_s = linger_s
@@ -129,7 +140,7 @@ class SimRelay:
             batch, size = spb.RelayedAgentBatch(), 0
             while due and due[0][0] <= now and size < MAX_BATCH_BYTES:
                 at, i = heapq.heappop(due)
-                stream, _, profile = self.nodes[i]
+                stream, node_id, profile = self.nodes[i]
                 wire = profile.deltas if use_delta and self.delta.get(stream) else profile.reports
                 following = at + interval_s * (1.0 + rng.uniform(-jitter, jitter))
                 while following <= now:
@@ -152,8 +163,13 @@ class SimRelay:
                     event_seqs[i] += 1
                     st.events_sent += 1
                     batch.messages.add(stream=stream, message=encode(EVENT_TAG, ev, event_seqs[i], ts))
-                batch.messages.add(stream=stream, message=encode(REPORT_TAG, wire[step], seqs[i], ts))
-                size += len(wire[step]) + 32
+                body = wire[step]
+                windows = self.probes.get(node_id)
+                if windows and carries(seqs[i], interval_s, self.probe_window_s):
+                    body += windows[seqs[i] % len(windows)]
+                    st.probe_windows += 1
+                batch.messages.add(stream=stream, message=encode(REPORT_TAG, body, seqs[i], ts))
+                size += len(body) + 32
                 if at >= t_start:
                     st.sent_in_window += 1
                 heapq.heappush(due, (following, i))
@@ -183,7 +199,17 @@ async def relay_worker_main(cfg: dict[str, Any], control: Any, results: Any) -> 
         for k, node_id in enumerate(ids[n::n_relays]):
             profile = tpl.faulty[k % len(tpl.faulty)] if node_id in faulty else tpl.healthy
             nodes.append((k + 1, node_id, profile))
-        relays.append(SimRelay(cfg["port"], f"loadgen-w{cfg['worker']}-r{n}", nodes, cfg["linger_s"]))
+        probes = {node_id: cfg["probes"][node_id] for _, node_id, _ in nodes if node_id in cfg.get("probes", {})}
+        relays.append(
+            SimRelay(
+                cfg["port"],
+                f"loadgen-w{cfg['worker']}-r{n}",
+                nodes,
+                cfg["linger_s"],
+                probes,
+                cfg.get("probe_window_s", 10),
+            )
+        )
     t0 = time.perf_counter()
     await asyncio.gather(*(r.connect(tpl.inventory) for r in relays))
     connect_wall = time.perf_counter() - t0
@@ -213,6 +239,7 @@ async def relay_worker_main(cfg: dict[str, Any], control: Any, results: Any) -> 
                 "sent_in_window": stats.sent_in_window,
                 "delta_streams": sum(1 for r in relays for v in r.delta.values() if v) if cfg["delta"] else 0,
                 "reports_replaced": stats.replaced,
+                "probe_windows": stats.probe_windows,
                 "errors": errors,
             },
         )

@@ -164,6 +164,7 @@ def scrape(http_port: int) -> dict[str, float]:
                 "starpulse_incidents_open",
                 "starpulse_periodic_seconds",
                 "starpulse_stage_cpu_seconds",
+                "starpulse_probe_results",
             )
         ):
             continue
@@ -171,6 +172,22 @@ def scrape(http_port: int) -> dict[str, float]:
         with contextlib.suppress(ValueError):
             out[name] = float(value)
     return out
+
+
+def time_fabric_view(http_port: int, until: float, every_s: float) -> list[float]:
+    """Open the dashboard's fabric view (GET /api/fabric, probe health per cable included) every
+    ``every_s`` until ``until``: its wall time, the controller's event loop answering it."""
+    took: list[float] = []
+    while time.time() + every_s < until:
+        time.sleep(every_s)
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/fabric", timeout=30) as resp:
+                resp.read()
+        except OSError:
+            continue
+        took.append(time.perf_counter() - started)
+    return took
 
 
 def histogram_quantile(before: dict[str, float], after: dict[str, float], base: str, q: float) -> float:
@@ -281,9 +298,31 @@ def run_size(
     linger_s: float = 0.02,
     real_relays: bool = False,
     pin: bool = False,
+    probe_results: bool = False,
+    per_block: int = 32,
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     ctl_cpus, load_cpus = pinned_cpus() if pin else (None, None)
+    node_ids = [f"node-{i:05d}" for i in range(nodes)]
+    probes: dict[str, list[bytes]] = {}
+    probe_info: dict[str, Any] = {}
+    if probe_results:
+        from bench import probeload
+        from controller.fabric.probeplan import ProbeConfig
+
+        t0 = time.perf_counter()
+        fabric = probeload.fabric_for(nodes, per_block)
+        node_ids = sorted(fabric.nodes())
+        controller_args = [*controller_args, *probeload.controller_args(workdir, fabric)]
+        probes = probeload.payloads(fabric, node_ids)
+        window_bytes = [len(v) for vs in probes.values() for v in vs]
+        probe_info = {
+            "fabric": fabric.summary(),
+            "nodes_per_block": per_block,
+            "probe_window_s": ProbeConfig().window_s,
+            "probe_window_bytes_mean": round(sum(window_bytes) / max(1, len(window_bytes))),
+            "probe_results_prepared_s": round(time.perf_counter() - t0, 1),
+        }
     ctl, port, http, _log_path = start_controller(workdir, controller_args, null, ctl_cpus)
     relay_procs: list[subprocess.Popen[bytes]] = []
     relay_ports: list[int] = []
@@ -295,7 +334,6 @@ def run_size(
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     controls = [ctx.Queue() for _ in range(workers)]
-    node_ids = [f"node-{i:05d}" for i in range(nodes)]
     n_faulty = round(nodes * fault_pct / 100)
     faulty = set(node_ids[:: max(1, nodes // n_faulty)][:n_faulty]) if n_faulty else set()
     procs = []
@@ -315,6 +353,8 @@ def run_size(
                 "interval_s": interval_s,
                 "jitter": jitter,
                 "delta": delta,
+                "probes": {n: probes[n] for n in node_ids[w::workers] if n in probes},
+                "probe_window_s": probe_info.get("probe_window_s", 10),
             }
             target = relay_worker if relays and not real_relays else worker
             p = ctx.Process(target=pinned, args=(load_cpus, target, cfg, controls[w], results), daemon=True)
@@ -340,6 +380,7 @@ def run_size(
         ctl_s = ProcSampler(ctl.pid).start()
         gen_s = [ProcSampler(p.pid).start() for p in procs if p.pid is not None]
         relay_s = [ProcSampler(p.pid).start() for p in relay_procs]
+        view_s = time_fabric_view(http, t_end, 5.0) if probe_results else []
         time.sleep(max(0.0, t_end - time.time()))
         ctl_sum = ctl_s.stop()
         gen_sum = [g.stop() for g in gen_s]
@@ -371,6 +412,11 @@ def run_size(
     rate = (sent if null else decided) / duration_s
     cpu_frac = ctl_sum["cpu_pct_of_one_core"] / 100
     incidents = sum(v for k, v in m1.items() if k.startswith("starpulse_incidents_open"))
+    if probe_results:
+        got = m1.get("starpulse_probe_results_total", 0.0) - m0.get("starpulse_probe_results_total", 0.0)
+        probe_info["probe_windows_sent"] = sum(d.get("probe_windows", 0) for d in done.values())
+        probe_info["probe_results_decided_per_s"] = round(got / duration_s, 1)
+        probe_info["fabric_view_s"] = [round(x, 3) for x in view_s]
     return {
         "nodes": nodes,
         "controller": "null (protocol only)" if null else "starpulse",
@@ -437,7 +483,23 @@ def run_size(
         "reports_replaced": sum(d.get("reports_replaced", 0) for d in done.values()),
         "errors": errors,
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "probes": probe_info or None,
     }
+
+
+def _probe_rows(p: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The probe mesh's rows of a run's table (--probe-results)."""
+    if not p:
+        return []
+    view = p.get("fabric_view_s") or []
+    fab = p["fabric"]
+    decided = f"{p['probe_windows_sent']} / {p['probe_results_decided_per_s']}"
+    return [
+        ("probes: fabric (nodes / leaves / spines)", f"{fab.get('node')} / {fab.get('leaf')} / {fab.get('spine')}"),
+        ("probes: windows sent / results decided per s", decided),
+        ("probes: one window's results, bytes (mean)", p["probe_window_bytes_mean"]),
+        ("probes: fabric view (GET /api/fabric) s, each", view or "-"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -482,7 +544,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=0,
         help="run the controller with this many detection shards (controller --detect-workers)",
     )
+    ap.add_argument(
+        "--probe-results",
+        action="store_true",
+        help="every node's reports carry its probe plan's results (issue 29): the controller gets a "
+        "declared 8-rail, 8-spine fabric with the probe mesh enabled, and the nodes are the fabric's",
+    )
+    ap.add_argument(
+        "--per-block", type=int, default=32, help="with --probe-results: nodes per block (NICs under each leaf)"
+    )
     args = ap.parse_args(argv)
+    if args.per_block < 1:
+        ap.error(f"--per-block must be >= 1, got {args.per_block}")
+    if args.probe_results and args.null_controller:
+        ap.error("--probe-results needs the real controller (not --null-controller)")
     if args.detect_workers:
         args.controller_arg = [*args.controller_arg, f"--detect-workers={args.detect_workers}"]
     sizes = args.nodes or ([500] if args.quick else [1000, 4000, 10000])
@@ -513,6 +588,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 args.linger_ms / 1000,
                 args.real_relays,
                 args.pin,
+                args.probe_results,
+                args.per_block,
             )
             runs.append(r)
             rows: list[tuple[str, Any]] = [
@@ -546,6 +623,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ("relays (real) / linger ms", f"{r['relays']} ({r['relays_real']}) / {r['relay_linger_ms']}"),
                 ("relays CPU % (each) / ms per report", f"{r['relay_cpu_pct']} / {r['relay_cpu_ms_per_report']}"),
                 ("stream errors", r["errors"] or "none"),
+                *_probe_rows(r["probes"]),
                 ("load average (1/5/15)", r["load_average"]),
             ]
             print(
@@ -571,6 +649,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "linger_ms": args.linger_ms,
         "real_relays": args.real_relays,
         "pin": args.pin,
+        "probe_results": args.probe_results,
+        "per_block": args.per_block if args.probe_results else None,
     }
     path = write_result(NAME + (f"-{args.tag}" if args.tag else ""), params, {"runs": runs})
     print(f"wrote {path}")

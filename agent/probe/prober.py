@@ -304,15 +304,18 @@ class Prober:
                 continue
             self._seq = (self._seq + 1) & 0xFFFFFFFF
             data = wire.encode(wire.Probe(wire.REQUEST, self._seq, now), size)
-            self._outstanding[(f.local_nic, f.src_port, self._seq)] = (index, now)
-            self.sent_total += 1
             fate = self._fate(f.local_nic, f.peer_nic, f.src_port) if self._fate is not None else None
+            # Stamped as it leaves, not at the tick: another thread of the agent holding the GIL
+            # while this tick's probes go out would otherwise count as the network's round trip.
+            sent = self._clock()
+            self._outstanding[(f.local_nic, f.src_port, self._seq)] = (index, sent)
+            self.sent_total += 1
             if fate is not None:
                 f.via = fate.via
                 if fate.drop > 0 and self._rng.random() < fate.drop:
                     continue  # the simulated fabric ate it: it times out like a real loss
                 if fate.delay_s > 0:
-                    heapq.heappush(self._delayed, (now + int(fate.delay_s * 1e9), index, self._seq, data))
+                    heapq.heappush(self._delayed, (sent + int(fate.delay_s * 1e9), index, self._seq, data))
                     continue
             ep.send(data, f.peer_address, f.peer_port)
 

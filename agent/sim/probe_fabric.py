@@ -101,9 +101,19 @@ class SimProbeFabric:
         span = window_s if window_s is not None else float(plan.window_s or 10)
         groups: dict[tuple[str, str, str, int], list[float]] = {}
         counts: dict[tuple[str, str, str, int], list[int]] = {}
+        # No fault anywhere: every flow is clean and summed with its target's (no path to work out);
+        # the same draws as the long way, so the same results
+        clean = not self.loss and not self.delay_s and not (plan.slow_us > 0 and self.base_rtt_us >= plan.slow_us)
         for t in plan.targets:
             ports = list(t.src_ports) or [0]
             per_flow = max(1, round(t.packets_per_s * span / len(ports)))
+            if clean:
+                key = (t.local_nic, t.peer_nic, "", 0)
+                c = counts.setdefault(key, [0, 0])
+                c[0] += per_flow * len(ports)
+                rtts = groups.setdefault(key, [])
+                rtts += [self.base_rtt_us + rng.random() for _ in ports]
+                continue
             for port in ports:
                 fate = self.fate(t.local_nic, t.peer_nic, port)
                 lost = sum(1 for _ in range(per_flow) if rng.random() < fate.drop) if fate.drop else 0

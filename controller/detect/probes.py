@@ -48,6 +48,7 @@ log = structlog.get_logger(__name__)
 _TIE = 0.9  # votes within 10 % of the most are a tie
 RULE_LOSS = "probe.loss"
 RULE_DELAY = "probe.delay"
+_FABRIC_KINDS = {"leaf", "spine", "link"}  # what fabric_health holds
 
 
 class ProbeObs(NamedTuple):
@@ -104,6 +105,7 @@ class _Where(NamedTuple):
     hosts: tuple[str, str]
     spread: tuple[tuple[str, float], ...]
     pair: tuple[str, str] | None  # the leaf pair a summed (untraced) result spreads over
+    switches: tuple[str, ...] = ()  # of comps, the fabric's own: leaves, the spine, leaf-spine cables
 
 
 class _Sums:
@@ -136,8 +138,15 @@ class ProbeLocaliser:
     arrival queue, so expiry touches only what expires). A localisation on a clean fabric is
     then a check of the hosts and an empty set of bad paths; with faults, the vote reads the
     running denominators and touches only the bad paths (plus one scan of the paths per blamed
-    component, to take out what it explains). ``health`` (the dashboard's colours) is worked
-    out when it is read, once per localisation.
+    component, to take out what it explains). ``fabric_health`` (the topology view: the
+    dashboard's cable colours, ``starpulse topology show``'s worst links) reads the same running
+    sums for the fabric's own components (leaves, spines, leaf-spine cables), and each one's
+    worst p99 is a sliding-window maximum (a deque of falling round trips per component, filled
+    as results arrive, trimmed as they age), so reading it touches those components, not the
+    window's results (it was a pass over every path and every NIC and host, 0.3-0.8 s on the
+    loop at 2,048 nodes). ``health`` (every component, NICs and hosts too) is still one pass
+    over the paths; nothing on the serving path reads it. Both are worked out once per
+    localisation at most.
     """
 
     def __init__(
@@ -178,15 +187,29 @@ class ProbeLocaliser:
         self._horizon = 0
         self._excluded: set[tuple[str, str, str]] = set()
         self._health: dict[str, dict[str, Any]] | None = None
+        self._fabric_health: dict[str, dict[str, Any]] | None = None
+        self._switchy: set[str] = set()  # every leaf, spine and cable a path crosses or spreads over
+        # fabric component -> (received ms, p99) of the window's answered results through it, p99
+        # falling from the front: the front is its worst p99 once the aged-out ones are trimmed
+        self._cworst: dict[str, deque[tuple[int, float]]] = {}
+        self._expired_to = 0  # the horizon of the latest expiry: results before it are gone
         self._switch_addresses: dict[str, str] | None = None  # a traced flow's spine address -> its name
 
     @property
     def health(self) -> dict[str, dict[str, Any]]:
-        """Every probed component's health over the last localisation's window (the dashboard's
-        colours, the CLI's worst links): kind, sent, lost, loss share, the worst network p99."""
+        """Every probed component's health over the last localisation's window: kind, sent, lost,
+        loss share, the worst network p99 (NICs and hosts too: a pass over every path)."""
         if self._health is None:
-            self._health = self._health_now()
+            self._health = self._health_now(None)
         return self._health
+
+    @property
+    def fabric_health(self) -> dict[str, dict[str, Any]]:
+        """``health`` of the fabric's own components (leaves, spines, leaf-spine cables): what the
+        topology view shows (the dashboard's colours, the CLI's worst links), from running sums."""
+        if self._fabric_health is None:
+            self._fabric_health = self._health_now(self._switchy)
+        return self._fabric_health
 
     # -- input ---------------------------------------------------------------------------
     def add(self, node: str, obs: list[ProbeObs]) -> None:
@@ -195,6 +218,7 @@ class ProbeLocaliser:
         # what aged out goes as reports come, a little each time, not all at the localisation
         self._expire(now - int(self.config.localise_window_s * 1000))
         threshold = self.config.rtt_threshold_us
+        peaks: dict[str, float] = {}  # each fabric component's worst p99 in this report (one arrival time)
         for given in obs:
             if given.restarted:
                 continue
@@ -213,6 +237,29 @@ class ProbeLocaliser:
             self._arrivals.append((now, key))
             slow = 1 if o.sent > o.lost and o.rtt_p99_us >= threshold else 0
             self._change(key, s, o.sent, o.lost, slow)
+            p99 = o.rtt_p99_us
+            if s.where is not None and not self._stale and o.sent > o.lost and p99 > 0.0:
+                for c in s.where.switches:
+                    if p99 > peaks.get(c, 0.0):
+                        peaks[c] = p99
+        if peaks:
+            self._push_worst(peaks, now)
+
+    def _push_worst(self, peaks: dict[str, float], now: int) -> None:
+        """Answered results' worst p99 per component, all received at ``now``, into each
+        component's sliding maximum (amortised O(1))."""
+        cworst = self._cworst
+        horizon = self._expired_to
+        for c, p99 in peaks.items():
+            dq = cworst.get(c)
+            if dq is None:
+                dq = cworst[c] = deque()
+            elif dq[0][0] < horizon:  # aged out (bounded even when nobody reads the health)
+                while dq and dq[0][0] < horizon:
+                    dq.popleft()
+            while dq and dq[-1][1] <= p99:
+                dq.pop()  # never the worst again: this one is as bad and stays longer
+            dq.append((now, p99))
 
     def _switch_at(self, address: str) -> str:
         """The switch a traced flow's address names (its ICMP time-exceeded came from it), from
@@ -260,6 +307,7 @@ class ProbeLocaliser:
         """Take out every result received before the horizon (only what expires is touched)."""
         threshold = self.config.rtt_threshold_us
         arrivals = self._arrivals
+        self._expired_to = max(self._expired_to, horizon)
         while arrivals and arrivals[0][0] < horizon:
             _, key = arrivals.popleft()
             s = self._window[key]
@@ -284,6 +332,7 @@ class ProbeLocaliser:
         self._csent, self._clost, self._cans = {}, {}, {}
         self._psent, self._pans = {}, {}
         self._host_keys = {}
+        answered: list[tuple[int, float, tuple[str, ...]]] = []
         for key, s in self._window.items():
             where = s.where = self._path_of(key)
             if where is None:
@@ -291,11 +340,17 @@ class ProbeLocaliser:
             for h in where.hosts:
                 self._host_keys.setdefault(h, set()).add(key)
             self._apply(where, s.sent, s.lost, int(s.answered))
+            answered += [(t, o.rtt_p99_us, where.switches) for t, o in s.results if o.sent > o.lost and o.rtt_p99_us]
+        self._cworst = {}
+        answered.sort(key=lambda a: a[0])  # stable: the order they arrived in, within one ms
+        for t, p99, comps in answered:
+            self._push_worst(dict.fromkeys(comps, p99), t)
 
     def forget_paths(self) -> None:
         """The fabric's wiring changed: paths are worked out again."""
         self._comps.clear()
         self._switch_addresses = None
+        self._switchy = set()
         self._stale = True
 
     def due(self) -> bool:
@@ -314,7 +369,7 @@ class ProbeLocaliser:
         if self._stale:
             self._rebuild()
         self._horizon = horizon
-        self._health = None
+        self._health = self._fabric_health = None
         self._excluded = self._excluded_keys(horizon)
         bad = [p for key in self._bad if key not in self._excluded and (p := self._path(key)) is not None]
         if not bad:
@@ -370,14 +425,20 @@ class ProbeLocaliser:
                 pair: tuple[str, str] | None = None
                 if b != a:
                     comps.append(b)
+                switches = [la]
                 if lb != la:
                     comps.append(lb)
+                    switches.append(lb)
                     if via and via in fab and fab.kind(via) == "spine":
-                        comps += [via, fab.link_name(la, via), fab.link_name(lb, via)]
+                        up = [via, fab.link_name(la, via), fab.link_name(lb, via)]
+                        comps += up
+                        switches += up
                     elif not via:
                         spread = self._spread(la, lb)
                         pair = (la, lb) if spread else None
-                found = _Where(tuple(comps), la == lb, la, (a, b), spread, pair)
+                self._switchy.update(switches)
+                self._switchy.update(c for c, _ in spread)
+                found = _Where(tuple(comps), la == lb, la, (a, b), spread, pair, tuple(switches))
         self._comps[key] = found
         return found
 
@@ -394,33 +455,36 @@ class ProbeLocaliser:
             known = self._spreads[(la, lb)] = tuple(shares)
         return known
 
-    def _health_now(self) -> dict[str, dict[str, Any]]:
-        """Sent and lost from the running sums; the worst p99 from one pass over the paths."""
-        sent: dict[str, float] = dict(self._csent)
-        lost: dict[str, int] = dict(self._clost)
+    def _health_now(self, only: set[str] | None) -> dict[str, dict[str, Any]]:
+        """Sent and lost from the running sums; the worst p99 of ``only`` (the fabric's own
+        components) from their sliding maxima, of everything (``only`` None) from one pass over the paths."""
+        if only is None:
+            sent: dict[str, float] = dict(self._csent)
+            lost: dict[str, int] = dict(self._clost)
+        else:
+            csent, clost = self._csent, self._clost
+            sent = {c: csent[c] for c in only if c in csent}
+            lost = {c: clost[c] for c in only if c in clost}
         pairs: dict[tuple[str, str], float] = dict(self._psent)
+        tainted: set[str] = set()
         for key in self._excluded:
             where = self._path_of(key)
             s = self._window.get(key)
             if where is None or s is None:
                 continue
             for c in where.comps:
-                sent[c] -= s.sent
-                if s.lost:
-                    lost[c] -= s.lost
+                if c in sent:
+                    tainted.add(c)
+                    sent[c] -= s.sent
+                    if s.lost:
+                        lost[c] -= s.lost
             if where.pair is not None:
                 pairs[where.pair] -= s.sent
         for pair, total in pairs.items():
             if total:
                 for c, share in self._spreads[pair]:
                     sent[c] = sent.get(c, 0.0) + total * share
-        worst: dict[str, float] = {}
-        for key, where in self._live():
-            p99 = self._window[key].p99()
-            if p99 > 0.0:
-                for c in where.comps:
-                    if p99 > worst.get(c, 0.0):
-                        worst[c] = p99
+        worst = self._worst_p99(None if only is None else tainted)
         out: dict[str, dict[str, Any]] = {}
         for c, n in sent.items():
             if n <= 0:
@@ -435,9 +499,37 @@ class ProbeLocaliser:
             }
         return out
 
+    def _worst_p99(self, tainted: set[str] | None) -> dict[str, float]:
+        """Each component's worst network p99 over the window's counted keys. ``tainted`` None: of
+        every component, one pass over the paths; else of the fabric's own from their sliding
+        maxima, but for the ``tainted`` ones (crossed by an excluded key) from the counted keys."""
+        worst: dict[str, float] = {}
+        if tainted is not None:
+            horizon = self._expired_to
+            for c, dq in list(self._cworst.items()):
+                while dq and dq[0][0] < horizon:
+                    dq.popleft()
+                if not dq:
+                    del self._cworst[c]
+                elif c not in tainted:
+                    worst[c] = dq[0][1]
+            if not tainted:
+                return worst
+        for key, where in self._live():
+            hit = where.comps if tainted is None else tainted.intersection(where.switches)
+            if not hit:
+                continue
+            p99 = self._window[key].p99()
+            if p99 > 0.0:
+                for c in hit:
+                    if p99 > worst.get(c, 0.0):
+                        worst[c] = p99
+        return worst
+
     def worst(self, limit: int = 10, kinds: tuple[str, ...] = ("link", "leaf", "spine")) -> list[dict[str, Any]]:
         """The most lossy (then slowest) probed components of these kinds, worst first."""
-        rows = [{"component": c, **h} for c, h in self.health.items() if h["kind"] in kinds]
+        health = self.fabric_health if set(kinds) <= _FABRIC_KINDS else self.health
+        rows = [{"component": c, **h} for c, h in health.items() if h["kind"] in kinds]
         rows.sort(key=lambda r: (-r["loss"], -r["p99_us"], r["component"]))
         return rows[:limit]
 

@@ -46,7 +46,7 @@ class LiveQueries(StoreQueries):
             tracker.report,
             tracker.nodes_reporting,
             probe_worst=tuple(probes.worst()) if probes is not None else (),
-            probe_health=probes.health if probes is not None else {},
+            probe_health=probes.fabric_health if probes is not None else {},
         )
 
     def jobs(self) -> list[JobRecord] | None:

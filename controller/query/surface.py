@@ -32,7 +32,8 @@ class TopologyView:
     # The probe mesh's worst probed links and switches over its last window, worst first (issue 29):
     # {"component", "kind", "sent", "lost", "loss", "p99_us"}; () where probing is off.
     probe_worst: tuple[Mapping[str, Any], ...] = ()
-    probe_health: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # every probed component
+    # each probed leaf, spine and leaf-spine cable (the localiser's fabric_health; NICs and hosts are not shown)
+    probe_health: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class Queries(Protocol):

@@ -120,6 +120,31 @@ def test_loss_on_one_leaf_spine_cable_blames_that_cable(tmp_path: Path) -> None:
     assert summary["probe_worst"][0]["component"] == cable and summary["node"] == 32
 
 
+def test_the_view_shows_a_slow_cable_while_it_is_slow_and_forgets_it_once_its_results_age_out(
+    tmp_path: Path,
+) -> None:
+    mesh = Mesh(tmp_path)
+    mesh.run(30)
+    cable = mesh.fabric.link_name("leaf-b1-r0", "spine-2")
+    mesh.sim.inject_delay(cable, 0.002)
+    mesh.run(30)
+    queries = LiveQueries(mesh.core.store, mesh.core.detection, mesh.core.registry, mesh.core.jobs)
+    view = queries.topology()
+    assert view is not None
+    slow = {r["component"]: r for r in view.probe_worst}
+    assert cable in slow and slow[cable]["p99_us"] >= 2000.0  # the added 2 ms, as the worst p99 through it
+    assert view.probe_health[cable]["p99_us"] == slow[cable]["p99_us"]
+    other = mesh.fabric.link_name("leaf-b1-r0", "spine-1")
+    assert view.probe_health[other]["p99_us"] < 100.0  # the leaf's other uplink stays fast
+    levels = {p["name"]: p["level"] for p in probe_links_json(view.probe_health)}
+    assert levels[cable] == "warn" and levels[other] == "ok"
+    mesh.sim.clear()
+    mesh.run(40)  # one localisation window and more: every slow result has aged out
+    health = queries.topology().probe_health  # type: ignore[union-attr]
+    assert health[cable]["p99_us"] < 100.0
+    assert {p["level"] for p in probe_links_json(health)} == {"ok"}
+
+
 def test_an_untraced_uplink_is_a_path_fault_above_its_leaf_not_the_leaf(tmp_path: Path) -> None:
     mesh = Mesh(tmp_path, traced=False)
     mesh.run(30)

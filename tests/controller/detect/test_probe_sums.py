@@ -82,6 +82,8 @@ def test_running_sums_match_one_pass_over_the_window(seed: int, traced: bool) ->
         got, want = new.localise(), old.localise()
         assert _blames(got) == _blames(want), step
         named += len(got)
+        # the topology view's share, kept from running sums and sliding maxima, is the oracle's too
+        assert new.fabric_health == {c: h for c, h in old.health.items() if h["kind"] in ("leaf", "spine", "link")}
         assert new.health == old.health, step
         assert new.worst() == old.worst()
     assert named > 0  # the draws did put faults in front of the vote
