@@ -168,13 +168,20 @@ class Replica:
         if config.heal is not None:
             fenced = FencedScheduler(config.heal.scheduler, elector, None)  # type: ignore[arg-type]
             config = dataclasses.replace(config, heal=dataclasses.replace(config.heal, scheduler=fenced))
-        controller = Controller(config, clock=self.clock)
+        # Built off the event loop: loading the rules and the policy holds the CPU for a second
+        # or more on a loaded host, and the lease's keep-alive must go on meanwhile (a 2 s lease
+        # ran out mid-build, and the new leader stood down with no one left to take over).
+        controller = await asyncio.to_thread(Controller, config, clock=self.clock)
         mirror = StateMirror(controller.store.connection, client, self.ha, elector)
         if fenced is not None:
             fenced.mirror = mirror
         controller.telemetry.before_ack = mirror.flush  # acks only for events already in etcd
         self.controller, self.mirror = controller, mirror
-        await mirror.check()  # still ours? (the lease may have run out while restoring)
+        try:
+            await mirror.check()  # still ours? (the lease may have run out while restoring)
+        except NotLeader as exc:
+            await elector.close()
+            raise LeadershipLost(f"{self.advertise} lost the leader lease while taking over: {exc}") from None
         log.info("ha_takeover", step="controller built, lease confirmed")
         await controller.start()
         self.role = "leader"

@@ -16,7 +16,7 @@ import grpc
 import structlog
 
 from starpulse.core.clock import SYSTEM_CLOCK
-from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
+from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector, send
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -118,7 +118,7 @@ class Upstream:
         try:
             call = sgrpc.RelayStub(channel).Connect()
             self._call = call
-            await call.write(spb.RelayUp(hello=spb.RelayHello(relay_id=self.relay_id, version=self.version)))
+            await send(call, spb.RelayUp(hello=spb.RelayHello(relay_id=self.relay_id, version=self.version)))
             first = await asyncio.wait_for(call.read(), timeout=30)
             if first is grpc.aio.EOF:
                 raise NotAccepted("controller closed the relay stream without accepting it")
@@ -155,7 +155,7 @@ class Upstream:
                 await asyncio.sleep(self.linger_s)
             while self._pending:
                 batch = self._take_batch()
-                await call.write(spb.RelayUp(batch=spb.RelayedAgentBatch(messages=batch)))
+                await send(call, spb.RelayUp(batch=spb.RelayedAgentBatch(messages=batch)))
                 self.batches_sent += 1
                 self.messages_sent += len(batch)
             self._has_pending.clear()

@@ -19,7 +19,7 @@ import structlog
 from agent.transport.buffer import EventBuffer
 from agent.transport.delta import ReportDelta
 from starpulse.core.clock import SYSTEM_CLOCK
-from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector
+from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector, send
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -164,7 +164,7 @@ class ControllerLink:
             hello.next_event_seq = self.buffer.next_seq
             self._generation += 1
             hello.stream_generation = self._generation
-            await call.write(spb.AgentMessage(hello=hello))
+            await send(call, spb.AgentMessage(hello=hello))
             first = await asyncio.wait_for(call.read(), timeout=30)
             if first is grpc.aio.EOF or not first.HasField("welcome"):
                 raise NotAccepted("controller closed the stream without a Welcome")
@@ -271,7 +271,7 @@ class ControllerLink:
                 for event in self.buffer.pending(sent_upto, limit=min(room, 500)):
                     event.buffered_us = self._buffered_us.pop(event.seq, 0)
                     event.sent_us = int(time.time() * 1e6)
-                    await call.write(spb.AgentMessage(event=event))
+                    await send(call, spb.AgentMessage(event=event))
                     self._sent()
                     sent_upto = event.seq
                     progressed = True
@@ -280,7 +280,7 @@ class ControllerLink:
                 self._latest_report = None
                 msg = spb.AgentMessage()
                 self.delta.encode_into(report, msg.report)  # one copy, full or delta
-                await call.write(msg)
+                await send(call, msg)
                 self._sent()
                 self.reports_sent += 1
                 progressed = True

@@ -10,6 +10,8 @@ of etcd, which trails the leader by the watch delay. The topology is computed on
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -38,12 +40,32 @@ async def refuse(context: grpc.aio.ServicerContext, leader: str, what: str) -> N
     raise AssertionError("abort returned")  # pragma: no cover
 
 
+# How long a refused stream's first message is waited for (see ``refuse_stream``).
+FIRST_MESSAGE_WAIT_S = 10.0
+
+
+async def refuse_stream(context: grpc.aio.ServicerContext, leader: LeaderHint, what: str) -> NoReturn:
+    """Refuse a client stream once its first message (Hello, RelayHello) has arrived.
+
+    Both clients write their hello and then read. Refusing before that write has completed
+    races it: when the status reaches the client while its write is still in flight, gRPC's
+    Python client fails the write and reports its own ``INTERNAL "Internal error from Core"``
+    in place of our FAILED_PRECONDITION, the leader hint is lost and the reconnect rule keeps
+    the client on this standby. Reading the first message orders the two: the hello write is
+    done before the refusal is sent. A client that sends nothing is refused after
+    ``FIRST_MESSAGE_WAIT_S`` all the same.
+    """
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(context.read(), FIRST_MESSAGE_WAIT_S)
+    await refuse(context, leader(), what)  # the leader as known now, after the wait
+
+
 class StandbyTelemetry(sgrpc.TelemetryServicer):
     def __init__(self, leader: LeaderHint) -> None:
         self.leader = leader
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await refuse(context, self.leader(), "accept agent streams")
+        await refuse_stream(context, self.leader, "accept agent streams")
 
 
 class StandbyRelay(sgrpc.RelayServicer):
@@ -51,7 +73,7 @@ class StandbyRelay(sgrpc.RelayServicer):
         self.leader = leader
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await refuse(context, self.leader(), "accept relays")
+        await refuse_stream(context, self.leader, "accept relays")
 
 
 def standby_admin(leader: LeaderHint) -> sgrpc.AdminServicer:

@@ -113,6 +113,27 @@ def after_failure(exc: BaseException) -> Move:
     return Move.SAME
 
 
+async def send(call: grpc.aio.StreamStreamCall, message: object) -> None:
+    """``call.write(message)``, failing with the status the peer ended the stream with.
+
+    A write to a stream the peer has already ended raises gRPC's ``InvalidStateError`` ("RPC
+    already finished"), which says nothing about how it ended; the reconnect rule needs the
+    status (a standby's FAILED_PRECONDITION, a dying controller's UNAVAILABLE), so that is
+    raised instead. A stream the peer ended with OK is ``ConnectionError``.
+    """
+    try:
+        await call.write(message)
+    except asyncio.InvalidStateError:
+        if not call.done():
+            raise
+        code = await call.code()
+        if code == grpc.StatusCode.OK:
+            raise ConnectionError("the controller ended the stream") from None
+        raise grpc.aio.AioRpcError(
+            code, await call.initial_metadata(), await call.trailing_metadata(), details=await call.details()
+        ) from None
+
+
 class Reconnector:
     """Runs a client's sessions one after another, choosing each one's controller by ``after_failure``.
 

@@ -6,8 +6,8 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 
 def test_every_agent_log_line_carries_the_node(tmp_path: Path) -> None:
@@ -20,10 +20,21 @@ def test_every_agent_log_line_carries_the_node(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    time.sleep(4)  # collectors probed and started, the link retrying the absent controller
+    assert proc.stdout is not None
+    lines: list[dict[str, Any]] = []
+    # the collectors probed and started, the link retrying the absent controller
+    wanted = {"collector_probe", "agent_started", "client_reconnect_wait"}
+    # Read until all of that was logged, however long a loaded machine takes to get there (a
+    # fixed 4 s was a guess), then stop the agent.
+    while len(lines) < 5 or not {line["event"] for line in lines} >= wanted:
+        text = proc.stdout.readline()
+        if not text:  # the agent ended on its own: what it said is below
+            break
+        if text.startswith("{"):
+            lines.append(json.loads(text))
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(lines) >= 5, (out, err)
-    assert {line["event"] for line in lines} >= {"collector_probe", "agent_started"}
+    lines += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(lines) >= 5, (lines, out, err)
+    assert {line["event"] for line in lines} >= wanted
     assert all(line.get("node") == "node-042" for line in lines), [ln for ln in lines if ln.get("node") != "node-042"]

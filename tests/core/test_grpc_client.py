@@ -28,6 +28,7 @@ from starpulse.core.grpc_client import (
     NotAccepted,
     Reconnector,
     after_failure,
+    send,
 )
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
@@ -180,13 +181,21 @@ def _raise(exc: Exception) -> None:
 
 
 class Refusing:
-    """A controller that ends every agent or relay stream at once with one status, noting the call."""
+    """A controller that ends every agent or relay stream with one status, noting the call.
+
+    It reads the client's hello first, as the controller and the standby do. Ending the stream
+    before that races the client's hello write: a status that reaches the client while the
+    write is in flight fails the write, and gRPC's Python client then reports its own
+    ``INTERNAL "Internal error from Core"`` instead of the status sent (so UNKNOWN, which
+    moves on, became INTERNAL, which stays: the flake this test had under load).
+    """
 
     def __init__(self, name: str, arrivals: list[str], code: grpc.StatusCode, leader: str = "") -> None:
         self.name, self.arrivals, self.code, self.leader = name, arrivals, code, leader
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         self.arrivals.append(self.name)
+        await context.read()  # the hello: the client's write is done before the refusal is sent
         metadata = ((LEADER_METADATA_KEY, self.leader),) if self.leader else ()
         await context.abort(self.code, f"{self.name} refuses", trailing_metadata=metadata)
 
@@ -271,3 +280,45 @@ class TestOverLoopback:
                 await asyncio.wait_for(task, 10)
         assert arrivals[:2] == ["standby", "leader"]
         assert c.targets == [standby, other, leader]
+
+
+class Ending:
+    """A controller that reads the hello and ends the stream cleanly (status OK)."""
+
+    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.read()
+
+
+class TestSendOnAnEndedStream:
+    """A write after the controller ended the stream fails with the controller's status, not gRPC's
+    "RPC already finished" (which the rule would read as a fault of ours and stay)."""
+
+    async def test_the_refusal_comes_back_with_its_code_and_leader(self) -> None:
+        arrivals: list[str] = []
+        standby = Refusing("standby", arrivals, grpc.StatusCode.FAILED_PRECONDITION, "10.0.0.2:7000")
+        async with serving(standby) as a, grpc.aio.insecure_channel(a) as channel:
+            call = sgrpc.TelemetryStub(channel).Connect()
+            await send(call, spb.AgentMessage(hello=spb.Hello(node_id="node-000")))
+            with pytest.raises(grpc.aio.AioRpcError):
+                await call.read()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await send(call, spb.AgentMessage(hello=spb.Hello(node_id="node-000")))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert after_failure(info.value) is Move.LEADER
+        assert (LEADER_METADATA_KEY, "10.0.0.2:7000") in tuple(info.value.trailing_metadata() or ())
+
+    async def test_a_stream_ended_with_ok_is_a_connection_error(self) -> None:
+        server = grpc.aio.server()
+        sgrpc.add_TelemetryServicer_to_server(Ending(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = sgrpc.TelemetryStub(channel).Connect()
+                await send(call, spb.AgentMessage(hello=spb.Hello(node_id="node-000")))
+                assert await call.read() is grpc.aio.EOF
+                assert await call.code() == grpc.StatusCode.OK
+                with pytest.raises(ConnectionError, match="ended the stream"):
+                    await send(call, spb.AgentMessage(hello=spb.Hello(node_id="node-000")))
+        finally:
+            await server.stop(None)

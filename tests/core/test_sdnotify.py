@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import tempfile
@@ -14,6 +13,7 @@ import pytest
 
 from starpulse.core import sdnotify
 from starpulse.core.clock import SYSTEM_CLOCK
+from tests.helpers import wait_for
 
 
 class FakeSystemd:
@@ -132,10 +132,17 @@ async def test_controller_sends_ready_watchdog_then_stopping(
     try:
         first = systemd.messages(timeout_s=5)
         assert first and first[0].startswith("READY=1\nSTATUS=serving gRPC on port ")
-        await asyncio.sleep(0.5)
+        rest = first[1:]
+
+        def pinged() -> bool:
+            rest.extend(systemd.messages())
+            return "WATCHDOG=1" in rest
+
+        # A ping comes from the sweep loop: wait for it rather than for a fixed time.
+        await wait_for(pinged, what="a watchdog ping from the sweep loop")
     finally:
         await ctl.stop()
-    rest = first[1:] + systemd.messages()
+    rest += systemd.messages()
     assert "WATCHDOG=1" in rest
     assert rest[-1].startswith("STOPPING=1")
     assert not any(m.startswith("READY=1") for m in rest)

@@ -92,7 +92,10 @@ def _act(state_dir: Path, state: dict[str, Any], action: str, args: list[str]) -
 def main(argv: list[str]) -> int:
     state_dir, action, args = Path(argv[1]), argv[2], argv[3:]
     if action == "drain" and (state_dir / "gate").exists():
-        (state_dir / "paused").write_text(str(os.getpid()))
+        # Atomically: the test reads the pid as soon as the file exists (an empty file was read
+        # when this process was preempted between creating it and writing it).
+        (state_dir / "paused.tmp").write_text(str(os.getpid()))
+        os.replace(state_dir / "paused.tmp", state_dir / "paused")
         while (state_dir / "gate").exists():
             time.sleep(0.05)
     with (state_dir / "lock").open("w") as lock:

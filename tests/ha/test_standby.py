@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import Incident
+from controller.ha import standby as standby_module
 from controller.ha.standby import LEADER_METADATA_KEY, StandbyQuery, StandbyTelemetry, standby_admin
 from controller.service import Controller, ControllerConfig
 from controller.store import Store, StoredNode
@@ -106,3 +108,37 @@ class TestStandby:
             assert agent.agent.link.targets == [standby[0], f"127.0.0.1:{leader.grpc_port}"]
         finally:
             await agent.halt()
+
+
+class TestStandbyRefusesStreams:
+    """Agents' streams are refused after their Hello, so the refusal is what the agent sees."""
+
+    async def test_every_refusal_reaches_a_client_that_writes_then_reads(
+        self, standby: tuple[str, Store], leader: Controller
+    ) -> None:
+        """The agent's order (Hello, then read): FAILED_PRECONDITION and the hint, never gRPC's own INTERNAL.
+
+        Refused before the Hello was read, a refusal that overtook the Hello write surfaced as
+        INTERNAL "Internal error from Core" and lost the hint (seen under load).
+        """
+        seen = collections.Counter()
+        for _ in range(300):  # refused at once, about 1 in 200 came back INTERNAL (loopback, loaded or not)
+            async with grpc.aio.insecure_channel(standby[0]) as ch:  # a channel per attempt, as the link does
+                call = sgrpc.TelemetryStub(ch).Connect()
+                with pytest.raises(grpc.aio.AioRpcError) as info:  # from the write or the read
+                    await call.write(spb.AgentMessage(hello=spb.Hello(node_id="node-001")))
+                    await call.read()
+            err = info.value
+            seen[(err.code(), dict(err.trailing_metadata() or ()).get(LEADER_METADATA_KEY))] += 1
+        assert list(seen) == [(grpc.StatusCode.FAILED_PRECONDITION, f"127.0.0.1:{leader.grpc_port}")], seen
+
+    async def test_a_client_that_sends_nothing_is_refused_all_the_same(
+        self, standby: tuple[str, Store], leader: Controller, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(standby_module, "FIRST_MESSAGE_WAIT_S", 0.2)
+        async with grpc.aio.insecure_channel(standby[0]) as ch:
+            call = sgrpc.TelemetryStub(ch).Connect()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call.read()
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (LEADER_METADATA_KEY, f"127.0.0.1:{leader.grpc_port}") in tuple(info.value.trailing_metadata() or ())

@@ -10,6 +10,7 @@ import grpc
 from controller.ingest.relayed import RelayedStream, RelayLink
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.helpers import wait_for
 
 
 class NeverFull:
@@ -59,7 +60,9 @@ async def test_reading_the_relay_waits_while_too_many_bytes_are_queued() -> None
     assert not dispatch.done(), "dispatch must hold the relay's stream while the servicer lags"
     servicer.gate.set()
     await asyncio.wait_for(dispatch, 5)
-    await asyncio.sleep(0.05)
+    # The servicer reads on in its own task: wait for it, not for a fixed time (a starved loop
+    # fires a 50 ms timer after only a few of the reads).
+    await wait_for(lambda: len(servicer.read) >= 10, what="the servicer to read the batch")
     assert len(servicer.read) == 10  # nothing dropped, in order
     await link.close()
 
@@ -80,7 +83,7 @@ async def test_a_rejected_stream_is_closed_with_its_status_and_the_rest_dropped(
     assert [(m.stream, m.status_code, m.status_detail) for m in closed] == [
         (7, grpc.StatusCode.INVALID_ARGUMENT.value[0], "rejected")
     ]
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: 7 not in link.streams, what="the rejected stream to be forgotten")
     await link.dispatch(_batch(7, 3))  # the relay had more in flight for it: not read, not queued
     assert link.streams == {} and link._queued_bytes == 0
     writer.cancel()
