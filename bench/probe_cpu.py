@@ -6,7 +6,9 @@ shape at 8 spines) at ``packets_per_s_per_nic`` (default 20), and answers the ot
 so A sends and answers what a node of a real mesh does. Reported: A's CPU share of one core
 over ``--seconds`` (process time / wall time), split into user (Python) and system (the kernel:
 on loopback A's process also pays for delivering every datagram it sends into B's socket),
-packets sent and answered per second, loss, and the prober thread's wake-ups per second.
+packets sent and answered per second, loss, and the prober thread's wake-ups per second; and
+the kernel floor: what the datagrams A sends and reads cost on loopback by themselves (a bare
+``sendto``/``recvmsg_into`` loop of the same size and count), which no prober code removes.
 ``--repeats`` runs it that many times and reports each figure's median.
 
     .venv/bin/python -m bench.probe_cpu [--seconds 60] [--pps 20] [--repeats 3]
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
+import resource
 import socket
 import statistics
 import time
@@ -81,6 +83,26 @@ def _peer(port: int, pps: float, seconds: float, tick_s: float | None) -> None:
     p.stop()
 
 
+def kernel_floor(size: int, n: int = 20_000) -> float:
+    """Microseconds of this process's CPU per datagram of ``size`` bytes sent over loopback and
+    read back (``sendto`` and ``recvmsg_into`` with the receive stamp, as the prober does): what
+    any UDP prober pays per datagram here, whatever its own code costs."""
+    tx, rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        tx.bind(("127.0.45.1", 0))
+        rx.bind(("127.0.45.2", 0))
+        rx.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_TIMESTAMPNS", 35), 1)
+        data, buf, dest = bytes(size), [memoryview(bytearray(65536))], rx.getsockname()
+        t0 = time.process_time()
+        for _ in range(n):
+            tx.sendto(data, dest)
+            rx.recvmsg_into(buf, 64)
+        return (time.process_time() - t0) / n * 1e6
+    finally:
+        tx.close()
+        rx.close()
+
+
 def _next_window(a: Prober, limit_s: float = 60.0) -> list[Any]:
     """The results of the next window to close (waits for it)."""
     deadline = time.monotonic() + limit_s
@@ -112,16 +134,17 @@ def run(seconds: float, pps: float, tick_s: float | None = None) -> dict[str, An
     _warm_up(a)
     sent0, answered0 = a.sent_total, a.answered_total
     woke0 = getattr(a, "wakeups_total", 0)
-    t0, wall0 = os.times(), time.perf_counter()
+    t0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     time.sleep(seconds)
-    t1, wall = os.times(), time.perf_counter() - wall0
-    user, system = t1.user - t0.user, t1.system - t0.system
+    t1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall0
+    user, system = t1.ru_utime - t0.ru_utime, t1.ru_stime - t0.ru_stime
     sent, answered = a.sent_total - sent0, a.answered_total - answered0
     woke = getattr(a, "wakeups_total", 0) - woke0
     results = a.take_results() + _next_window(a)
     a.stop()
     child.join()
     total = sum(r.sent for r in results)
+    per_datagram_us = kernel_floor(ProbeConfig().mtu_bytes - 28)
     return {
         "nics": NICS,
         "budget_pps_per_nic": pps,
@@ -130,6 +153,10 @@ def run(seconds: float, pps: float, tick_s: float | None = None) -> dict[str, An
         "cpu_pct_of_one_core": round(100 * (user + system) / wall, 3),
         "user_pct": round(100 * user / wall, 3),
         "system_pct": round(100 * system / wall, 3),
+        # A sends its probes and its replies (each delivered into B's socket in A's own time on
+        # loopback) and reads as many: that many loopback datagrams at the measured cost each
+        "loopback_datagram_us": round(per_datagram_us, 2),
+        "kernel_floor_pct": round((sent + answered) / wall * per_datagram_us / 1e4, 3),
         "wakeups_per_s": round(woke / wall, 1) if woke else None,
         "loss_pct": round(100 * sum(r.lost for r in results) / total, 3) if total else None,
         "results_per_window": round(len(results) / max(1, seconds // 10), 1),

@@ -92,3 +92,36 @@ def test_a_responder_answers_every_request_in_place_and_ignores_strangers(
         assert p.answered_total == 5
     finally:
         p.stop()
+
+
+@pytest.mark.parametrize(("pps", "reads"), [(2.0, 1), (400.0, 64)])
+def test_a_flow_socket_is_read_once_per_tick_only_where_under_half_a_reply_a_tick_is_due(
+    pps: float, reads: int
+) -> None:
+    """At 100 ms ticks: 2 probes/s over 2 flows is 0.1 reply a tick per socket (one read, no read
+    that finds it empty); 400/s is 20 a tick (read until empty, or the socket's backlog would grow)."""
+    p = Prober(seed=1, tick_s=0.1)
+    plan = spb.ProbePlan(version=1, port=_udp_port(), dscp=26, payload_bytes=200, timeout_ms=500, window_s=1)
+    plan.listen["a/nic-0"] = "127.0.44.1"
+    plan.targets.add(
+        local_nic="a/nic-0",
+        local_address="127.0.44.1",
+        peer_nic="b/nic-0",
+        peer_address="127.0.44.3",
+        src_ports=[_udp_port(), _udp_port()],
+        packets_per_s=pps,
+    )
+    p.apply(plan)
+    p.start()
+    try:
+        deadline = time.monotonic() + 5
+        while p.plan.version != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        woke = p.wakeups_total  # the pass that applied the plan is over once the loop has gone round
+        while p.wakeups_total < woke + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sockets = list(p._sockets.values())
+        assert sorted(s.reads for s in sockets if s.nic) == [reads, reads]
+        assert [s.reads for s in sockets if not s.nic] == [64]  # a responder reads until empty
+    finally:
+        p.stop()
