@@ -9,9 +9,11 @@ on loopback A's process also pays for delivering every datagram it sends into B'
 packets sent and answered per second, loss, and the prober thread's wake-ups per second; and
 the kernel floor: what the datagrams A sends and reads cost on loopback by themselves (a bare
 ``sendto``/``recvmsg_into`` loop of the same size and count), which no prober code removes.
-``--repeats`` runs it that many times and reports each figure's median.
+``--idle-s`` then times the ticks alone (A's responders open, nothing sent or arriving): the
+fixed cost a wake-up has whatever it does. ``--repeats`` runs it all that many times and
+reports each figure's median.
 
-    .venv/bin/python -m bench.probe_cpu [--seconds 60] [--pps 20] [--repeats 3]
+    .venv/bin/python -m bench.probe_cpu [--seconds 60] [--pps 20] [--repeats 3] [--tick-s 0.1] [--idle-s 15]
 """
 
 from __future__ import annotations
@@ -103,6 +105,23 @@ def kernel_floor(size: int, n: int = 20_000) -> float:
         rx.close()
 
 
+def idle_ticks(seconds: float, tick_s: float | None) -> dict[str, float]:
+    """The ticks' own cost: A's plan with its 8 responders and no targets, nothing arriving."""
+    plan = _plan(0, 1, _port(), 20.0, 30000)
+    del plan.targets[:]
+    p = _prober(1, tick_s)
+    p.start()
+    p.apply(plan)
+    time.sleep(1)
+    r0, woke0, wall0 = resource.getrusage(resource.RUSAGE_SELF), p.wakeups_total, time.perf_counter()
+    time.sleep(seconds)
+    r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall0
+    woke = p.wakeups_total - woke0
+    p.stop()
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"idle_cpu_pct": round(100 * cpu / wall, 3), "idle_us_per_wakeup": round(cpu / max(1, woke) * 1e6, 1)}
+
+
 def _next_window(a: Prober, limit_s: float = 60.0) -> list[Any]:
     """The results of the next window to close (waits for it)."""
     deadline = time.monotonic() + limit_s
@@ -173,10 +192,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--pps", type=float, default=ProbeConfig().packets_per_s_per_nic)
     ap.add_argument("--tick-s", type=float, default=None, help="the prober's tick (default: its own)")
+    ap.add_argument("--idle-s", type=float, default=0.0, help="then time the ticks alone (no probes) this long")
     ap.add_argument("--repeats", type=int, default=1, help="runs; each figure is their median")
     args = ap.parse_args(argv)
     quiet_logging()
-    runs = [run(args.seconds, args.pps, args.tick_s) for _ in range(max(1, args.repeats))]
+    runs = []
+    for _ in range(max(1, args.repeats)):
+        runs.append(run(args.seconds, args.pps, args.tick_s))
+        if args.idle_s > 0:
+            runs[-1].update(idle_ticks(args.idle_s, args.tick_s))
     figures = {k: _median([r[k] for r in runs]) for k in runs[0]}
     if len(runs) > 1:
         figures["cpu_pct_each_run"] = " / ".join(str(r["cpu_pct_of_one_core"]) for r in runs)
