@@ -71,8 +71,11 @@ class UdpEndpoint:
     def __init__(self, address: str, port: int, dscp: int) -> None:
         self.address, self.port = address, port
         self.last_rx_ns = 0
+        self.peer: tuple[str, int] = ("", 0)  # who sent what ``read`` read
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
+        self.view = self._view  # what ``read`` read, in place
+        self._bufs = [self._view]
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self._sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (dscp & 0x3F) << 2)
@@ -104,6 +107,43 @@ class UdpEndpoint:
                 return
             except OSError:
                 continue
+
+    def send_to(self, data: bytes | bytearray, peer: tuple[str, int]) -> None:
+        """``send`` with the peer as one tuple and the data as any buffer (the hot path: no copies)."""
+        for _ in range(2):
+            try:
+                self._sock.sendto(data, peer)
+                return
+            except OSError:
+                continue
+
+    def reply(self, n: int) -> None:
+        """Send the first ``n`` bytes of ``view`` (a request turned into its reply) back to ``peer``."""
+        with contextlib.suppress(OSError):
+            self._sock.sendto(self._view[:n], self.peer)
+
+    def read(self) -> int:
+        """One datagram into ``view``: its length, 0 when none is waiting (nothing raised, no errors
+        drained: that is ``drain_errors``' job when the poller reports them). The sender lands in
+        ``peer`` and the kernel's receive stamp in ``last_rx_ns``."""
+        try:
+            n, ancdata, _, self.peer = self._sock.recvmsg_into(self._bufs, _CMSG_SPACE)
+        except OSError:
+            return 0
+        stamp = 0
+        for level, kind, raw in ancdata:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(raw)
+                stamp = sec * 1_000_000_000 + nsec
+        self.last_rx_ns = stamp
+        return int(n)
+
+    def drain_errors(self) -> None:
+        """Read the error queue empty and clear the socket's pending error (both keep it polling
+        as errored); what it held of trace expiries waits in ``expired``."""
+        self._drain_errors()
+        with contextlib.suppress(OSError):
+            self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
 
     def send_ttl(self, data: bytes, address: str, port: int, ttl: int) -> None:
         """Send one datagram with IP TTL ``ttl`` (then back to the default)."""

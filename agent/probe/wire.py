@@ -17,6 +17,29 @@ REPLY = 1
 TRACE = 2  # a TTL-limited probe: it expires at a switch; a responder it reaches ignores it
 _LAYOUT = struct.Struct("!4sBIQQI")  # magic, kind, seq, sent_ns (prober's clock), processing_ns, epoch
 HEADER = _LAYOUT.size
+# The hot path packs and reads the header in place (no bytes made per packet): a request's
+# seq and sent time at SEQ_AT, a reply's kind at KIND_AT and processing time and epoch at TAIL_AT.
+KIND_AT, SEQ_AT, TAIL_AT = 4, 5, 17
+unpack_header = _LAYOUT.unpack_from  # (buffer) -> (magic, kind, seq, sent_ns, processing_ns, epoch)
+_SEQ_SENT = struct.Struct("!IQ")
+_KIND = struct.Struct("!B")
+_TAIL = struct.Struct("!QI")
+
+
+def template(size: int) -> bytearray:
+    """A request of ``size`` bytes to stamp and send again and again (``stamp_request``)."""
+    return bytearray(encode(Probe(REQUEST, 0, 0), size))
+
+
+def stamp_request(buf: bytearray, seq: int, sent_ns: int) -> None:
+    """Set a template's seq and sent time."""
+    _SEQ_SENT.pack_into(buf, SEQ_AT, seq, sent_ns)
+
+
+def turn_into_reply(buf: bytearray | memoryview, processing_ns: int, epoch: int) -> None:
+    """Make the request in ``buf`` its reply in place (what ``reply_to`` returns, without copies)."""
+    _KIND.pack_into(buf, KIND_AT, REPLY)
+    _TAIL.pack_into(buf, TAIL_AT, processing_ns, epoch)
 
 
 @dataclass(frozen=True, slots=True)
