@@ -223,7 +223,7 @@ def merge_daily(report: FleetReport, sums: Mapping[str, float], first_ms: int) -
         mttr_pool_s=report.mttr_pool_s + pool,
         still_out=report.still_out,
         mttr_job_s=report.mttr_job_s + job,
-        jobs=report.jobs,  # ETTR per job: from the raw horizon only
+        jobs=report.jobs,  # the raw rows' jobs: report_with_history adds their aggregated days
         evictions=report.evictions + int(sums.get("evictions", 0.0)),
         wrongful=report.wrongful,
         wrongful_pending=report.wrongful_pending,

@@ -5,13 +5,17 @@ the controller takes, on a ``FakeClock``. A fault becomes condition changes fed 
 (``DecisionCore.feed``, with the rule ids, categories and actions of the rules file); the
 correlator groups them on the fabric into an incident (SQLite, as live); the healer decides
 it (policy, guards and breaker, the state machine, the spare pool, the scheduler's drain and
-requeue, the job registry, the repair ladder's first rung); a repair ends through the repair
-loop's own return (``RepairLoop.finish``: resume, spare or back in service, incident resolved).
+requeue, the job registry, the repair ladder: its rungs, their limits and the validation's checks
+are the policy's, each answer goes to the repair loop as its drive loop takes it
+(``RepairLoop.rung_result``, ``validation_failed``: the next rung, or RMA), and a repair ends
+through the repair loop's own return (``RepairLoop.finish``: resume, spare or back in service,
+incident resolved).
 The scheduler is the in-memory ``SimScheduler``: its placement decides whether a job restarts
 on a spare at once or waits for capacity.
 
-What is the simulator's: the fault process (Poisson, rates and causes from the mix), the repair
-durations (from the mix, sourced or labelled assumptions), and each job's time accounting
+What is the simulator's: the fault process (Poisson, rates and causes from the mix), the agents'
+times on each rung, which rung puts each cause right and the hardware repair times (from the
+mix's ``ladder:`` and causes, sourced or labelled assumptions), and each job's time accounting
 (checkpoint every Δt of compute taking w; a failure loses the work since the last complete
 checkpoint; a restart costs u0 once the job has its nodes). The clock jumps from event to
 event: nothing waits on real time, no gRPC, no agents.
@@ -153,6 +157,7 @@ class SimResult:
     evictions_without_spare: int = 0
     breaker_trips: int = 0
     refused: Counter[str] = field(default_factory=Counter)
+    repairs: Counter[str] = field(default_factory=Counter)  # the ladder's outcomes: "after reboot", "retired"...
     report: dict[str, Any] = field(default_factory=dict)  # controller.query.fleet on the run's database
     db_bytes: int = 0
 
@@ -189,6 +194,7 @@ class SimResult:
             "evictions_without_spare": self.evictions_without_spare,
             "breaker_trips": self.breaker_trips,
             "refused": dict(self.refused),
+            "repairs": dict(self.repairs),
             "wall_s": self.wall_s,
             "db_bytes": self.db_bytes,
         }  # fmt: skip
@@ -369,8 +375,7 @@ class FleetSim:
         if evicted:
             for job in jobs:
                 self._placed(job, done)
-            if self.mix.ladder is None:  # no ladder in the mix: the cause's repair time is the whole repair
-                self._at(now + cause.repair_s, "repaired", (fault.node, cause.name))
+            self._repair_after(now, fault.node, cause, [e.node for e in evicted])
         else:
             refused = any(d["outcome"] not in ("alert_only", "already_out_of_service") for d in decided)
             delay = self.settings.manual_s if refused else 0.0  # a person takes the node out by hand
@@ -378,6 +383,18 @@ class FleetSim:
             for job in jobs:
                 self._schedule_restart(job, done + delay + self.jobs[job].spec.restart_overhead_s, reason)
             self._at(now + cause.repair_s, "resolve", fault.node)
+
+    def _repair_after(self, now: float, node: str, cause: Cause, evicted: list[str]) -> None:
+        """The evicted nodes' repair: the cause's repair time as a whole without a ladder in the mix;
+        with one, the nodes on a rung are played from there (``_start_entered``), and a node the
+        policy sent straight to RMA is out for the cause's hardware repair."""
+        if self.mix.ladder is None:
+            self._at(now + cause.repair_s, "repaired", (node, cause.name))
+            return
+        for out in evicted:
+            if self.healer.store.state(out) == S.RETIRED:
+                self.result.repairs["retired by the policy (RMA)"] += 1
+                self._at(now + cause.repair_s, "repaired", (out, cause.name))
 
     def _planned(self, node: str, now: float) -> None:
         """Planned maintenance: the job checkpoints first (nothing lost) and restarts."""
@@ -412,7 +429,8 @@ class FleetSim:
         self.core.detection.group()
         await self.healer.work_queued()
         assert self.healer.repairs is not None
-        self.healer.repairs.stop()  # its agent rounds are not simulated: the repair time comes from the mix
+        # its drive tasks do not run: the simulator plays the agents' round trips on the rungs itself
+        self.healer.repairs.stop()
         for node in self.healer.store.nodes_in(S.EVICTED):
             # the drive loop's first step: onto the ladder's rung
             if self.healer.repairs.enter_rung(node) is not None and self.mix.ladder is not None:
@@ -446,6 +464,7 @@ class FleetSim:
         assert repairs is not None
         record = self.healer.store.record(node)
         if record.state == S.RETIRED:  # back from RMA: a person sends it through validation again
+            self.result.repairs["back from RMA"] += 1
             incident = self.core.detection.correlator.get(record.incident_id or "")
             self.healer.store.transition(node, S.REPAIRING, "back from RMA (simulated)", record.incident_id, "operator")
             if incident is not None:
@@ -482,6 +501,7 @@ class FleetSim:
         now = self.now_s()
         cause = self._cause_of.get(node)
         if state == S.RETIRED:  # the ladder's end: out for hardware repair (RMA) for the cause's time
+            self.result.repairs["retired (RMA)"] += 1
             self._at(now + (cause.repair_s if cause else 0.0), "repaired", (node, cause.name if cause else "rma"))
             return
         rung = self.healer.repairs.current_rung(node) or "none"
@@ -532,7 +552,8 @@ class FleetSim:
         if repairs.current_rung(node) != rung or self.healer.store.state(node) != S.VALIDATING:
             return
         await self._resolve(node)
-        await repairs.finish(node, f"validated after {rung} (simulated)")
+        if await repairs.finish(node, f"validated after {rung} (simulated)"):
+            self.result.repairs[f"returned after {rung}"] += 1
         await self._back(node)
 
     def _validation_failed(self, node: str, rung: str, step: str, why: str) -> None:

@@ -82,6 +82,7 @@ def test_a_reboot_that_puts_it_right_returns_the_node_after_the_reboot_and_valid
     assert states[2][1] == "reboot: rung 2 of gpu_fault"  # the policy's action for this Xid starts it there
     # (in service, not a spare: one of the two spares replaced it, so the pool is at its target of 1)
     assert steps == ["reboot", "return"]
+    assert result.repairs == {"returned after reboot": 1}
 
 
 def test_a_fault_only_hardware_fixes_climbs_to_retired_and_the_hardware_repair(tmp_path: Path) -> None:
@@ -90,6 +91,7 @@ def test_a_fault_only_hardware_fixes_climbs_to_retired_and_the_hardware_repair(t
     assert _mttr(result) == pytest.approx(REBOOT_S + CLEAR_S + HARDWARE_S, abs=1.0)
     assert [s for s, _ in states][:6] == ["draining", "evicted", "repairing", "validating", "retired", "repairing"]
     assert steps[:3] == ["reboot", "scan", "retire"]
+    assert result.repairs == {"retired (RMA)": 1, "back from RMA": 1}
 
 
 def test_a_reboot_past_the_policys_limit_is_the_next_rung(tmp_path: Path) -> None:
@@ -128,3 +130,12 @@ def test_a_bad_ladder_names_the_file_and_the_key(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("  reboot: {value: 600.0, source: t}\n", "  reboot: 600\n"))
     with pytest.raises(MixError, match=r"ladder\.reboot must be a mapping with value and source"):
         load_mix(path)
+
+
+def test_a_node_the_policy_sends_to_rma_skips_the_ladder_and_comes_back_after_the_hardware_repair(
+    tmp_path: Path,
+) -> None:
+    result, states, _ = _run(tmp_path, _mix(tmp_path, "{hardware: 1}", rule="gpu.xid.contact_support"))
+    assert _mttr(result) == pytest.approx(HARDWARE_S, abs=1.0)
+    assert [s for s, _ in states][:3] == ["draining", "evicted", "retired"]
+    assert result.repairs == {"retired by the policy (RMA)": 1, "back from RMA": 1}
