@@ -106,7 +106,7 @@ def llama(days: float = 60.0) -> dict[str, Any]:
 
 def _brief(r: dict[str, Any]) -> dict[str, Any]:
     keys = ("ettr", "capacity_wait_share", "mttr_node_back_in_pool_s", "faults_per_1000_gpu_days", "evictions",
-            "spares_used", "evictions_without_spare", "breaker_trips", "refused", "wall_s")  # fmt: skip
+            "spares_used", "evictions_without_spare", "breaker_trips", "refused", "repairs", "wall_s")  # fmt: skip
     return {k: r[k] for k in keys}
 
 
@@ -139,9 +139,11 @@ def main() -> None:
               f"{d['faults_per_1000_gpu_days']:.3f} faults per 1,000 GPU-days "
               f"(input {ll['input_rate_per_1000_gpu_days']:.3f}), run {d['wall_s']:.1f} s "
               f"(with set-up {d['total_s']:.1f} s)")  # fmt: skip
+        print(f"  repair ladder: {d.get('repairs')}")
         for name in ("sweep_spares", "sweep_checkpoint_min"):
             for k, r in sorted(ll[name].items()):
                 print(f"  {name} {k}: ETTR {r['ettr']:.4f}, waiting {100 * r['capacity_wait_share']:.2f} %, "
+                      f"MTTR to pool {(r['mttr_node_back_in_pool_s'] or 0) / 3600:.1f} h, "
                       f"spares used {r['spares_used']}, without a spare {r['evictions_without_spare']}, "
                       f"trips {r['breaker_trips']}, refused {r['refused']}")  # fmt: skip
     path = write_result(NAME, {"quick": args.quick, "skip_literature": args.skip_literature}, figures)

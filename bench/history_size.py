@@ -105,7 +105,9 @@ def main() -> None:
         f = figures[key]
         print(f"{key}: file {f['file_bytes'] / 1e6:.1f} MB, live {f['live_bytes'] / 1e6:.1f} MB, "
               f"events {f.get('rows.events', 0):,}, incidents {f.get('rows.incidents', 0):,}, "
-              f"reliability_daily {f.get('rows.reliability_daily', 0):,}")  # fmt: skip
+              f"reliability_daily {f.get('rows.reliability_daily', 0):,}, "
+              f"per job {f.get('rows.reliability_job_daily', 0):,}, "
+              f"per node {f.get('rows.reliability_node_daily', 0):,}")  # fmt: skip
     print(f"{figures['faults']} faults simulated in {figures['simulated_s']:.1f} s; "
           f"{figures['events_written']:,} events written in {figures['events_s']:.1f} s")  # fmt: skip
     path = write_result(NAME, vars(args), figures)

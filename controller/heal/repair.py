@@ -210,6 +210,38 @@ class RepairLoop:
         self._enter(rep, rung)
         return rung
 
+    def current_rung(self, node: str) -> str | None:
+        """The rung ``node`` is on (None: no repair of it)."""
+        rep = self.repair(node)
+        return None if rep is None else self._rung(rep)
+
+    def rung_result(self, node: str, ok: bool, detail: str) -> bool:
+        """The agent's answer to the node's current rung, as the drive loop takes it (the fleet
+        simulator plays the agents' round trips): done moves it on to validating, otherwise it
+        climbs (the next rung, or retired at the ladder's end). False: not repairing here."""
+        rep = self.repair(node)
+        if rep is None or self.store.state(node) != S.REPAIRING:
+            return False
+        rung = self._rung(rep)
+        action = self.store.plan_action(node, rung, rep.incident_id)
+        self.store.mark_action(action.action_id, "done" if ok else "failed", None if ok else detail)
+        self._evidence(rep, rung, ok, detail)
+        if ok:
+            self._move(node, S.VALIDATING, f"{rung} done; validating", rep)
+        else:
+            self._climb(rep, f"{rung} did not finish")
+        return True
+
+    def validation_failed(self, node: str, step: str, why: str) -> bool:
+        """The node's validation failed at ``step`` (scan, evidence_quiet, diagnostic:NAME): the
+        evidence kept and the next rung taken, as the drive loop does. False: not validating here."""
+        rep = self.repair(node)
+        if rep is None or self.store.state(node) != S.VALIDATING:
+            return False
+        self._evidence(rep, step, False, why)
+        self._climb(rep, f"validation failed: {why}")
+        return True
+
     async def finish(self, node: str, detail: str) -> bool:
         """Return ``node`` as a repair that validated does (resume, spare or in service, incident
         resolved), its rungs and waits having passed elsewhere: the fleet simulator draws repair

@@ -318,15 +318,25 @@ def _pool_figures(
 
 def _lemons(conn: sqlite3.Connection, until_ms: int, settings: ReportSettings) -> list[dict[str, Any]]:
     since = until_ms - int(settings.lemon_window_s * 1000)
+    return lemon_list(node_fault_counts(conn, since, until_ms), settings)
+
+
+def node_fault_counts(conn: sqlite3.Connection, since_ms: int, until_ms: int) -> dict[str, int]:
+    """Incidents naming each node opened in [since_ms, until_ms) (fabric incidents blame no node)."""
     counts: dict[str, int] = defaultdict(int)
     for (nodes,) in _rows(
         conn,
         "SELECT affected_nodes FROM incidents WHERE merged_into IS NULL AND opened_ms >= ? AND opened_ms < ? "
         "AND kind NOT IN ('switch_fault', 'link_fault', 'partition')",
-        (since, until_ms),
+        (since_ms, until_ms),
     ):
         for node in json.loads(nodes):
             counts[node] += 1
+    return counts
+
+
+def lemon_list(counts: dict[str, int], settings: ReportSettings) -> list[dict[str, Any]]:
+    """The nodes at or over the lemon threshold, most faults first."""
     return [
         {"node": n, "faults": c}
         for n, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -369,33 +379,35 @@ def _job_figures(
         wall_ms = max(0, end - start)
         step_times = [t for _, t, _ in job_ranks if t > 0]
         step_s = statistics.fmean(step_times) if step_times else None
-        down_ms = 0
+        spans = _restart_spans(restarts.get(job, []), step_s, bool(job_ranks), until_ms)
+        down_ms = redo_ms = 0.0
         steps_lost = 0
         interruptions = 0
         scheduler_only = False
-        for interrupted, reason, at_step, resumed, from_step, first_step in restarts.get(job, []):
-            if interrupted >= until_ms or (first_step is not None and first_step < since_ms):
-                continue
+        for sp in spans:
+            if sp.interrupted_ms >= until_ms or sp.redo_end_ms <= since_ms:
+                continue  # wholly after, or over (its redo too) before the window starts
+            # Where the time was lost: down from the interruption to the first step after the
+            # restart, then the redo right after it; each counted in the window it falls in.
+            down_ms += _overlap(sp.interrupted_ms, sp.stop_ms, start, end)
+            redo_ms += _overlap(sp.stop_ms, sp.redo_end_ms, start, end)
+            scheduler_only |= sp.scheduler_only
+            if sp.interrupted_ms < since_ms:
+                continue  # counted (interruption, steps, MTTR) in the window it started in
             interruptions += 1
-            if reason == "unrecorded" and interrupted >= since_ms:
+            steps_lost += sp.steps_lost
+            if sp.reason == "unrecorded":
                 software += 1  # restarted without an incident: the job's own failure (or the scheduler's)
-            stop = first_step if first_step is not None else (resumed if not job_ranks else None)
-            if first_step is None and resumed is not None and not job_ranks:
-                scheduler_only = True
-            stop_ms = until_ms if stop is None else min(stop, until_ms)
-            down_ms += max(0, stop_ms - max(interrupted, since_ms))
-            if from_step is not None and interrupted >= since_ms:
-                steps_lost += max(0, at_step - from_step)
-            fault = _fault_of(job, reason, interrupted, incidents)
-            if fault is not None and stop is not None:
-                job_mttr.append((stop - fault.opened_ms) / 1000.0)
-        redo_s = steps_lost * step_s if step_s is not None else None
+            fault = _fault_of(job, sp.reason, sp.interrupted_ms, incidents)
+            if fault is not None and sp.stopped is not None:
+                job_mttr.append((sp.stopped - fault.opened_ms) / 1000.0)
+        redo_s = redo_ms / 1000.0 if step_s is not None else None
         if wall_ms <= 0:
             basis, ettr, note = "none", None, "no time in the window"
         elif step_s is not None:
             basis, note = "steps", ""
-            ettr = max(0.0, (wall_ms / 1000 - down_ms / 1000 - (redo_s or 0.0)) / (wall_ms / 1000))
-        elif interruptions or scheduler_only or not job_ranks:
+            ettr = max(0.0, (wall_ms - down_ms - redo_ms) / wall_ms)
+        elif interruptions or scheduler_only or not job_ranks or down_ms:
             basis = "scheduler"
             note = "no step reports: lost work unknown, ETTR counts downtime only (an upper bound)"
             ettr = max(0.0, 1 - down_ms / wall_ms)
@@ -420,6 +432,48 @@ def _job_figures(
             )
         )
     return out, job_mttr, software
+
+
+@dataclass(frozen=True)
+class _Span:
+    """One restart of a job as time: down ``[interrupted_ms, stop_ms)``, redo ``[stop_ms, redo_end_ms)``."""
+
+    reason: str
+    interrupted_ms: int
+    stopped: int | None  # the first step after the restart (the scheduler's restart without steps); None: still down
+    stop_ms: float
+    redo_end_ms: float
+    steps_lost: int
+    scheduler_only: bool
+
+
+def _restart_spans(rows: list[tuple[Any, ...]], step_s: float | None, has_ranks: bool, until_ms: int) -> list[_Span]:
+    """A job's restarts, oldest first, as the time each cost: the downtime, then the redo of the
+    steps lost, placed right after the first step of the run (where the job spends it) and cut
+    short by the next interruption (whose own lost steps count that redo again)."""
+    out: list[_Span] = []
+    for i, (interrupted, reason, at_step, resumed, from_step, first_step) in enumerate(rows):
+        stopped = first_step if first_step is not None else (resumed if not has_ranks else None)
+        lost = max(0, int(at_step) - int(from_step)) if from_step is not None and at_step is not None else 0
+        stop_ms = float(until_ms if stopped is None else max(int(stopped), int(interrupted)))
+        redo_ms = lost * step_s * 1000.0 if step_s is not None and stopped is not None else 0.0
+        nxt = float(rows[i + 1][0]) if i + 1 < len(rows) else float("inf")
+        out.append(
+            _Span(
+                reason=str(reason),
+                interrupted_ms=int(interrupted),
+                stopped=None if stopped is None else int(stopped),
+                stop_ms=stop_ms,
+                redo_end_ms=max(stop_ms, min(stop_ms + redo_ms, nxt)),
+                steps_lost=lost,
+                scheduler_only=first_step is None and resumed is not None and not has_ranks,
+            )
+        )
+    return out
+
+
+def _overlap(a: float, b: float, lo: float, hi: float) -> float:
+    return max(0.0, min(b, hi) - max(a, lo))
 
 
 def _fault_of(job: str, reason: str, interrupted_ms: int, incidents: list[_Incident]) -> _Incident | None:

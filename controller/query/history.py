@@ -6,18 +6,32 @@ than the horizon are deleted (the HA mirror's triggers
 carry the deletes to etcd). Before a day leaves the horizon, the figures the fleet report
 needs are written to ``reliability_daily`` (one row per day and figure: faults per cause,
 node- and GPU-milliseconds in service, the MTTR sums and counts, evictions, wrongful ones),
+``reliability_job_daily`` (per job and day: its wall time, downtime, redo, interruptions and
+steps lost in that day, from which its ETTR over any run of days is exact) and
+``reliability_node_daily`` (per node and day: the incidents naming it, for the lemon rule),
 so a report over a longer window adds those days to what the raw rows give. The database
-stays bounded whatever the fleet's age: the raw rows of the horizon, plus a few dozen rows a day.
+stays bounded by the horizon: its raw rows, plus a few dozen rows a day and one per job and
+per faulty node a day.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
+from typing import Any
 
 import structlog
 
-from controller.query.fleet import CAUSES, DAY_MS, FleetReport, ReportSettings, fleet_report
+from controller.query.fleet import (
+    CAUSES,
+    DAY_MS,
+    FleetReport,
+    JobFigures,
+    ReportSettings,
+    fleet_report,
+    lemon_list,
+    node_fault_counts,
+)
 from controller.store import transaction
 
 log = structlog.get_logger(__name__)
@@ -29,6 +43,24 @@ CREATE TABLE IF NOT EXISTS reliability_daily (
     value REAL NOT NULL,
     PRIMARY KEY (day_ms, figure)
 );
+CREATE TABLE IF NOT EXISTS reliability_job_daily (
+    day_ms INTEGER NOT NULL,
+    job TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    basis TEXT NOT NULL,
+    wall_s REAL NOT NULL,
+    downtime_s REAL NOT NULL,
+    redo_s REAL,
+    interruptions INTEGER NOT NULL,
+    steps_lost INTEGER NOT NULL,
+    PRIMARY KEY (day_ms, job)
+);
+CREATE TABLE IF NOT EXISTS reliability_node_daily (
+    day_ms INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    faults INTEGER NOT NULL,
+    PRIMARY KEY (day_ms, node)
+);
 """
 
 # (table, the time column, an extra condition: rows still in use are never deleted)
@@ -37,7 +69,10 @@ _EXPIRING = (
     ("incident_history", "ts_ms", " AND incident_id IN (SELECT id FROM incidents WHERE resolved_ms IS NOT NULL)"),
     ("incidents", "resolved_ms", " AND resolved_ms IS NOT NULL"),
     ("heal_transitions", "at_ms", ""),
-    ("heal_job_restarts", "interrupted_ms", " AND first_step_ms IS NOT NULL"),
+    # a restart leaves once it ended (its first step, or the scheduler's restart for a job without
+    # steps) a day before the cutoff: the raw rows still place its downtime and redo in the days
+    # after the cutoff that it reached into (the redo follows the first step)
+    ("heal_job_restarts", f"COALESCE(first_step_ms, resumed_ms) + {DAY_MS}", ""),
     ("fleet_service", "to_ms", " AND to_ms IS NOT NULL"),
     ("heal_pending_actions", "updated_ms", " AND status != 'planned'"),  # a planned one is still to do
     ("heal_grants", "at_ms", ""),  # the budget's and cool-down's windows are minutes to hours
@@ -100,12 +135,23 @@ class HistoryKeeper:
         days = 0
         day = first
         while day + DAY_MS <= cutoff:
-            figures = day_figures(fleet_report(self._db, day, day + DAY_MS, ReportSettings()))
+            report = fleet_report(self._db, day, day + DAY_MS, ReportSettings())
+            figures = day_figures(report)
             figures["aggregated"] = 1.0  # marks the day done even when nothing happened
             with transaction(self._db):
                 self._db.executemany(
                     "INSERT OR REPLACE INTO reliability_daily(day_ms, figure, value) VALUES (?, ?, ?)",
                     [(day, k, v) for k, v in figures.items()],
+                )
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO reliability_job_daily(day_ms, job, gpus, basis, wall_s, downtime_s, "
+                    "redo_s, interruptions, steps_lost) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(day, j.job, j.gpus, j.basis, j.wall_s, j.downtime_s, j.redo_s, j.interruptions, j.steps_lost)
+                     for j in report.jobs if j.wall_s > 0 or j.interruptions or j.downtime_s],
+                )  # fmt: skip
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO reliability_node_daily(day_ms, node, faults) VALUES (?, ?, ?)",
+                    [(day, n, c) for n, c in node_fault_counts(self._db, day, day + DAY_MS).items()],
                 )
             day += DAY_MS
             days += 1
@@ -177,7 +223,7 @@ def merge_daily(report: FleetReport, sums: Mapping[str, float], first_ms: int) -
         mttr_pool_s=report.mttr_pool_s + pool,
         still_out=report.still_out,
         mttr_job_s=report.mttr_job_s + job,
-        jobs=report.jobs,  # ETTR per job: from the raw horizon only
+        jobs=report.jobs,  # the raw rows' jobs: report_with_history adds their aggregated days
         evictions=report.evictions + int(sums.get("evictions", 0.0)),
         wrongful=report.wrongful,
         wrongful_pending=report.wrongful_pending,
@@ -192,11 +238,125 @@ def report_with_history(
     conn: sqlite3.Connection, since_ms: int, until_ms: int, settings: ReportSettings | None = None
 ) -> FleetReport:
     """The fleet report over [since_ms, until_ms): aggregated days where the raw rows are gone,
-    raw rows after them. The window starts no earlier than the oldest day kept."""
+    raw rows after them. The window starts no earlier than the oldest day kept. Per-job figures
+    add the jobs' daily rows; the lemon list counts the nodes' daily rows for the part of its
+    window before the raw rows."""
+    settings = settings or ReportSettings()
     sums, first, end = daily_sums(conn, since_ms, until_ms)
     if not sums:
-        return fleet_report(conn, since_ms, until_ms, settings)
-    return merge_daily(fleet_report(conn, end, until_ms, settings), sums, first)
+        report = fleet_report(conn, since_ms, until_ms, settings)
+    else:
+        raw = fleet_report(conn, end, until_ms, settings)
+        report = merge_daily(raw, sums, first)
+        report.jobs = merge_jobs(raw.jobs, job_days(conn, first, end))
+    report.lemons = lemons_with_history(conn, until_ms, settings)
+    return report
+
+
+def aggregated_until(conn: sqlite3.Connection) -> int | None:
+    """The end of the last day in the aggregates (raw rows before it may be gone); None: none yet."""
+    try:
+        last = conn.execute("SELECT MAX(day_ms) FROM reliability_daily").fetchone()[0]
+    except sqlite3.OperationalError:
+        return None
+    return None if last is None else int(last) + DAY_MS
+
+
+def job_days(conn: sqlite3.Connection, first_ms: int, end_ms: int) -> list[JobFigures]:
+    """Each job's aggregated days in [first_ms, end_ms), summed into one JobFigures per job
+    (basis: its latest day's)."""
+    try:
+        rows = conn.execute(
+            "SELECT job, gpus, basis, wall_s, downtime_s, redo_s, interruptions, steps_lost "
+            "FROM reliability_job_daily WHERE day_ms >= ? AND day_ms < ? ORDER BY day_ms",
+            (first_ms, end_ms),
+        ).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    out: dict[str, JobFigures] = {}
+    for job, gpus, basis, wall, down, redo, interruptions, lost in rows:
+        day = _figures(job, int(gpus), str(basis), float(wall), float(down), redo, int(interruptions), int(lost))
+        out[job] = day if job not in out else _add(out[job], day)
+    return list(out.values())
+
+
+def merge_jobs(raw: list[JobFigures], days: list[JobFigures]) -> list[JobFigures]:
+    """The raw window's job figures with each job's aggregated days added (the jobs of either)."""
+    merged = {j.job: j for j in days}
+    for j in raw:
+        merged[j.job] = _add(merged[j.job], j) if j.job in merged else j
+    return [merged[k] for k in sorted(merged)]
+
+
+def _add(a: JobFigures, b: JobFigures) -> JobFigures:
+    """Two spans of one job as one: sums, the later span's basis (a job that reported steps once
+    does again: ``steps`` wins over ``scheduler`` over ``none``), ETTR recomputed."""
+    order = ("none", "scheduler", "steps")
+    basis = max(a.basis, b.basis, key=order.index)
+    redo = None if a.redo_s is None and b.redo_s is None else (a.redo_s or 0.0) + (b.redo_s or 0.0)
+    gpus = max(a.gpus, b.gpus)
+    return _figures(a.job, gpus, basis, a.wall_s + b.wall_s, a.downtime_s + b.downtime_s, redo,
+                    a.interruptions + b.interruptions, a.steps_lost + b.steps_lost,
+                    a.gpu_hours_lost + b.gpu_hours_lost)  # fmt: skip
+
+
+def _figures(
+    job: str,
+    gpus: int,
+    basis: str,
+    wall_s: float,
+    down_s: float,
+    redo_s: float | None,
+    interruptions: int,
+    steps_lost: int,
+    gpu_hours_lost: float | None = None,
+) -> JobFigures:
+    """A job's figures from its sums, with ETTR by docs/reliability.md's definition."""
+    if wall_s <= 0 or basis == "none":
+        ettr, note = None, "no time in the window" if wall_s <= 0 else "no step times and no restarts"
+        basis = "none"
+    elif basis == "steps":
+        ettr, note = max(0.0, (wall_s - down_s - (redo_s or 0.0)) / wall_s), ""
+    else:
+        ettr = max(0.0, 1 - down_s / wall_s)
+        note = "no step reports: lost work unknown, ETTR counts downtime only (an upper bound)"
+    lost_h = gpus * (down_s + (redo_s or 0.0)) / 3600.0 if gpu_hours_lost is None else gpu_hours_lost
+    return JobFigures(
+        job=job,
+        gpus=gpus,
+        basis=basis,
+        wall_s=wall_s,
+        downtime_s=down_s,
+        redo_s=redo_s,
+        interruptions=interruptions,
+        steps_lost=steps_lost,
+        ettr=ettr,
+        ettr_is_upper_bound=basis == "scheduler",
+        mean_time_between_interruptions_s=wall_s / interruptions if interruptions else None,
+        gpu_hours_lost=lost_h,
+        note=note,
+    )
+
+
+def lemons_with_history(conn: sqlite3.Connection, until_ms: int, settings: ReportSettings) -> list[dict[str, Any]]:
+    """The lemon list at ``until_ms``: raw incidents from where the aggregates end, the nodes'
+    daily rows before it. An aggregated day counts when any of it is inside the lemon window
+    (the window is rounded out to whole days there: a lemon is never missed for the rounding)."""
+    since = until_ms - int(settings.lemon_window_s * 1000)
+    agg_end = aggregated_until(conn)
+    if agg_end is None or agg_end <= since:
+        return lemon_list(node_fault_counts(conn, since, until_ms), settings)
+    counts = dict(node_fault_counts(conn, agg_end, until_ms)) if agg_end < until_ms else {}
+    try:
+        rows = conn.execute(
+            "SELECT node, SUM(faults) FROM reliability_node_daily WHERE day_ms + ? > ? AND day_ms < ? GROUP BY node",
+            (DAY_MS, since, min(agg_end, until_ms)),
+        ).fetchall()
+    except sqlite3.OperationalError:
+        rows = []
+    for node, faults in rows:
+        counts[node] = counts.get(node, 0) + int(faults)
+    return lemon_list(counts, settings)
 
 
 def _spread(total: float, n: float) -> list[float]:

@@ -24,6 +24,7 @@ from controller.heal.inservice import FleetServiceLedger
 from controller.heal.states import NodeHealState, RemediationStore
 from controller.jobs.registry import JobRegistry
 from controller.query.fleet import fleet_report
+from controller.query.history import HistoryKeeper, report_with_history
 from controller.store import Store
 from starpulse.core.clock import FakeClock
 from tests.etcd_server import EtcdServer
@@ -47,6 +48,7 @@ async def make(etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[Callable[[str]
         RemediationStore(store.connection, clock)
         JobRegistry(store.connection, clock)
         store.connection.executescript(repair._SCHEMA)
+        HistoryKeeper(store.connection, 90 * 86400.0)  # the aggregates' tables, as the decision core makes them
         elector = Elector(client, config.key("leader"), f"{name}:1", 2, poll_interval_s=0.05)
         made.append((client, store))
         return store, clock, elector, StateMirror(store.connection, client, config, elector)
@@ -85,4 +87,36 @@ async def test_a_restored_replica_gives_the_same_report(make: Callable[[str], Aw
     c_store, _, _, c_mirror = await make("c")
     await c_mirror.restore()
     assert fleet_report(c_store.connection, T0, until).gpu_days == pytest.approx(24.0)
+    await elector.resign()
+
+
+async def test_the_aggregates_beyond_the_horizon_reach_a_replica(make: Callable[[str], Awaitable[Replica]]) -> None:
+    """The per-day, per-job and per-node rollups are mirrored like every table: after the leader's
+    retention sweep a restored replica gives the same long-window report, jobs and lemons included."""
+    store, clock, elector, mirror = await make("a")
+    assert await elector.campaign(asyncio.Event())
+    FleetServiceLedger(store.connection).sync({"n1": (8, T0)}, set(), T0)
+    jobs = JobRegistry(store.connection, clock)
+    jobs.register_job("llm", ["n1"], world_size=8)
+    incidents = IncidentStore(store.connection)
+    for day in (1, 2, 3):
+        clock.set_ms(T0 + day * DAY_MS)
+        inc = incidents.open(
+            Incident(id="", kind="gpu_fault", root_cause="n1/gpu-0", component_type="gpu", affected_nodes=["n1"],
+                     affected_jobs=["llm"], severity="critical", action="drain", evidence=[],
+                     opened_ms=clock.time_ms())
+        )  # fmt: skip
+        incidents.resolve(inc, clock.time_ms() + 60_000)
+    JobRegistry(store.connection, clock).mark_interrupted("llm", T0 + DAY_MS, "gpu_fault on n1")
+    JobRegistry(store.connection, clock).mark_resumed("llm", T0 + DAY_MS + 3_600_000, 0)
+    clock.set_ms(T0 + 12 * DAY_MS)
+    HistoryKeeper(store.connection, 5 * 86400.0).sweep(clock.time_ms())  # days 0-6 aggregated, raw rows gone
+    assert store.connection.execute("SELECT COUNT(*) FROM incidents").fetchone()[0] == 0
+    before = report_with_history(store.connection, T0, clock.time_ms()).to_dict()
+    assert before["faults"]["total"] == 3 and before["lemons"]["nodes"] == [{"node": "n1", "faults": 3}]
+    assert before["ettr"]["jobs"][0]["interruptions"] == 1
+    await mirror.flush()
+    b_store, _, _, b_mirror = await make("b")
+    await b_mirror.restore()
+    assert report_with_history(b_store.connection, T0, clock.time_ms()).to_dict() == before
     await elector.resign()

@@ -158,6 +158,8 @@ def _print_one(r: dict[str, Any], source: str) -> None:
     print(f"evictions {r['evictions']}, spares used {r['spares_used']}, "
           f"without a spare {r['evictions_without_spare']}, "
           f"breaker trips {r['breaker_trips']}, refused {r['refused'] or 'none'}")  # fmt: skip
+    if r.get("repairs"):
+        print("repair ladder: " + ", ".join(f"{k} {v}" for k, v in sorted(r["repairs"].items())))
     print(f"({r['wall_s']:.1f} s of real time)")
 
 

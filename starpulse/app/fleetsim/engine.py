@@ -5,13 +5,17 @@ the controller takes, on a ``FakeClock``. A fault becomes condition changes fed 
 (``DecisionCore.feed``, with the rule ids, categories and actions of the rules file); the
 correlator groups them on the fabric into an incident (SQLite, as live); the healer decides
 it (policy, guards and breaker, the state machine, the spare pool, the scheduler's drain and
-requeue, the job registry, the repair ladder's first rung); a repair ends through the repair
-loop's own return (``RepairLoop.finish``: resume, spare or back in service, incident resolved).
+requeue, the job registry, the repair ladder: its rungs, their limits and the validation's checks
+are the policy's, each answer goes to the repair loop as its drive loop takes it
+(``RepairLoop.rung_result``, ``validation_failed``: the next rung, or RMA), and a repair ends
+through the repair loop's own return (``RepairLoop.finish``: resume, spare or back in service,
+incident resolved).
 The scheduler is the in-memory ``SimScheduler``: its placement decides whether a job restarts
 on a spare at once or waits for capacity.
 
-What is the simulator's: the fault process (Poisson, rates and causes from the mix), the repair
-durations (from the mix, sourced or labelled assumptions), and each job's time accounting
+What is the simulator's: the fault process (Poisson, rates and causes from the mix), the agents'
+times on each rung, which rung puts each cause right and the hardware repair times (from the
+mix's ``ladder:`` and causes, sourced or labelled assumptions), and each job's time accounting
 (checkpoint every Δt of compute taking w; a failure loses the work since the last complete
 checkpoint; a restart costs u0 once the job has its nodes). The clock jumps from event to
 event: nothing waits on real time, no gRPC, no agents.
@@ -43,7 +47,7 @@ from controller.metrics import ControllerMetrics
 from controller.query.fleet import fleet_report
 from controller.settings import ControllerConfig, HealSettings
 from controller.store import Store
-from starpulse.app.fleetsim.mix import Cause, Mix
+from starpulse.app.fleetsim.mix import FIXES, Cause, Mix
 from starpulse.core.clock import FakeClock
 from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
@@ -153,6 +157,7 @@ class SimResult:
     evictions_without_spare: int = 0
     breaker_trips: int = 0
     refused: Counter[str] = field(default_factory=Counter)
+    repairs: Counter[str] = field(default_factory=Counter)  # the ladder's outcomes: "after reboot", "retired"...
     report: dict[str, Any] = field(default_factory=dict)  # controller.query.fleet on the run's database
     db_bytes: int = 0
 
@@ -189,6 +194,7 @@ class SimResult:
             "evictions_without_spare": self.evictions_without_spare,
             "breaker_trips": self.breaker_trips,
             "refused": dict(self.refused),
+            "repairs": dict(self.repairs),
             "wall_s": self.wall_s,
             "db_bytes": self.db_bytes,
         }  # fmt: skip
@@ -275,6 +281,12 @@ class FleetSim:
         self._seq = 0
         self._publishes = 0
         self._open: dict[str, list[Condition]] = {}  # node -> its fault's conditions (to resolve at repair)
+        # the repair ladder played (the mix's ``ladder:``): what will put each node's fault right,
+        # its cause (the hardware repair's time), and the nodes put on a rung since last looked
+        self._fix: dict[str, str] = {}
+        self._cause_of: dict[str, Cause] = {}
+        self._entered: list[str] = []
+        self._fix_rng = random.Random(f"fixes-{settings.seed}")
         self.result = SimResult(settings, 0.0)
 
     # -- the event loop ---------------------------------------------------------------------------
@@ -310,6 +322,13 @@ class FleetSim:
                 self._restart(payload)
             elif kind == "breaker_reset":
                 self.healer.guards.breaker.reset("simulated-operator", "reset after a look (simulator)")
+            elif kind == "rung_done":
+                self._rung_done(*payload)
+            elif kind == "validated":
+                await self._validated(*payload)
+            elif kind == "validation_failed":
+                self._validation_failed(*payload)
+            self._start_entered()
         self._jump(end)
         self._finish(end, time.perf_counter() - started)
         return self.result
@@ -335,6 +354,7 @@ class FleetSim:
             return
         conditions = fault_conditions(self.fabric, self.rules, cause, fault.node, self.clock.time_ms())
         self._open[fault.node] = conditions
+        self._fix[fault.node], self._cause_of[fault.node] = self._draw_fix(cause), cause
         self.core.feed([ConditionChange("opened", c) for c in conditions])
         before, evictions = len(self.healer.decisions), len(self.healer.evictions)
         trips = len(self.healer.guards.breaker.log())
@@ -355,7 +375,7 @@ class FleetSim:
         if evicted:
             for job in jobs:
                 self._placed(job, done)
-            self._at(now + cause.repair_s, "repaired", (fault.node, cause.name))
+            self._repair_after(now, fault.node, cause, [e.node for e in evicted])
         else:
             refused = any(d["outcome"] not in ("alert_only", "already_out_of_service") for d in decided)
             delay = self.settings.manual_s if refused else 0.0  # a person takes the node out by hand
@@ -363,6 +383,18 @@ class FleetSim:
             for job in jobs:
                 self._schedule_restart(job, done + delay + self.jobs[job].spec.restart_overhead_s, reason)
             self._at(now + cause.repair_s, "resolve", fault.node)
+
+    def _repair_after(self, now: float, node: str, cause: Cause, evicted: list[str]) -> None:
+        """The evicted nodes' repair: the cause's repair time as a whole without a ladder in the mix;
+        with one, the nodes on a rung are played from there (``_start_entered``), and a node the
+        policy sent straight to RMA is out for the cause's hardware repair."""
+        if self.mix.ladder is None:
+            self._at(now + cause.repair_s, "repaired", (node, cause.name))
+            return
+        for out in evicted:
+            if self.healer.store.state(out) == S.RETIRED:
+                self.result.repairs["retired by the policy (RMA)"] += 1
+                self._at(now + cause.repair_s, "repaired", (out, cause.name))
 
     def _planned(self, node: str, now: float) -> None:
         """Planned maintenance: the job checkpoints first (nothing lost) and restarts."""
@@ -397,9 +429,12 @@ class FleetSim:
         self.core.detection.group()
         await self.healer.work_queued()
         assert self.healer.repairs is not None
-        self.healer.repairs.stop()  # its agent rounds are not simulated: the repair time comes from the mix
+        # its drive tasks do not run: the simulator plays the agents' round trips on the rungs itself
+        self.healer.repairs.stop()
         for node in self.healer.store.nodes_in(S.EVICTED):
-            self.healer.repairs.enter_rung(node)  # the drive loop's first step: onto the ladder's rung
+            # the drive loop's first step: onto the ladder's rung
+            if self.healer.repairs.enter_rung(node) is not None and self.mix.ladder is not None:
+                self._entered.append(node)
         self._publishes += 1
         if self._publishes % COMMAND_DRAIN_EVERY == 0:
             self._drain_commands()
@@ -429,16 +464,103 @@ class FleetSim:
         assert repairs is not None
         record = self.healer.store.record(node)
         if record.state == S.RETIRED:  # back from RMA: a person sends it through validation again
+            self.result.repairs["back from RMA"] += 1
             incident = self.core.detection.correlator.get(record.incident_id or "")
             self.healer.store.transition(node, S.REPAIRING, "back from RMA (simulated)", record.incident_id, "operator")
             if incident is not None:
                 repairs.begin(node, incident, None)
         await repairs.finish(node, f"simulated repair of {cause}")
+        await self._back(node)
+
+    async def _back(self, node: str) -> None:
+        """A node returned: the healer hears it, and jobs that waited for capacity may run."""
+        self._fix.pop(node, None)
         await self._publish()
         now = self.now_s()
         for name, job in self.jobs.items():
             if job.waiting_since is not None:
                 self._placed(name, now)
+
+    # -- the repair ladder's agent round trips (the mix's ``ladder:``) -----------------------------
+    def _draw_fix(self, cause: Cause) -> str:
+        """What will put this fault right (a rung, or the hardware repair after the ladder's end)."""
+        ladder = self.mix.ladder
+        if ladder is None:
+            return "hardware"
+        table = cause.fixed_by or ladder.default_fixed_by
+        return self._fix_rng.choices([f for f, _ in table], [p for _, p in table])[0]
+
+    def _start_entered(self) -> None:
+        while self._entered:
+            self._next_rung(self._entered.pop(0))
+
+    def _next_rung(self, node: str) -> None:
+        """The node is on a rung (or retired): schedule the agent's answer, as long as it takes."""
+        assert self.healer.repairs is not None and self.mix.ladder is not None
+        state = self.healer.store.state(node)
+        now = self.now_s()
+        cause = self._cause_of.get(node)
+        if state == S.RETIRED:  # the ladder's end: out for hardware repair (RMA) for the cause's time
+            self.result.repairs["retired (RMA)"] += 1
+            self._at(now + (cause.repair_s if cause else 0.0), "repaired", (node, cause.name if cause else "rma"))
+            return
+        rung = self.healer.repairs.current_rung(node) or "none"
+        if state == S.VALIDATING:  # rung "none": validate only
+            self._validate(node, rung)
+            return
+        if state != S.REPAIRING:
+            return
+        took = self.mix.ladder.rung_s.get(rung, 0.0)
+        limit = self.healer.repairs.policy.timeout_s(rung)
+        if took > limit:  # the agent does not answer within the rung's limit: the next rung
+            self._at(now + limit, "rung_done", (node, rung, False, f"no answer within {limit:g}s"))
+        else:
+            self._at(now + took, "rung_done", (node, rung, True, f"{rung} done in {took:g}s (simulated agent)"))
+
+    def _rung_done(self, node: str, rung: str, ok: bool, detail: str) -> None:
+        assert self.healer.repairs is not None
+        if self.healer.repairs.current_rung(node) != rung or not self.healer.repairs.rung_result(node, ok, detail):
+            return  # stale: the node moved on meanwhile
+        if ok:
+            self._validate(node, rung)
+        else:
+            self._next_rung(node)
+
+    def _validate(self, node: str, rung: str) -> None:
+        """The validation after ``rung``: it passes once the fault is put right (the rung reaches
+        what fixes it), taking the scan, the evidence's quiet time and each diagnostic's run; it
+        fails when the fault is still there once the scan's wait for it to clear runs out."""
+        assert self.healer.repairs is not None and self.mix.ladder is not None
+        ladder = self.mix.ladder
+        record = self.healer.repairs.repair(node)
+        v = self.healer.repairs.policy.validation(record.kind if record else "default")
+        now = self.now_s()
+        if FIXES.index(rung) >= FIXES.index(self._fix.get(node, "none")):
+            took = (ladder.scan_s if v.scan_clean else 0.0) + v.evidence_quiet_s
+            took += sum(ladder.diagnostic_s.get(d.name, d.timeout_s) for d in v.diagnostics)
+            self._at(now + took, "validated", (node, rung))
+        elif v.scan_clean:
+            why = f"the fault's conditions still active after {v.clear_within_s:g}s (simulated)"
+            self._at(now + v.clear_within_s, "validation_failed", (node, rung, "scan", why))
+        else:  # no scan: the fault shows again within the evidence's quiet time
+            why = "the fault came back (simulated)"
+            self._at(now + v.evidence_quiet_s, "validation_failed", (node, rung, "evidence_quiet", why))
+
+    async def _validated(self, node: str, rung: str) -> None:
+        repairs = self.healer.repairs
+        assert repairs is not None
+        if repairs.current_rung(node) != rung or self.healer.store.state(node) != S.VALIDATING:
+            return
+        await self._resolve(node)
+        if await repairs.finish(node, f"validated after {rung} (simulated)"):
+            self.result.repairs[f"returned after {rung}"] += 1
+        await self._back(node)
+
+    def _validation_failed(self, node: str, rung: str, step: str, why: str) -> None:
+        assert self.healer.repairs is not None
+        if self.healer.repairs.current_rung(node) != rung or not self.healer.repairs.validation_failed(node, step, why):
+            return
+        self._next_rung(node)
 
     # -- jobs -------------------------------------------------------------------------------------
     def _placed(self, name: str, now: float) -> None:

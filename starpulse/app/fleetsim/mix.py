@@ -14,6 +14,9 @@ from typing import Any
 import yaml
 
 COMPONENTS = ("gpu", "nic", "cable", "node")
+# What puts a fault right, in the repair ladder's order (controller/heal/ladder.py's rungs, then
+# the hardware repair after the ladder's end): a rung fixes every fault a lower one would.
+FIXES = ("none", "reset_gpu", "reboot", "hardware")
 
 
 class MixError(ValueError):
@@ -31,6 +34,23 @@ class Cause:
     component: str | None
     repair_s: float
     repair_source: str
+    fixed_by: tuple[tuple[str, float], ...] = ()  # (FIXES entry, probability); (): the ladder's default
+    fixed_by_source: str = ""
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """How the repair ladder's agent round trips go in the simulator (the mix's ``ladder:``).
+
+    The rungs, their order per incident kind, their time limits and the validation's checks are
+    the policy's (``--policy``); what is here is what the policy cannot say: how long an agent
+    takes for each, and which rung puts each cause right. Every value names its source."""
+
+    rung_s: dict[str, float]  # reset_gpu, reboot: how long the agent's round trip takes
+    scan_s: float  # after a repair that worked: until the node's reports show its conditions resolved
+    diagnostic_s: dict[str, float]  # a diagnostic's run time by name (absent: its policy limit)
+    default_fixed_by: tuple[tuple[str, float], ...]
+    sources: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,7 @@ class Mix:
     gpus: int
     causes: tuple[Cause, ...]
     planned: int  # planned interruptions over the same days and GPUs (restart only)
+    ladder: Ladder | None = None  # None: a repair takes the cause's repair time, the ladder not played
 
     @property
     def unplanned(self) -> int:
@@ -68,8 +89,56 @@ def load_mix(path: str | Path | None = None) -> Mix:
     planned = raw.get("planned") or {}
     count = planned.get("count", 0) if isinstance(planned, dict) else planned
     return Mix(
-        str(raw.get("source", where.name)), days, int(gpus), causes, int(_number(where, "planned.count", count, 0))
+        str(raw.get("source", where.name)),
+        days,
+        int(gpus),
+        causes,
+        int(_number(where, "planned.count", count, 0)),
+        _ladder(where, raw["ladder"]) if raw.get("ladder") is not None else None,
     )
+
+
+def _sourced(where: Path, key: str, raw: Any) -> tuple[float, str]:
+    """``{value: N, source: "..."}``: a duration in seconds and where it comes from."""
+    if not isinstance(raw, dict) or not raw.get("source"):
+        raise MixError(f"{where}: {key} must be a mapping with value and source (say where the number comes from)")
+    return _number(where, f"{key}.value", raw.get("value"), 0), str(raw["source"])
+
+
+def _fixed_by(where: Path, key: str, raw: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise MixError(f"{where}: {key} must map what fixes the fault ({', '.join(FIXES)}) to a probability")
+    out = []
+    for fix, p in raw.items():
+        if fix not in FIXES:
+            raise MixError(f"{where}: {key}.{fix}: not one of {', '.join(FIXES)}")
+        out.append((str(fix), _number(where, f"{key}.{fix}", p, 0)))
+    if abs(sum(p for _, p in out) - 1.0) > 1e-6:
+        raise MixError(
+            f"{where}: {key}: the probabilities must add up to 1 (they add up to {sum(p for _, p in out):g})"
+        )
+    return tuple(out)
+
+
+def _ladder(where: Path, raw: Any) -> Ladder:
+    if not isinstance(raw, dict):
+        raise MixError(f"{where}: ladder must be a mapping")
+    sources: dict[str, str] = {}
+    rung_s: dict[str, float] = {}
+    for rung in ("reset_gpu", "reboot"):
+        rung_s[rung], sources[rung] = _sourced(where, f"ladder.{rung}", raw.get(rung))
+    scan_s, sources["scan"] = _sourced(where, "ladder.scan", raw.get("scan"))
+    diagnostic_s: dict[str, float] = {}
+    diags = raw.get("diagnostics") or {}
+    if not isinstance(diags, dict):
+        raise MixError(f"{where}: ladder.diagnostics must map a diagnostic's name to its run time")
+    for name, value in diags.items():
+        diagnostic_s[str(name)], sources[f"diagnostic:{name}"] = _sourced(where, f"ladder.diagnostics.{name}", value)
+    if not raw.get("fixed_by_source"):
+        raise MixError(f"{where}: ladder.fixed_by_source is required: say where the repair outcomes come from")
+    sources["fixed_by"] = str(raw["fixed_by_source"])
+    default = _fixed_by(where, "ladder.fixed_by", raw.get("fixed_by"))
+    return Ladder(rung_s, scan_s, diagnostic_s, default, sources)
 
 
 def _number(where: Path, key: str, value: Any, minimum: float = 1e-9) -> float:
@@ -89,6 +158,8 @@ def _cause(where: Path, i: int, raw: Any) -> Cause:
         raise MixError(f"{where}: {key}.component must be one of {', '.join(COMPONENTS)} (got {component!r})")
     if not raw.get("repair_source"):
         raise MixError(f"{where}: {key}.repair_source is required: say where the repair time comes from")
+    if raw.get("fixed_by") is not None and not raw.get("fixed_by_source"):
+        raise MixError(f"{where}: {key}.fixed_by_source is required: say where the repair outcomes come from")
     return Cause(
         name=str(raw["name"]),
         cause=str(raw.get("cause", "other")),
@@ -97,4 +168,6 @@ def _cause(where: Path, i: int, raw: Any) -> Cause:
         component=component if rule is not None else None,
         repair_s=_number(where, f"{key}.repair_h", raw.get("repair_h"), 0) * 3600.0,
         repair_source=str(raw["repair_source"]),
+        fixed_by=_fixed_by(where, f"{key}.fixed_by", raw["fixed_by"]) if raw.get("fixed_by") is not None else (),
+        fixed_by_source=str(raw.get("fixed_by_source", "")),
     )

@@ -51,12 +51,18 @@ def _trace() -> list[Fault]:
 
 def _files(tmp_path: Path) -> tuple[Path, Path]:
     """The mix (repairs far beyond the trace: no node comes back in either run) and a policy whose
-    repair rungs wait a day for agents that never answer (the service's repair loop then waits too)."""
+    repair rungs wait a day for agents that never answer (the service's repair loop then waits too;
+    the simulator plays the same rungs with the same limits)."""
     mix = tmp_path / "mix.yaml"
     rows = [("xid79", "gpu", "gpu.xid.reboot", "gpu"), ("dbe", "hbm_ecc", "gpu.ecc_dbe", "gpu"),
             ("nic", "nic", "nic.port_down", "nic"), ("cable", "switch_cable", "switch.port_down", "cable")]  # fmt: skip
+    # the ladder played as the service's agents answer here: never (a rung's round trip outlasts
+    # its day-long limit, past the trace), so the rungs are entered in both runs and end in neither
+    ladder = "".join(f"  {r}: {{value: 172800, source: t}}\n" for r in ("reset_gpu", "reboot", "scan"))
     mix.write_text(
-        "source: replay test\ndays: 1\ngpus: 1000\ncauses:\n"
+        "source: replay test\ndays: 1\ngpus: 1000\n"
+        + f"ladder:\n{ladder}  fixed_by: {{reboot: 1}}\n  fixed_by_source: t\n"
+        + "causes:\n"
         + "".join(
             f"  - {{name: {n}, cause: {c}, count: 1, rule: {r}, component: {k}, repair_h: 1000, repair_source: t}}\n"
             for n, c, r, k in rows

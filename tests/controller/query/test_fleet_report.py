@@ -18,7 +18,7 @@ from controller.heal import repair
 from controller.heal.inservice import FleetServiceLedger, service_intervals
 from controller.heal.states import NodeHealState, RemediationStore
 from controller.jobs.registry import JobRegistry
-from controller.query.fleet import ReportSettings, cause_of, fleet_report
+from controller.query.fleet import JobFigures, ReportSettings, cause_of, fleet_report
 from controller.query.store import StoreQueries
 from controller.store import Store
 from starpulse.core.clock import FakeClock
@@ -261,3 +261,37 @@ def test_a_job_without_step_reports_gets_a_downtime_only_upper_bound(tmp_path: P
         assert job.ettr == pytest.approx(1 - 2 / 96)
     finally:
         store.close()
+
+
+def test_short_spans_place_downtime_and_redo_where_they_happen(history: History) -> None:
+    """The known history's fault (day 1, 00:00): down 30 min, then 30 min redoing the 900 steps lost.
+
+    Per span the lost time is counted where it falls: the redo after the first step of the run, the
+    interruption (its steps and its MTTR) once, in the span it started in. Spans summed give the
+    whole window's figures."""
+    store, _ = history
+    day1 = T0 + DAY_MS
+
+    def llm(since: int, until: int) -> JobFigures:
+        (job,) = fleet_report(store.connection, since, until).jobs
+        return job
+
+    first = llm(day1, day1 + 20 * 60_000)  # down all of it
+    assert (first.downtime_s, first.redo_s, first.interruptions, first.steps_lost) == (1200.0, 0.0, 1, 900)
+    assert first.ettr == 0.0
+    second = llm(day1 + 20 * 60_000, day1 + 40 * 60_000)  # 10 min down, then 10 min of redo
+    assert (second.downtime_s, second.redo_s, second.interruptions, second.steps_lost) == (600.0, 600.0, 0, 0)
+    assert second.ettr == 0.0
+    third = llm(day1 + 50 * 60_000, day1 + 80 * 60_000)  # the redo's last 10 min, then 20 productive
+    assert (third.downtime_s, third.redo_s) == (0.0, 600.0)
+    assert third.ettr == pytest.approx(2 / 3)
+    # hours that straddle midnight: the interruption counted once, its MTTR once
+    spans = [fleet_report(store.connection, T0 + h * HOUR_MS, T0 + (h + 1) * HOUR_MS) for h in range(22, 27)]
+    assert sum(j.interruptions for r in spans for j in r.jobs if j.job == "llm") == 1
+    assert sum(len(r.mttr_job_s) for r in spans) == 1
+    whole = llm(T0 + 22 * HOUR_MS, T0 + 27 * HOUR_MS)
+    assert sum(j.downtime_s + (j.redo_s or 0) for r in spans for j in r.jobs) == pytest.approx(
+        whole.downtime_s + (whole.redo_s or 0)
+    )
+    days = [llm(T0 + d * DAY_MS, T0 + (d + 1) * DAY_MS) for d in range(10)]
+    assert [round(d.ettr or -1.0, 6) for d in days] == [1.0, round(1 - 3600 / 86400, 6)] + [1.0] * 8
