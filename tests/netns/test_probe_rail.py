@@ -21,6 +21,7 @@ import pytest_asyncio
 
 from tests.netns.harness import sigterm_raises, sweep_stale
 from tests.netns.probe_rail import (
+    RTT_CEILING_US,
     TEST_LOCALISATION,
     TEST_RESOLVE_HOLD_S,
     RailRun,
@@ -74,6 +75,9 @@ async def test_loss_on_one_nic_cable_blames_that_nic(run: RailRun) -> None:
 
 
 async def test_a_slow_host_is_blamed_not_the_network(run: RailRun) -> None:
+    run.measure_baseline()  # the machine's load now, not at the module's start
+    if run.rtt_threshold_us >= RTT_CEILING_US:
+        pytest.skip(f"this machine's round trips are too slow to tell a slow host: {run.evidence()}")
     _, incidents = await run.detect(lambda r: r.rail.host_delay("node-002", r.host_delay_s), within_s=WITHIN_S)
     assert [c for _, c, _ in incidents] == ["node-002"], run.evidence()
 
