@@ -2,7 +2,8 @@
 and false incidents per hour of clean running, through the real decision core on a fake clock.
 
 Every node's results are drawn from its pushed plan by the simulated data plane
-(``agent.sim.probe_fabric``: ECMP by a hash of the flow, loss per crossing, delay), one window
+(``agent.sim.probe_fabric``: ECMP by a hash of the flow, loss per crossing, delay), each fault
+injected by its kind in the simulator's fault table (``agent.sim.faults``), one window
 per report (the agent's default ``window_s``, 10 s, reported every 5 s: each report carries the
 window that closed last); the controller's defaults decide. Detection time is from the fault's
 start to its incident opening, on the controller's clock.
@@ -19,7 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agent.sim.probe_fabric import SimProbeFabric
+from agent.sim.faults import FAULTS
+from agent.sim.probe_fabric import DataPlaneOnly, PlacedFault, SimProbeFabric
 from bench.common import quiet_logging, table, write_result
 from controller.core import DecisionCore
 from controller.detect.pipeline import DetectionConfig
@@ -88,33 +90,39 @@ class Fleet:
         self.store.close()
 
 
-CASES: list[tuple[str, str, str, str]] = [
-    # name, what to inject, its target, expected (kind, root cause)
-    ("leaf 1 % loss", "loss:0.01", "leaf-b1-r3", "switch_fault leaf-b1-r3"),
-    ("leaf 2 % loss", "loss:0.02", "leaf-b1-r3", "switch_fault leaf-b1-r3"),
-    ("leaf-spine cable 1 % loss", "loss:0.01", "leaf-b2-r1<->spine-5", "link_fault leaf-b2-r1<->spine-5"),
-    ("NIC cable 1 % loss", "loss:0.01", "node-010/nic-4", "nic_fault node-010/nic-4"),
-    ("leaf-spine cable +2 ms", "delay:0.002", "leaf-b0-r2<->spine-1", "link_fault leaf-b0-r2<->spine-1"),
-    ("host +2 ms", "delay:0.002", "node-033", "host_fault node-033"),
+CASES: list[tuple[str, str, str, dict[str, float], str]] = [
+    # name, the simulator's fault kind, its target and parameters, expected (kind, root cause)
+    ("leaf 1 % loss", "switch_silent_drop", "leaf-b1-r3", {"loss": 0.01}, "switch_fault leaf-b1-r3"),
+    ("leaf 2 % loss", "switch_silent_drop", "leaf-b1-r3", {"loss": 0.02}, "switch_fault leaf-b1-r3"),
+    (
+        "leaf-spine cable 1 % loss",
+        "link_loss",
+        "leaf-b2-r1<->spine-5",
+        {"loss": 0.01},
+        "link_fault leaf-b2-r1<->spine-5",
+    ),
+    ("NIC cable 1 % loss", "nic_cable_loss", "node-010/nic-4", {"loss": 0.01}, "nic_fault node-010/nic-4"),
+    (
+        "leaf-spine cable +2 ms",
+        "link_delay",
+        "leaf-b0-r2<->spine-1",
+        {"delay_ms": 2.0},
+        "link_fault leaf-b0-r2<->spine-1",
+    ),
+    ("host +2 ms", "host_net_delay", "node-033", {"delay_ms": 2.0}, "host_fault node-033"),
 ]
 
 
 def run(nodes: int, per_block: int, clean_hours: float, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "nodes_per_block": per_block}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, what, target, expected in CASES:
+        for case, (name, kind, target, params, expected) in enumerate(CASES):
             times, right = [], 0
             for r in range(repeats):
-                fleet = Fleet(
-                    Path(tmp), nodes, per_block, seed=r, name=f"case{CASES.index((name, what, target, expected))}"
-                )
+                fleet = Fleet(Path(tmp), nodes, per_block, seed=r, name=f"case{case}")
                 try:
                     fleet.run(60)  # clean start: every window full
-                    how, amount = what.split(":")
-                    if how == "loss":
-                        fleet.sim.inject_loss(target, float(amount))
-                    else:
-                        fleet.sim.inject_delay(target, float(amount))
+                    FAULTS[kind].inject(DataPlaneOnly(fleet.sim), PlacedFault(target, dict(params)))
                     took, found = fleet.first_incident(180)
                     if took is not None:
                         times.append(took)

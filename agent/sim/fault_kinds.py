@@ -23,6 +23,7 @@ from starpulse.core import vocab
 if TYPE_CHECKING:
     from agent.sim.fake_switch import FakeSwitch
     from agent.sim.parts import SimParts
+    from agent.sim.probe_fabric import SimProbeFabric
 
 # What a fault can be aimed at. The scenario format resolves a target to one of these on its
 # fabric ("node-004/gpu-2" is a gpu, "leaf-b0-r3:port-1" a port, "a<->b" a link).
@@ -193,6 +194,10 @@ class ClusterSurface(Protocol):
         """The switch's fake, locked against its agent's counter updates for the block."""
         ...
 
+    def data_plane(self) -> SimProbeFabric:
+        """The cluster's simulated rail data plane: what the agents' probes cross (the probe mesh's faults)."""
+        ...
+
 
 NodeAction = Callable[["SimParts", int, Params], None]
 ClusterAction = Callable[[ClusterSurface, Fault], None]
@@ -224,6 +229,7 @@ class FaultKind:
     of one ``target``. ``demo``: parameter sets the demo draws from (empty: not in the
     demo). ``answered_by_effect``: an incident that lists the target's node among the
     affected answers it (a straggler is found by its effect on the job, not at its GPU).
+    ``probed``: it acts on the simulated data plane alone, so only the probe mesh can see it.
     """
 
     name: str
@@ -237,6 +243,7 @@ class FaultKind:
     demo: tuple[Params, ...] = ()
     answered_by_effect: bool = False
     vendor: str | None = None  # the accelerator vendor its GPU must be (None: any; GPU kinds: "nvidia")
+    probed: bool = False  # only the probe mesh sees it (no counter, no port state): a scenario turns probing on
 
     @property
     def needs_vendor(self) -> str | None:

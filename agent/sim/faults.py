@@ -29,6 +29,7 @@ from agent.sim.fault_kinds import (
     UnknownFault,
     part_index,
 )
+from agent.sim.probe_fabric import component as probe_component
 
 if TYPE_CHECKING:
     from agent.sim.parts import SimParts
@@ -248,6 +249,39 @@ def _collective_stall_clear(c: ClusterSurface, f: Fault) -> None:
             sim.run_job(None)
 
 
+# -- cluster actions: the data plane the probe mesh crosses ----------------------------------
+
+
+def _probe_fault(what: str, param: str, scale: float) -> tuple[ClusterAction, ClusterAction]:
+    """Inject and clear of a fault the data plane alone shows: ``what`` ("loss" or "delay") of the
+    fault's ``param`` (times ``scale``) on the target's component. Counters and port states stay as
+    they were: only probes crossing the component are dropped or slowed. The first fault holding a
+    component's loss (or delay) sets it, the last one releasing it takes it away."""
+
+    def inject(c: ClusterSurface, f: Fault) -> None:
+        comp = probe_component(f.target)
+        if c.hold(("probe", what, comp)):
+            plane = c.data_plane()
+            value = float(f.params[param]) * scale
+            (plane.inject_loss if what == "loss" else plane.inject_delay)(comp, value)
+
+    def clear(c: ClusterSurface, f: Fault) -> None:
+        comp = probe_component(f.target)
+        if c.release(("probe", what, comp)):
+            plane = c.data_plane()
+            (plane.clear_loss if what == "loss" else plane.clear_delay)(comp)
+
+    return inject, clear
+
+
+def _loss_param(doc: str) -> Param:
+    return Param("loss", doc, integer=False, default=0.01, exclusive_minimum=True, maximum=0.5)
+
+
+def _delay_param(doc: str) -> Param:
+    return Param("delay_ms", doc, integer=False, default=1.0, exclusive_minimum=True, maximum=400.0)
+
+
 # -- the table --------------------------------------------------------------------------------
 
 _GPU = frozenset({"gpu"})
@@ -458,6 +492,56 @@ FAULTS: Final[FaultTable] = FaultTable(
             params=(Param("job", "the Slurm job id of the ranks", default=4242, minimum=1),),
             cluster=OnCluster(_collective_stall, _collective_stall_clear),
             many=True,
+        ),
+        FaultKind(
+            "switch_silent_drop",
+            "A switch drops a share of what crosses it without counting it: its counters and ports look"
+            " clean, only probes through it are lost (seen by the probe mesh alone).",
+            frozenset({"switch"}),
+            ("switch_fault",),
+            params=(_loss_param("share of packets lost at each crossing (0.01: 1 %)"),),
+            cluster=OnCluster(*_probe_fault("loss", "loss", 1.0)),
+            probed=True,
+        ),
+        FaultKind(
+            "link_loss",
+            "A cable loses a share of its packets without an error counted (a leaf-spine cable: the flows"
+            " ECMP puts on it; a NIC's cable: that NIC's probes); seen by the probe mesh alone.",
+            frozenset({"link"}),
+            ("link_fault", "nic_fault"),
+            params=(_loss_param("share of packets lost at each crossing (0.01: 1 %)"),),
+            cluster=OnCluster(*_probe_fault("loss", "loss", 1.0)),
+            probed=True,
+        ),
+        FaultKind(
+            "link_delay",
+            "A cable adds delay to every round trip over it (a leaf-spine cable: the flows ECMP puts on it);"
+            " seen by the probe mesh alone.",
+            frozenset({"link"}),
+            ("link_fault", "nic_fault"),
+            params=(_delay_param("round-trip milliseconds added"),),
+            cluster=OnCluster(*_probe_fault("delay", "delay_ms", 1e-3)),
+            probed=True,
+        ),
+        FaultKind(
+            "host_net_delay",
+            "The host is slow to move packets (a busy CPU, a stuck softirq): every probe to or from it comes"
+            " back late, whatever path it took; a host fault, not the network's.",
+            frozenset({"node"}),
+            ("host_fault",),
+            params=(_delay_param("round-trip milliseconds added to every probe it sends or answers"),),
+            cluster=OnCluster(*_probe_fault("delay", "delay_ms", 1e-3)),
+            probed=True,
+        ),
+        FaultKind(
+            "nic_cable_loss",
+            "The NIC's cable (or transceiver) loses a share of its packets with no error counted: that NIC's"
+            " probes are lost, every other NIC under its leaf is clean.",
+            frozenset({"nic"}),
+            ("nic_fault",),
+            params=(_loss_param("share of packets lost at each crossing (0.01: 1 %)"),),
+            cluster=OnCluster(*_probe_fault("loss", "loss", 1.0)),
+            probed=True,
         ),
         FaultKind(
             "partition",

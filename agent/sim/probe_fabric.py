@@ -4,7 +4,9 @@ Given the wiring (a NIC's leaf, a leaf's spines: callables, so the simulator nee
 the controller) and the faults injected (silent drop on a switch, loss or delay on a cable,
 loss on a NIC's cable, a slow host), it says what happens to one flow: the spine its ECMP hash
 picks (crc32 of its addresses and source port, as a switch hashes the 5-tuple), whether a
-probe is lost, and how much later it comes back. ``fate`` is the prober's seam
+probe is lost, and how much later it comes back. The simulator's fault table puts its probe mesh
+kinds here (``switch_silent_drop``, ``link_loss``, ``link_delay``, ``host_net_delay``,
+``nic_cable_loss``: ``agent.sim.faults``). ``fate`` is the prober's seam
 (``agent.probe.prober.FateOf``) for real agents over loopback; ``window_results`` draws a
 window's results statistically, for runs on a fake clock and for benches.
 """
@@ -12,11 +14,14 @@ window's results statistically, for runs on a fake clock and for benches.
 from __future__ import annotations
 
 import random
+import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from agent.probe.prober import PathFate
+from agent.probe.prober import PathFate, Prober
+from agent.sim.fault_kinds import UnknownFault
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
 
@@ -39,6 +44,12 @@ class SimProbeFabric:
 
     def inject_delay(self, component: str, seconds: float) -> None:
         self.delay_s[_canon(component)] = seconds
+
+    def clear_loss(self, component: str) -> None:
+        self.loss.pop(_canon(component), None)
+
+    def clear_delay(self, component: str) -> None:
+        self.delay_s.pop(_canon(component), None)
 
     def clear(self, component: str | None = None) -> None:
         if component is None:
@@ -125,6 +136,67 @@ class SimProbeFabric:
         return out
 
 
+class DrawnProber(Prober):
+    """An agent's prober whose windows are drawn from the simulated data plane, not sent.
+
+    Every ``window_s`` of its plan (on the real clock the agent reports on) it hands the agent
+    the results that window would have had (``SimProbeFabric.window_results``: per flow, its
+    probes lost with the probability of the faults on its path, its spine, its delay), in the
+    report's own ``probe_results``, as the UDP prober does. No sockets and no thread: a cluster
+    of dozens of simulated nodes in one process probes at the controller's own thresholds
+    (500 us), which one process's scheduling noise would cross with real round trips.
+    """
+
+    def __init__(
+        self, data_plane: SimProbeFabric, seed: int | None = None, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(fate=data_plane.fate, seed=seed)
+        self.data_plane = data_plane
+        self._draw = random.Random(seed)
+        self._now = now
+        self._next_window = 0.0
+
+    def apply(self, plan: spb.ProbePlan) -> None:
+        """A newer plan: its first window starts now (an older or equal version is ignored)."""
+        with self._lock:
+            if plan.version and plan.version <= self.plan.version:
+                return
+            self.plan = plan
+            self._next_window = self._now() + max(1, plan.window_s)
+
+    def start(self) -> None:
+        """Nothing to start: windows are drawn when the agent asks for them."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def take_results(self) -> list[tpb.ProbeResult]:
+        """Every window of the plan that closed since the last call, drawn."""
+        with self._lock:
+            plan = self.plan
+            if not plan.targets or plan.paused:
+                return []
+            out: list[tpb.ProbeResult] = []
+            span = max(1, plan.window_s)
+            while self._now() >= self._next_window:
+                window = self.data_plane.window_results(plan, self._draw)
+                self.sent_total += sum(r.sent for r in window)
+                self.answered_total += sum(r.sent - r.lost for r in window)
+                out.extend(window)
+                self._next_window += span
+            return out
+
+
+def component(target: str) -> str:
+    """Where a fault on a scenario target acts on this data plane: a switch, node or NIC by its name, a
+    leaf-spine cable by its two ends in a stable order, a NIC's cable (``nic<->leaf``) as the NIC."""
+    if LINK not in target:
+        return target
+    a, _, b = target.partition(LINK)
+    nic = a if "/nic-" in a else b if "/nic-" in b else None
+    return nic if nic is not None else _canon(target)
+
+
 def _canon(component: str) -> str:
     """A cable's two ends in a stable order, whichever way it was named."""
     if LINK not in component:
@@ -139,3 +211,43 @@ def _canon(component: str) -> str:
 
     first, second = sorted((a, b), key=rank)
     return f"{first}{LINK}{second}"
+
+
+@dataclass
+class PlacedFault:
+    """A fault placed on one target (``agent.sim.fault_kinds.Fault``) without a scenario file."""
+
+    target: str
+    params: dict[str, Any] = field(default_factory=dict)
+    targets: Sequence[str] = ()
+
+
+class DataPlaneOnly:
+    """The fault table's cluster surface with only a data plane behind it (no nodes, switches or agents):
+    the probe mesh's kinds on a fake-clock fleet (``bench.probe_mesh``). Anything else is refused."""
+
+    def __init__(self, plane: SimProbeFabric) -> None:
+        self.plane = plane
+        self._held: dict[Hashable, int] = {}
+
+    def data_plane(self) -> SimProbeFabric:
+        return self.plane
+
+    def hold(self, what: Hashable) -> bool:
+        self._held[what] = self._held.get(what, 0) + 1
+        return self._held[what] == 1
+
+    def release(self, what: Hashable) -> bool:
+        left = self._held.get(what, 0) - 1
+        if left < 0:
+            return False
+        if left == 0:
+            del self._held[what]
+        else:
+            self._held[what] = left
+        return left == 0
+
+    def _refuse(self, *args: object) -> Any:
+        raise UnknownFault("only the probe mesh's fault kinds act on a data plane alone")
+
+    shape = node = cut_cables = mend_cables = silence = unsilence = halt = revive = switch_port = switch = _refuse

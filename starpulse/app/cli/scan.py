@@ -108,6 +108,12 @@ def _inject(sim: Any, spec: str) -> None:
 
     name, _, index = spec.partition(":")
     kind = FAULTS.get(name)
+    if kind is not None and kind.node is None:  # a known kind, but of the fabric or the cluster
+        where = "the probes' data plane" if kind.probed else "a cluster"
+        raise ExpectError(
+            f"--sim-fault {spec}: {name} acts on {where}, not on one node:"
+            " put it in a scenario (starpulse scenario run)"
+        )
     if kind is None or kind.node is None:
         known = ", ".join(k.name for k in FAULTS if k.node is not None)
         raise ExpectError(f"--sim-fault {spec}: unknown node fault {name!r} (known: {known})")

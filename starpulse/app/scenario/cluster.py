@@ -11,6 +11,12 @@ a switch port): taking it down downs every end it has, each end is down while an
 holds it, so overlapping faults (a NIC down inside a dead leaf) clear correctly. A dead
 switch goes silent and its *peers* see their ends go down; its own tables are left
 alone, since a dead switch reports nothing about itself.
+
+Probes cross a simulated data plane (``SimProbeFabric``): every node's agent takes the
+controller's probe plan on its stream and reports each window's results in its reports, drawn
+per flow from the data plane (``DrawnProber``: the spine its ECMP hash picks, its probes lost
+or delayed by the faults on its path). The probe mesh's fault kinds (silent drop, a lossy or
+slow cable, a slow host, a lossy NIC cable) act there alone: no counter or port state shows them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import json
 import shutil
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +41,7 @@ from agent.runtime import Agent, AgentConfig
 from agent.sim.fake_switch import FakeSwitch
 from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
+from agent.sim.probe_fabric import DrawnProber, SimProbeFabric
 from controller.fabric import Fabric
 from starpulse.app.scenario.spec import FaultSpec, Scenario, switch_port, switch_port_count, target_kind
 from starpulse.v1 import inventory_pb2 as ipb
@@ -172,7 +180,10 @@ class SimCluster:
         *,
         lldp_interval_s: float | None = None,
         keep_files: bool = False,
+        probe_clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``probe_clock``: when the agents' probe windows close (the controller's fake clock in a
+        test that drives it; the agents themselves report on real time)."""
         if isinstance(scenario_or_fabric, Scenario):
             self.scenario: Scenario | None = scenario_or_fabric
             self.fabric = scenario_or_fabric.build_fabric()
@@ -186,6 +197,7 @@ class SimCluster:
         self.controller_target = controller_target
         self.root = Path(workdir) / "simcluster"
         self.keep_files = keep_files
+        self._probe_clock = probe_clock
         self.agents: dict[str, Agent] = {}
         self.sims: dict[str, SimNode] = {}
         self.switches: dict[str, FakeSwitch] = {}
@@ -193,6 +205,7 @@ class SimCluster:
         self._redis: dict[str, _FakeRedisFactory] = {}
         self._members: dict[str, _Member] = {}
         self._holds = _Holds()
+        self.data_plane = SimProbeFabric(self.fabric.leaf_of, self.fabric.spines_of)
         self._pending: set[asyncio.Task[None]] = set()
         self._started = False
         self._stopped = False
@@ -242,10 +255,15 @@ class SimCluster:
         return build_agent(
             self._config(node, ipb.NODE_ROLE_COMPUTE),
             "sim",
+            # its probe windows: idle until the controller plans a mesh
+            prober=DrawnProber(self.data_plane, seed=self._seed(node), now=self._probe_clock),
             sim=self.sims[node],
             lldp_runner=lambda _argv: self._lldp_json(node),
             lldp_interval_s=self.lldp_interval_s,
         )
+
+    def _seed(self, node: str) -> int:
+        return self.fabric.nodes().index(node)
 
     def _build_switch(self, switch: str) -> None:
         factory = _FakeRedisFactory()
@@ -513,6 +531,9 @@ class _FaultScope:
         if end is None:
             raise ValueError(f"{target} is not cabled to a switch")
         return end
+
+    def data_plane(self) -> SimProbeFabric:
+        return self._c.data_plane
 
     @contextlib.contextmanager
     def switch(self, name: str) -> Iterator[FakeSwitch]:

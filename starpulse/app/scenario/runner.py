@@ -22,6 +22,8 @@ from controller.detect.correlate import CorrelationConfig
 from controller.detect.failslow import FailSlowConfig
 from controller.detect.model import Incident
 from controller.detect.pipeline import DetectionConfig
+from controller.fabric import Fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig
 from controller.heal.scheduler.sim import SimScheduler
@@ -81,7 +83,7 @@ def _matches(fault: FaultSpec, rec: IncidentRecord) -> bool:
         return False
     if fault.targets:  # several targets (a partition): an incident that touches any of them
         return bool(set(fault.targets) & set(inc.affected_nodes))
-    target = fault.target
+    target = _canonical(fault.target)
     node = target.split("/", 1)[0]
     if inc.root_cause == target or target in inc.root_cause:
         return True
@@ -90,6 +92,31 @@ def _matches(fault: FaultSpec, rec: IncidentRecord) -> bool:
     if inc.kind in ("node_fault", "node_down", "straggler") and inc.root_cause == node:
         return True
     return kind.answered_by_effect and node in inc.affected_nodes
+
+
+def _canonical(target: str) -> str:
+    """A cable as the controller names it (lower tier first), whichever way the scenario wrote it."""
+    try:
+        a, b = Fabric.link_ends(target)
+    except ValueError:
+        return target
+    nic_or_leaf = sorted((a, b), key=lambda end: 0 if "/nic-" in end else 1 if end.startswith("leaf") else 2)
+    return "<->".join(nic_or_leaf)
+
+
+def probe_settings(scenario: Scenario) -> ProbeConfig:
+    """The probe mesh of a scenario run: the controller's defaults (thresholds, persistence), its
+    windows sped up to the run (a scenario is seconds long, not hours): each agent's window is two
+    report intervals, localisation reads ten, and each NIC probes at 50/s so a window of ten
+    intervals holds as many probes as the default 20/s does over its 30 s."""
+    interval = scenario.interval_s
+    return ProbeConfig(
+        enabled=scenario.probes,
+        packets_per_s_per_nic=50.0,
+        window_s=max(1, round(2 * interval)),
+        replan_min_s=0.0,
+        localise_window_s=max(10 * interval, 5.0),
+    )
 
 
 def build_verdict(scenario: Scenario, recorder: Recorder, injected: dict[int, float]) -> dict[str, Any]:
@@ -140,10 +167,15 @@ def check_expectations(scenario: Scenario, verdict: dict[str, Any]) -> dict[str,
     if expect is not None:
         seen = verdict["incidents"]
         for want in expect.incidents:
-            if not any(
-                i["kind"] == want.kind and (want.root_cause is None or i["root_cause"] == want.root_cause) for i in seen
-            ):
+            found = [
+                i
+                for i in seen
+                if i["kind"] == want.kind and (want.root_cause is None or i["root_cause"] == want.root_cause)
+            ]
+            if not found:
                 failures.append(f"no {want.kind} incident blaming {want.root_cause or 'anything'}")
+            elif want.resolved and all(i["resolved_at_s"] is None for i in found):
+                failures.append(f"the {want.kind} incident blaming {want.root_cause or 'anything'} never resolved")
         for kind in expect.forbid_kinds:
             bad = [i["id"] for i in seen if i["kind"] == kind]
             if bad:
@@ -191,6 +223,7 @@ async def _run(scenario: Scenario, workdir: Path) -> dict[str, Any]:
                     window_s=max(10 * interval, 5.0), min_samples=4, persist_evaluations=2, sample_every_s=0
                 ),  # a window of ~10 reports: every one is a sample
                 failslow_every_s=max(2 * interval, 1.0),
+                probes=probe_settings(scenario),
             ),
             # A hang without the job library: the signature over ~8 reports (a minute at 5 s)
             stall=StallConfig(window_s=max(8 * interval, 4.0)),

@@ -26,6 +26,11 @@ Fault kinds, whom each targets and their parameters (``xid``, ``factor``, ``coun
 are the simulator's fault table (``agent.sim.faults.FAULTS``); this module checks a
 file against it and against the fabric.
 
+Probes: ``probes: true`` runs the probe mesh (every node's agent reports the results of its
+plan's probes, drawn from the cluster's simulated data plane); it is on by itself when a fault only
+probes can see is in the file (``switch_silent_drop``, ``link_loss``, ``link_delay``,
+``host_net_delay``, ``nic_cable_loss``), and ``probes: false`` beside one is an error.
+
 Vendors: ``vendors: [nvidia, amd, ascend]`` gives block b of nodes the accelerators of entry
 ``b % len(vendors)`` (default all NVIDIA); a vendor's own fault kinds (``amd_*``, ``ascend_*``)
 and NVIDIA's GPU kinds are refused on a node of another vendor.
@@ -103,6 +108,9 @@ class FaultSpec:
 class ExpectedIncident:
     kind: str = field(metadata=meta("An incident kind", choices=tuple(sorted(INCIDENT_KINDS))))
     root_cause: str | None = setting(None, "A fabric component, or job:NAME for a job_hang; null: any root cause")
+    resolved: bool | None = setting(
+        None, "true: it must also resolve before the run ends (its fault cleared); null: not checked"
+    )
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,11 @@ class ScenarioFile:
         ["nvidia"], "Accelerator vendor per block, repeating", choices=SIM_VENDORS, nonempty=True
     )
     guards: GuardLimits = field(default_factory=GuardLimits, metadata=meta("Healer guard limits"))
+    probes: bool | None = setting(
+        None,
+        "Run the probe mesh (agents report their plan's probes, drawn from the simulated data plane);"
+        " null: on when a fault needs it (switch_silent_drop, link_loss, link_delay, host_net_delay, nic_cable_loss)",
+    )
     jobs: list[JobSpec] | None = setting([], "Training jobs")
     faults: list[dict[str, Any]] = setting([], "Faults on the timeline (keys: the fault table's)")
     expect: Expectations = field(default_factory=Expectations, metadata=meta("What the run must show"))
@@ -161,6 +174,8 @@ class Scenario:
     # Healer guard limits other than their defaults (a scenario that heals several nodes at once):
     # max_evictions_per_window (an integer), max_fleet_share (a share of the fleet, (0, 1]).
     guards: dict[str, float] = field(default_factory=dict)
+    # The probe mesh runs (a fault only probes see is in the file, or the file says ``probes: true``).
+    probes: bool = False
     _fabric: Fabric | None = field(default=None, repr=False, compare=False)
 
     def build_fabric(self) -> Fabric:
@@ -277,6 +292,7 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
             reading.errors.extend(exc.errors)
             continue
         _check_vendor(reading, scenario, i)
+    _check_probes(reading, scenario, f.probes)
     if scenario.expect is not None:
         _check_expect(reading, scenario.expect, fabric)
     if reading.errors:
@@ -292,6 +308,15 @@ def _check_jobs(reading: Reading, scenario: Scenario, regular_nodes: int) -> Non
         seen.add(job.name)
         if job.nodes > regular_nodes:
             reading.err(f"jobs[{i}].nodes", f"{job.nodes} nodes but the fabric has {regular_nodes} non-spare nodes")
+
+
+def _check_probes(reading: Reading, scenario: Scenario, asked: bool | None) -> None:
+    """Whether the probe mesh runs; a fault only probes see in a file that turns them off is an error."""
+    probed = [i for i, fault in enumerate(scenario.faults) if FAULTS[fault.kind].probed]
+    if asked is False and probed:
+        i = probed[0]
+        reading.err(f"faults[{i}].kind", f"{scenario.faults[i].kind} is seen only by probes, and `probes` is false")
+    scenario.probes = bool(probed) if asked is None else asked
 
 
 def _check_vendor(reading: Reading, scenario: Scenario, i: int) -> None:

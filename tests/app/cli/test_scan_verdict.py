@@ -147,10 +147,16 @@ def test_healthy_sim_node_is_0_and_a_pending_row_remap_is_1() -> None:
 
 @pytest.mark.parametrize(
     ("fault", "says"),
-    [("gpu_lost:99", "gpu-99"), ("gpu_xid:2", "xid: is required")],
+    [
+        ("gpu_lost:99", "gpu-99"),
+        ("gpu_xid:2", "xid: is required"),
+        ("nic_cable_loss:1", "nic_cable_loss acts on the probes' data plane, not on one node: put it in a scenario"),
+        ("switch_down", "switch_down acts on a cluster, not on one node"),
+    ],
 )
 def test_sim_fault_the_node_cannot_take_is_one_line(fault: str, says: str) -> None:
-    """A part the node lacks, or a kind whose parameter has no default: one line, exit 2, no traceback."""
+    """A part the node lacks, a kind whose parameter has no default, or a kind of the fabric (the probe
+    mesh's data plane, a switch): one line, exit 2, no traceback."""
     out = subprocess.run(
         [*STARPULSE, "scan", "--backend", "sim", "--sim-fault", fault], capture_output=True, text=True, check=False
     )

@@ -57,7 +57,8 @@ def one_fault(kind: FaultKind, shape: str, **params: Any) -> dict[str, Any]:
 
 
 def cluster_view(cluster: SimCluster) -> View:
-    """All the cluster's hardware, each node's LLDP, and whether each agent is cut off or stopped."""
+    """All the cluster's hardware, each node's LLDP, whether each agent is cut off or stopped, and
+    what the simulated data plane does to probes (the probe mesh's kinds show only there)."""
     view: View = {}
     for name, sim in cluster.sims.items():
         view |= node_view(sim, f"{name}/")
@@ -66,6 +67,7 @@ def cluster_view(cluster: SimCluster) -> View:
         view |= switch_view(switch, f"{name}/")
     for name, member in cluster._members.items():
         view[f"agent/{name}"] = (member.agent.link._blocked, member.stop.is_set())
+    view["data_plane"] = (dict(cluster.data_plane.loss), dict(cluster.data_plane.delay_s))  # what probes cross
     return view
 
 
