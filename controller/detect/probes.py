@@ -128,41 +128,6 @@ class _Sums:
         return worst
 
 
-LEAF_DECIDE_LOST = 8.0  # losses the leaf's rate must predict among its own pairs before "none came" tells
-LEAF_WAIT = 3  # localisations a leaf's blame waits for its own pairs to tell, then the plain share decides
-
-
-def leaf_or_above(b: Blame, sent: int, bad: int, loss_threshold: float, waited: int) -> str | None:
-    """Whether a leaf blamed for what probes through it show lost them itself ("leaf") or above
-    it ("path": an uplink), from its same-leaf pairs (``sent`` and ``bad`` over the window); None
-    while they cannot tell yet.
-
-    A leaf that drops does so on its same-leaf probes at about the rate it drops the others
-    (both cross it there and back); a lossy uplink leaves them clean. But a leaf's ring is a
-    few pairs against the many that cross it to other leaves: just after a fault starts (or on
-    a small ring) the leaf's own rate predicts one or two losses among them, and none is no
-    evidence of an uplink (a leaf at 5 % was named a path fault on a loaded test machine: the
-    race in ``tests/e2e/test_probe_mesh.py``). So "clean" needs the rate to predict at least
-    ``LEAF_DECIDE_LOST`` losses there and at most a quarter of them to have come (Poisson(8)
-    <= 2: 1.4 %); short of that the blame waits, at most ``LEAF_WAIT`` localisations, then the
-    plain share (under half the loss threshold) decides as before. Fewer than 50 same-leaf
-    probes (no ring: a leaf with few NICs) cannot tell at all: the leaf. Delay counts answered
-    pairs and slow ones: the plain share decides."""
-    if sent < 50:
-        return "leaf"
-    clean = bad / sent < loss_threshold / 2
-    if b.what != "loss":
-        return "path" if clean else "leaf"
-    expected = sent * b.rate
-    if bad * 4 > expected:
-        return "leaf"
-    if expected >= LEAF_DECIDE_LOST:
-        return "path"
-    if waited < LEAF_WAIT:
-        return None
-    return "path" if clean else "leaf"
-
-
 class ProbeLocaliser:
     """Holds the window's observations and turns them into conditions (see the module docstring).
 
@@ -212,7 +177,6 @@ class ProbeLocaliser:
         self._excluded: set[tuple[str, str, str]] = set()
         self._health: dict[str, dict[str, Any]] | None = None
         self._switch_addresses: dict[str, str] | None = None  # a traced flow's spine address -> its name
-        self._undecided: dict[str, int] = {}  # leaf -> localisations in a row its pairs could not tell
 
     @property
     def health(self) -> dict[str, dict[str, Any]]:
@@ -367,22 +331,12 @@ class ProbeLocaliser:
         self._excluded = self._excluded_keys(horizon)
         bad = [p for key in self._bad if key not in self._excluded and (p := self._path(key)) is not None]
         if not bad:
-            self._undecided = {}
             return []  # a clean fabric costs the hosts' check
         blames = self._vote(bad, "loss", set())
         explained = {b.component for b in blames}
         slow = [p for p in bad if not explained.intersection(p.comps)]
         blames += self._vote(slow, "delay", explained)
-        out: list[Blame] = []
-        undecided: dict[str, int] = {}
-        for b in blames:
-            placed = self._uplink_or_leaf(b)
-            if placed is None:  # its same-leaf pairs cannot tell yet: not named this time
-                undecided[b.component] = self._undecided.get(b.component, 0) + 1
-            else:
-                out.append(placed)
-        self._undecided = undecided
-        return out
+        return [self._uplink_or_leaf(b) for b in blames]
 
     def _excluded_keys(self, horizon: int) -> set[tuple[str, str, str]]:
         """Keys with a host whose results do not count now (offline, reconnected, gone quiet)."""
@@ -592,9 +546,8 @@ class ProbeLocaliser:
             return "link"
         return self.fabric.kind(name)
 
-    def _uplink_or_leaf(self, b: Blame) -> Blame | None:
-        """A leaf whose same-leaf pairs are clean lost its probes above it: an untraced uplink
-        (``leaf_or_above``; None: they cannot tell yet)."""
+    def _uplink_or_leaf(self, b: Blame) -> Blame:
+        """A leaf whose same-leaf pairs are clean lost its probes above it: an untraced uplink."""
         if b.kind != "leaf":
             return b
         sent = bad = 0
@@ -608,10 +561,7 @@ class ProbeLocaliser:
             elif s.answered:
                 sent += 1
                 bad += 1 if s.slow else 0
-        placed = leaf_or_above(b, sent, bad, self.config.loss_threshold, self._undecided.get(b.component, 0))
-        if placed is None:
-            return None
-        if placed == "path":
+        if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
             b.kind = "path"
             return self._traced_uplink(b) if b.what == "loss" else b
         return b

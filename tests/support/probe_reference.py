@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from controller.detect.probes import Blame, ProbeObs, leaf_or_above
+from controller.detect.probes import Blame, ProbeObs
 from controller.fabric.model import Fabric
 from controller.fabric.probeplan import ProbeConfig
 from starpulse.core.clock import Clock
@@ -57,7 +57,6 @@ class ReferenceLocaliser:
         self._spreads: dict[tuple[str, str], tuple[tuple[str, float], ...]] = {}  # leaf pair -> shares
         self._last_run = clock.monotonic()
         self.last_blames: list[Blame] = []
-        self._undecided: dict[str, int] = {}  # leaf -> localisations in a row its pairs could not tell
         # Every probed component's health over the last window (the dashboard's colours, the
         # CLI's worst links): kind, sent, lost, loss share, the worst network p99 through it.
         self.health: dict[str, dict[str, Any]] = {}
@@ -96,16 +95,7 @@ class ReferenceLocaliser:
         explained = {b.component for b in blames}
         slow = [p for p in paths if not explained.intersection(p.comps)]
         blames += self._vote(slow, "delay")
-        out: list[Blame] = []
-        undecided: dict[str, int] = {}
-        for b in blames:
-            placed = self._uplink_or_leaf(b, paths)
-            if placed is None:
-                undecided[b.component] = self._undecided.get(b.component, 0) + 1
-            else:
-                out.append(placed)
-        self._undecided = undecided
-        return out
+        return [self._uplink_or_leaf(b, paths) for b in blames]
 
     def _paths(self, horizon: int) -> list[_Path]:
         """One path per (local NIC, peer NIC, spine) with its window's results summed."""
@@ -304,7 +294,7 @@ class ReferenceLocaliser:
             return "link"
         return self.fabric.kind(name)
 
-    def _uplink_or_leaf(self, b: Blame, paths: list[_Path]) -> Blame | None:
+    def _uplink_or_leaf(self, b: Blame, paths: list[_Path]) -> Blame:
         """A leaf whose same-leaf pairs are clean lost its probes above it: an untraced uplink."""
         if b.kind != "leaf":
             return b
@@ -315,9 +305,6 @@ class ReferenceLocaliser:
         else:
             bad = sum(self._badness(o, "delay")[0] for o in inside)
             sent = sum(self._badness(o, "delay")[1] for o in inside)
-        placed = leaf_or_above(b, sent, bad, self.config.loss_threshold, self._undecided.get(b.component, 0))
-        if placed is None:
-            return None
-        if placed == "path":
+        if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
             b.kind = "path"
         return b
