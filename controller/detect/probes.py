@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import structlog
@@ -156,14 +156,12 @@ class ProbeLocaliser:
         *,
         clock: Clock,
         node_ok: Callable[[str, int], bool] = lambda node, since_ms: True,
-        every_s: float = 5.0,
     ) -> None:
         """``node_ok(node, since_ms)``: the node is online and was connected before ``since_ms``."""
         self.fabric = fabric
         self.config = config
         self.clock = clock
         self.node_ok = node_ok
-        self.every_s = every_s
         # (local NIC, peer NIC, via) -> its window's results (received ms, result) and their sums
         self._window: dict[tuple[str, str, str], _Sums] = {}
         self._arrivals: deque[tuple[int, tuple[str, str, str]]] = deque()  # every result, oldest first
@@ -346,6 +344,21 @@ class ProbeLocaliser:
         for t, p99, comps in answered:
             self._push_worst(dict.fromkeys(comps, p99), t)
 
+    def set_rtt_threshold(self, threshold_us: float) -> None:
+        """A new delay threshold while running (a settings reload; the rail lab sets one from its
+        own measured round trips): the window's slow counts are recounted against it, so what
+        ages out later is taken out as it was counted."""
+        if threshold_us <= 0:
+            raise ValueError(f"rtt_threshold_us must be > 0, not {threshold_us}")
+        self.config = replace(self.config, rtt_threshold_us=threshold_us)
+        for key, s in self._window.items():
+            s.slow = sum(1 for _, o in s.results if o.sent > o.lost and o.rtt_p99_us >= threshold_us)
+            if s.lost > 0 or s.slow > 0:
+                self._bad[key] = None
+            else:
+                self._bad.pop(key, None)
+        self._health = None
+
     def forget_paths(self) -> None:
         """The fabric's wiring changed: paths are worked out again."""
         self._comps.clear()
@@ -355,7 +368,7 @@ class ProbeLocaliser:
 
     def due(self) -> bool:
         now = self.clock.monotonic()
-        if now - self._last_run < self.every_s:
+        if now - self._last_run < self.config.localise_every_s:
             return False
         self._last_run = now
         return True

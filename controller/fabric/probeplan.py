@@ -79,6 +79,12 @@ class ProbeConfig:
     localise_window_s: float = setting(
         30.0, "Seconds of results localisation reads (R-Pingmesh's aggregation window)", gt=0
     )
+    localise_every_s: float = setting(
+        5.0,
+        "Seconds between localisations: each reads the last localise_window_s (a sliding window), so a fault "
+        "is named persist_windows times in a row within persist_windows x this of its evidence sufficing",
+        gt=0,
+    )
     loss_threshold: float = setting(0.005, "Loss share at which a component is suspect (0.5 %)", gt=0, le=0.5)
     min_lost: int = setting(6, "Lost probes a component needs before it is suspect", ge=1)
     rtt_threshold_us: float = setting(

@@ -35,6 +35,7 @@ import heapq
 import ipaddress
 import os
 import shutil
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from agent.probe.endpoint import Endpoint, UdpEndpoint
 from controller.fabric import Fabric
-from tests.netns.harness import Lab, run, tool
+from tests.netns.harness import ROOT_PREFIX, Lab, run, tool
 
 SUBNET = ipaddress.IPv4Network("10.213.0.0/16")
 # {rail}{block} in the third octet: rail 0 block 1 is 10.213.101.x; slots from .10
@@ -51,11 +52,19 @@ _CLONE_NEWNET = 0x40000000
 
 
 def missing_rail_prerequisites() -> list[str]:
-    """Why the rail lab cannot run here (empty: it can): root, iproute2 and nftables."""
+    """Why the rail lab cannot run here (empty: it can): root, iproute2, nftables, and a kernel
+    that lets this process make a network namespace (a container without CAP_SYS_ADMIN does not)."""
     problems = [] if os.geteuid() == 0 else ["not root"]
     for name in ("ip", "nft"):
         if shutil.which(name) is None and not os.path.exists(f"/usr/sbin/{name}"):
             problems.append(f"{name} not installed")
+    if not problems:
+        probe = f"{ROOT_PREFIX}{os.getpid()}x{os.urandom(3).hex()}-check"  # sweep_stale's pattern
+        made = subprocess.run([tool("ip"), "netns", "add", probe], capture_output=True, text=True, check=False)
+        if made.returncode != 0:
+            problems.append(f"`ip netns add` refused: {made.stderr.strip() or made.returncode}")
+        else:
+            subprocess.run([tool("ip"), "netns", "delete", probe], capture_output=True, check=False)
     return problems
 
 
@@ -65,7 +74,7 @@ def require_rail_lab() -> None:
 
     problems = missing_rail_prerequisites()
     if problems:
-        msg = "the rail data plane needs root, iproute2 and nftables: " + ", ".join(problems)
+        msg = "the rail data plane needs root, iproute2, nftables and network namespaces: " + ", ".join(problems)
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
