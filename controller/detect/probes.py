@@ -26,7 +26,8 @@ No cry wolf: a component needs ``min_lost`` lost probes and ``loss_threshold`` l
 window, and its losses must stand out from the fabric's background (the window's loss over
 every counted probe) at ``background_alpha`` (controller.detect.probe_background): an even
 background loss is one fabric-wide finding (``background_loss``), not a fault per NIC. It
-becomes a condition after ``persist_windows`` localisations in a row name it, and resolves after ``clear_windows`` in a row do not.
+becomes a condition after ``persist_windows`` localisations in a row name it, and resolves
+after ``clear_windows`` in a row do not.
 """
 
 from __future__ import annotations
