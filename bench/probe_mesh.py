@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ):
         if not low <= value <= high:
             ap.error(f"{flag} must be between {low} and {high}, got {value}")
-    if not 0.0 <= args.stray_loss < 0.01:
-        ap.error(f"--stray-loss must be in [0, 0.01), got {args.stray_loss}")
+    if not 0.0 <= args.stray_loss < 0.05:
+        ap.error(f"--stray-loss must be in [0, 0.05), got {args.stray_loss}")
     if args.clean_hours <= 0:
         ap.error(f"--clean-hours must be > 0, got {args.clean_hours}")
     quiet_logging()

@@ -159,6 +159,12 @@ class ControllerMetrics:
             ["component", "kind"],
             registry=r,
         )
+        self.probe_background_loss = Gauge(
+            "starpulse_probe_background_loss_ratio",
+            "Loss share over every probe of the localisation window: the fabric's background, which a "
+            "component's loss must stand out from before it is blamed (issue 29).",
+            registry=r,
+        )
         self.probe_mesh_targets = Gauge(
             "starpulse_probe_mesh_targets", "Probe targets in the current mesh plan, all nodes together.", registry=r
         )

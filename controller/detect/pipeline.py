@@ -393,6 +393,7 @@ class Detection:
                 self.metrics.probe_loss.clear()
                 for b in self.probes.last_blames:
                     self.metrics.probe_loss.labels(b.component, b.kind).set(round(b.rate, 5))
+                self.metrics.probe_background_loss.set(self.probes.background_loss or 0.0)
             except Exception:
                 log.exception("probe_localisation_failed")
         self._feed(changes)

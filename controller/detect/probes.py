@@ -23,8 +23,11 @@ involving a node that is not online, re-registered within the window, or whose r
 restarted (``peer_restarted``) are left out: a peer's restart or drain is not a network fault.
 
 No cry wolf: a component needs ``min_lost`` lost probes and ``loss_threshold`` loss over the
-window; it becomes a condition after ``persist_windows`` localisations in a row name it, and
-resolves after ``clear_windows`` in a row do not.
+window, and its losses must stand out from the fabric's background (the window's loss over
+every counted probe) at ``background_alpha`` (controller.detect.probe_background): an even
+background loss is one fabric-wide finding (``background_loss``), not a fault per NIC. It
+becomes a condition after ``persist_windows`` localisations in a row name it, and resolves
+after ``clear_windows`` in a row do not.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any, NamedTuple
 import structlog
 
 from controller.detect.model import ComponentType, Condition, ConditionChange
+from controller.detect.probe_background import stands_out
 from controller.fabric.model import Fabric
 from controller.fabric.probeplan import ProbeConfig
 from starpulse.core import vocab
@@ -173,6 +177,8 @@ class ProbeLocaliser:
         self._cans: dict[str, int] = {}
         self._psent: dict[tuple[str, str], int] = {}
         self._pans: dict[tuple[str, str], int] = {}
+        self._tsent = self._tlost = 0  # every key on the fabric: the background's sums
+        self.background_loss: float | None = None  # the last localisation's, None without traffic
         self._host_keys: dict[str, set[tuple[str, str, str]]] = {}
         self._stale = False  # the wiring changed: the running sums are rebuilt at the next localisation
         self._comps: dict[tuple[str, str, str], _Where | None] = {}
@@ -290,6 +296,8 @@ class ProbeLocaliser:
 
     def _apply(self, where: _Where, sent: int, lost: int, ans: int) -> None:
         csent, clost, cans = self._csent, self._clost, self._cans
+        self._tsent += sent
+        self._tlost += lost
         for c in where.comps:
             csent[c] = csent.get(c, 0) + sent
             if lost:
@@ -329,6 +337,7 @@ class ProbeLocaliser:
         self._stale = False
         self._csent, self._clost, self._cans = {}, {}, {}
         self._psent, self._pans = {}, {}
+        self._tsent = self._tlost = 0
         self._host_keys = {}
         answered: list[tuple[int, float, tuple[str, ...]]] = []
         for key, s in self._window.items():
@@ -384,6 +393,7 @@ class ProbeLocaliser:
         self._horizon = horizon
         self._health = self._fabric_health = None
         self._excluded = self._excluded_keys(horizon)
+        self._judge_background()
         bad = [p for key in self._bad if key not in self._excluded and (p := self._path(key)) is not None]
         if not bad:
             return []  # a clean fabric costs the hosts' check
@@ -581,6 +591,7 @@ class ProbeLocaliser:
         if not bad_paths:
             return blames
         sent = self._denominators(what, explained)
+        tested = sum(1 for v in sent.values() if v > 1e-9)  # the background test's correction
         gone_keys: set[tuple[str, str, str]] = set()
         for _ in range(16):  # at most this many faults named at once
             if not bad_paths:
@@ -590,7 +601,11 @@ class ProbeLocaliser:
                 bad = self._badness(p.obs, what)[0]
                 for c in p.comps:
                     lost[c] = lost.get(c, 0) + bad
-            suspects = [c for c, v in lost.items() if v >= min_bad and v / max(1, sent[c]) >= min_rate]
+            suspects = [
+                c
+                for c, v in lost.items()
+                if v >= min_bad and v / max(1, sent[c]) >= min_rate and self._above_background(what, v, sent[c], tested)
+            ]
             if not suspects:
                 break
             top = max(lost[c] for c in suspects)
@@ -626,6 +641,32 @@ class ProbeLocaliser:
                     sent[c] = sent.get(c, 0.0) - v * share
             bad_paths = [p for p in bad_paths if best not in p.comps]
         return blames
+
+    def _judge_background(self) -> None:
+        """The window's loss over every counted probe: what a component's loss is judged against.
+        Logged once as it rises past a fifth of ``loss_threshold`` (and once as it falls back)."""
+        sent, lost = self._tsent, self._tlost
+        for key in self._excluded:
+            s = self._window.get(key)
+            if s is not None and s.where is not None:
+                sent -= s.sent
+                lost -= s.lost
+        was = self.background_loss
+        now = lost / sent if sent > 0 else None
+        self.background_loss = now
+        high = self.config.loss_threshold / 5
+        if now is not None and now >= high and (was is None or was < high):
+            log.warning("probe_background_loss", loss=round(now, 5), sent=sent, lost=lost)
+        elif was is not None and was >= high and (now is None or now < high):
+            log.info("probe_background_loss_cleared", loss=round(now or 0.0, 5))
+
+    def _above_background(self, what: str, lost: float, sent: float, tested: int) -> bool:
+        """Loss through a component stands out from the background at ``background_alpha``, split
+        over the components tested; the delay vote keeps its own thresholds."""
+        if what != "loss" or not self.background_loss:
+            return True
+        p = self.config.background_alpha / max(1, tested)
+        return stands_out(lost, sent, self.background_loss, p)
 
     def _badness(self, o: ProbeObs, what: str) -> tuple[int, int]:
         if what == "loss":

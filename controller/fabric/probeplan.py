@@ -87,6 +87,13 @@ class ProbeConfig:
     )
     loss_threshold: float = setting(0.005, "Loss share at which a component is suspect (0.5 %)", gt=0, le=0.5)
     min_lost: int = setting(6, "Lost probes a component needs before it is suspect", ge=1)
+    background_alpha: float = setting(
+        0.001,
+        "False-alarm probability, fabric-wide per localisation, of calling a component's loss above the "
+        "fabric's background (a Poisson test split over the components tested)",
+        gt=0,
+        lt=1,
+    )
     rtt_threshold_us: float = setting(
         500.0, "Network p99 round trip at which a component is slow (R-Pingmesh's SLA: 500 us)", gt=0
     )

@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from controller.detect.probe_background import stands_out
 from controller.detect.probes import Blame, ProbeObs
 from controller.fabric.model import Fabric
 from controller.fabric.probeplan import ProbeConfig
@@ -60,6 +61,7 @@ class ReferenceLocaliser:
         # Every probed component's health over the last window (the dashboard's colours, the
         # CLI's worst links): kind, sent, lost, loss share, the worst network p99 through it.
         self.health: dict[str, dict[str, Any]] = {}
+        self.background_loss: float | None = None
 
     # -- input ---------------------------------------------------------------------------
     def add(self, node: str, obs: list[ProbeObs]) -> None:
@@ -90,6 +92,8 @@ class ReferenceLocaliser:
         now = self.clock.time_ms()
         horizon = now - int(self.config.localise_window_s * 1000)
         paths = self._paths(horizon)
+        total = sum(p.obs.sent for p in paths)
+        self.background_loss = sum(p.obs.lost for p in paths) / total if total else None
         self.health = self._health(paths)
         blames = self._vote(paths, "loss")
         explained = {b.component for b in blames}
@@ -226,6 +230,8 @@ class ReferenceLocaliser:
         if not bad_paths:
             return blames  # a clean fabric costs one pass
         sent = self._count(paths, what, 1)  # the denominators: everything through each component
+        alpha = cfg.background_alpha / max(1, sum(1 for v in sent.values() if v > 1e-9))
+        judged = what == "loss" and bool(self.background_loss)
         left = paths
         for _ in range(16):  # at most this many faults named at once
             if not bad_paths:
@@ -235,7 +241,13 @@ class ReferenceLocaliser:
                 bad = self._badness(p.obs, what)[0]
                 for c in p.comps:
                     lost[c] = lost.get(c, 0) + bad
-            suspects = [c for c, v in lost.items() if v >= min_bad and v / max(1, sent[c]) >= min_rate]
+            suspects = [
+                c
+                for c, v in lost.items()
+                if v >= min_bad
+                and v / max(1, sent[c]) >= min_rate
+                and (not judged or stands_out(v, sent[c], self.background_loss or 0.0, alpha))
+            ]
             if not suspects:
                 break
             top = max(lost[c] for c in suspects)
