@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,21 @@ class Browser:
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
+
+    async def click(self, by: str, value: str, within_s: float = 10.0) -> None:
+        """Find the element and click it; a live view that redrew it in between (a stale
+        reference) is found again, as a person would click the redrawn one."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                await self.call(lambda: self.driver.find_element(by, value).click())
+                return
+            except StaleElementReferenceException:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
 
     async def get(self, url: str) -> None:
         """Load ``url``; returns after the load event (Selenium's normal page-load strategy)."""

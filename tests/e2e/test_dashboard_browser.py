@@ -63,7 +63,7 @@ async def test_live_view_updates_and_a_faulty_leaf_leads_to_its_incident(tmp_pat
 
         # Click the faulty leaf: the page lands on its incident, highlighted.
         await b.js("window.scrollTo(0, 0);")
-        await b.call(lambda: b.driver.find_element("css selector", f"#sw-{LEAF} a").click())
+        await b.click("css selector", f"#sw-{LEAF} a")
         await b.until(f"return location.hash === '#incident-{incident}';", "the incident's anchor")
         await b.until(
             f"return document.getElementById('incident-{incident}').classList.contains('hl');",
@@ -135,7 +135,7 @@ async def test_snapshot_never_blank_and_search_opens_a_node_page(tmp_path: Path)
         assert "in service" in facts and "nvidia" in facts
         await b.screenshot("node-page")
         # Back to the cluster without a reload.
-        await b.call(lambda: b.driver.find_element("css selector", "#node-view a.back").click())
+        await b.click("css selector", "#node-view a.back")
         await b.until("return !document.getElementById('main-view').hidden;", "the cluster view")
 
 
@@ -159,7 +159,7 @@ async def test_large_fabric_incidents_first_collapsed_blocks_search_and_spares(t
         await b.screenshot("fabric-2048-collapsed")
 
         # Open the spares' block: its 64 nodes are drawn, with labels at that size.
-        await b.call(lambda: b.driver.find_element("id", f"block-chip-{spare_block}").click())
+        await b.click("id", f"block-chip-{spare_block}")
         await b.until(f"return !!document.getElementById('nd-{spare}');", "the spares' block drawn")
         assert await b.js("return document.querySelectorAll('#fabric-svg g.node').length;") == 64
         expanded = await b.js(
@@ -172,7 +172,7 @@ async def test_large_fabric_incidents_first_collapsed_blocks_search_and_spares(t
         other = await b.js(f"return document.getElementById('nd-{regular}').getAttribute('class');")
         assert "unknown" in other.split() and "life-spare" not in other.split(), other
         await b.screenshot("fabric-2048-spares")
-        await b.call(lambda: b.driver.find_element("id", "blocks-expand-all").click())
+        await b.click("id", "blocks-expand-all")
         await b.until("return document.querySelectorAll('#fabric-svg g.node').length === 2048;", "every block drawn")
 
         box = await b.call(lambda: b.driver.find_element("id", "node-search"))
