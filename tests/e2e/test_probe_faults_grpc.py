@@ -3,16 +3,22 @@
 A real controller (gRPC on loopback, its sweep loop, detection, correlation and healer on a
 FakeClock) and the scenario cluster's real agents: each takes its probe plan on its stream and
 reports windows drawn from the cluster's data plane, closed on the controller's fake clock. The
-test moves the fake clock a second at a time while the agents report in real time, so the
-controller's default windows (10 s agent window, localisation every 5 s over 30 s) pass in a
-few real seconds. A silent drop on a leaf is one switch_fault on that leaf with no node taken
-out; a lossy NIC cable is a nic_fault on that NIC, whose node the healer drains; each resolves
-once its fault is cleared.
+test moves the fake clock a second at a time, and only once every agent has reported at the
+present moment, so the controller's default windows (10 s agent window, localisation every 5 s
+over 30 s) pass in a few real seconds however slowly the agents run. Not a fixed real-time
+sleep per second: under load the agents fell seconds behind the fake clock, the localiser
+rightly left out the nodes gone quiet (heard within 1.5 report intervals), and on what was left
+(one NIC under the lossy leaf) a NIC and its leaf had the same votes and rate.
+
+A silent drop on a leaf is one switch_fault on that leaf with no node taken out; a lossy NIC
+cable is a nic_fault on that NIC, whose node the healer drains; each resolves once its fault
+is cleared.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +37,30 @@ from starpulse.core.clock import FakeClock
 FABRIC = {"nodes": 8, "gpus_per_node": 4, "rails": 4, "nodes_per_block": 4, "spines": 2}
 
 
-async def _until(clock: FakeClock, what: Any, limit_s: int) -> bool:
-    """Move the fake clock a second at a time, giving the agents real time to report between."""
+# The controller sweeps (and localises) on whole seconds of its clock (sweep_interval_s 1 s): the
+# clock stops this far short of each, until every agent's report of that moment is in.
+EDGE_S = 0.001
+REPORT_WAIT_S = 30.0  # real seconds an agent may take to report (a loaded machine), else the test fails
+
+
+async def _reported(ctl: Controller, clock: FakeClock, nodes: list[str]) -> None:
+    """Real time until the controller has taken in a report from every agent at the clock's present."""
+    now = clock.time_ms()
+    give_up = time.monotonic() + REPORT_WAIT_S
+    while True:
+        behind = [n for n in nodes if (rec := ctl.registry.nodes.get(n)) is None or rec.last_seen_ms < now]
+        if not behind:
+            return
+        assert time.monotonic() < give_up, f"no report at {now} ms within {REPORT_WAIT_S} s from {behind}"
+        await asyncio.sleep(0.01)
+
+
+async def _until(ctl: Controller, clock: FakeClock, nodes: list[str], what: Any, limit_s: int) -> bool:
+    """Move the fake clock a second at a time, each sweep once every agent has reported just before it."""
     for _ in range(limit_s):
-        await clock.run_for(1.0)
-        await asyncio.sleep(0.05)
+        await clock.run_for(1.0 - EDGE_S)
+        await _reported(ctl, clock, nodes)
+        await clock.run_for(EDGE_S)
         if what():
             return True
     return False
@@ -85,19 +110,22 @@ async def test_a_probe_fault_over_grpc_on_the_fake_clock(
     correlator = ctl.detection.correlator
     try:
         await cluster.start()
-        planned = await _until(clock, lambda: all(cluster.agents[n].prober.plan.targets for n in fabric.nodes()), 120)
+        nodes = [*fabric.nodes()]
+        planned = await _until(
+            ctl, clock, nodes, lambda: all(cluster.agents[n].prober.plan.targets for n in nodes), 120
+        )
         assert planned, "every agent holds its plan"
-        await _until(clock, lambda: False, 60)  # a clean minute on the controller's clock
+        await _until(ctl, clock, nodes, lambda: False, 60)  # a clean minute on the controller's clock
         assert correlator.incidents(active_only=False) == []
 
         cluster.inject(scenario.faults[0])
-        assert await _until(clock, lambda: bool(correlator.incidents(active_only=True)), 180), "detected"
-        await _until(clock, lambda: False, 20)  # the healer acts; nothing else opens meanwhile
+        assert await _until(ctl, clock, nodes, lambda: bool(correlator.incidents(active_only=True)), 180), "detected"
+        await _until(ctl, clock, nodes, lambda: False, 20)  # the healer acts; nothing else opens meanwhile
         assert [(i.kind, i.root_cause) for i in correlator.incidents(active_only=False)] == [expected]
         assert sorted({n for a, n, _ in scheduler.actions if a == "drain"}) == drained
 
         cluster.clear(scenario.faults[0])
-        assert await _until(clock, lambda: not correlator.incidents(active_only=True), 300), "resolved"
+        assert await _until(ctl, clock, nodes, lambda: not correlator.incidents(active_only=True), 300), "resolved"
         assert [(i.kind, i.root_cause) for i in correlator.incidents(active_only=False)] == [expected]
     finally:
         await cluster.stop()
