@@ -50,6 +50,7 @@ from starpulse.v1 import telemetry_pb2 as tpb
 log = structlog.get_logger(__name__)
 
 _TIE = 0.9  # votes within 10 % of the most are a tie
+_NODE_SIDE = frozenset({"nic", "node", "gpu"})  # components whose blame takes a node out
 RULE_LOSS = "probe.loss"
 RULE_DELAY = "probe.delay"
 _FABRIC_KINDS = {"leaf", "spine", "link"}  # what fabric_health holds
@@ -610,7 +611,9 @@ class ProbeLocaliser:
                 break
             top = max(lost[c] for c in suspects)
             tied = [c for c in suspects if lost[c] >= _TIE * top]
-            best = max(tied, key=lambda c: (lost[c] / max(1, sent[c]), lost[c], c))
+            # On the same rate the evidence cannot tell a NIC (or host) from the switch above it
+            # (only that NIC's paths are counted): the switch is named, which takes no node out.
+            best = max(tied, key=lambda c: (lost[c] / max(1, sent[c]), lost[c], self._kind(c) not in _NODE_SIDE, c))
             culprits = sorted(
                 (p.obs for p in bad_paths if best in p.comps),
                 key=lambda o: (-o.lost, -o.rtt_p99_us, o.local_nic, o.peer_nic),
