@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import random
 import statistics
 from typing import Any
 
 from bench.common import quiet_logging, write_result
-from controller.heal.guards import GuardConfig
+from controller.heal.guards import GuardConfig, breaker_threshold
 from controller.heal.ladder import RepairPolicy
 from controller.heal.scheduler.sim import SimScheduler
 from controller.settings import ControllerConfig, HealSettings
@@ -35,7 +34,7 @@ from starpulse.core.logs import configure_logging
 
 NAME = "fleetsim_defaults"
 SPARES = {2048: (8, 10, 12, 14, 16, 20, 32), 256: (0, 1, 2, 3, 4, 6)}
-BUDGETS = (1, 2, 3, 4, 6)
+BUDGETS = (1, 2, 3, 4)
 BREAKER_SHARES = (0.5, 0.1, 0.05, 0.02)
 MASS_SHARE = 0.10  # of the working nodes, within MASS_SPREAD_S
 MASS_SPREAD_S = 60.0
@@ -62,9 +61,9 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
     return {k: r[k] for k in keys}
 
 
-def spares(mix: Mix, days: float, seeds: list[int]) -> dict[str, Any]:
+def spares(mix: Mix, days: float, seeds: list[int], table: dict[int, tuple[int, ...]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for nodes, counts in SPARES.items():
+    for nodes, counts in table.items():
         rows = []
         for n in counts:
             runs = [_row(simulate(job_settings(nodes, n, days, s), mix, config()).to_dict()) for s in seeds]
@@ -160,7 +159,7 @@ def breaker(mix: Mix, days: float, seeds: list[int], spare_share_pct: float) -> 
         trace = mass_trace(mix, st, DAY_S / 2)
         for share in BREAKER_SHARES:
             r = simulate(st, mix, config(breaker_trip_share=share), trace=trace).to_dict()
-            need = max(GuardConfig().breaker_min_nodes, math.ceil(share * nodes))
+            need = breaker_threshold(config(breaker_trip_share=share).heal.guards, nodes + spares_n)  # type: ignore[union-attr]
             out["mass"].append({"nodes": nodes, "breaker_trip_share": share, "trip_at_nodes": need,
                                 "mass_nodes": round(MASS_SHARE * nodes), **_row(r)})  # fmt: skip
             print(f"  {nodes} nodes, mass event ({round(MASS_SHARE * nodes)} nodes in {MASS_SPREAD_S:g} s), "
@@ -182,6 +181,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--budget-nodes", type=int, default=2048)
     parser.add_argument("--spare-share", type=float, default=0.8, help="percent, for the budget and breaker runs")
+    parser.add_argument("--fleet", type=int, action="append", help="spares part: these fleet sizes only")
+    parser.add_argument("--counts", default=None, help="spares part: these spare counts (with one --fleet)")
     args = parser.parse_args()
     parts = args.part or ["spares", "budget", "breaker"]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -191,7 +192,10 @@ def main() -> None:
     figures: dict[str, Any] = {}
     if "spares" in parts:
         print("spares (a job over every working node; waiting = its time down for want of nodes):")
-        figures["spares"] = spares(mix, args.days, seeds)
+        table = {n: SPARES.get(n, ()) for n in args.fleet} if args.fleet else SPARES
+        if args.counts:
+            table = {n: tuple(int(c) for c in args.counts.split(",")) for n in table}
+        figures["spares"] = spares(mix, args.days, seeds, table)
     spares_n = RepairPolicy(spare_share_pct=args.spare_share).spare_target_for(args.budget_nodes)
     if "budget" in parts:
         print(f"eviction budget ({args.budget_nodes} nodes + {spares_n} spares):")
@@ -199,8 +203,10 @@ def main() -> None:
     if "breaker" in parts:
         print("circuit breaker:")
         figures["breaker"] = breaker(mix, args.days, seeds, args.spare_share)
-    params = {"days": args.days, "seeds": seeds, "parts": parts, "spare_share": args.spare_share}
-    print(f"written {write_result(NAME, params, figures)}")
+    params = {"days": args.days, "seeds": seeds, "parts": parts, "spare_share": args.spare_share,
+              "fleet": args.fleet, "counts": args.counts}  # fmt: skip
+    name = NAME + "".join(f"_{p}" for p in parts) + "".join(f"_{n}" for n in args.fleet or ())
+    print(f"written {write_result(name, params, figures)}")
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def test_spares_default_to_the_policys_share_and_take_a_share(capsys: pytest.Cap
     """Issue 28 item 6: without --spares the fleet keeps the policy's spare share (0.8 %: 1 spare
     at 16 nodes, 3 at 256); a sweep or --spares takes a share of the working nodes too."""
     assert [spare_count(v, 256) for v in ("0", "3", "0.8%", "2%", "0%")] == [0, 3, 3, 6, 0]
-    with pytest.raises(ValueError, match="share like 0.8%"):
+    with pytest.raises(ValueError, match=r"share like 0\.8%"):
         spare_count("many", 256)
     code = cli.main(["simulate", "--nodes", "16", "--days", "0.5", "--sweep", "spares=0%,25%", "--json"])
     assert code == 0

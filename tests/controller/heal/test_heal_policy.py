@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from controller.detect.model import Incident
+from controller.heal.ladder import RepairPolicy
 from controller.heal.policy import (
     ALERT_ONLY,
     NEVER_EVICT_KINDS,
@@ -19,7 +20,6 @@ from controller.heal.policy import (
     parse_policy,
     target_node,
 )
-from controller.heal.ladder import RepairPolicy
 from controller.heal.states import NodeHealState, RemediationStore
 from starpulse.core.clock import FakeClock
 
