@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=60.0)
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--budget-nodes", type=int, default=2048)
-    parser.add_argument("--spare-share", type=float, default=0.8, help="percent, for the budget and breaker runs")
+    parser.add_argument("--spare-share", type=float, default=1.2, help="percent, for the budget and breaker runs")
     parser.add_argument("--fleet", type=int, action="append", help="spares part: these fleet sizes only")
     parser.add_argument("--counts", default=None, help="spares part: these spare counts (with one --fleet)")
     args = parser.parse_args()

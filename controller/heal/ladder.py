@@ -20,7 +20,7 @@ burn-in). Schema, with the defaults this module uses when the section or a key i
             - {name: burn_in, timeout: 10m, pass: exit_ok}
             - {name: nccl_loopback, timeout: 5m, pass: "regex:Avg bus bandwidth"}
       return_to: spare              # spare: refill the pool up to its target first; service: back to work
-      spare_share: 0.8%             # validated nodes refill the pool to this share of the fleet's nodes
+      spare_share: 1.2%             # validated nodes refill the pool to this share of the fleet's nodes
                                     # (rounded up, at least 1): set by measurement, see below
       spare_target: null            # or an absolute count of spares, which then wins (files from
                                     # before spare_share set it: they keep their meaning)
@@ -55,7 +55,7 @@ RUNGS: tuple[str, ...] = (NONE, RESET_GPU, REBOOT, RETIRE)
 PASS_KINDS = ("exit_ok", "dcgmi", "regex:<pattern>")
 RETURN_TO = ("spare", "service")
 DIAG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
-SPARE_SHARE_PCT = 0.8  # percent of the fleet's nodes; measured, see the module docstring
+SPARE_SHARE_PCT = 1.2  # percent of the fleet's nodes; measured, see the module docstring
 
 
 @dataclass(frozen=True)

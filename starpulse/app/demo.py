@@ -102,7 +102,7 @@ DEMO_BLOCK = 16
 
 def demo_fabric(nodes: int) -> Fabric:
     """The demo's declared fabric: ``nodes`` nodes in blocks of up to 16, 8 rails, 4 spines, and
-    as many hot spares as the packaged policy's spare share keeps for them (1 up to 125 nodes)."""
+    as many hot spares as the packaged policy's spare share keeps for them (1 up to 83 nodes)."""
     if nodes < 1:
         raise ValueError("the demo needs at least 1 node")
     return generate_fabric(
@@ -133,7 +133,7 @@ DEMO_REPAIR: dict[str, Any] = {
             "diagnostics": [{"name": "burn_in", "timeout": "20s", "pass": "regex:0 errors"}],
         }
     },
-    "return_to": "spare",  # up to the packaged spare_share of the fleet (1 spare up to 125 nodes)
+    "return_to": "spare",  # up to the packaged spare_share of the fleet (1 spare up to 83 nodes)
     "lemon": {"window": "1h", "retire_after_returns": 2},
 }
 """The demo's repair section: the packaged policy's, with time limits a demo can wait out."""

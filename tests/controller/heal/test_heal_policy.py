@@ -279,10 +279,10 @@ def test_load_policy_from_path(tmp_path: Path) -> None:
 
 
 def test_the_spare_pool_is_a_share_of_the_fleet_by_default() -> None:
-    """Issue 28 item 6: 0.8 % of the fleet's compute nodes, rounded up, at least one; measured."""
+    """Issue 28 item 6: 1.2 % of the fleet's compute nodes, rounded up, at least one; measured."""
     repair = load_policy().repair
-    assert repair.spare_target is None and repair.spare_share_pct == 0.8
-    assert [repair.spare_target_for(n) for n in (1, 16, 125, 126, 256, 2048, 10000)] == [1, 1, 1, 2, 3, 17, 80]
+    assert repair.spare_target is None and repair.spare_share_pct == 1.2
+    assert [repair.spare_target_for(n) for n in (1, 16, 83, 84, 256, 2048, 10000)] == [1, 1, 1, 2, 4, 25, 120]
     assert RepairPolicy(spare_share_pct=0.0).spare_target_for(2048) == 0  # 0 %: no pool
 
 
