@@ -141,6 +141,23 @@ def mass_trace(mix: Mix, settings: SimSettings, at_s: float) -> list[Fault]:
     return sorted(draw_faults(mix, settings, nodes) + burst)
 
 
+def busiest(mix: Mix, days: float, seeds: list[int], fleets: list[int]) -> list[dict[str, Any]]:
+    """The trace alone (no simulation): the most nodes faulting in any breaker window, at 1x and 3x."""
+    window = GuardConfig().breaker_window_s
+    rows = []
+    for nodes in fleets:
+        for scale in (1.0, 3.0):
+            found = []
+            for s in seeds:
+                st = job_settings(nodes, 0, days, s, scale)
+                found.append(busiest_window(draw_faults(mix, st, list(sim_fabric(st).nodes())), mix, window))
+            rows.append({"nodes": nodes, "rate_scale": scale, "busiest_5min_nodes": found})
+            print(
+                f"  {nodes} nodes, mix x{scale:g}: at most {found} nodes in any 5 minutes (seeds {seeds})", flush=True
+            )
+    return rows
+
+
 def breaker(mix: Mix, days: float, seeds: list[int], spare_share_pct: float) -> dict[str, Any]:
     out: dict[str, Any] = {"normal": [], "mass": []}
     window = GuardConfig().breaker_window_s
@@ -176,7 +193,7 @@ def breaker(mix: Mix, days: float, seeds: list[int], spare_share_pct: float) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("spares", "budget", "breaker"), action="append")
+    parser.add_argument("--part", choices=("spares", "budget", "breaker", "busiest"), action="append")
     parser.add_argument("--days", type=float, default=60.0)
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--budget-nodes", type=int, default=2048)
@@ -184,7 +201,7 @@ def main() -> None:
     parser.add_argument("--fleet", type=int, action="append", help="spares part: these fleet sizes only")
     parser.add_argument("--counts", default=None, help="spares part: these spare counts (with one --fleet)")
     args = parser.parse_args()
-    parts = args.part or ["spares", "budget", "breaker"]
+    parts = args.part or ["spares", "budget", "breaker", "busiest"]
     seeds = [int(s) for s in args.seeds.split(",")]
     quiet_logging()
     configure_logging("error")
@@ -203,6 +220,9 @@ def main() -> None:
     if "breaker" in parts:
         print("circuit breaker:")
         figures["breaker"] = breaker(mix, args.days, seeds, args.spare_share)
+    if "busiest" in parts:
+        print("faulty nodes in the breaker's window, independent faults only:")
+        figures["busiest"] = busiest(mix, args.days, seeds, args.fleet or [2048, 10000])
     params = {"days": args.days, "seeds": seeds, "parts": parts, "spare_share": args.spare_share,
               "fleet": args.fleet, "counts": args.counts}  # fmt: skip
     name = NAME + "".join(f"_{p}" for p in parts) + "".join(f"_{n}" for n in args.fleet or ())
