@@ -152,9 +152,7 @@ def busiest(mix: Mix, days: float, seeds: list[int], fleets: list[int]) -> list[
                 st = job_settings(nodes, 0, days, s, scale)
                 found.append(busiest_window(draw_faults(mix, st, list(sim_fabric(st).nodes())), mix, window))
             rows.append({"nodes": nodes, "rate_scale": scale, "busiest_5min_nodes": found})
-            print(
-                f"  {nodes} nodes, mix x{scale:g}: at most {found} nodes in any 5 minutes (seeds {seeds})", flush=True
-            )
+            print(f"  {nodes} nodes, mix x{scale:g}: at most {found} nodes in any 5 minutes", flush=True)
     return rows
 
 
