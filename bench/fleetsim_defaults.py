@@ -224,6 +224,8 @@ def main() -> None:
     params = {"days": args.days, "seeds": seeds, "parts": parts, "spare_share": args.spare_share,
               "fleet": args.fleet, "counts": args.counts}  # fmt: skip
     name = NAME + "".join(f"_{p}" for p in parts) + "".join(f"_{n}" for n in args.fleet or ())
+    if args.counts and parts == ["spares"] and len(args.counts) < 12:  # a short extra sweep: its own file
+        name += "_c" + args.counts.replace(",", "-")
     print(f"written {write_result(name, params, figures)}")
 
 
