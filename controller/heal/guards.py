@@ -94,7 +94,7 @@ class GuardConfig:
         "Share of the fleet (0..1): the breaker opens when nodes with evictable incidents opened within "
         "breaker_window_s reach it (and at least breaker_min_nodes). Set by measurement (bench/README.md, "
         "issue 28, python -m bench.fleetsim_defaults): on the Llama 3 mix the most nodes faulting within "
-        "5 minutes over 60 days was 2 at 2,048 nodes and 5 at 10,000 nodes at three times its rate; 5 % "
+        "5 minutes was 3 at 2,048 nodes and 5 at 10,000 nodes, at three times its rate; 5 % "
         "(103 of 2,048) is far above that and trips on a mass event (10 % of the nodes at once). 0.5 "
         "before: a 10 % event never tripped it",
         gt=0,
