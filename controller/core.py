@@ -208,7 +208,7 @@ class DecisionCore:
             not_judged=self._not_judged_why,
         )
         if spares is not None:
-            self.metrics.set_spare_sources(spares.counts, policy.repair.spare_target)
+            self.metrics.set_spare_sources(spares.counts, repairs.spare_target)
         return Healer(
             policy,
             guards,

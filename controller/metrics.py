@@ -191,7 +191,9 @@ class ControllerMetrics:
             registry=r,
         )
         self.spare_target = Gauge(
-            "starpulse_spare_pool_target", "Available spares the policy keeps (repair.spare_target).", registry=r
+            "starpulse_spare_pool_target",
+            "Available spares the policy keeps (repair.spare_share of the fleet, or repair.spare_target).",
+            registry=r,
         )
         self.node_lifecycle = Gauge(
             "starpulse_node_lifecycle",
@@ -339,11 +341,12 @@ class ControllerMetrics:
         self.shards_running.set_function(running)
         self.shard_in_flight.set_function(in_flight)
 
-    def set_spare_sources(self, counts: Callable[[], Mapping[str, int]], target: int) -> None:
-        """The spare pool at scrape time: spares by state, and the target the policy keeps."""
+    def set_spare_sources(self, counts: Callable[[], Mapping[str, int]], target: Callable[[], int]) -> None:
+        """The spare pool at scrape time: spares by state, and the target the policy keeps (its
+        share of the fleet's size, read at scrape time too)."""
         for state in ("available", "allocated", "unavailable"):
             self.spares.labels(state).set_function(functools.partial(_count_of, counts, state))
-        self.spare_target.set(target)
+        self.spare_target.set_function(target)
 
     def set_lifecycle_source(self, states: Iterable[str], counts: Callable[[], Mapping[str, int]]) -> None:
         """Read the nodes per lifecycle state at scrape time (one small query per state)."""

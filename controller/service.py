@@ -155,7 +155,7 @@ class Controller:
     def _spares_json(self) -> dict[str, int]:
         """The dashboard's spare pool chip: available, allocated, unavailable, and the target."""
         assert self.healer is not None and self.healer.spares is not None
-        target = self.healer.repairs.policy.spare_target if self.healer.repairs is not None else 0
+        target = self.healer.repairs.spare_target() if self.healer.repairs is not None else 0
         return {**self.healer.spares.counts(), "target": target}
 
     def _shard_lost(self, index: int) -> None:

@@ -20,7 +20,10 @@ burn-in). Schema, with the defaults this module uses when the section or a key i
             - {name: burn_in, timeout: 10m, pass: exit_ok}
             - {name: nccl_loopback, timeout: 5m, pass: "regex:Avg bus bandwidth"}
       return_to: spare              # spare: refill the pool up to its target first; service: back to work
-      spare_target: 1               # validated nodes refill the pool to this many available spares
+      spare_share: 1.2%             # validated nodes refill the pool to this share of the fleet's nodes
+                                    # (rounded up, at least 1): set by measurement, see below
+      spare_target: null            # or an absolute count of spares, which then wins (files from
+                                    # before spare_share set it: they keep their meaning)
       lemon: {window: 7d, retire_after_returns: 3}
 
 A rung is ``none`` (validate only: the fault may have cleared by itself), ``reset_gpu``,
@@ -28,10 +31,19 @@ A rung is ``none`` (validate only: the fault may have cleared by itself), ``rese
 validation climbs one rung. A node that comes back within ``lemon.window`` of its last
 return starts one rung higher per return in the window (its lemon score), and after
 ``retire_after_returns`` returns in the window it is retired outright.
+
+The spare pool's size is a share of the fleet because what it absorbs grows with the fleet:
+faults arrive at a rate per GPU and each node stays out for its repair time, so the nodes out
+at once scale with the node count. An absolute 1 leaves a 2,048-node job waiting for capacity;
+16 would idle a sixth of a 96-node cluster. The default share was set with the fleet simulator
+on the Llama 3 mix (``python -m bench.fleetsim_defaults``; bench/README.md, issue 28, "Defaults
+set by measurement"): the smallest share at which a job spanning the fleet never waits for
+capacity, at 256 and at 2,048 nodes.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -43,6 +55,7 @@ RUNGS: tuple[str, ...] = (NONE, RESET_GPU, REBOOT, RETIRE)
 PASS_KINDS = ("exit_ok", "dcgmi", "regex:<pattern>")
 RETURN_TO = ("spare", "service")
 DIAG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+SPARE_SHARE_PCT = 1.2  # percent of the fleet's nodes; measured, see the module docstring
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,18 @@ class RepairPolicy:
     validations: dict[str, Validation] = field(default_factory=lambda: {"default": Validation()})
     return_to: str = "spare"
     lemon: Lemon = field(default_factory=Lemon)
-    spare_target: int = 1
+    spare_target: int | None = None  # an absolute count; None: spare_share_pct of the fleet
+    spare_share_pct: float = SPARE_SHARE_PCT
+
+    def spare_target_for(self, fleet_nodes: int) -> int:
+        """Available spares to keep in a fleet of ``fleet_nodes`` compute nodes: the absolute
+        ``spare_target`` when set, else ``spare_share_pct`` of the fleet rounded up, at least 1
+        (0 only for a share of 0: no pool)."""
+        if self.spare_target is not None:
+            return self.spare_target
+        if self.spare_share_pct <= 0:
+            return 0
+        return max(1, math.ceil(self.spare_share_pct / 100 * fleet_nodes - 1e-9))
 
     def ladder(self, kind: str) -> tuple[str, ...]:
         return self.ladders.get(kind) or self.ladders.get("default") or (REBOOT, RETIRE)

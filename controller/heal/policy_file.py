@@ -21,6 +21,7 @@ from controller.heal.ladder import (
     RETIRE,
     RETURN_TO,
     RUNGS,
+    SPARE_SHARE_PCT,
     Diagnostic,
     Lemon,
     RepairPolicy,
@@ -154,7 +155,18 @@ class RepairKeys:
     timeouts: TimeoutKeys = section(TimeoutKeys)
     validation: dict[str, ValidationKeys] | None = setting(None, "What must hold before a node returns, per kind")
     return_to: str = setting("spare", "Where validated nodes go", choices=RETURN_TO)
-    spare_target: int = setting(1, "Validated nodes refill the pool to this many spares", ge=0)
+    spare_share: float = setting(
+        SPARE_SHARE_PCT,
+        "Validated nodes refill the pool to this share of the fleet's compute nodes, rounded up, at least 1 "
+        "(0%: no pool). Set by measurement: the smallest share at which the fleet simulator's job spanning "
+        "the fleet never waited for capacity on the Llama 3 mix (bench/README.md, issue 28)",
+        quantity=("percent",),
+        ge=0,
+        le=100,
+    )
+    spare_target: int | None = setting(
+        None, "An absolute number of spares instead of spare_share (it wins when set); null: use the share", ge=0
+    )
     lemon: LemonKeys = section(LemonKeys)
 
     def problems(self) -> Problems:
@@ -197,4 +209,5 @@ def repair_policy(r: RepairKeys) -> RepairPolicy:
         r.return_to,
         Lemon(r.lemon.window, r.lemon.retire_after_returns),
         r.spare_target,
+        r.spare_share,
     )

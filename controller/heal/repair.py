@@ -495,6 +495,12 @@ class RepairLoop:
     def _is_open(self, incident_id: str) -> bool:
         return any(i.id == incident_id for i in self.open_incidents())
 
+    def spare_target(self) -> int:
+        """Available spares the pool is refilled to: the policy's target for this fleet's size."""
+        if self.spares is None:
+            return 0
+        return self.policy.spare_target_for(self.spares.fleet_nodes())
+
     async def _return(self, rep: Repair, verdict: Verdict) -> None:
         """Resume the node in the scheduler (only a drain of ours), park it, resolve its incident."""
         node = rep.node
@@ -519,7 +525,7 @@ class RepairLoop:
             not busy
             and self.policy.return_to == "spare"
             and self.spares is not None
-            and self.spares.counts()["available"] < self.policy.spare_target
+            and self.spares.counts()["available"] < self.spare_target()
         )
         target = S.SPARE if to_spare else S.IN_SERVICE
         where = "in the spare pool" if to_spare else f"at work ({', '.join(busy)})" if busy else "in service"

@@ -81,6 +81,10 @@ class SparePool:
         runtime = [r[0] for r in self._db.execute("SELECT node FROM heal_spares")]
         return sorted(set(self.fabric.spares()) | set(runtime))
 
+    def fleet_nodes(self) -> int:
+        """The fleet's compute nodes (the declared spares among them): what a spare share is of."""
+        return len(self.fabric.nodes())
+
     def mark_spare(self, node: str, actor: str = AUTOMATIC) -> None:
         """Add a node to the pool at runtime (a repaired node parked as a spare, say)."""
         if node not in self.fabric or self.fabric.kind(node) != "node":

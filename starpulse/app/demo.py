@@ -47,6 +47,7 @@ from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric, generate_fabric
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig, Healer, decision_line
+from controller.heal.ladder import RepairPolicy
 from controller.heal.policy import default_policy_path
 from controller.heal.scheduler.sim import SimScheduler
 from controller.ingest.registry import NodeRecord
@@ -100,7 +101,8 @@ DEMO_BLOCK = 16
 
 
 def demo_fabric(nodes: int) -> Fabric:
-    """The demo's declared fabric: ``nodes`` nodes in blocks of up to 16, 8 rails, 4 spines."""
+    """The demo's declared fabric: ``nodes`` nodes in blocks of up to 16, 8 rails, 4 spines, and
+    as many hot spares as the packaged policy's spare share keeps for them (1 up to 83 nodes)."""
     if nodes < 1:
         raise ValueError("the demo needs at least 1 node")
     return generate_fabric(
@@ -109,8 +111,13 @@ def demo_fabric(nodes: int) -> Fabric:
         rails=DEMO_RAILS,
         nodes_per_block=min(DEMO_BLOCK, nodes),
         spines=DEMO_SPINES,
-        spares=1,
+        spares=demo_spares(nodes),
     )
+
+
+def demo_spares(nodes: int) -> int:
+    """Hot spares the demo declares besides ``nodes``: the packaged policy's target for them."""
+    return RepairPolicy().spare_target_for(nodes)
 
 
 DEMO_REPAIR: dict[str, Any] = {
@@ -126,8 +133,7 @@ DEMO_REPAIR: dict[str, Any] = {
             "diagnostics": [{"name": "burn_in", "timeout": "20s", "pass": "regex:0 errors"}],
         }
     },
-    "return_to": "spare",
-    "spare_target": 1,
+    "return_to": "spare",  # up to the packaged spare_share of the fleet (1 spare up to 83 nodes)
     "lemon": {"window": "1h", "retire_after_returns": 2},
 }
 """The demo's repair section: the packaged policy's, with time limits a demo can wait out."""
@@ -208,7 +214,7 @@ def settled(controller: Controller) -> bool:
     if any(job.state != "running" for job in controller.jobs.jobs()):
         return False
     pool = healer.spares.counts()["available"] if healer.spares is not None else 0
-    if pool >= healer.repairs.policy.spare_target:
+    if pool >= healer.repairs.spare_target():
         return True
     # Short, and nothing left to refill it: every node still in the fleet is at work (a
     # retired node is gone; the demo has no new hardware to bring).
@@ -300,7 +306,8 @@ async def _demo(
     print(f"  nodes:    starpulse nodes --controller {target}")
     print(f"  events:   starpulse events --controller {target}")
     print(
-        f"starting {counted(nodes, 'simulated node')} + 1 hot spare (8 GPUs, 8 RoCE rails + 1 bond each) in {workdir};"
+        f"starting {counted(nodes, 'simulated node')} + {counted(demo_spares(nodes), 'hot spare')} "
+        f"(8 GPUs, 8 RoCE rails + 1 bond each) in {workdir};"
         " self-healing on the in-memory scheduler",
         flush=True,
     )
@@ -440,10 +447,10 @@ def show_resumes(printer: DemoPrinter, controller: Controller, shown: set[tuple[
 def show_pool(printer: DemoPrinter, healer: Healer, was_empty: bool) -> bool:
     """Say when the spare pool runs dry (the StarpulseSparePoolEmpty alert's condition) and
     when it refills; True while it is empty."""
-    if healer.spares is None or healer.repairs is None or healer.repairs.policy.spare_target <= 0:
+    if healer.spares is None or healer.repairs is None or healer.repairs.spare_target() <= 0:
         return False
     available = healer.spares.counts()["available"]
-    target = healer.repairs.policy.spare_target
+    target = healer.repairs.spare_target()
     if available == 0 and not was_empty:
         print(
             f"{printer.stamp()} alert: spare pool empty (0 of target {target}): StarpulseSparePoolEmpty; "
@@ -517,7 +524,7 @@ def demo_summary(controller: Controller, injected: int, ran_s: float, leaf_fault
     for rec in healer.store.all_records():
         states[str(rec.state)] = states.get(str(rec.state), 0) + 1
     pool = healer.spares.counts() if healer.spares is not None else {}
-    target = healer.repairs.policy.spare_target if healer.repairs is not None else 0
+    target = healer.repairs.spare_target() if healer.repairs is not None else 0
     refused = sum(1 for d in healer.decisions if d["outcome"] not in ("ok", "alert_only", "already_out_of_service"))
     lines = [
         f"ran {ran_s:.0f}s; faults injected: {injected} ({counted(leaf_faults, 'leaf switch fault')}); "

@@ -19,7 +19,7 @@ from starpulse.app.cli.report import duration
 
 # --sweep KEY: what it changes (a SimSettings field, a job's field, or a guard setting).
 SWEEPS = {
-    "spares": "spare nodes",
+    "spares": "spare nodes: a count (16) or a share of the working nodes (0.8%)",
     "checkpoint_interval": "each job's checkpoint interval (a duration: 30m)",
     "checkpoint_write": "each job's checkpoint write time",
     "restart_overhead": "each job's restart overhead",
@@ -41,6 +41,34 @@ def _days(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a number of days > 0, got {text}")
     return value
+
+
+def _spares(text: str) -> str:
+    """``--spares``: a count of nodes (16) or a share of the working nodes (0.8%), checked here."""
+    try:
+        spare_count(text, 1)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def spare_count(text: str, nodes: int) -> int:
+    """Spare nodes for ``text``: a whole number as it is; a share (``0.8%``) of ``nodes`` as the
+    policy's ``spare_share`` counts it (rounded up, at least 1; 0% none)."""
+    from controller.heal.ladder import RepairPolicy
+
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 <= share <= 100:
+            raise ValueError(f"must be a share like 0.8%, got {text!r}")
+        return RepairPolicy(spare_share_pct=share).spare_target_for(nodes)
+    if not text.isdigit():
+        raise ValueError(f"must be a whole number >= 0 or a share like 0.8%, got {text!r}")
+    return int(text)
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -75,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"starpulse simulate: --job-nodes {job_nodes} exceeds --nodes {args.nodes}", file=sys.stderr)
         return 2
     job = JobSpec("job-0", job_nodes, args.checkpoint_interval, args.checkpoint_write, args.restart_overhead)
+    spares = spare_count(args.spares, args.nodes) if args.spares is not None else _policy_spares(base, args.nodes)
     settings = SimSettings(
-        nodes=args.nodes, spares=args.spares, days=args.days, jobs=(job,), gpus_per_node=args.gpus_per_node,
+        nodes=args.nodes, spares=spares, days=args.days, jobs=(job,), gpus_per_node=args.gpus_per_node,
         seed=args.seed, planned=not args.no_planned, manual_s=args.manual,
     )  # fmt: skip
     key, values = args.sweep if args.sweep else ("", [""])
@@ -117,12 +146,19 @@ def _base_config(args: argparse.Namespace) -> Any:
     return dataclasses.replace(base, heal=heal)
 
 
+def _policy_spares(base: Any, nodes: int) -> int:
+    """The spares the policy keeps for ``nodes`` working nodes (its spare_share, or spare_target)."""
+    from controller.heal.policy import load_policy
+
+    return int(load_policy(base.heal.policy_path).repair.spare_target_for(nodes))
+
+
 def _swept(settings: Any, base: Any, key: str, value: str) -> tuple[Any, Any]:
     if not key:
         return settings, base
     try:
         if key == "spares":
-            return dataclasses.replace(settings, spares=int(value)), base
+            return dataclasses.replace(settings, spares=spare_count(value, settings.nodes)), base
         if key == "rate_scale":
             return dataclasses.replace(settings, rate_scale=float(value)), base
         if key in ("checkpoint_interval", "checkpoint_write", "restart_overhead"):
@@ -177,7 +213,9 @@ def register(sub: Any) -> None:
     """Add `starpulse simulate` to the top-level subparsers."""
     p = sub.add_parser("simulate", help="simulate months of faults through the controller's own decisions")
     count_flag(p, "--nodes", 2048, "working nodes")
-    count_flag(p, "--spares", 16, "spare nodes besides them", minimum=0)
+    p.add_argument("--spares", type=_spares, default=None, metavar="N|P%",
+                   help="spare nodes besides them: a count, or a share of them like 0.8%% (default: the "
+                   "policy's spare_share, or its spare_target)")  # fmt: skip
     count_flag(p, "--gpus-per-node", 8, "GPUs per node")
     p.add_argument("--days", type=_days, default=60.0, metavar="D", help="simulated days (default: 60)")
     count_flag(p, "--job-nodes", 0, "the job's nodes; 0: every working node", minimum=0)

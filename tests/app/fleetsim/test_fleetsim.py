@@ -18,6 +18,7 @@ from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.settings import ControllerConfig, HealSettings
 from starpulse.app import cli
+from starpulse.app.cli.fleetsim import spare_count
 from starpulse.app.fleetsim.engine import Fault, JobSpec, SimSettings, simulate
 from starpulse.app.fleetsim.mix import MixError, load_mix
 
@@ -160,3 +161,36 @@ def test_guards_from_the_settings_are_the_ones_applied(tmp_path: Path) -> None:
     acted = [(d["node"], d["outcome"]) for d in result.decisions if d["outcome"] != "already_out_of_service"]
     assert acted == [("node-001", "ok"), ("node-002", "budget")]
     assert result.refused == {"budget": 1}
+
+
+def test_spares_default_to_the_policys_share_and_take_a_share(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28 item 6: without --spares the fleet keeps the policy's spare share (1.2 %: 1 spare
+    at 16 nodes, 4 at 256); a sweep or --spares takes a share of the working nodes too."""
+    assert [spare_count(v, 256) for v in ("0", "3", "0.8%", "2%", "0%")] == [0, 3, 3, 6, 0]
+    with pytest.raises(ValueError, match=r"share like 0\.8%"):
+        spare_count("many", 256)
+    code = cli.main(["simulate", "--nodes", "16", "--days", "0.5", "--sweep", "spares=0%,25%", "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["settings"]["spares"] for r in doc["runs"]] == [0, 4]
+    assert cli.main(["simulate", "--nodes", "16", "--days", "0.5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["settings"]["spares"] == 1
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--spares", "lots"])
+    assert "--spares" in capsys.readouterr().err
+
+
+def test_the_default_breaker_opens_on_a_mass_event_not_on_independent_faults(tmp_path: Path) -> None:
+    """Issue 28 item 6 through the simulator with the default guards: 64 working nodes + 1 spare
+    trip at 8 faulty nodes in 5 minutes. Six faults an hour apart: none refused by the breaker;
+    13 nodes (a fifth) within a minute: it opens, and holds what the budget would have let by."""
+    job = JobSpec("llm", 64, restart_overhead_s=100.0)
+    settings = SimSettings(64, 1, 1.0, (job,), planned=False)
+    mix = load_mix(_mix(tmp_path, repair_h=0.5))
+    apart = [Fault(1000.0 + 3600.0 * i, f"node-{i:03d}", "xid79") for i in range(6)]
+    calm = simulate(settings, mix, _base(GuardConfig()), apart)
+    assert calm.breaker_trips == 0 and "breaker_open" not in calm.refused and calm.evictions == 6
+    burst = [Fault(1000.0 + 4.0 * i, f"node-{i:03d}", "xid79") for i in range(13)]
+    mass = simulate(settings, mix, _base(GuardConfig()), burst)
+    assert mass.breaker_trips == 1 and mass.refused["breaker_open"] >= 1
+    assert mass.evictions <= GuardConfig().max_evictions_per_window

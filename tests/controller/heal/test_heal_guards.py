@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from controller.detect.model import Incident
-from controller.heal.guards import GuardConfig, Guards
+from controller.heal.guards import GuardConfig, Guards, breaker_threshold
 from controller.heal.policy import Decision
 from controller.heal.states import AUTOMATIC, EXTERNAL, NodeHealState, RemediationStore
 from starpulse.core.clock import FakeClock
@@ -298,3 +298,23 @@ def test_a_spare_put_to_work_is_not_a_flap(db: Path, clock: FakeClock) -> None:
         g.store.transition("node-001", S.IN_SERVICE, "took over", f"f{k}")
         clock.advance(60)
     assert g.check("node-001", EVICT, inc("node-001", 9), FLEET).allowed
+
+
+@pytest.mark.parametrize(
+    ("fleet", "want"),
+    [(2, 2), (4, 2), (12, 6), (16, 8), (100, 8), (256, 13), (2048, 103), (10_000, 500)],
+)
+def test_the_default_breaker_trips_at_a_share_of_a_fleet_and_half_a_small_one(fleet: int, want: int) -> None:
+    """Issue 28 item 6, measured: 5 % of the fleet, at least 8 nodes (the most seen in 5 minutes
+    was 5, at 10,000 nodes and 3x the Llama 3 rate), half a fleet of 16 or fewer as before."""
+    assert breaker_threshold(GuardConfig(), fleet) == want
+
+
+def test_the_default_breaker_opens_on_a_tenth_of_a_fleet_at_once(db: Path, clock: FakeClock) -> None:
+    g = make(db, clock, breaker_trip_share=GuardConfig().breaker_trip_share, max_evictions_per_window=1000)
+    fleet = 256
+    few = [inc(f"node-{i:03d}", i) for i in range(1, 13)]  # 12 of 256 in 5 minutes: below 13
+    assert g.check("node-001", EVICT, few[0], fleet, few).allowed and not g.breaker.is_open
+    tenth = few + [inc(f"node-{i:03d}", i) for i in range(13, 27)]  # 26 of 256
+    v = g.check("node-013", EVICT, tenth[12], fleet, tenth)
+    assert v.code == "breaker_open" and "26 of 256 nodes" in v.reason and "= 13" in v.reason

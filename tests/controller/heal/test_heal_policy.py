@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from controller.detect.model import Incident
+from controller.heal.ladder import RepairPolicy
 from controller.heal.policy import (
     ALERT_ONLY,
     NEVER_EVICT_KINDS,
@@ -275,3 +276,33 @@ def test_load_policy_from_path(tmp_path: Path) -> None:
     assert p.escalation.max_repair_loops == 5 and p.escalation.same_gpu_count == 3
     assert p.decide(incident()).action == "cordon"
     assert p.decide(incident("nic_fault", "node-003/nic-1")).action == ALERT_ONLY  # no entry: alert only
+
+
+def test_the_spare_pool_is_a_share_of_the_fleet_by_default() -> None:
+    """Issue 28 item 6: 1.2 % of the fleet's compute nodes, rounded up, at least one; measured."""
+    repair = load_policy().repair
+    assert repair.spare_target is None and repair.spare_share_pct == 1.2
+    assert [repair.spare_target_for(n) for n in (1, 16, 83, 84, 256, 2048, 10000)] == [1, 1, 1, 2, 4, 25, 120]
+    assert RepairPolicy(spare_share_pct=0.0).spare_target_for(2048) == 0  # 0 %: no pool
+
+
+@pytest.mark.parametrize(
+    ("repair", "nodes", "want"),
+    [
+        ("repair: {spare_target: 1}\n", 2048, 1),  # a file from before spare_share keeps its meaning
+        ("repair: {spare_target: 0}\n", 2048, 0),
+        ("repair: {spare_share: 2%}\n", 256, 6),
+        ("repair: {spare_share: 2%, spare_target: 4}\n", 256, 4),  # the absolute count wins
+    ],
+)
+def test_a_policy_file_sets_the_spare_target_as_a_count_or_a_share(repair: str, nodes: int, want: int) -> None:
+    assert parse_policy(GPU + repair, "p.yaml").repair.spare_target_for(nodes) == want
+
+
+@pytest.mark.parametrize(
+    ("value", "expect"),
+    [("1", "expected a percentage"), ("120%", "repair.spare_share"), ("3m", "is a time")],
+)
+def test_a_bad_spare_share_names_the_key(value: str, expect: str) -> None:
+    with pytest.raises(PolicyError, match=expect):
+        parse_policy(GPU + f"repair: {{spare_share: {value}}}\n", "p.yaml")

@@ -9,6 +9,7 @@ Short real-time limits (a second or two) keep each test quick.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -345,3 +346,19 @@ async def test_a_node_whose_accelerators_were_not_read_never_passes_validation(r
     assert failed and failed[0]["detail"].startswith("not judged: npu-smi info printed no NPU"), rep.evidence
     assert [c.kind for c in rig.commands].count(spb.COMMAND_KIND_REBOOT) == 1  # climbed to the reboot
     assert states(rig)[-1] == "spare"  # the rebooted node's chips were read: it passes
+
+
+async def test_a_share_of_the_fleet_sets_how_many_repaired_nodes_refill_the_pool(rig: Rig) -> None:
+    """The packaged default's form (issue 28 item 6): a share of the fabric's 5 compute nodes.
+    40 % of 5 is 2 spares, with one declared: the repaired node joins the pool; 20 % of 5 is 1
+    (a pool at its target sends the node back to work: the test with the count above)."""
+    start_agent(rig, {"gpu_reset": sh("true")})
+    share = dataclasses.replace(policy(), spare_target=None, spare_share_pct=40.0)
+    loop = rig.loop(share)
+    assert loop.spare_target() == 2
+    inc = rig.incidents[0]
+    await rig.evict(inc)
+    loop.begin(NODE, inc, "reset_gpu")
+    await drive(loop)
+    assert states(rig)[-1] == "spare" and NODE in rig.spares.spares()
+    assert rig.loop(dataclasses.replace(share, spare_share_pct=20.0)).spare_target() == 1
