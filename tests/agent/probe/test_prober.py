@@ -143,6 +143,9 @@ def test_batched_wakeups_keep_round_trips_exact_by_the_kernels_stamps() -> None:
     b.start()
     try:
         a.apply(_plan(1, "a/nic-0", "b/nic-0", port))
+        # b's ticks half a tick after a's: started together, the two 200 ms tick loops could
+        # run in step, and a's requests would reach b just before b wakes anyway (seen in CI)
+        time.sleep(0.1)
         b.apply(_plan(1, "b/nic-0", "a/nic-0", port))
         results = [r for r in _wait_results(a, n=2) if r.sent > r.lost]
         assert results and a._batch_ns == 200_000_000
