@@ -20,28 +20,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from bench.loadgen import varint
 from controller.fabric import Fabric, generate_fabric, save_fabric
 from controller.fabric.probeplan import ProbeConfig, plan_mesh
 from starpulse.v1 import telemetry_pb2 as tpb
 
 _FIELD = tpb.Report.DESCRIPTOR.fields_by_name["probe_results"].number
-_TAG = bytes([(_FIELD << 3) | 2]) if _FIELD < 16 else None
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _tag() -> bytes:
-    return _TAG if _TAG is not None else _varint((_FIELD << 3) | 2)
+_TAG = varint((_FIELD << 3) | 2)  # the field's key, length-delimited
 
 
 def fabric_for(nodes: int, per_block: int = 32) -> Fabric:
@@ -121,7 +106,7 @@ def payloads(
     cfg = config or ProbeConfig(enabled=True)
     mesh = plan_mesh(fabric, cfg, version=1)
     rng = random.Random(seed)
-    tag = _tag()
+    tag = _TAG
     out: dict[str, list[bytes]] = {}
     for node in nodes:
         plan = mesh.for_node(node, cfg)
@@ -131,7 +116,7 @@ def payloads(
             encoded = bytearray()
             for r in window(targets, cfg.window_s, rng, stray_loss, plan.version):
                 body = r.SerializeToString()
-                encoded += tag + _varint(len(body)) + body
+                encoded += tag + varint(len(body)) + body
             variants.append(bytes(encoded))
         out[node] = variants
     return out
