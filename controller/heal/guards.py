@@ -498,7 +498,13 @@ class Guards:
         """Trip the breaker on a mass fault; call it every tick, not only on decisions. True when it opened."""
         cfg = self.config
         since = self._clock() - int(cfg.breaker_window_s * 1000)
-        recent = {i.id: i for i in incidents if vocab.may_evict(i.kind) and i.active and i.opened_ms >= since}
+        # Informational incidents (an application's Xid 43 on every node after a bad job) are
+        # alerts, never evictions: a fleet-wide burst of them is not a mass fault.
+        recent = {
+            i.id: i
+            for i in incidents
+            if vocab.may_evict(i.kind) and i.active and i.opened_ms >= since and i.severity != "info"
+        }
         nodes: set[str] = set()
         for inc in recent.values():
             nodes.update(_blamed(inc))

@@ -157,6 +157,15 @@ def test_breaker_ignores_old_and_network_incidents(db: Path, clock: FakeClock) -
     assert not g.breaker.is_open
 
 
+def test_breaker_ignores_informational_incidents_on_every_node(db: Path, clock: FakeClock) -> None:
+    """An application's Xid 43 on every node is alert-only: the fault on the one real node still acts."""
+    g = make(db, clock, breaker_trip_share=0.5, breaker_window_s=300)
+    info = [inc(f"node-{i:03d}", i, severity="info", action="none") for i in range(1, 5)]
+    fatal = inc("node-001", 9, severity="fatal", action="reboot")
+    assert g.check("node-001", EVICT, fatal, 4, [*info, fatal]).allowed
+    assert not g.breaker.is_open
+
+
 def test_breaker_trips_on_incident_count(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, breaker_trip_incidents=3)
     active = [inc("node-001", i) for i in range(1, 4)]  # three incidents, one node
