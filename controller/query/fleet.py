@@ -353,7 +353,11 @@ def _job_figures(
 ) -> tuple[list[JobFigures], list[float], int]:
     """Per-job ETTR, the fault -> job resumed times, and interruptions no incident explains."""
     gpus_of = {i.node: i.gpus for i in intervals}
-    jobs = _rows(conn, "SELECT job, declared_nodes, world_size, first_seen_ms, updated_ms, state FROM heal_jobs")
+    jobs = _rows(
+        conn, "SELECT job, declared_nodes, world_size, first_seen_ms, updated_ms, state, ended_ms FROM heal_jobs"
+    ) or [(*row, None) for row in _rows(
+        conn, "SELECT job, declared_nodes, world_size, first_seen_ms, updated_ms, state FROM heal_jobs"
+    )]  # fmt: skip  # a mirror of a database from before jobs could end
     ranks: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
     for job, node, step_time, updated in _rows(conn, "SELECT job, node, step_time_s, updated_ms FROM heal_job_ranks"):
         ranks[job].append((node, float(step_time), int(updated)))
@@ -367,14 +371,20 @@ def _job_figures(
     out: list[JobFigures] = []
     job_mttr: list[float] = []
     software = 0
-    for job, declared, world, first_seen, updated, state in jobs:
+    for job, declared, world, first_seen, updated, state, ended in jobs:
         job_ranks = ranks.get(job, [])
         nodes = sorted(set(json.loads(declared)) | {n for n, _, _ in job_ranks})
         gpus = int(world) or sum(gpus_of.get(n, 0) for n in nodes)
         last_heard = max([int(updated), *(u for _, _, u in job_ranks)])
-        # A job whose ranks report ends where they last did (finished or gone); one the scheduler
+        # A job that ended (its own word, the scheduler's, or its ranks all gone) stops there: its
+        # figures are final. One whose ranks report ends where they last did; one the scheduler
         # alone declared runs, as far as the controller can tell, to the end of the window.
-        end = min(until_ms, max(last_heard, since_ms)) if job_ranks and state == "running" else until_ms
+        if ended is not None:
+            end = min(until_ms, max(int(ended), since_ms))
+        elif job_ranks and state == "running":
+            end = min(until_ms, max(last_heard, since_ms))
+        else:
+            end = until_ms
         start = max(int(first_seen), since_ms)
         wall_ms = max(0, end - start)
         step_times = [t for _, t, _ in job_ranks if t > 0]
