@@ -116,7 +116,7 @@ class DecisionCore:
         self.conflicts = AgentConflicts(clock)
         self.jobs = JobRegistry(store.connection, clock)
         self.fleet_service = FleetServiceLedger(store.connection)  # the GPU-days of the fleet report
-        self.history = HistoryKeeper(store.connection, config.history_retention_s)
+        self.history = HistoryKeeper(store.connection, config.history_retention_s, config.aggregate_retention_s)
         self._history_due_ms = 0
         self._fleet_synced: tuple[int, int] | None = None  # (registry presence version, when)
         for job, nodes in config.jobs.items():
@@ -274,7 +274,8 @@ class DecisionCore:
         now = self.clock.time_ms()
         if now >= self._history_due_ms:
             self._history_due_ms = now + HISTORY_SWEEP_MS
-            self.history.sweep(now)
+            self.history.sweep(now)  # aggregates the days leaving the horizon first: ended jobs' too
+            self.jobs.forget_ended(self.history.cutoff(now))
 
     def fleet_size(self) -> int:
         if self.fabric is not None:

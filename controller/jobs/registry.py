@@ -746,6 +746,23 @@ class JobRegistry:
         )
         return self._snapshot(rec)
 
+    def forget_ended(self, before_ms: int) -> int:
+        """Jobs that ended before ``before_ms`` (the raw history's horizon: their days are in the
+        daily aggregates by now) leave memory and their tables, ranks and restarts with them, so the
+        job ledger stays bounded however many jobs the fleet ran. Returns how many."""
+        old = [name for name, rec in self._jobs.items() if rec.ended_ms is not None and rec.ended_ms < before_ms]
+        if not old:
+            return 0
+        with transaction(self._db):
+            for name in old:
+                rec = self._jobs.pop(name)
+                for rank in rec.ranks:
+                    self._persisted_step_ms.pop((name, rank), None)
+                for table in ("heal_job_restarts", "heal_job_ranks", "heal_jobs"):
+                    self._db.execute(f"DELETE FROM {table} WHERE job = ?", (name,))
+        log.info("jobs_forgotten", jobs=len(old), ended_before_ms=before_ms)
+        return len(old)
+
     # -- queries --------------------------------------------------------------------------
 
     def _snapshot(self, rec: JobRecord) -> JobRecord:

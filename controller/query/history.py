@@ -63,6 +63,9 @@ CREATE TABLE IF NOT EXISTS reliability_node_daily (
 );
 """
 
+AGGREGATE_RETENTION_S = 730 * 86400.0  # ControllerConfig.aggregate_retention_s's default: two years
+_AGGREGATES = ("reliability_daily", "reliability_job_daily", "reliability_node_daily")
+
 # (table, the time column, an extra condition: rows still in use are never deleted)
 _EXPIRING = (
     ("events", "received_ms", ""),
@@ -101,18 +104,26 @@ def day_figures(report: FleetReport) -> dict[str, float]:
 class HistoryKeeper:
     """Aggregates days leaving the horizon, then deletes what is older (``sweep``, every hour or so)."""
 
-    def __init__(self, conn: sqlite3.Connection, retention_s: float) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, retention_s: float, aggregate_retention_s: float = AGGREGATE_RETENTION_S
+    ) -> None:
         self._db = conn
         self.retention_ms = int(retention_s * 1000)
+        self.aggregate_retention_ms = int(aggregate_retention_s * 1000)
         self._db.executescript(_SCHEMA)
 
+    def cutoff(self, now_ms: int) -> int:
+        """The raw history's horizon at ``now_ms``: a UTC day boundary; older raw rows are deleted."""
+        return (now_ms - self.retention_ms) // DAY_MS * DAY_MS
+
     def sweep(self, now_ms: int) -> dict[str, int]:
-        """Aggregate every whole day before the cutoff not yet aggregated, then delete older raw rows.
+        """Aggregate every whole day before the cutoff not yet aggregated, then delete older raw rows,
+        and the daily aggregates older than their own (longer) horizon.
 
         Returns rows deleted per table. The cutoff is a day boundary (UTC), so a day is either
         wholly in the aggregates or wholly in the raw rows.
         """
-        cutoff = (now_ms - self.retention_ms) // DAY_MS * DAY_MS
+        cutoff = self.cutoff(now_ms)
         aggregated = self._aggregate_until(cutoff)
         deleted: dict[str, int] = {}
         with transaction(self._db):
@@ -123,8 +134,24 @@ class HistoryKeeper:
                     continue
                 if cur.rowcount:
                     deleted[table] = cur.rowcount
+            deleted.update(self._expire_aggregates(now_ms))
         if deleted or aggregated:
             log.info("history_swept", cutoff_ms=cutoff, days_aggregated=aggregated, deleted=deleted)
+        return deleted
+
+    def _expire_aggregates(self, now_ms: int) -> dict[str, int]:
+        """Delete the daily aggregates older than their horizon. The last aggregated day always
+        stays: it marks where aggregation goes on (a horizon no longer than the raw one would
+        otherwise make the next sweep aggregate again from the fleet's first day)."""
+        last = self._db.execute("SELECT MAX(day_ms) FROM reliability_daily").fetchone()[0]
+        if last is None:
+            return {}
+        before = min((now_ms - self.aggregate_retention_ms) // DAY_MS * DAY_MS, int(last))
+        deleted = {}
+        for table in _AGGREGATES:
+            cur = self._db.execute(f'DELETE FROM "{table}" WHERE day_ms < ?', (before,))
+            if cur.rowcount:
+                deleted[table] = cur.rowcount
         return deleted
 
     def _aggregate_until(self, cutoff: int) -> int:
