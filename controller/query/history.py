@@ -28,6 +28,7 @@ from controller.query.fleet import (
     FleetReport,
     JobFigures,
     ReportSettings,
+    annotate_lemons,
     fleet_report,
     lemon_list,
     node_fault_counts,
@@ -94,6 +95,8 @@ def day_figures(report: FleetReport) -> dict[str, float]:
         "mttr_job_n": float(len(report.mttr_job_s)),
         "evictions": float(report.evictions),
         "wrongful": float(len(report.wrongful)),
+        "validated_returns": float(report.validated_returns),
+        "false_validations": float(len(report.false_validations)),
     }
     for cause in CAUSES:
         if report.by_cause.get(cause):
@@ -124,7 +127,7 @@ class HistoryKeeper:
         wholly in the aggregates or wholly in the raw rows.
         """
         cutoff = self.cutoff(now_ms)
-        aggregated = self._aggregate_until(cutoff)
+        aggregated = self._aggregate_until(cutoff, now_ms)
         deleted: dict[str, int] = {}
         with transaction(self._db):
             for table, column, extra in _EXPIRING:
@@ -154,7 +157,7 @@ class HistoryKeeper:
                 deleted[table] = cur.rowcount
         return deleted
 
-    def _aggregate_until(self, cutoff: int) -> int:
+    def _aggregate_until(self, cutoff: int, now_ms: int) -> int:
         last = self._db.execute("SELECT MAX(day_ms) FROM reliability_daily").fetchone()[0]
         first = self._first_day() if last is None else last + DAY_MS
         if first is None:
@@ -162,7 +165,8 @@ class HistoryKeeper:
         days = 0
         day = first
         while day + DAY_MS <= cutoff:
-            report = fleet_report(self._db, day, day + DAY_MS, ReportSettings())
+            # judged with what is known now: a return late in the day has had its false-success window
+            report = fleet_report(self._db, day, day + DAY_MS, ReportSettings(), as_of_ms=now_ms)
             figures = day_figures(report)
             figures["aggregated"] = 1.0  # marks the day done even when nothing happened
             with transaction(self._db):
@@ -258,6 +262,11 @@ def merge_daily(report: FleetReport, sums: Mapping[str, float], first_ms: int) -
         lemons=report.lemons,
         settings=report.settings,
         wrongful_earlier=report.wrongful_earlier + int(sums.get("wrongful", 0.0)),
+        validated_returns=report.validated_returns,
+        false_validations=report.false_validations,
+        false_validation_pending=report.false_validation_pending,
+        validated_earlier=report.validated_earlier + int(sums.get("validated_returns", 0.0)),
+        false_validations_earlier=report.false_validations_earlier + int(sums.get("false_validations", 0.0)),
     )
 
 
@@ -276,7 +285,8 @@ def report_with_history(
         raw = fleet_report(conn, end, until_ms, settings)
         report = merge_daily(raw, sums, first)
         report.jobs = merge_jobs(raw.jobs, job_days(conn, first, end))
-    report.lemons = lemons_with_history(conn, until_ms, settings)
+    since = until_ms - int(settings.lemon_window_s * 1000)
+    report.lemons = annotate_lemons(lemons_with_history(conn, until_ms, settings), conn, since, until_ms, settings)
     return report
 
 

@@ -113,7 +113,9 @@ async def test_the_aggregates_beyond_the_horizon_reach_a_replica(make: Callable[
     HistoryKeeper(store.connection, 5 * 86400.0).sweep(clock.time_ms())  # days 0-6 aggregated, raw rows gone
     assert store.connection.execute("SELECT COUNT(*) FROM incidents").fetchone()[0] == 0
     before = report_with_history(store.connection, T0, clock.time_ms()).to_dict()
-    assert before["faults"]["total"] == 3 and before["lemons"]["nodes"] == [{"node": "n1", "faults": 3}]
+    assert before["faults"]["total"] == 3 and before["lemons"]["nodes"] == [
+        {"node": "n1", "faults": 3, "false_validations": 0}
+    ]
     assert before["ettr"]["jobs"][0]["interruptions"] == 1
     await mirror.flush()
     b_store, _, _, b_mirror = await make("b")
