@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,8 +178,12 @@ def _swept(settings: Any, base: Any, key: str, value: str) -> tuple[Any, Any]:
             seconds = duration(value)
             jobs = tuple(dataclasses.replace(j, **{field: seconds}) for j in settings.jobs)
             return dataclasses.replace(settings, jobs=jobs), base
-        guard = {"budget": ("max_evictions_per_window", int), "fleet_share": ("max_fleet_share", float),
-                 "budget_share": ("max_evictions_share", fleet_fraction)}[key]  # fmt: skip
+        guards_of: dict[str, tuple[str, Callable[[str], Any]]] = {
+            "budget": ("max_evictions_per_window", int),
+            "fleet_share": ("max_fleet_share", float),
+            "budget_share": ("max_evictions_share", fleet_fraction),
+        }
+        guard = guards_of[key]
         guards = dataclasses.replace(base.heal.guards, **{guard[0]: guard[1](value)})
         return settings, dataclasses.replace(base, heal=dataclasses.replace(base.heal, guards=guards))
     except (ValueError, argparse.ArgumentTypeError) as exc:
