@@ -136,6 +136,23 @@ class TestJobEnd:
         assert figures.wall_s == pytest.approx(3 * HOUR_S)
         assert figures.basis == "steps"  # its ranks' step times are kept with the ended job
 
+    def test_the_jobs_word_after_its_ranks_left_keeps_the_time_they_left(self, core: DecisionCore) -> None:
+        """Ranks gone first, the launcher's "completed" a minute later: the end stays where the ranks
+        left, its reason becomes the job's own, and a late rank sample no longer reopens it."""
+        step = _run(core, "llm", hours=2.0)
+        _report(core, "llm", 0, ranks=False)
+        left = core.clock.time_ms()
+        _clock(core).advance(60.0)
+        core.job_progress("llm", step, at_ms=core.clock.time_ms(), phase="completed")
+        _report(core, "llm", step, pid=300)
+        rec = core.jobs.job("llm")
+        assert rec is not None and (rec.state, rec.end_reason, rec.ended_ms, rec.history) == (
+            ENDED,
+            "completed",
+            left,
+            [],
+        )
+
     def test_ranks_back_with_new_processes_are_a_restart_the_controller_did_not_make(self, core: DecisionCore) -> None:
         """The job failed by itself and its scheduler restarted it: one ``unrecorded`` restart, the gap
         down; the same processes back (an agent restart) would not be one."""
