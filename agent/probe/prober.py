@@ -273,6 +273,13 @@ class Prober:
     def _timeout_ns(self) -> int:
         return max(1, self.plan.timeout_ms) * 1_000_000
 
+    @property
+    def _grace_ns(self) -> int:
+        """How long past the timeout an unanswered probe waits before it is lost: two ticks where
+        the thread batches (a peer holds a request up to its tick, as this one does, and the
+        thread may be scheduled late), none where it wakes per packet."""
+        return 2 * self._batch_ns
+
     def _maybe_switch(self) -> None:
         with self._lock:
             plan, self._pending = self._pending, None
@@ -501,12 +508,21 @@ class Prober:
     def _replied(self, nic: str, port: int, seq: int, processing_ns: int, epoch: int, received: int) -> None:
         entry = self._outstanding.get(seq)
         if entry is None:
-            return  # late (already counted lost) or from another plan
+            return  # past its grace (already counted lost) or from another plan
         index, sent = entry
         f = self._flows[index]
         if f.src_port != port or f.local_nic != nic:
             return  # not this socket's probe
         del self._outstanding[seq]
+        network_ns = received - sent - processing_ns
+        if network_ns > self._timeout_ns:
+            # the network took longer than the timeout: lost, however soon it was read; the
+            # responder's hold (its tick) is its own time and does not count against it
+            f.sent += 1
+            f.lost += 1
+            if received >= f.trace_due and self._fate is None:
+                self._trace(index, received)
+            return
         last = self._peer_epoch.get(f.peer_nic)
         if last != epoch:
             if last is not None:
@@ -519,7 +535,10 @@ class Prober:
         f.processing_us += processing_ns / 1000
 
     def _expire(self, now: int) -> None:
-        limit = now - self._timeout_ns
+        # A probe is given up on only after the timeout and the grace (a responder that batches
+        # holds a request up to its tick): a reply that arrives within the grace is judged on its
+        # network time (``_replied``), so the tick can be long without counting holds as loss.
+        limit = now - self._timeout_ns - self._grace_ns
         late: list[int] = []
         for seq, (_, sent) in self._outstanding.items():
             if sent >= limit:
