@@ -97,6 +97,12 @@ class UdpEndpoint:
     def fileno(self) -> int:
         return self._sock.fileno()
 
+    def reserve(self, nbytes: int) -> None:
+        """Ask for a receive buffer of ``nbytes`` (the kernel caps it at ``net.core.rmem_max``): a
+        responder that answers once a tick holds that tick's requests meanwhile."""
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes)
+
     def send(self, data: bytes, address: str, port: int) -> None:
         # A full queue or an unreachable route is a lost probe, which is what it counts as. An ICMP
         # error that reached this socket (IP_RECVERR) fails the next send once, taking the error

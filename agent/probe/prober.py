@@ -4,8 +4,8 @@ Per NIC of the plan it binds one responder (rail address, the plan's port) and o
 flow (rail address, source port): the probes leave from that rail's own address in the RoCE
 class. Each flow gets its share of its target's packets per second, started at a random
 phase so a node's probes do not leave in bursts. A reply's round trip less the responder's
-own processing time is the network's; a probe with no reply within the plan's timeout is
-lost. Every ``window_s`` each flow's counts become one ``ProbeResult``, which the next report
+own processing time is the network's; a probe whose reply took the network longer than the
+plan's timeout, or that has none two ticks after it, is lost. Every ``window_s`` each flow's counts become one ``ProbeResult``, which the next report
 carries (``take_results``), and the counts start again.
 
 A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
@@ -89,6 +89,13 @@ class _Socket:
 
 
 _READS = 64  # bounded: one busy socket does not starve the schedule
+# The thread's tick: each wake-up costs ~0.1 ms of CPU whatever it does (bench/README.md, issue 29
+# session 13), 0.1 % of a core at 10 a second, 0.02 % at 2. Loss is judged on the network's time
+# (the arrival stamp less the responder's hold), so a tick longer than the probe timeout loses
+# nothing; a responder then holds up to a tick's requests in its socket (10 at the default budget
+# of 20 a second per NIC), hence the larger receive buffer it asks for.
+TICK_S = 0.5
+_RESPONDER_RCVBUF = 1 << 20
 _SLOTS = 32  # a responder's requests read (and answered) per system call
 _EPOLLIN, _EPOLLERR = select.EPOLLIN, select.EPOLLERR
 
@@ -102,7 +109,7 @@ class Prober:
         fate: FateOf | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         seed: int | None = None,
-        tick_s: float = 0.1,
+        tick_s: float = TICK_S,
         use_mmsg: bool = True,
     ) -> None:
         """``tick_s``: the thread wakes once per tick and does everything due in one go (sends,
@@ -354,6 +361,9 @@ class Prober:
         self._poll.register(fd, _EPOLLIN)
         self._sockets[fd] = _Socket(ep, nic, port, _READS, isinstance(ep, UdpEndpoint))
         if responder:
+            reserve = getattr(ep, "reserve", None)
+            if reserve is not None:
+                reserve(_RESPONDER_RCVBUF)
             self._responders.append(ep)
         else:
             self._senders[(nic, port)] = ep

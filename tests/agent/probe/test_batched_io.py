@@ -125,3 +125,32 @@ def test_a_flow_socket_is_read_once_per_tick_only_where_under_half_a_reply_a_tic
         assert [s.reads for s in sockets if not s.nic] == [64]  # a responder reads until empty
     finally:
         p.stop()
+
+
+def test_a_responder_asks_for_room_for_a_ticks_requests_and_a_flow_socket_does_not() -> None:
+    """A responder answers once a tick, holding that tick's requests in its socket meanwhile: it
+    asks for a larger receive buffer than the kernel's default (which a flow socket keeps)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as plain:
+        default = plain.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    p = Prober(seed=1)
+    plan = spb.ProbePlan(version=1, port=_udp_port(), dscp=26, payload_bytes=200, timeout_ms=500, window_s=1)
+    plan.listen["a/nic-0"] = "127.0.44.1"
+    plan.targets.add(
+        local_nic="a/nic-0",
+        local_address="127.0.44.1",
+        peer_nic="b/nic-0",
+        peer_address="127.0.44.3",
+        src_ports=[_udp_port()],
+        packets_per_s=2.0,
+    )
+    p.apply(plan)
+    p.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(p._sockets) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        buffers = {s.nic: s.ep._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in p._sockets.values()}  # type: ignore[attr-defined]
+        assert buffers["a/nic-0"] == default
+        assert buffers[""] > default
+    finally:
+        p.stop()
