@@ -5,8 +5,9 @@ flow (rail address, source port): the probes leave from that rail's own address 
 class. Each flow gets its share of its target's packets per second, started at a random
 phase so a node's probes do not leave in bursts. A reply's round trip less the responder's
 own processing time is the network's; a probe whose reply took the network longer than the
-plan's timeout, or that has none two ticks after it, is lost. Every ``window_s`` each flow's counts become one ``ProbeResult``, which the next report
-carries (``take_results``), and the counts start again.
+plan's timeout, or that has none two ticks past it, is lost. Every ``window_s`` each flow's
+counts become one ``ProbeResult``, which the next report carries (``take_results``), and the
+counts start again.
 
 A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
 that window: its missed replies are its restart, not the network's loss.
@@ -96,6 +97,31 @@ _READS = 64  # bounded: one busy socket does not starve the schedule
 # of 20 a second per NIC), hence the larger receive buffer it asks for.
 TICK_S = 0.5
 _RESPONDER_RCVBUF = 1 << 20
+_DEFAULT_RCVBUF = 212_992  # Linux's net.core.rmem_default: what an endpoint that cannot say has
+_MIN_TICK_NS = 20_000_000  # however busy the responders, no more than 50 wake-ups a second
+
+
+def fitting_tick_ns(tick_ns: int, room_bytes: int, datagram_bytes: int, arrivals_per_s: float) -> int:
+    """The tick, shortened where a responder's receive buffer (``room_bytes``, as the kernel counts
+    it: each datagram takes about twice its size there, with the buffer it sits in) would not hold
+    twice the requests that arrive in one tick (peers send theirs in bursts at their own ticks):
+    a request the buffer cannot hold is dropped, and counts as the network's loss."""
+    if arrivals_per_s <= 0:
+        return tick_ns
+    holds = room_bytes / (2 * max(1, datagram_bytes))  # datagrams
+    fits = int(1e9 * holds / (2 * arrivals_per_s))
+    return max(_MIN_TICK_NS, min(tick_ns, fits))
+
+
+def _arrivals_per_s(plan: spb.ProbePlan) -> float:
+    """Requests a second the busiest responder should expect: the plan gives each NIC a budget it
+    sends and answers (a symmetric mesh), so the largest of what a NIC's targets send."""
+    per_nic: dict[str, float] = {}
+    for t in plan.targets:
+        per_nic[t.local_nic] = per_nic.get(t.local_nic, 0.0) + max(0.0, t.packets_per_s)
+    return max(per_nic.values(), default=0.0)
+
+
 _SLOTS = 32  # a responder's requests read (and answered) per system call
 _EPOLLIN, _EPOLLERR = select.EPOLLIN, select.EPOLLERR
 
@@ -125,6 +151,7 @@ class Prober:
         self._clock = clock
         self._tick_ns = int(tick_s * 1e9)
         self._batch_ns = 0  # the tick where every open endpoint stamps its arrivals, else 0
+        self._room = _DEFAULT_RCVBUF  # the smallest receive buffer a responder of the plan was granted
         self._rt_offset: int | None = None  # CLOCK_REALTIME - our clock, for the kernel's stamps
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -294,6 +321,7 @@ class Prober:
             return
         self._close_endpoints()
         self._batch_ns = 0
+        self._room = _RESPONDER_RCVBUF * 2
         self.plan = plan
         self._flows, self._due, self._outstanding, self._delayed = [], [], {}, []
         self._traces = {}
@@ -335,7 +363,10 @@ class Prober:
                 heapq.heappush(self._due, (now + int(self._rng.random() * interval), index))
         self._window_end = now + max(1, plan.window_s) * 1_000_000_000
         endpoints = [*self._responders, *self._senders.values()]
-        self._batch_ns = self._tick_ns if endpoints and all(getattr(e, "stamps", False) for e in endpoints) else 0
+        stamps = bool(endpoints) and all(getattr(e, "stamps", False) for e in endpoints)
+        self._batch_ns = (
+            fitting_tick_ns(self._tick_ns, self._room, len(self._probe), _arrivals_per_s(plan)) if stamps else 0
+        )
         # A sender socket that expects under half a reply per tick reads one per wake-up (a second
         # waits a tick, its stamp keeps its round trip exact): no read that finds nothing.
         for s in self._sockets.values():
@@ -362,8 +393,8 @@ class Prober:
         self._sockets[fd] = _Socket(ep, nic, port, _READS, isinstance(ep, UdpEndpoint))
         if responder:
             reserve = getattr(ep, "reserve", None)
-            if reserve is not None:
-                reserve(_RESPONDER_RCVBUF)
+            room = reserve(_RESPONDER_RCVBUF) if reserve is not None else _DEFAULT_RCVBUF
+            self._room = min(self._room, room)
             self._responders.append(ep)
         else:
             self._senders[(nic, port)] = ep
