@@ -309,10 +309,12 @@ class Prober:
 
     @property
     def _grace_ns(self) -> int:
-        """How long past the timeout an unanswered probe waits before it is lost: two ticks where
-        the thread batches (a peer holds a request up to its tick, as this one does, and the
-        thread may be scheduled late), none where it wakes per packet."""
-        return 2 * self._batch_ns
+        """How long past the timeout an unanswered probe waits before it is lost: two of the
+        configured ticks where the thread batches (a peer holds a request up to its tick, at most
+        this long where it runs the same agent, and the thread may be scheduled late; a tick
+        shortened for a small receive buffer does not shorten the peers'), none where it wakes
+        per packet."""
+        return 2 * self._tick_ns if self._batch_ns else 0
 
     def _maybe_switch(self) -> None:
         with self._lock:
