@@ -4,9 +4,10 @@ Per NIC of the plan it binds one responder (rail address, the plan's port) and o
 flow (rail address, source port): the probes leave from that rail's own address in the RoCE
 class. Each flow gets its share of its target's packets per second, started at a random
 phase so a node's probes do not leave in bursts. A reply's round trip less the responder's
-own processing time is the network's; a probe with no reply within the plan's timeout is
-lost. Every ``window_s`` each flow's counts become one ``ProbeResult``, which the next report
-carries (``take_results``), and the counts start again.
+own processing time is the network's; a probe whose reply took the network longer than the
+plan's timeout, or that has none two ticks past it, is lost. Every ``window_s`` each flow's
+counts become one ``ProbeResult``, which the next report carries (``take_results``), and the
+counts start again.
 
 A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
 that window: its missed replies are its restart, not the network's loss.
@@ -89,6 +90,38 @@ class _Socket:
 
 
 _READS = 64  # bounded: one busy socket does not starve the schedule
+# The thread's tick: each wake-up costs ~0.1 ms of CPU whatever it does (bench/README.md, issue 29
+# session 13), 0.1 % of a core at 10 a second, 0.02 % at 2. Loss is judged on the network's time
+# (the arrival stamp less the responder's hold), so a tick longer than the probe timeout loses
+# nothing; a responder then holds up to a tick's requests in its socket (10 at the default budget
+# of 20 a second per NIC), hence the larger receive buffer it asks for.
+TICK_S = 0.5
+_RESPONDER_RCVBUF = 1 << 20
+_DEFAULT_RCVBUF = 212_992  # Linux's net.core.rmem_default: what an endpoint that cannot say has
+_MIN_TICK_NS = 20_000_000  # however busy the responders, no more than 50 wake-ups a second
+
+
+def fitting_tick_ns(tick_ns: int, room_bytes: int, datagram_bytes: int, arrivals_per_s: float) -> int:
+    """The tick, shortened where a responder's receive buffer (``room_bytes``, as the kernel counts
+    it: each datagram takes about twice its size there, with the buffer it sits in) would not hold
+    twice the requests that arrive in one tick (peers send theirs in bursts at their own ticks):
+    a request the buffer cannot hold is dropped, and counts as the network's loss."""
+    if arrivals_per_s <= 0:
+        return tick_ns
+    holds = room_bytes / (2 * max(1, datagram_bytes))  # datagrams
+    fits = int(1e9 * holds / (2 * arrivals_per_s))
+    return max(_MIN_TICK_NS, min(tick_ns, fits))
+
+
+def _arrivals_per_s(plan: spb.ProbePlan) -> float:
+    """Requests a second the busiest responder should expect: the plan gives each NIC a budget it
+    sends and answers (a symmetric mesh), so the largest of what a NIC's targets send."""
+    per_nic: dict[str, float] = {}
+    for t in plan.targets:
+        per_nic[t.local_nic] = per_nic.get(t.local_nic, 0.0) + max(0.0, t.packets_per_s)
+    return max(per_nic.values(), default=0.0)
+
+
 _SLOTS = 32  # a responder's requests read (and answered) per system call
 _EPOLLIN, _EPOLLERR = select.EPOLLIN, select.EPOLLERR
 
@@ -102,7 +135,7 @@ class Prober:
         fate: FateOf | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         seed: int | None = None,
-        tick_s: float = 0.1,
+        tick_s: float = TICK_S,
         use_mmsg: bool = True,
     ) -> None:
         """``tick_s``: the thread wakes once per tick and does everything due in one go (sends,
@@ -118,6 +151,7 @@ class Prober:
         self._clock = clock
         self._tick_ns = int(tick_s * 1e9)
         self._batch_ns = 0  # the tick where every open endpoint stamps its arrivals, else 0
+        self._room = _DEFAULT_RCVBUF  # the smallest receive buffer a responder of the plan was granted
         self._rt_offset: int | None = None  # CLOCK_REALTIME - our clock, for the kernel's stamps
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -273,6 +307,15 @@ class Prober:
     def _timeout_ns(self) -> int:
         return max(1, self.plan.timeout_ms) * 1_000_000
 
+    @property
+    def _grace_ns(self) -> int:
+        """How long past the timeout an unanswered probe waits before it is lost: two of the
+        configured ticks where the thread batches (a peer holds a request up to its tick, at most
+        this long where it runs the same agent, and the thread may be scheduled late; a tick
+        shortened for a small receive buffer does not shorten the peers'), none where it wakes
+        per packet."""
+        return 2 * self._tick_ns if self._batch_ns else 0
+
     def _maybe_switch(self) -> None:
         with self._lock:
             plan, self._pending = self._pending, None
@@ -280,6 +323,7 @@ class Prober:
             return
         self._close_endpoints()
         self._batch_ns = 0
+        self._room = _RESPONDER_RCVBUF * 2
         self.plan = plan
         self._flows, self._due, self._outstanding, self._delayed = [], [], {}, []
         self._traces = {}
@@ -321,7 +365,10 @@ class Prober:
                 heapq.heappush(self._due, (now + int(self._rng.random() * interval), index))
         self._window_end = now + max(1, plan.window_s) * 1_000_000_000
         endpoints = [*self._responders, *self._senders.values()]
-        self._batch_ns = self._tick_ns if endpoints and all(getattr(e, "stamps", False) for e in endpoints) else 0
+        stamps = bool(endpoints) and all(getattr(e, "stamps", False) for e in endpoints)
+        self._batch_ns = (
+            fitting_tick_ns(self._tick_ns, self._room, len(self._probe), _arrivals_per_s(plan)) if stamps else 0
+        )
         # A sender socket that expects under half a reply per tick reads one per wake-up (a second
         # waits a tick, its stamp keeps its round trip exact): no read that finds nothing.
         for s in self._sockets.values():
@@ -347,6 +394,9 @@ class Prober:
         self._poll.register(fd, _EPOLLIN)
         self._sockets[fd] = _Socket(ep, nic, port, _READS, isinstance(ep, UdpEndpoint))
         if responder:
+            reserve = getattr(ep, "reserve", None)
+            room = reserve(_RESPONDER_RCVBUF) if reserve is not None else _DEFAULT_RCVBUF
+            self._room = min(self._room, room)
             self._responders.append(ep)
         else:
             self._senders[(nic, port)] = ep
@@ -501,12 +551,21 @@ class Prober:
     def _replied(self, nic: str, port: int, seq: int, processing_ns: int, epoch: int, received: int) -> None:
         entry = self._outstanding.get(seq)
         if entry is None:
-            return  # late (already counted lost) or from another plan
+            return  # past its grace (already counted lost) or from another plan
         index, sent = entry
         f = self._flows[index]
         if f.src_port != port or f.local_nic != nic:
             return  # not this socket's probe
         del self._outstanding[seq]
+        network_ns = received - sent - processing_ns
+        if network_ns > self._timeout_ns:
+            # the network took longer than the timeout: lost, however soon it was read; the
+            # responder's hold (its tick) is its own time and does not count against it
+            f.sent += 1
+            f.lost += 1
+            if received >= f.trace_due and self._fate is None:
+                self._trace(index, received)
+            return
         last = self._peer_epoch.get(f.peer_nic)
         if last != epoch:
             if last is not None:
@@ -519,7 +578,10 @@ class Prober:
         f.processing_us += processing_ns / 1000
 
     def _expire(self, now: int) -> None:
-        limit = now - self._timeout_ns
+        # A probe is given up on only after the timeout and the grace (a responder that batches
+        # holds a request up to its tick): a reply that arrives within the grace is judged on its
+        # network time (``_replied``), so the tick can be long without counting holds as loss.
+        limit = now - self._timeout_ns - self._grace_ns
         late: list[int] = []
         for seq, (_, sent) in self._outstanding.items():
             if sent >= limit:
