@@ -20,13 +20,14 @@ import math
 import statistics
 from bisect import bisect_left, insort
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
 import structlog
 
+from controller.detect.failslow_groups import PeerGroups
 from controller.detect.model import Condition, ConditionChange
 from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
@@ -187,12 +188,15 @@ class _Window:
         self.values.append(value)
         insort(self.ordered, value)
 
-    def prune(self, cutoff: int) -> None:
-        """Drop the samples taken before ``cutoff``."""
+    def prune(self, cutoff: int) -> bool:
+        """Drop the samples taken before ``cutoff``; True if any left."""
         times, values, ordered = self.times, self.values, self.ordered
+        dropped = False
         while times and times[0] < cutoff:
             times.popleft()
             del ordered[bisect_left(ordered, values.popleft())]
+            dropped = True
+        return dropped
 
     def median(self) -> float:
         ordered = self.ordered
@@ -241,14 +245,32 @@ class FailSlowDetector:
         group_of: Callable[[str], str | None] = lambda node: None,
         *,
         clock: Clock,
+        group_map: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
+        """``group_of``: a node's peer group when no fresh job names one (None: not compared).
+        ``group_map``: the same for every node at once (node -> group, absent: None); given, it
+        replaces ``group_of`` and nodes are regrouped only when it changes (PeerGroups).
+        """
         self.config = config or FailSlowConfig()
-        self._group_of = group_of
         self.clock = clock
         self._clock_ms = clock.time_ms
         self._nodes: dict[str, _NodeSamples] = {}
         self._state: dict[str, _NodeState] = {}
         self._sample_ms = int(self.config.sample_every_s * 1000)
+        cfg = self.config
+        ttl_s = cfg.job_ttl_s if cfg.job_ttl_s is not None else cfg.window_s
+        self._groups = PeerGroups(group_of, group_map, int(ttl_s * 1000))
+        # A group's deviations as last compared, and its members' oldest sample then: it is
+        # compared again only when it turns dirty (PeerGroups) or that sample leaves the window.
+        self._found: dict[str, dict[str, list[Deviation]]] = {}
+        self._oldest: dict[str, int] = {}
+
+    def _node(self, node_id: str) -> _NodeSamples:
+        ns = self._nodes.get(node_id)
+        if ns is None:
+            ns = self._nodes[node_id] = _NodeSamples()
+            self._groups.added(node_id)
+        return ns
 
     # -- input ---------------------------------------------------------------------------
 
@@ -265,9 +287,7 @@ class FailSlowDetector:
         can read the report where it was decoded and send only these few numbers to the
         controller.
         """
-        ns = self._nodes.get(node_id)
-        if ns is None:
-            ns = self._nodes[node_id] = _NodeSamples()
+        ns = self._node(node_id)
         now = self._clock_ms()
         last = ns.sampled_ms
         if last is not None and now - last < self._sample_ms:
@@ -282,20 +302,22 @@ class FailSlowDetector:
         if not values and job is None:
             return  # a report not sampled (sample_every_s)
         now = self._clock_ms()
-        ns = self._nodes.get(node_id)
-        if ns is None:
-            ns = self._nodes[node_id] = _NodeSamples()
+        ns = self._node(node_id)
         if job is not None:
             ns.job, ns.job_seen_ms = job, now
+            self._groups.job_seen(node_id, now)
         signals = self.config.signals
         series = ns.series
+        changed = False
         for signal, value in values.items():
             if signal in signals and math.isfinite(value):
                 window = series.get(signal)
                 if window is None:
                     window = series[signal] = _Window()
                 window.append((now, value))
-        self._prune(ns, now)
+                changed = True
+        if self._prune(ns, now) or changed:
+            self._groups.changed(node_id)
 
     def _extract(self, ns: _NodeSamples, report: tpb.Report, now: int) -> tuple[dict[str, float], str | None]:
         out: dict[str, float] = {}
@@ -370,6 +392,7 @@ class FailSlowDetector:
     def forget(self, node_id: str) -> ConditionChange | None:
         """Drop a node (decommissioned, replaced); resolves its condition if it had one."""
         self._nodes.pop(node_id, None)
+        self._groups.forget(node_id)
         state = self._state.pop(node_id, None)
         if state is None or state.condition is None:
             return None
@@ -381,86 +404,126 @@ class FailSlowDetector:
     # -- evaluation ----------------------------------------------------------------------
 
     def groups(self) -> dict[str, list[str]]:
-        """Current peer groups: reported jobs first (``job:<name>``), else ``group_of``."""
-        now = self._clock_ms()
-        ttl_ms = int((self.config.job_ttl_s if self.config.job_ttl_s is not None else self.config.window_s) * 1000)
-        out: dict[str, list[str]] = {}
-        for node in sorted(self._nodes):
-            ns = self._nodes[node]
-            fresh_job = ns.job is not None and now - ns.job_seen_ms <= ttl_ms
-            group = f"job:{ns.job}" if fresh_job else self._group_of(node)
-            if group is not None:
-                out.setdefault(group, []).append(node)
-        return out
+        """Current peer groups (``job:<name>`` for a fresh reported job, else ``group_of``), members sorted."""
+        self._groups.refresh(self._nodes, self._clock_ms())
+        return {group: sorted(members) for group, members in sorted(self._groups.members.items())}
 
-    # Complexity over 15 on purpose: a generator that yields between groups: its loop state cannot be split into helpers
-    # without passing it all along.
-    def _deviation_steps(self, found: dict[str, list[Deviation]], nodes_per_step: float) -> Iterator[None]:  # noqa: C901
-        """Fill ``found`` group by group, pausing (yield) after about ``nodes_per_step`` nodes.
+    def _deviation_steps(self, found: dict[str, list[Deviation]], nodes_per_step: float) -> Iterator[None]:
+        """Fill ``found``, comparing again only the groups that changed, pausing (yield) after
+        about ``nodes_per_step`` nodes.
 
-        The pauses let the controller's event loop decide reports in between: at 10,000
-        nodes one whole comparison is ~150 ms of Python (bench.failslow_eval).
+        A group whose members, their windows and their windows' oldest samples are as they
+        were keeps its last deviations: comparing it again would find the same (the verdicts
+        of every group compared every time, pinned by tests/controller/detect/test_failslow_equivalence.py).
+        The pauses let the controller's event loop decide reports in between.
         """
         now = self._clock_ms()
-        cfg = self.config
-        cutoff = now - int(cfg.window_s * 1000)
-        min_samples = cfg.min_samples
+        cutoff = now - int(self.config.window_s * 1000)
+        peers = self._groups
+        regrouped = peers.refresh(self._nodes, now)
+        if regrouped > nodes_per_step:
+            yield  # the whole fleet regrouped (the peer map changed): a step of its own
+        todo = peers.dirty
+        peers.dirty = set()
+        todo.update(group for group, oldest in self._oldest.items() if oldest < cutoff)
         done = 0
-        groups = self.groups()  # every node once (sorted): a step of its own at fleet size
-        if nodes_per_step < len(self._nodes):
-            yield
-        for group, members in groups.items():
+        for group in sorted(todo):
+            members = peers.members.get(group)
+            if members is None:  # no node left in it
+                self._found.pop(group, None)
+                self._oldest.pop(group, None)
+                continue
             if done >= nodes_per_step:
                 yield
                 done = 0
             done += len(members)
-            if len(members) < cfg.min_group_size:
+            deviations, oldest = self._compare(group, members, cutoff)
+            if deviations:
+                self._found[group] = deviations
+            else:
+                self._found.pop(group, None)
+            if oldest is None:
+                self._oldest.pop(group, None)
+            else:
+                self._oldest[group] = oldest
+        for deviations in self._found.values():
+            found.update(deviations)
+
+    def _compare(
+        self, group: str, members: Iterable[str], cutoff: int
+    ) -> tuple[dict[str, list[Deviation]], int | None]:
+        """One group's slower nodes, and its members' oldest sample in the window (None: none)."""
+        cfg = self.config
+        found: dict[str, list[Deviation]] = {}
+        members = list(members)
+        if len(members) < cfg.min_group_size:
+            return found, None  # nothing to compare until its members change
+        medians, oldest = self._medians(members, cutoff)
+        for signal in cfg.signals:
+            values = medians[signal]
+            if len(values) < cfg.min_group_size:
                 continue
-            # Each member's window medians, all signals in one pass (this loop runs for every
-            # node of the fleet each evaluation: it is kept to reads and one index per window).
-            medians: dict[str, dict[str, float]] = {signal: {} for signal in cfg.signals}
-            for node in members:
-                ns = self._nodes.get(node)
-                if ns is None:
-                    continue  # forgotten while an evaluation paused
-                for signal, window in ns.series.items():
-                    times = window.times
-                    if times and times[0] < cutoff:
-                        window.prune(cutoff)  # a node that went quiet: its old samples leave
-                    if len(times) >= min_samples:
-                        per_node = medians.get(signal)
-                        if per_node is not None:
-                            per_node[node] = window.median()
-            for signal in cfg.signals:
-                values = medians[signal]
-                if len(values) < cfg.min_group_size:
+            higher_slower = signal in HIGHER_IS_SLOWER
+            slower = self._slower(signal, values, higher_slower, group)
+            if not slower:
+                continue
+            # The latest samples must agree (recent_samples): see FailSlowConfig.recent_samples.
+            latest = {node: self._latest(node, signal) for node in values}
+            now_slower = self._slower(signal, latest, higher_slower, group)
+            for node, dev in slower.items():
+                if node in now_slower:
+                    found.setdefault(node, []).append(dev)
+        return found, oldest
+
+    def _medians(self, members: list[str], cutoff: int) -> tuple[dict[str, dict[str, float]], int | None]:
+        """Each member's window median per signal (windows with min_samples), and the oldest sample left.
+
+        All signals in one pass, kept to reads and one index per window: at fleet size this
+        runs for every node that reported since the last evaluation.
+        """
+        min_samples = self.config.min_samples
+        medians: dict[str, dict[str, float]] = {signal: {} for signal in self.config.signals}
+        oldest: int | None = None
+        for node in members:
+            ns = self._nodes.get(node)
+            if ns is None:
+                continue  # forgotten while an evaluation paused
+            for signal, window in ns.series.items():
+                times = window.times
+                if times and times[0] < cutoff:
+                    window.prune(cutoff)  # a node that went quiet: its old samples leave
+                if not times:
                     continue
-                higher_slower = signal in HIGHER_IS_SLOWER
-                slower = self._slower(signal, values, higher_slower, group)
-                if not slower:
-                    continue
-                # The latest samples must agree (recent_samples): see FailSlowConfig.recent_samples.
-                latest = {node: self._latest(node, signal) for node in values}
-                now_slower = self._slower(signal, latest, higher_slower, group)
-                for node, dev in slower.items():
-                    if node in now_slower:
-                        found.setdefault(node, []).append(dev)
+                first = times[0]
+                if oldest is None or first < oldest:
+                    oldest = first
+                if len(times) >= min_samples:
+                    per_node = medians.get(signal)
+                    if per_node is not None:
+                        per_node[node] = window.median()
+        return medians, oldest
 
     def _slower(self, signal: str, values: dict[str, float], higher_slower: bool, group: str) -> dict[str, Deviation]:
         """The nodes whose value is slower than the group's median by both tests (z and relative)."""
         cfg = self.config
-        med = statistics.median(values.values())
+        med = _median_sorted(sorted(values.values()))
         if med <= 0:
             return {}  # an idle group (no traffic, no steps): nothing to be slower than
-        mad = statistics.median(abs(v - med) for v in values.values())
+        # The relative test first: when nobody passes it (most groups, most signals) the MAD is not needed.
         out: dict[str, Deviation] = {}
+        scale = abs(med)
+        candidates: list[tuple[str, float, float]] = []
         for node, value in values.items():
             gap = value - med if higher_slower else med - value
-            if gap <= 0:
-                continue
-            relative = gap / abs(med)
+            if gap > 0 and gap / scale >= cfg.min_relative_deviation:
+                candidates.append((node, value, gap))
+        if not candidates:
+            return out
+        mad = _median_sorted(sorted([abs(v - med) for v in values.values()]))
+        for node, value, gap in candidates:
+            relative = gap / scale
             z = _MAD_SCALE * gap / mad if mad > 0 else math.inf
-            if z >= cfg.z_threshold and relative >= cfg.min_relative_deviation:
+            if z >= cfg.z_threshold:
                 out[node] = Deviation(signal, value, med, mad, z, relative, group, len(values) - 1)
         return out
 
@@ -468,7 +531,7 @@ class FailSlowDetector:
         """The median of the node's latest ``recent_samples`` samples of ``signal``."""
         values = self._nodes[node].series[signal].values
         n = min(self.config.recent_samples, len(values))
-        return statistics.median(values[-i] for i in range(1, n + 1))
+        return _median_sorted(sorted([values[-i] for i in range(1, n + 1)]))
 
     def evaluate(self) -> list[ConditionChange]:
         """Compare every node with its group; open, update or resolve fail-slow conditions."""
@@ -563,7 +626,17 @@ class FailSlowDetector:
         """Fail-slow conditions currently open."""
         return [s.condition for _, s in sorted(self._state.items()) if s.condition is not None]
 
-    def _prune(self, ns: _NodeSamples, now: int) -> None:
+    def _prune(self, ns: _NodeSamples, now: int) -> bool:
         cutoff = now - int(self.config.window_s * 1000)
+        dropped = False
         for window in ns.series.values():
-            window.prune(cutoff)
+            if window.prune(cutoff):
+                dropped = True
+        return dropped
+
+
+def _median_sorted(data: list[float]) -> float:
+    """statistics.median of already sorted data, the same arithmetic without its checks and copy."""
+    n = len(data)
+    mid = n // 2
+    return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
