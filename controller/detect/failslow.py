@@ -20,7 +20,7 @@ import math
 import statistics
 from bisect import bisect_left, insort
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -175,18 +175,20 @@ class _Window:
     statistics.median gives).
     """
 
-    __slots__ = ("ordered", "times", "values")
+    __slots__ = ("_latest", "ordered", "times", "values")
 
     def __init__(self) -> None:
         self.times: deque[int] = deque()
         self.values: deque[float] = deque()
         self.ordered: list[float] = []
+        self._latest: float | None = None  # latest(): kept until a sample comes or goes
 
     def append(self, sample: tuple[int, float]) -> None:
         at, value = sample
         self.times.append(at)
         self.values.append(value)
         insort(self.ordered, value)
+        self._latest = None
 
     def prune(self, cutoff: int) -> bool:
         """Drop the samples taken before ``cutoff``; True if any left."""
@@ -196,7 +198,22 @@ class _Window:
             times.popleft()
             del ordered[bisect_left(ordered, values.popleft())]
             dropped = True
+        if dropped:
+            self._latest = None
         return dropped
+
+    def latest(self, count: int) -> float:
+        """The median of the latest ``count`` samples (all if fewer): FailSlowConfig.recent_samples.
+
+        Kept between evaluations: a node samples every sample_every_s (15 s), the comparison
+        runs every 5 s, so most windows have not changed since it was last taken.
+        """
+        cached = self._latest
+        if cached is None:
+            values = self.values
+            n = min(count, len(values))
+            cached = self._latest = _median_sorted(sorted([values[-i] for i in range(1, n + 1)]))
+        return cached
 
     def median(self) -> float:
         ordered = self.ordered
@@ -410,7 +427,7 @@ class FailSlowDetector:
 
     def _deviation_steps(self, found: dict[str, list[Deviation]], nodes_per_step: float) -> Iterator[None]:
         """Fill ``found``, comparing again only the groups that changed, pausing (yield) after
-        about ``nodes_per_step`` nodes.
+        about ``nodes_per_step`` nodes (inside a group larger than that too).
 
         A group whose members, their windows and their windows' oldest samples are as they
         were keeps its last deviations: comparing it again would find the same (the verdicts
@@ -420,24 +437,20 @@ class FailSlowDetector:
         now = self._clock_ms()
         cutoff = now - int(self.config.window_s * 1000)
         peers = self._groups
-        regrouped = peers.refresh(self._nodes, now)
-        if regrouped > nodes_per_step:
+        pace = _Pace(nodes_per_step)
+        pace.spend(peers.refresh(self._nodes, now))
+        if pace.due():
             yield  # the whole fleet regrouped (the peer map changed): a step of its own
         todo = peers.dirty
         peers.dirty = set()
         todo.update(group for group, oldest in self._oldest.items() if oldest < cutoff)
-        done = 0
         for group in sorted(todo):
             members = peers.members.get(group)
             if members is None:  # no node left in it
                 self._found.pop(group, None)
                 self._oldest.pop(group, None)
                 continue
-            if done >= nodes_per_step:
-                yield
-                done = 0
-            done += len(members)
-            deviations, oldest = self._compare(group, members, cutoff)
+            deviations, oldest = yield from self._compare(group, list(members), cutoff, pace)
             if deviations:
                 self._found[group] = deviations
             else:
@@ -450,41 +463,40 @@ class FailSlowDetector:
             found.update(deviations)
 
     def _compare(
-        self, group: str, members: Iterable[str], cutoff: int
-    ) -> tuple[dict[str, list[Deviation]], int | None]:
+        self, group: str, members: list[str], cutoff: int, pace: _Pace
+    ) -> Generator[None, None, tuple[dict[str, list[Deviation]], int | None]]:
         """One group's slower nodes, and its members' oldest sample in the window (None: none)."""
         cfg = self.config
         found: dict[str, list[Deviation]] = {}
-        members = list(members)
         if len(members) < cfg.min_group_size:
             return found, None  # nothing to compare until its members change
-        medians, oldest = self._medians(members, cutoff)
+        windows, oldest = yield from self._windows(members, cutoff, pace)
+        recent = cfg.recent_samples
         for signal in cfg.signals:
-            values = medians[signal]
-            if len(values) < cfg.min_group_size:
+            per_node = windows[signal]
+            if len(per_node) < cfg.min_group_size:
                 continue
             higher_slower = signal in HIGHER_IS_SLOWER
-            slower = self._slower(signal, values, higher_slower, group)
+            slower = self._slower(signal, {node: w.median() for node, w in per_node.items()}, higher_slower, group)
             if not slower:
                 continue
             # The latest samples must agree (recent_samples): see FailSlowConfig.recent_samples.
-            latest = {node: self._latest(node, signal) for node in values}
-            now_slower = self._slower(signal, latest, higher_slower, group)
-            for node, dev in slower.items():
-                if node in now_slower:
-                    found.setdefault(node, []).append(dev)
+            latest = {node: w.latest(recent) for node, w in per_node.items()}
+            for node in self._still_slower(latest, higher_slower, slower):
+                found.setdefault(node, []).append(slower[node])
         return found, oldest
 
-    def _medians(self, members: list[str], cutoff: int) -> tuple[dict[str, dict[str, float]], int | None]:
-        """Each member's window median per signal (windows with min_samples), and the oldest sample left.
-
-        All signals in one pass, kept to reads and one index per window: at fleet size this
-        runs for every node that reported since the last evaluation.
-        """
+    def _windows(
+        self, members: list[str], cutoff: int, pace: _Pace
+    ) -> Generator[None, None, tuple[dict[str, dict[str, _Window]], int | None]]:
+        """Per signal, the members' windows with min_samples (pruned to ``cutoff``), and the oldest sample left."""
         min_samples = self.config.min_samples
-        medians: dict[str, dict[str, float]] = {signal: {} for signal in self.config.signals}
+        out: dict[str, dict[str, _Window]] = {signal: {} for signal in self.config.signals}
         oldest: int | None = None
         for node in members:
+            if pace.due():
+                yield  # every nodes_per_step nodes, inside a group too: the loop decides reports in between
+            pace.spend(1)
             ns = self._nodes.get(node)
             if ns is None:
                 continue  # forgotten while an evaluation paused
@@ -498,10 +510,10 @@ class FailSlowDetector:
                 if oldest is None or first < oldest:
                     oldest = first
                 if len(times) >= min_samples:
-                    per_node = medians.get(signal)
+                    per_node = out.get(signal)
                     if per_node is not None:
-                        per_node[node] = window.median()
-        return medians, oldest
+                        per_node[node] = window
+        return out, oldest
 
     def _slower(self, signal: str, values: dict[str, float], higher_slower: bool, group: str) -> dict[str, Deviation]:
         """The nodes whose value is slower than the group's median by both tests (z and relative)."""
@@ -509,9 +521,9 @@ class FailSlowDetector:
         med = _median_sorted(sorted(values.values()))
         if med <= 0:
             return {}  # an idle group (no traffic, no steps): nothing to be slower than
-        # The relative test first: when nobody passes it (most groups, most signals) the MAD is not needed.
         out: dict[str, Deviation] = {}
         scale = abs(med)
+        # The relative test first: when nobody passes it (most groups, most signals) the MAD is not needed.
         candidates: list[tuple[str, float, float]] = []
         for node, value in values.items():
             gap = value - med if higher_slower else med - value
@@ -521,17 +533,29 @@ class FailSlowDetector:
             return out
         mad = _median_sorted(sorted([abs(v - med) for v in values.values()]))
         for node, value, gap in candidates:
-            relative = gap / scale
             z = _MAD_SCALE * gap / mad if mad > 0 else math.inf
             if z >= cfg.z_threshold:
-                out[node] = Deviation(signal, value, med, mad, z, relative, group, len(values) - 1)
+                out[node] = Deviation(signal, value, med, mad, z, gap / scale, group, len(values) - 1)
         return out
 
-    def _latest(self, node: str, signal: str) -> float:
-        """The median of the node's latest ``recent_samples`` samples of ``signal``."""
-        values = self._nodes[node].series[signal].values
-        n = min(self.config.recent_samples, len(values))
-        return _median_sorted(sorted([values[-i] for i in range(1, n + 1)]))
+    def _still_slower(self, latest: dict[str, float], higher_slower: bool, nodes: Iterable[str]) -> list[str]:
+        """Of ``nodes``, those whose latest value is slower than the group's latest by both tests
+        (``_slower`` on ``latest``, asked only about the nodes that matter)."""
+        cfg = self.config
+        med = _median_sorted(sorted(latest.values()))
+        if med <= 0:
+            return []
+        scale = abs(med)
+        passed: list[tuple[str, float]] = []
+        for node in nodes:
+            value = latest[node]
+            gap = value - med if higher_slower else med - value
+            if gap > 0 and gap / scale >= cfg.min_relative_deviation:
+                passed.append((node, gap))
+        if not passed:
+            return []
+        mad = _median_sorted(sorted([abs(v - med) for v in latest.values()]))
+        return [node for node, gap in passed if (_MAD_SCALE * gap / mad if mad > 0 else math.inf) >= cfg.z_threshold]
 
     def evaluate(self) -> list[ConditionChange]:
         """Compare every node with its group; open, update or resolve fail-slow conditions."""
@@ -640,3 +664,23 @@ def _median_sorted(data: list[float]) -> float:
     n = len(data)
     mid = n // 2
     return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
+
+
+class _Pace:
+    """Counts the nodes an evaluation went through; says when to pause (every ``per_step``)."""
+
+    __slots__ = ("left", "per_step")
+
+    def __init__(self, per_step: float) -> None:
+        self.per_step = per_step
+        self.left = per_step
+
+    def spend(self, nodes: int) -> None:
+        self.left -= nodes
+
+    def due(self) -> bool:
+        """True: a step's worth since the last pause, pause now (and count again)."""
+        if self.left > 0:
+            return False
+        self.left = self.per_step
+        return True

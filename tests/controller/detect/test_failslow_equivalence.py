@@ -116,12 +116,13 @@ class Fleet:
         return values, self.job.get(node)
 
 
-def _run(seed: int, *, use_map: bool, nodes_per_step: float, rounds: int = 160) -> int:
+def _run(seed: int, *, use_map: bool, nodes_per_step: float, rounds: int = 160, **tuning: Any) -> int:
     clock = FakeClock(1_000_000)
     fleet = Fleet(seed)
-    old = failslow_v0.FailSlowDetector(failslow_v0.FailSlowConfig(**CONFIG), group_of=fleet.group_of, clock=clock)
+    config = CONFIG | tuning
+    old = failslow_v0.FailSlowDetector(failslow_v0.FailSlowConfig(**config), group_of=fleet.group_of, clock=clock)
     new = FailSlowDetector(
-        FailSlowConfig(**CONFIG),
+        FailSlowConfig(**config),
         group_of=fleet.group_of,
         clock=clock,
         group_map=fleet.group_map if use_map else None,
@@ -157,6 +158,12 @@ def test_incremental_evaluation_matches_the_full_one(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(3))
 def test_with_a_per_node_group_of_and_small_steps(seed: int) -> None:
     assert _run(seed, use_map=False, nodes_per_step=7) > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_with_more_recent_samples_than_min_samples(seed: int) -> None:
+    """A window shorter than recent_samples is compared: its latest median follows samples leaving too."""
+    assert _run(seed, use_map=True, nodes_per_step=500, min_samples=2, recent_samples=5, min_group_size=3) > 0
 
 
 def test_the_fuzz_opens_updates_and_resolves() -> None:
