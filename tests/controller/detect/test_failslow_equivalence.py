@@ -11,13 +11,22 @@ condition changes must be the same.
 from __future__ import annotations
 
 import random
+import sqlite3
 from typing import Any
 
 import pytest
 
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
 from controller.detect.model import ConditionChange
+from controller.detect.pipeline import Detection
+from controller.detect.rules import load_rules
+from controller.fabric.generate import generate_fabric
+from controller.ingest.registry import NodeRecord
+from controller.jobs.registry import JobRegistry
+from controller.metrics import ControllerMetrics
 from starpulse.core.clock import FakeClock
+from starpulse.v1 import inventory_pb2 as ipb
+from starpulse.v1 import telemetry_pb2 as tpb
 from tests.controller.detect import failslow_v0
 
 SIGNALS = {"sm_clock_mhz": 1980.0, "power_w": 650.0, "gpu_util_pct": 95.0, "nic_gbps": 380.0, "step_time_s": 2.0}
@@ -180,3 +189,28 @@ def test_the_fuzz_opens_updates_and_resolves() -> None:
                 det.append(node, *fleet.sample(node))
         kinds.update(c.kind for c in det.evaluate())
     assert kinds == {"opened", "updated", "resolved"}
+
+
+def test_the_pipelines_peer_map_is_its_per_node_answer() -> None:
+    """``Detection._peer_groups`` (one map per evaluation) says what ``_peer_group`` says node by node:
+    the first job by name, declared or by a rank, else the node's block, else nothing."""
+    clock = FakeClock(1_000_000)
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    jobs = JobRegistry(conn, clock)
+    fabric = generate_fabric(64, gpus_per_node=8, rails=8, nodes_per_block=16, spines=8)
+    nodes = sorted(fabric.nodes())
+    rng = random.Random(3)
+    peers = {"jobs_of": jobs.jobs_of, "first_jobs": jobs.first_job_by_node}
+    det = Detection(conn, load_rules(), fabric, ControllerMetrics(), clock=clock, **peers)
+    jobs.register_job("zeta", nodes[:20])
+    jobs.register_job("alpha", nodes[10:14])  # overlaps zeta: alpha comes first
+    for node in rng.sample(nodes, 12):  # ranks of jobs nobody declared, some on declared nodes
+        record = NodeRecord(node_id=node, role=ipb.NODE_ROLE_COMPUTE, state="online", first_seen_ms=0, last_seen_ms=0)
+        report = tpb.Report(seq=1)
+        for rank, job in enumerate(rng.sample(["beta", "mid", "omega"], 2)):
+            report.job_steps.add(job=job, rank=rank, step=1, step_time_s=1.0)
+        jobs.on_report(record, report)
+    expected = {n: g for n in [*nodes, "not-in-the-fabric"] if (g := det._peer_group(n)) is not None}
+    assert det._peer_groups() == expected
+    assert {g for g in expected.values() if g.startswith("job:")} >= {"job:alpha", "job:zeta", "job:beta"}
+    assert any(g.startswith("block:") for g in expected.values())
