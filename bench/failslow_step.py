@@ -10,7 +10,8 @@ every 5 s in the steps the controller runs (``evaluation_steps``), timing each s
 Shapes (``--shape``): ``none``: no fabric, no job (bench.scale's controller: nobody has peers);
 ``blocks``: a declared fabric, blocks of 32; ``job``: every node's ranks report one job;
 ``declared``: one job declared over every node (the scheduler's word) whose reports name none.
-About 1 % of nodes are slow, so the comparisons find something.
+About 1 % of nodes are slow, so the comparisons find something. The garbage collector is
+tuned as the controller tunes it (controller.gcpolicy).
 
     .venv/bin/python -m bench.failslow_step [--nodes 10000] [--shape none blocks job declared]
 """
@@ -26,6 +27,7 @@ import time
 from typing import Any
 
 from bench.common import quiet_logging, table, write_result
+from controller import gcpolicy
 from controller.detect.pipeline import Detection
 from controller.detect.rules import load_rules
 from controller.jobs.registry import JobRegistry
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.nodes < 1 or args.evaluations < 1:
         ap.error("--nodes and --evaluations must be >= 1")
     quiet_logging()
+    gcpolicy.tune()  # as the controller starts: no automatic full collection in the middle of a step
     figures: dict[str, Any] = {}
     for shape in args.shape:
         figures[shape] = run(shape, args.nodes, args.evaluations)

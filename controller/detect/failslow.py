@@ -322,7 +322,7 @@ class FailSlowDetector:
         ns = self._node(node_id)
         if job is not None:
             ns.job, ns.job_seen_ms = job, now
-            self._groups.job_seen(node_id, now)
+            self._groups.job_seen(node_id, job, now)
         signals = self.config.signals
         series = ns.series
         changed = False
@@ -465,38 +465,45 @@ class FailSlowDetector:
     def _compare(
         self, group: str, members: list[str], cutoff: int, pace: _Pace
     ) -> Generator[None, None, tuple[dict[str, list[Deviation]], int | None]]:
-        """One group's slower nodes, and its members' oldest sample in the window (None: none)."""
+        """One group's slower nodes, and its members' oldest sample in the window (None: none).
+
+        A group larger than a step (a job over the fleet) pauses inside: during the walk of its
+        members, after each signal's comparison, and while its latest samples are read.
+        """
         cfg = self.config
         found: dict[str, list[Deviation]] = {}
         if len(members) < cfg.min_group_size:
             return found, None  # nothing to compare until its members change
-        windows, oldest = yield from self._windows(members, cutoff, pace)
-        recent = cfg.recent_samples
+        medians, windows, oldest = yield from self._windows(members, cutoff, pace)
         big = len(members) > pace.per_step
         for signal in cfg.signals:
-            per_node = windows[signal]
-            if len(per_node) < cfg.min_group_size:
+            values = medians[signal]
+            if len(values) < cfg.min_group_size:
                 continue
-            if big:  # a signal of a whole-fleet job is a few sorts of 10,000 values: pauses between signals
-                pace.spend(len(per_node) // 2)
+            higher_slower = signal in HIGHER_IS_SLOWER
+            slower = self._slower(signal, values, higher_slower, group)
+            if big:  # a few sorts of 10,000 values
+                pace.spend(len(values) // 2)
                 if pace.due():
                     yield
-            higher_slower = signal in HIGHER_IS_SLOWER
-            slower = self._slower(signal, {node: w.median() for node, w in per_node.items()}, higher_slower, group)
             if not slower:
                 continue
             # The latest samples must agree (recent_samples): see FailSlowConfig.recent_samples.
-            latest = {node: w.latest(recent) for node, w in per_node.items()}
+            latest = yield from self._latest_values(windows[signal], pace if big else None)
             for node in self._still_slower(latest, higher_slower, slower):
                 found.setdefault(node, []).append(slower[node])
+            if big:
+                pace.spend(len(values) // 2)
+                if pace.due():
+                    yield
         return found, oldest
 
-    def _windows(
-        self, members: list[str], cutoff: int, pace: _Pace
-    ) -> Generator[None, None, tuple[dict[str, dict[str, _Window]], int | None]]:
-        """Per signal, the members' windows with min_samples (pruned to ``cutoff``), and the oldest sample left."""
+    def _windows(self, members: list[str], cutoff: int, pace: _Pace) -> Generator[None, None, _GroupWindows]:
+        """Per signal, the members' window medians and windows (those with min_samples, pruned
+        to ``cutoff``), and the oldest sample left."""
         min_samples = self.config.min_samples
-        out: dict[str, dict[str, _Window]] = {signal: {} for signal in self.config.signals}
+        medians: dict[str, dict[str, float]] = {signal: {} for signal in self.config.signals}
+        windows: dict[str, dict[str, _Window]] = {signal: {} for signal in self.config.signals}
         oldest: int | None = None
         for node in members:
             if pace.due():
@@ -515,10 +522,29 @@ class FailSlowDetector:
                 if oldest is None or first < oldest:
                     oldest = first
                 if len(times) >= min_samples:
-                    per_node = out.get(signal)
+                    per_node = medians.get(signal)
                     if per_node is not None:
-                        per_node[node] = window
-        return out, oldest
+                        per_node[node] = window.median()
+                        windows[signal][node] = window
+        return medians, windows, oldest
+
+    def _latest_values(
+        self, windows: dict[str, _Window], pace: _Pace | None
+    ) -> Generator[None, None, dict[str, float]]:
+        """Each window's latest-samples median; with ``pace``, in steps' worth of nodes."""
+        recent = self.config.recent_samples
+        if pace is None:
+            return {node: w.latest(recent) for node, w in windows.items()}
+        out: dict[str, float] = {}
+        items = list(windows.items())
+        chunk = max(1, int(pace.per_step))
+        for start in range(0, len(items), chunk):
+            if pace.due():
+                yield
+            part = items[start : start + chunk]
+            out.update((node, w.latest(recent)) for node, w in part)
+            pace.spend(len(part))
+        return out
 
     def _slower(self, signal: str, values: dict[str, float], higher_slower: bool, group: str) -> dict[str, Deviation]:
         """The nodes whose value is slower than the group's median by both tests (z and relative)."""
@@ -669,6 +695,10 @@ def _median_sorted(data: list[float]) -> float:
     n = len(data)
     mid = n // 2
     return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
+
+
+# What a group's walk gives: per signal the members' window medians and windows, and the oldest sample left.
+_GroupWindows = tuple[dict[str, dict[str, float]], dict[str, dict[str, "_Window"]], int | None]
 
 
 class _Pace:

@@ -51,9 +51,10 @@ class PeerGroups:
         """A node the detector has not held before."""
         self._pending.add(node)
 
-    def job_seen(self, node: str, seen_ms: int) -> None:
-        """The node's report named its job (the same or another): regroup it; note when it goes stale."""
-        self._pending.add(node)
+    def job_seen(self, node: str, job: str, seen_ms: int) -> None:
+        """The node's report named its job: regroup it unless it is in that job's group; note when it goes stale."""
+        if self.group.get(node) != f"job:{job}":
+            self._pending.add(node)
         if node not in self._queued:
             self._queued.add(node)
             heapq.heappush(self._job_expiry, (seen_ms + self._ttl_ms, node))
