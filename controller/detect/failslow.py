@@ -191,7 +191,7 @@ class _Window:
         self._latest = None
 
     def prune(self, cutoff: int) -> bool:
-        """Drop the samples taken before ``cutoff``; True if any left."""
+        """Drop the samples taken before ``cutoff``; True if it dropped any."""
         times, values, ordered = self.times, self.values, self.ordered
         dropped = False
         while times and times[0] < cutoff:

@@ -130,13 +130,16 @@ class Detection:
         self.metrics = metrics
         self.jobs_of = jobs_of
         self.engine = ConditionEngine(rules, fabric, clock=clock)
-        self._first_jobs = first_jobs
         self._block_map: tuple[object, dict[str, str]] | None = None  # (the fabric's block index, node -> group)
+        group_map: Callable[[], Mapping[str, str]] | None = None
+        if first_jobs is not None:
+            jobs_map = first_jobs  # bound for the closure: mypy keeps the narrowing
+
+            def group_map() -> dict[str, str]:
+                return self._peer_groups(jobs_map)
+
         self.failslow = FailSlowDetector(
-            self.config.failslow,
-            group_of=self._peer_group,
-            clock=clock,
-            group_map=self._peer_groups if first_jobs is not None else None,
+            self.config.failslow, group_of=self._peer_group, clock=clock, group_map=group_map
         )
         self.incidents = IncidentStore(conn)
         corr = self.config.correlation
@@ -206,12 +209,11 @@ class Detection:
                 return None
         return None
 
-    def _peer_groups(self) -> dict[str, str]:
+    def _peer_groups(self, first_jobs: Callable[[], Mapping[str, str]]) -> dict[str, str]:
         """``_peer_group`` for every node at once (only nodes with a group): one pass over the
         jobs and the fabric's blocks per fail-slow evaluation instead of two lookups per node."""
         out = dict(self._fabric_blocks())
-        assert self._first_jobs is not None  # only handed to the detector with first_jobs
-        for node, job in self._first_jobs().items():
+        for node, job in first_jobs().items():
             out[node] = f"job:{job}"
         return out
 

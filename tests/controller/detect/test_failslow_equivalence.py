@@ -211,6 +211,6 @@ def test_the_pipelines_peer_map_is_its_per_node_answer() -> None:
             report.job_steps.add(job=job, rank=rank, step=1, step_time_s=1.0)
         jobs.on_report(record, report)
     expected = {n: g for n in [*nodes, "not-in-the-fabric"] if (g := det._peer_group(n)) is not None}
-    assert det._peer_groups() == expected
+    assert det._peer_groups(jobs.first_job_by_node) == expected
     assert {g for g in expected.values() if g.startswith("job:")} >= {"job:alpha", "job:zeta", "job:beta"}
     assert any(g.startswith("block:") for g in expected.values())
