@@ -6,8 +6,9 @@ per node, ~20 ms on the controller's event loop at 10,000 nodes even with no job
 (bench.failslow_step). Here a node is regrouped only when something that decides its group
 changed: its job (``Report.job_steps``) was seen or went stale (``job_ttl_s``), it is new or
 gone, or the peer map (``group_map``: the registry's jobs and the fabric's blocks, one dict)
-differs from the last one. A group whose members, windows and window ages did not change keeps
-its last verdict (``FailSlowDetector``); ``dirty`` names the groups that must be compared again.
+differs from the last one (or the wall clock stepped back: a stale job may be fresh again). A
+group whose members, windows and window ages did not change keeps its last verdict
+(``FailSlowDetector``); ``dirty`` names the groups that must be compared again.
 
 Without ``group_map`` (a plain ``group_of`` callable, which can change its answer any time)
 every node is regrouped every evaluation, as before.
@@ -38,12 +39,13 @@ class PeerGroups:
         self._group_map = group_map
         self._ttl_ms = job_ttl_ms
         self._last_map: dict[str, str] | None = None
+        self._last_now = 0  # the last refresh's time
         self.group: dict[str, str] = {}  # node -> its group (nodes without one are absent)
         self.members: dict[str, dict[str, None]] = {}  # group -> its nodes (an ordered set)
         self.dirty: set[str] = set()  # groups to compare again
         self._pending: set[str] = set()  # nodes to regroup at the next refresh
         self._job_expiry: list[tuple[int, str]] = []  # (job_seen_ms + ttl, node): when a job goes stale
-        self._queued: set[str] = set()  # nodes with an entry in _job_expiry
+        self._queued: dict[str, int] = {}  # node -> its live entry in _job_expiry (the earliest)
 
     # -- what the detector tells --------------------------------------------------------
 
@@ -55,9 +57,14 @@ class PeerGroups:
         """The node's report named its job: regroup it unless it is in that job's group; note when it goes stale."""
         if self.group.get(node) != f"job:{job}":
             self._pending.add(node)
-        if node not in self._queued:
-            self._queued.add(node)
-            heapq.heappush(self._job_expiry, (seen_ms + self._ttl_ms, node))
+        self._watch(node, seen_ms + self._ttl_ms)
+
+    def _watch(self, node: str, expiry: int) -> None:
+        """Look at the node again once ``expiry`` has passed (its job sighting then goes stale)."""
+        queued = self._queued.get(node)
+        if queued is None or expiry < queued:  # earlier than queued: only after a wall-clock step back
+            self._queued[node] = expiry
+            heapq.heappush(self._job_expiry, (expiry, node))
 
     def changed(self, node: str) -> None:
         """The node's samples changed: its group compares again."""
@@ -76,11 +83,13 @@ class PeerGroups:
 
         Returns how many nodes it regrouped (all of them when the peer map changed).
         """
+        stepped_back = now_ms < self._last_now  # a wall-clock step: a job gone stale may be fresh again
+        self._last_now = now_ms
         if self._group_map is None:
             self._pending.clear()
             return self._regroup(nodes, nodes, now_ms, None)
         peer_map = self._group_map()
-        if peer_map != self._last_map:
+        if peer_map != self._last_map or stepped_back:
             self._last_map = dict(peer_map)
             self._pending.clear()
             return self._regroup(nodes, nodes, now_ms, self._last_map)
@@ -94,8 +103,10 @@ class PeerGroups:
         out: list[str] = []
         heap = self._job_expiry
         while heap and heap[0][0] < now_ms:
-            _, node = heapq.heappop(heap)
-            self._queued.discard(node)
+            queued, node = heapq.heappop(heap)
+            if self._queued.get(node) != queued:
+                continue  # superseded by an earlier entry, already handled
+            del self._queued[node]
             ns = nodes.get(node)
             if ns is None or ns.job is None:
                 continue
@@ -103,7 +114,7 @@ class PeerGroups:
             if expiry < now_ms:
                 out.append(node)
             else:  # seen again since: still fresh, look again when this sighting goes stale
-                self._queued.add(node)
+                self._queued[node] = expiry
                 heapq.heappush(heap, (expiry, node))
         return out
 
@@ -119,6 +130,7 @@ class PeerGroups:
                 continue
             if ns.job is not None and now_ms - ns.job_seen_ms <= ttl:
                 group: str | None = f"job:{ns.job}"
+                self._watch(node, ns.job_seen_ms + ttl)  # fresh again after a wall-clock step back too
             elif peer_map is not None:
                 group = peer_map.get(node)
             else:

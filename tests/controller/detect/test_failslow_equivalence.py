@@ -125,7 +125,9 @@ class Fleet:
         return values, self.job.get(node)
 
 
-def _run(seed: int, *, use_map: bool, nodes_per_step: float, rounds: int = 160, **tuning: Any) -> int:
+def _run(
+    seed: int, *, use_map: bool, nodes_per_step: float, rounds: int = 160, wall_steps: bool = False, **tuning: Any
+) -> int:
     clock = FakeClock(1_000_000)
     fleet = Fleet(seed)
     config = CONFIG | tuning
@@ -140,7 +142,10 @@ def _run(seed: int, *, use_map: bool, nodes_per_step: float, rounds: int = 160, 
     for round_ in range(rounds):
         for node in fleet.churn():
             assert _view([c] if (c := old.forget(node)) else []) == _view([c] if (c := new.forget(node)) else [])
-        clock.advance(fleet.rng.choice((1, 2, 5, 5, 5, 9)))
+        if wall_steps and fleet.rng.random() < 0.03:  # an NTP step back: a job gone stale is fresh again
+            clock.set_ms(clock.time_ms() - fleet.rng.choice((3_000, 20_000, 40_000)))
+        else:
+            clock.advance(fleet.rng.choice((1, 2, 5, 5, 5, 9)))
         for node in fleet.nodes:
             if node in fleet.quiet or fleet.rng.random() < 0.2:
                 continue
@@ -173,6 +178,12 @@ def test_with_a_per_node_group_of_and_small_steps(seed: int) -> None:
 def test_with_more_recent_samples_than_min_samples(seed: int) -> None:
     """A window shorter than recent_samples is compared: its latest median follows samples leaving too."""
     assert _run(seed, use_map=True, nodes_per_step=500, min_samples=2, recent_samples=5, min_group_size=3) > 0
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_with_the_wall_clock_stepping_back(seed: int) -> None:
+    """Sample times out of order and jobs fresh again: the same verdicts as comparing everything."""
+    assert _run(seed, use_map=True, nodes_per_step=500, wall_steps=True) > 0
 
 
 def test_the_fuzz_opens_updates_and_resolves() -> None:
