@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import structlog
 
+from controller.detect import probe_persist
 from controller.detect.model import ComponentType, Condition, ConditionChange
 from controller.detect.probe_background import DELAY_SAMPLE, DelayBaseline, delay_baseline, stands_out
 from controller.fabric.model import Fabric
@@ -188,6 +189,7 @@ class ProbeLocaliser:
         self._comps: dict[tuple[str, str, str], _Where | None] = {}
         self._spreads: dict[tuple[str, str], tuple[tuple[str, float], ...]] = {}  # leaf pair -> shares
         self._streak: dict[tuple[str, str], int] = {}  # (rule, component) -> localisations in a row
+        self._kind_run: dict[tuple[str, str], tuple[str, int]] = {}  # -> (kind, in a row as that kind)
         self._clean: dict[tuple[str, str], int] = {}
         self._open: dict[tuple[str, str], Condition] = {}
         self._last_run = clock.monotonic()
@@ -780,17 +782,27 @@ class ProbeLocaliser:
         for b in blames:
             named[(RULE_LOSS if b.what == "loss" else RULE_DELAY, b.component)] = b
         changes: list[ConditionChange] = []
+        persist = self.config.persist_windows
         for key, b in named.items():
             self._clean.pop(key, None)
             self._streak[key] = self._streak.get(key, 0) + 1
+            kind, run = self._kind_run.get(key, ("", 0))
+            run = run + 1 if kind == b.kind else 1
+            self._kind_run[key] = (b.kind, run)
             cond = self._open.get(key)
-            if cond is not None:
+            if cond is not None and probe_persist.replaces(cond.category, b.kind, run, persist):
+                cond.resolved_ms = now  # the loss above the leaf was the leaf's own
+                changes.append(ConditionChange("resolved", cond))
+                cond = self._open[key] = self._condition(key[0], b, now)
+                changes.append(ConditionChange("opened", cond))
+                log.warning("probe_fault_is_the_leaf", component=b.component, loss=round(b.rate, 4))
+            elif cond is not None:
                 cond.last_seen_ms = now
                 cond.count += 1
                 cond.evidence.update(self._evidence(b))
                 cond.message = self._message(b)
                 changes.append(ConditionChange("updated", cond))
-            elif self._streak[key] >= self.config.persist_windows:
+            elif probe_persist.opens(b.kind, self._streak[key], run, persist):
                 cond = self._condition(key[0], b, now)
                 self._open[key] = cond
                 changes.append(ConditionChange("opened", cond))
@@ -798,6 +810,7 @@ class ProbeLocaliser:
         for key in list(self._streak):
             if key not in named:
                 del self._streak[key]
+                self._kind_run.pop(key, None)
         for key, cond in list(self._open.items()):
             if key in named:
                 continue
@@ -848,7 +861,9 @@ class ProbeLocaliser:
         else:
             ctype, category, action = "switch", "switch", vocab.ACTION_INVESTIGATE
         return Condition(
-            rule=rule,
+            # a path on its own rule: the leaf's condition that may replace it is a new condition
+            # (grouped afresh into a switch fault), not an update of the path's incident
+            rule=f"{rule}{probe_persist.PATH_RULE_SUFFIX}" if b.kind == "path" else rule,
             component=b.component,
             component_type=ctype,
             category=category,
