@@ -734,7 +734,11 @@ class ProbeLocaliser:
             elif s.answered:
                 sent += 1
                 bad += 1 if s.slow else 0
-        if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
+        if (
+            sent >= 50
+            and bad / sent < self.config.loss_threshold / 2
+            and probe_persist.ring_refutes_leaf(bad, sent, b.rate)
+        ):
             b.kind = "path"
             return self._traced_uplink(b) if b.what == "loss" else b
         return b

@@ -14,7 +14,9 @@ install trains) on the nodes the in-memory scheduler gives it, each through its 
 (``starpulse.app.demo_training``), so it checkpoints, is stopped by a requeue and resumes
 from its last complete checkpoint. Faults come at a pace the guards let the cluster absorb
 (``DEMO_GUARDS``), every fourth one a leaf switch going down (one switch incident, no
-node evicted), and ``demo over`` ends with a summary: faults, evictions, nodes repaired
+node evicted), the second of every four one only the probe mesh sees (the agents probe
+through a drawn rail data plane, ``agent.sim.probe_fabric``: a leaf dropping silently, a
+cable losing or slow; one fabric incident, no node evicted), and ``demo over`` ends with a summary: faults, evictions, nodes repaired
 and retired, the pool against its target, the job's time to resume per fault, steps lost
 and its ETTR.
 """

@@ -5,8 +5,11 @@ one or two losses its rate predicts, while pairs across the fabric through the l
 lose: for a localisation or two the evidence reads as loss above the leaf (a ``path`` fault).
 A path suspicion is therefore held one localisation longer than a leaf's, and persistence is
 counted per kind: as soon as the ring shows the loss the leaf is named, and its incident is
-the first one. An uplink that really loses (the ring stays clean) is still a path fault. The
-real decision core on a fake clock; the ring's early silence is drawn from a clean data plane.
+the first one. A ring is clean only when its few losses would be improbable were the leaf
+losing at its measured rate (a three-NIC leaf's small ring, just after the fault starts, may
+show none by chance). An uplink that really loses (the ring stays clean) is still a path
+fault. The real decision core on a fake clock; the ring's early silence is drawn from a clean
+data plane.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from agent.sim.probe_fabric import SimProbeFabric
 from controller.core import DecisionCore
 from controller.detect.correlate import CorrelationConfig
 from controller.detect.pipeline import DetectionConfig
+from controller.detect.probe_persist import ring_refutes_leaf
 from controller.fabric import generate_fabric
 from controller.fabric.probeplan import ProbeConfig
 from controller.metrics import ControllerMetrics
@@ -32,8 +38,8 @@ LEAF = "leaf-b1-r0"
 
 
 class Fleet:
-    def __init__(self, tmp_path: Path, *, traced: bool = True) -> None:
-        self.fabric = generate_fabric(32, gpus_per_node=2, rails=2, nodes_per_block=8, spines=4)
+    def __init__(self, tmp_path: Path, *, traced: bool = True, per_block: int = 8, seed: int = 5) -> None:
+        self.fabric = generate_fabric(32, gpus_per_node=2, rails=2, nodes_per_block=per_block, spines=4)
         self.clock = FakeClock()
         probes = ProbeConfig(enabled=True, window_s=5, replan_min_s=0)
         config = ControllerConfig(
@@ -49,7 +55,7 @@ class Fleet:
         self.sim = SimProbeFabric(self.fabric.leaf_of, self.fabric.spines_of, traced=traced)
         self.clean = SimProbeFabric(self.fabric.leaf_of, self.fabric.spines_of, traced=traced)
         self.quiet_ring = ""  # a leaf whose own ring draws from the clean data plane (its early silence)
-        self.rng = random.Random(5)
+        self.rng = random.Random(seed)
         self.seq = 0
         self.t = 0
         self.opened: list[tuple[str, str]] = []  # every incident opened, in order
@@ -120,3 +126,20 @@ def test_a_path_fault_whose_ring_then_shows_the_loss_becomes_the_leafs_fault(tmp
     fleet.run(40)
     assert fleet.opened == [("path_fault", LEAF), ("switch_fault", LEAF)]
     assert [(i.kind, i.root_cause) for i in fleet.core.open_incidents()] == [("switch_fault", LEAF)]
+
+
+@pytest.mark.parametrize("seed", [1, 12])  # draws where the fixed-share rule named the path first
+def test_a_small_rings_chance_silence_does_not_make_a_leaf_fault_a_path(tmp_path: Path, seed: int) -> None:
+    fleet = Fleet(tmp_path, per_block=3, seed=seed)  # three NICs under each leaf: a small ring
+    fleet.run(40)
+    fleet.sim.inject_loss(LEAF, 0.01)
+    fleet.run(60)
+    assert fleet.opened and fleet.opened[0] == ("switch_fault", LEAF), fleet.opened
+
+
+def test_a_ring_refutes_its_leaf_only_when_its_silence_is_improbable() -> None:
+    assert not ring_refutes_leaf(0, 200, 0.01)  # 2 expected: none is no surprise
+    assert ring_refutes_leaf(0, 1000, 0.01)  # 10 expected: none is
+    assert not ring_refutes_leaf(6, 1000, 0.01)
+    assert ring_refutes_leaf(1, 2000, 0.01)
+    assert not ring_refutes_leaf(0, 1000, 0.0)
