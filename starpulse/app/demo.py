@@ -16,9 +16,9 @@ from its last complete checkpoint. Faults come at a pace the guards let the clus
 (``DEMO_GUARDS``), every fourth one a leaf switch going down (one switch incident, no
 node evicted), the second of every four one only the probe mesh sees (the agents probe
 through a drawn rail data plane, ``agent.sim.probe_fabric``: a leaf dropping silently, a
-cable losing or slow; one fabric incident, no node evicted), and ``demo over`` ends with a summary: faults, evictions, nodes repaired
-and retired, the pool against its target, the job's time to resume per fault, steps lost
-and its ETTR.
+cable losing or slow; one fabric incident, no node evicted), and ``demo over`` ends with
+a summary: faults, evictions, nodes repaired and retired, the pool against its target, the
+job's time to resume per fault, steps lost and its ETTR.
 """
 
 from __future__ import annotations
