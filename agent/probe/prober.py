@@ -10,7 +10,8 @@ carries (``take_results``), and the counts start again.
 
 A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
 that window: its missed replies are its restart, not the network's loss. So does a peer that
-has not answered yet within ``_PEER_GRACE_WINDOWS`` windows of first being planned: its
+has not answered yet within ``_PEER_GRACE_WINDOWS`` windows of first being planned (and the
+probes sent to it before its first answer, counted lost a timeout later): its
 responder starts when its own plan arrives, which may be seconds after ours (a mesh just
 turned on, agents reconnecting one by one to a new controller). A plan that differs from the
 running one only in its version (a new controller's or leader's first plan) is taken without
@@ -154,6 +155,7 @@ class Prober:
         self._batch: mmsg.Batch | None = None  # responders' requests, many per call (None: one by one)
         self._peer_epoch: dict[str, int] = {}
         self._planned_at: dict[str, int] = {}  # peer NIC -> when a plan first named it (its grace starts)
+        self._first_answer: dict[str, int] = {}  # peer NIC -> its first answer, when within its grace
         self._traces: dict[int, int] = {}  # trace seq -> flow index
         self.traced_total = 0
         self._seq = 0
@@ -525,6 +527,8 @@ class Prober:
             # a new epoch: the peer restarted; a first answer within its grace: what its flows
             # lost before it may be its responder not up yet
             first = last is None and self._in_grace(f.peer_nic, received)
+            if first:  # probes sent before it and counted lost later are its start too (_expire)
+                self._first_answer[f.peer_nic] = received
             if last is not None or first:
                 for other in self._flows:
                     if other.peer_nic == f.peer_nic and (last is not None or other.lost):
@@ -541,11 +545,14 @@ class Prober:
             if sent >= limit:
                 break  # in send order: the rest are younger
             late.append(seq)
+        first_answer = self._first_answer
         for seq in late:
-            index, _ = self._outstanding.pop(seq)
+            index, sent = self._outstanding.pop(seq)
             f = self._flows[index]
             f.sent += 1
             f.lost += 1
+            if first_answer and sent < first_answer.get(f.peer_nic, 0):
+                f.restarted = True  # sent before the peer's responder was up
             if now >= f.trace_due and self._fate is None:
                 self._trace(index, now)
 
