@@ -10,7 +10,14 @@ counts become one ``ProbeResult``, which the next report carries (``take_results
 counts start again.
 
 A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
-that window: its missed replies are its restart, not the network's loss.
+that window: its missed replies are its restart, not the network's loss. So does a peer that
+has not answered yet within ``_PEER_GRACE_WINDOWS`` windows of first being planned (and the
+probes sent to it before its first answer, counted lost a timeout later): its
+responder starts when its own plan arrives, which may be seconds after ours (a mesh just
+turned on, agents reconnecting one by one to a new controller). A plan that differs from the
+running one only in its version (a new controller's or leader's first plan) is taken without
+starting over: the windows, flows and responders keep running, so a controller restart costs
+the mesh no window.
 
 A flow that loses a probe is traced, where its endpoint can (``Tracer``): one small probe of
 the same flow with TTL ``TRACE_TTL`` expires at the spine the flow's ECMP hash picks, and the
@@ -45,6 +52,7 @@ log = structlog.get_logger(__name__)
 TRACE_TTL = 2  # NIC -> leaf (1) -> spine (2) on a two-tier Clos: the probe expires at the spine
 _TRACE_RETRY_NS = 2_000_000_000
 _TRACE_REFRESH_NS = 60_000_000_000
+_PEER_GRACE_WINDOWS = 2  # windows a newly planned peer has to answer before its losses count
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +188,8 @@ class Prober:
         self._probe = wire.template(wire.HEADER)  # the request every send stamps in place
         self._batch: mmsg.Batch | None = None  # responders' requests, many per call (None: one by one)
         self._peer_epoch: dict[str, int] = {}
+        self._planned_at: dict[str, int] = {}  # peer NIC -> when a plan first named it (its grace starts)
+        self._first_answer: dict[str, int] = {}  # peer NIC -> its first answer, when within its grace
         self._traces: dict[int, int] = {}  # trace seq -> flow index
         self.traced_total = 0
         self._seq = 0
@@ -321,6 +331,10 @@ class Prober:
             plan, self._pending = self._pending, None
         if plan is None:
             return
+        if self.plan.version and _same_but_version(plan, self.plan):
+            self.plan = plan  # its results say the new version; nothing starts over
+            log.info("probe_plan_version_only", version=plan.version)
+            return
         self._close_endpoints()
         self._batch_ns = 0
         self._room = _RESPONDER_RCVBUF * 2
@@ -337,6 +351,7 @@ class Prober:
         now = self._clock()
         rate: dict[tuple[str, int], float] = {}  # replies per second each sender socket expects
         for t in plan.targets:
+            self._planned_at.setdefault(t.peer_nic, now)
             ports = list(t.src_ports) or [0]
             per_flow_pps = t.packets_per_s / len(ports) if t.packets_per_s > 0 else 0.0
             if per_flow_pps <= 0:
@@ -568,9 +583,14 @@ class Prober:
             return
         last = self._peer_epoch.get(f.peer_nic)
         if last != epoch:
-            if last is not None:
+            # a new epoch: the peer restarted; a first answer within its grace: what its flows
+            # lost before it may be its responder not up yet
+            first = last is None and self._in_grace(f.peer_nic, received)
+            if first:  # probes sent before it and counted lost later are its start too (_expire)
+                self._first_answer[f.peer_nic] = received
+            if last is not None or first:
                 for other in self._flows:
-                    if other.peer_nic == f.peer_nic:
+                    if other.peer_nic == f.peer_nic and (last is not None or other.lost):
                         other.restarted = True
             self._peer_epoch[f.peer_nic] = epoch
         f.sent += 1
@@ -587,11 +607,14 @@ class Prober:
             if sent >= limit:
                 break  # in send order: the rest are younger
             late.append(seq)
+        first_answer = self._first_answer
         for seq in late:
-            index, _ = self._outstanding.pop(seq)
+            index, sent = self._outstanding.pop(seq)
             f = self._flows[index]
             f.sent += 1
             f.lost += 1
+            if first_answer and sent < first_answer.get(f.peer_nic, 0):
+                f.restarted = True  # sent before the peer's responder was up
             if now >= f.trace_due and self._fate is None:
                 self._trace(index, now)
 
@@ -624,8 +647,17 @@ class Prober:
                 f.via = offender
                 f.trace_due = self._clock() + _TRACE_REFRESH_NS
 
+    def _in_grace(self, peer_nic: str, now: int) -> bool:
+        """The peer was first planned under ``_PEER_GRACE_WINDOWS`` windows ago."""
+        planned = self._planned_at.get(peer_nic)
+        grace = _PEER_GRACE_WINDOWS * max(1, self.plan.window_s) * 1_000_000_000
+        return planned is not None and now - planned < grace
+
     def _close_window(self, now: int) -> None:
         window_ms = max(1, self.plan.window_s) * 1000
+        for f in self._flows:  # a peer that never answered yet, within its grace: not judged
+            if f.lost and f.peer_nic not in self._peer_epoch and self._in_grace(f.peer_nic, now):
+                f.restarted = True
         # A flow that lost probes is reported on its own (its source port and spine name it); the
         # clean flows of one target are summed into one result with source port 0 and no spine
         # (ECMP spreads them evenly), so a report carries tens of results per window, not one per flow.
@@ -672,6 +704,15 @@ class Prober:
             if len(self._results) > 20_000:  # the controller is away: keep the newest windows
                 del self._results[: len(self._results) - 20_000]
         self._window_end = now + window_ms * 1_000_000
+
+
+def _same_but_version(a: spb.ProbePlan, b: spb.ProbePlan) -> bool:
+    """The two plans differ at most in their version."""
+    x, y = spb.ProbePlan(), spb.ProbePlan()
+    x.CopyFrom(a)
+    y.CopyFrom(b)
+    x.version = y.version = 0
+    return x == y
 
 
 def _pstdev(values: list[float]) -> float:

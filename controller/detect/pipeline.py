@@ -188,11 +188,13 @@ class Detection:
         self._refresh_gauges()
 
     def _probe_node_ok(self, node_id: str, since_ms: int) -> bool:
-        """A node whose probe results count: online, connected since before ``since_ms`` (one that
-        restarted within the window lost probes to its restart, not to the network), and heard
-        within one and a half report intervals (one gone quiet may be restarting right now)."""
+        """A node whose probe results count: online and connected, its prober running since before
+        ``since_ms`` (one that restarted within the window lost probes to its restart, not to the
+        network; a mere reconnect, as after a controller restart or failover, is not a restart:
+        ``controller.ingest.registry.prober_since``), and heard within one and a half report
+        intervals (one gone quiet may be restarting right now)."""
         rec = self._node_of(node_id)
-        if rec is None or rec.state != "online" or not rec.connected or rec.connected_ms > since_ms:
+        if rec is None or rec.state != "online" or not rec.connected or rec.probes_since_ms > since_ms:
             return False
         interval = self.cadence.interval_s() or 5.0
         return self.clock.time_ms() - rec.last_seen_ms <= 1500 * interval
