@@ -22,7 +22,7 @@ from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
-from tests.helpers import free_port, make_sim_agent, wait_for
+from tests.helpers import free_port, make_relay, make_sim_agent, wait_for
 
 NODE = "node-000"
 
@@ -110,3 +110,28 @@ async def test_the_agent_reconnects_and_its_event_is_acked(controller: Controlle
         assert link.silent_streams == 0
     finally:
         await agent.halt()
+
+
+async def test_a_relayed_stream_is_ended_the_same_way(controller: Controller, tmp_path: Path) -> None:
+    """Through a relay the stream's read is woken by the relayed stream's own reject, not a
+    cancel. The agent reports once a minute: only the controller ending the stream brings it back
+    before its silence limit."""
+    controller.telemetry.before_ack = _FailingFlush(failures=1)
+    relay_port = free_port()
+    relay = make_relay(controller.grpc_port, relay_port)
+    await relay.start()
+    agent = make_sim_agent(NODE, tmp_path, [f"127.0.0.1:{relay_port}"], interval_s=60.0)
+    agent.agent.buffer.append(
+        tpb.Event(kind=tpb.EVENT_KIND_KERNEL, severity=tpb.SEVERITY_WARNING, component="host", message="e")
+    )
+    with structlog.testing.capture_logs() as logs:
+        agent.start()
+        try:
+            link = agent.agent.link
+            await wait_for(lambda: link.connects >= 2, what="the relayed agent's second stream")
+            await wait_for(lambda: link.acked_event_seq >= 1, what="the event acked on the new stream")
+            assert link.silent_streams == 0
+        finally:
+            await agent.halt()
+            await relay.stop()
+    assert [e["node"] for e in logs if e["event"] == "ack_writer_failed"] == [NODE]
