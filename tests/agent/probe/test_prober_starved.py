@@ -13,6 +13,7 @@ import select
 import socket
 import time
 
+from agent.probe import wire
 from agent.probe.prober import Prober
 from starpulse.v1 import service_pb2 as spb
 
@@ -106,4 +107,37 @@ def test_a_reply_the_responders_host_held_past_the_timeout_is_not_a_loss() -> No
         assert sum(f.processing_us for f in a._flows) / answered > 50_000  # and it shows as b's time
     finally:
         a._close_endpoints()
+        b._close_endpoints()
+
+
+def test_a_reply_to_a_closed_port_costs_no_other_prober_its_reply() -> None:
+    """A reply to a prober whose socket has closed (its agent switched plans or restarted) comes
+    back as ICMP port unreachable, which fails the responder's next send once: the replies after
+    it in the same batch were dropped, a loss on this host that probers counted as the network's.
+    A starved responder answers big batches, so it lost many."""
+    port = _udp_port()
+    b = _by_hand(Prober(seed=2, tick_s=0.005), _plan(B, port, timeout_ms=1000))
+    gone = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    alive = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    try:
+        for i, s in enumerate([*gone, *alive]):
+            s.bind(("127.0.45.1", 0))
+            s.sendto(wire.encode(wire.Probe(wire.REQUEST, i + 1, 0), 1000), (B, port))
+        for s in gone:  # closed before the responder runs: their replies find no socket
+            s.close()
+        time.sleep(0.1)
+        b._step(b._poll.poll(1.0))  # one pass answers all six, the closed ports' first
+        replies = []
+        for s in alive:
+            s.settimeout(2.0)
+            try:
+                data = s.recv(2048)
+            except TimeoutError:
+                continue
+            probe = wire.decode(data)
+            replies.append(probe.kind if probe is not None else None)
+        assert replies == [wire.REPLY] * 3
+    finally:
+        for s in alive:
+            s.close()
         b._close_endpoints()
