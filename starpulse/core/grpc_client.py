@@ -201,6 +201,8 @@ def _ready(coro: Coroutine[Any, Any, Any]) -> Any:
         coro.send(None)
     except StopIteration as done:
         return done.value
+    except Exception:  # a call in a state this does not know: keep nothing, as if it had to wait
+        return None
     coro.close()
     return None
 
