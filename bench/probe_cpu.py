@@ -8,7 +8,9 @@ over ``--seconds`` (process time / wall time), split into user (Python) and syst
 on loopback A's process also pays for delivering every datagram it sends into B's socket),
 packets sent and answered per second, loss, and the prober thread's wake-ups per second; and
 the kernel floor: what the datagrams A sends and reads cost on loopback by themselves (a bare
-``sendto``/``recvmsg_into`` loop of the same size and count), which no prober code removes.
+``sendto``/``recvmsg_into`` loop of the same size and count), which no prober code removes,
+and the same loop's cost for 64-byte datagrams (``loopback_datagram_us_64b``: whether small
+probes would be cheaper).
 ``--idle-s`` then times the ticks alone (A's responders open, nothing sent or arriving): the
 fixed cost a wake-up has whatever it does. ``--repeats`` runs it all that many times and
 reports each figure's median.
@@ -164,6 +166,7 @@ def run(seconds: float, pps: float, tick_s: float | None = None) -> dict[str, An
     child.join()
     total = sum(r.sent for r in results)
     per_datagram_us = kernel_floor(ProbeConfig().mtu_bytes - 28)
+    small_datagram_us = kernel_floor(64)  # what small probes would pay instead (per call, not per byte)
     return {
         "nics": NICS,
         "budget_pps_per_nic": pps,
@@ -175,6 +178,7 @@ def run(seconds: float, pps: float, tick_s: float | None = None) -> dict[str, An
         # A sends its probes and its replies (each delivered into B's socket in A's own time on
         # loopback) and reads as many: that many loopback datagrams at the measured cost each
         "loopback_datagram_us": round(per_datagram_us, 2),
+        "loopback_datagram_us_64b": round(small_datagram_us, 2),
         "kernel_floor_pct": round((sent + answered) / wall * per_datagram_us / 1e4, 3),
         "wakeups_per_s": round(woke / wall, 1) if woke else None,
         "loss_pct": round(100 * sum(r.lost for r in results) / total, 3) if total else None,

@@ -20,6 +20,7 @@ _IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 _IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 # <asm-generic/socket.h>: the kernel's receive time in each datagram's ancillary data
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 _TIMESPEC = struct.Struct("@qq")
 _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 # <linux/in.h>, <linux/errqueue.h>: ICMP errors on the socket's error queue, with the offender
@@ -96,6 +97,19 @@ class UdpEndpoint:
 
     def fileno(self) -> int:
         return self._sock.fileno()
+
+    def reserve(self, nbytes: int) -> int:
+        """Ask for a receive buffer of ``nbytes`` and return what the kernel granted (bytes of
+        datagrams with their overhead): a responder that answers once a tick holds that tick's
+        requests meanwhile. ``SO_RCVBUFFORCE`` where the agent may (``CAP_NET_ADMIN``), else
+        ``SO_RCVBUF``, which the kernel caps at ``net.core.rmem_max``."""
+        for option in (_SO_RCVBUFFORCE, socket.SO_RCVBUF):
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, option, nbytes)
+                break
+            except OSError:
+                continue
+        return int(self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
 
     def send(self, data: bytes, address: str, port: int) -> None:
         # A full queue or an unreachable route is a lost probe, which is what it counts as. An ICMP

@@ -39,8 +39,9 @@ from typing import Any, NamedTuple
 
 import structlog
 
+from controller.detect import probe_persist
 from controller.detect.model import ComponentType, Condition, ConditionChange
-from controller.detect.probe_background import stands_out
+from controller.detect.probe_background import DELAY_SAMPLE, DelayBaseline, delay_baseline, stands_out
 from controller.fabric.model import Fabric
 from controller.fabric.probeplan import ProbeConfig
 from starpulse.core import vocab
@@ -180,11 +181,15 @@ class ProbeLocaliser:
         self._pans: dict[tuple[str, str], int] = {}
         self._tsent = self._tlost = 0  # every key on the fabric: the background's sums
         self.background_loss: float | None = None  # the last localisation's, None without traffic
+        # the fabric's round-trip baseline, taken when a localisation has slow paths to vote on
+        self.delay_baseline: DelayBaseline | None = None
+        self._delay_cut = config.rtt_threshold_us  # what a path's p99 must reach to vote slow
         self._host_keys: dict[str, set[tuple[str, str, str]]] = {}
         self._stale = False  # the wiring changed: the running sums are rebuilt at the next localisation
         self._comps: dict[tuple[str, str, str], _Where | None] = {}
         self._spreads: dict[tuple[str, str], tuple[tuple[str, float], ...]] = {}  # leaf pair -> shares
         self._streak: dict[tuple[str, str], int] = {}  # (rule, component) -> localisations in a row
+        self._kind_run: dict[tuple[str, str], tuple[str, int]] = {}  # -> (kind, in a row as that kind)
         self._clean: dict[tuple[str, str], int] = {}
         self._open: dict[tuple[str, str], Condition] = {}
         self._last_run = clock.monotonic()
@@ -397,10 +402,12 @@ class ProbeLocaliser:
         self._judge_background()
         bad = [p for key in self._bad if key not in self._excluded and (p := self._path(key)) is not None]
         if not bad:
+            self._judge_delay([])
             return []  # a clean fabric costs the hosts' check
         blames = self._vote(bad, "loss", set())
         explained = {b.component for b in blames}
         slow = [p for p in bad if not explained.intersection(p.comps)]
+        self._judge_delay(slow)
         blames += self._vote(slow, "delay", explained)
         return [self._uplink_or_leaf(b) for b in blames]
 
@@ -663,6 +670,36 @@ class ProbeLocaliser:
         elif was is not None and was >= high and (now is None or now < high):
             log.info("probe_background_loss_cleared", loss=round(now or 0.0, 5))
 
+    def _judge_delay(self, slow: list[_Path]) -> None:
+        """The delay vote's cut: the threshold, or the fabric's own round-trip baseline's outlier
+        bound where the whole fabric runs slower (controller.detect.probe_background.delay_baseline).
+        Taken only when some path reached the threshold (a fast fabric costs nothing), from at
+        most ``DELAY_SAMPLE`` counted paths; logged once as the fabric's baseline moves the cut."""
+        threshold = self.config.rtt_threshold_us
+        if not any(p.obs.rtt_p99_us >= threshold for p in slow):
+            if self.delay_baseline is not None and self.delay_baseline.cut_us > threshold:
+                log.info("probe_background_delay_cleared", median_us=round(self.delay_baseline.median_us, 1))
+            self._delay_cut, self.delay_baseline = threshold, None
+            return
+        answered = [
+            s for key, s in self._window.items() if s.where is not None and s.answered and key not in self._excluded
+        ]
+        step = max(1, len(answered) // DELAY_SAMPLE)
+        was = self.delay_baseline
+        now = self.delay_baseline = delay_baseline([s.p99() for s in answered[::step]], threshold)
+        self._delay_cut = now.cut_us
+        raised, raised_before = now.cut_us > threshold, was is not None and was.cut_us > threshold
+        if raised and not raised_before:
+            log.warning(
+                "probe_background_delay",
+                median_us=round(now.median_us, 1),
+                sigma_us=round(now.sigma_us, 1),
+                cut_us=round(now.cut_us, 1),
+                paths=now.paths,
+            )
+        elif raised_before and not raised:
+            log.info("probe_background_delay_cleared", median_us=round(now.median_us, 1))
+
     def _above_background(self, what: str, lost: float, sent: float, tested: int) -> bool:
         """Loss through a component stands out from the background at ``background_alpha``, split
         over the components tested; the delay vote keeps its own thresholds."""
@@ -675,7 +712,7 @@ class ProbeLocaliser:
         if what == "loss":
             return o.lost, o.sent
         answered = o.sent > o.lost
-        return (1 if answered and o.rtt_p99_us >= self.config.rtt_threshold_us else 0), (1 if answered else 0)
+        return (1 if answered and o.rtt_p99_us >= self._delay_cut else 0), (1 if answered else 0)
 
     def _kind(self, name: str) -> str:
         if "<->" in name:
@@ -697,7 +734,11 @@ class ProbeLocaliser:
             elif s.answered:
                 sent += 1
                 bad += 1 if s.slow else 0
-        if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
+        if (
+            sent >= 50
+            and bad / sent < self.config.loss_threshold / 2
+            and probe_persist.ring_refutes_leaf(bad, sent, b.rate)
+        ):
             b.kind = "path"
             return self._traced_uplink(b) if b.what == "loss" else b
         return b
@@ -745,17 +786,27 @@ class ProbeLocaliser:
         for b in blames:
             named[(RULE_LOSS if b.what == "loss" else RULE_DELAY, b.component)] = b
         changes: list[ConditionChange] = []
+        persist = self.config.persist_windows
         for key, b in named.items():
             self._clean.pop(key, None)
             self._streak[key] = self._streak.get(key, 0) + 1
+            kind, run = self._kind_run.get(key, ("", 0))
+            run = run + 1 if kind == b.kind else 1
+            self._kind_run[key] = (b.kind, run)
             cond = self._open.get(key)
-            if cond is not None:
+            if cond is not None and probe_persist.replaces(cond.category, b.kind, run, persist):
+                cond.resolved_ms = now  # the loss above the leaf was the leaf's own
+                changes.append(ConditionChange("resolved", cond))
+                cond = self._open[key] = self._condition(key[0], b, now)
+                changes.append(ConditionChange("opened", cond))
+                log.warning("probe_fault_is_the_leaf", component=b.component, loss=round(b.rate, 4))
+            elif cond is not None:
                 cond.last_seen_ms = now
                 cond.count += 1
                 cond.evidence.update(self._evidence(b))
                 cond.message = self._message(b)
                 changes.append(ConditionChange("updated", cond))
-            elif self._streak[key] >= self.config.persist_windows:
+            elif probe_persist.opens(b.kind, self._streak[key], run, persist):
                 cond = self._condition(key[0], b, now)
                 self._open[key] = cond
                 changes.append(ConditionChange("opened", cond))
@@ -763,6 +814,7 @@ class ProbeLocaliser:
         for key in list(self._streak):
             if key not in named:
                 del self._streak[key]
+                self._kind_run.pop(key, None)
         for key, cond in list(self._open.items()):
             if key in named:
                 continue
@@ -813,7 +865,9 @@ class ProbeLocaliser:
         else:
             ctype, category, action = "switch", "switch", vocab.ACTION_INVESTIGATE
         return Condition(
-            rule=rule,
+            # a path on its own rule: the leaf's condition that may replace it is a new condition
+            # (grouped afresh into a switch fault), not an update of the path's incident
+            rule=f"{rule}{probe_persist.PATH_RULE_SUFFIX}" if b.kind == "path" else rule,
             component=b.component,
             component_type=ctype,
             category=category,

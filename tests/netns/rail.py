@@ -136,6 +136,9 @@ class _SlowHostEndpoint:
     def fileno(self) -> int:
         return self._inner.fileno()
 
+    def reserve(self, nbytes: int) -> int:
+        return self._inner.reserve(nbytes)
+
     def send(self, data: bytes, address: str, port: int) -> None:
         d = self._delay.get(self._node, 0.0)
         if d <= 0:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from agent.probe import mmsg, wire
-from agent.probe.prober import Prober
+from agent.probe.endpoint import UdpEndpoint
+from agent.probe.prober import TICK_S, Prober, fitting_tick_ns
 from starpulse.v1 import service_pb2 as spb
 
 pytestmark = pytest.mark.skipif(mmsg.batch(1, 64) is None, reason="libc without recvmmsg/sendmmsg")
@@ -123,5 +124,71 @@ def test_a_flow_socket_is_read_once_per_tick_only_where_under_half_a_reply_a_tic
         sockets = list(p._sockets.values())
         assert sorted(s.reads for s in sockets if s.nic) == [reads, reads]
         assert [s.reads for s in sockets if not s.nic] == [64]  # a responder reads until empty
+    finally:
+        p.stop()
+
+
+def test_a_responder_asks_for_room_for_a_ticks_requests_and_a_flow_socket_does_not() -> None:
+    """A responder answers once a tick, holding that tick's requests in its socket meanwhile: it
+    asks for a larger receive buffer than the kernel's default (which a flow socket keeps)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as plain:
+        default = plain.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    p = Prober(seed=1)
+    plan = spb.ProbePlan(version=1, port=_udp_port(), dscp=26, payload_bytes=200, timeout_ms=500, window_s=1)
+    plan.listen["a/nic-0"] = "127.0.44.1"
+    plan.targets.add(
+        local_nic="a/nic-0",
+        local_address="127.0.44.1",
+        peer_nic="b/nic-0",
+        peer_address="127.0.44.3",
+        src_ports=[_udp_port()],
+        packets_per_s=2.0,
+    )
+    p.apply(plan)
+    p.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(p._sockets) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        buffers = {s.nic: s.ep._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in p._sockets.values()}  # type: ignore[attr-defined]
+        assert buffers["a/nic-0"] == default
+        assert buffers[""] > default
+    finally:
+        p.stop()
+
+
+def test_the_tick_shortens_where_a_responders_buffer_would_not_hold_two_ticks_of_requests() -> None:
+    tick = 500_000_000
+    # 2 MiB granted, 4,172-byte probes: ~250 requests fit; 20 a second is 10 a tick: the tick stays
+    assert fitting_tick_ns(tick, 2 << 20, 4172, 20.0) == tick
+    # the kernel's default 212,992 bytes hold ~25 such requests: at 50 a second, a quarter second
+    assert fitting_tick_ns(tick, 212_992, 4172, 50.0) == int(1e9 * (212_992 / 8344) / 100)
+    assert fitting_tick_ns(tick, 212_992, 4172, 1e6) == 20_000_000  # never below the floor
+    assert fitting_tick_ns(tick, 212_992, 4172, 0.0) == tick  # a responder-only plan
+
+
+def test_a_prober_whose_responders_get_a_small_buffer_ticks_faster() -> None:
+    class Small(UdpEndpoint):
+        def reserve(self, nbytes: int) -> int:
+            return 50_000  # as if the kernel granted little
+
+    p = Prober(endpoints=Small, seed=1)
+    plan = spb.ProbePlan(version=1, port=_udp_port(), dscp=26, payload_bytes=4172, timeout_ms=500, window_s=1)
+    plan.listen["a/nic-0"] = "127.0.44.1"
+    plan.targets.add(
+        local_nic="a/nic-0",
+        local_address="127.0.44.1",
+        peer_nic="b/nic-0",
+        peer_address="127.0.44.3",
+        src_ports=[_udp_port()],
+        packets_per_s=20.0,
+    )
+    p.apply(plan)
+    p.start()
+    try:
+        deadline = time.monotonic() + 5
+        while p._batch_ns == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p._batch_ns == fitting_tick_ns(int(TICK_S * 1e9), 50_000, 4172, 20.0) < int(TICK_S * 1e9)
     finally:
         p.stop()

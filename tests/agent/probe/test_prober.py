@@ -156,6 +156,47 @@ def test_batched_wakeups_keep_round_trips_exact_by_the_kernels_stamps() -> None:
         b.stop()
 
 
+def test_a_responders_hold_longer_than_the_timeout_is_not_loss() -> None:
+    """The responder ticks every 400 ms, the prober every 200 ms, the timeout is 200 ms: a request
+    waits up to 400 ms for its responder, so judged on whether its reply was read by the timeout
+    about half the probes would be lost. Judged on the network's time (the arrival stamp less the
+    responder's hold, within two of the prober's ticks of grace), none is."""
+    port = _udp_port()
+    a, b = Prober(seed=1, tick_s=0.2), Prober(seed=2, tick_s=0.4)
+    a.start()
+    b.start()
+    try:
+        b.apply(_plan(1, "b/nic-0", "a/nic-0", port, pps=40.0))
+        a.apply(_plan(1, "a/nic-0", "b/nic-0", port, pps=40.0))
+        results = _wait_results(a, n=3)
+        sent, lost = sum(r.sent for r in results), sum(r.lost for r in results)
+        assert sent >= 40 and lost <= 0.1 * sent, results
+        assert max(r.responder_us for r in results if r.sent > r.lost) > 200_000  # b held some past the timeout
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_reply_that_arrives_within_the_grace_but_took_the_network_too_long_is_lost() -> None:
+    """A 300 ms tick gives unanswered probes 600 ms of grace past the 300 ms timeout; a path that
+    delays every probe by 500 ms answers within it, and each such probe is still lost."""
+    port = _udp_port()
+    b = Prober(seed=2, tick_s=0.3)
+    a = Prober(fate=lambda local, peer, sport: PathFate(delay_s=0.5, via="spine-1"), seed=3, tick_s=0.3)
+    a.start()
+    b.start()
+    try:
+        b.apply(_plan(1, "b/nic-0", "a/nic-0", port, pps=20.0, timeout_ms=300))
+        a.apply(_plan(1, "a/nic-0", "b/nic-0", port, pps=20.0, timeout_ms=300))
+        results = _wait_results(a, n=3)
+        sent, lost = sum(r.sent for r in results), sum(r.lost for r in results)
+        assert sent >= 20 and lost == sent, results
+        assert b.answered_total > 0  # they were answered: late, not unanswered
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_endpoints_without_stamps_wake_per_packet() -> None:
     class Plain:
         def __init__(self, address: str, port: int, dscp: int) -> None:
