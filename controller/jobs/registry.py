@@ -798,6 +798,8 @@ class JobRegistry:
         out: dict[str, str] = {}
         for name in sorted(self._jobs, reverse=True):  # the first name (what jobs_of sorts first) writes last
             rec = self._jobs[name]
+            if rec.state == ENDED:
+                continue  # as jobs_of: an ended job is on no node any more
             for node in rec.declared_nodes:
                 out[node] = name
             for r in rec.ranks.values():

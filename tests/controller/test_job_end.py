@@ -97,6 +97,7 @@ class TestJobEnd:
         assert figures.wall_s == pytest.approx(4 * HOUR_S)
         assert (figures.basis, figures.ettr, figures.interruptions) == ("steps", 1.0, 0)
         assert core.jobs.jobs_of(NODES[0]) == []  # nothing left on its nodes for the healer to requeue
+        assert core.jobs.first_job_by_node() == {}  # nor for the fail-slow peer map
 
     def test_an_interrupted_job_cancelled_while_down_counts_its_downtime_only_until_the_end(
         self, core: DecisionCore
