@@ -91,10 +91,18 @@ def spares(mix: Mix, days: float, seeds: list[int], table: dict[int, tuple[int, 
     return out
 
 
-def budget(mix: Mix, days: float, seeds: list[int], nodes: int, spares_n: int) -> dict[str, Any]:
+def budget(
+    mix: Mix,
+    days: float,
+    seeds: list[int],
+    nodes: int,
+    spares_n: int,
+    budgets: tuple[int, ...] = BUDGETS,
+    scales: tuple[float, ...] = (1.0, 3.0),
+) -> dict[str, Any]:
     rows = []
-    for b in BUDGETS:
-        for scale in (1.0, 3.0):
+    for b in budgets:
+        for scale in scales:
             runs = [
                 _row(simulate(job_settings(nodes, spares_n, days, s, scale), mix,
                               config(max_evictions_per_window=b)).to_dict())
@@ -196,6 +204,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--budget-nodes", type=int, default=2048)
     parser.add_argument("--spare-share", type=float, default=1.2, help="percent, for the budget and breaker runs")
+    parser.add_argument("--budgets", default=None, help="budget part: these budgets (evictions per 10 min)")
+    parser.add_argument("--scales", default=None, help="budget part: these multiples of the mix's rate (1,3)")
     parser.add_argument("--fleet", type=int, action="append", help="spares part: these fleet sizes only")
     parser.add_argument("--counts", default=None, help="spares part: these spare counts (with one --fleet)")
     args = parser.parse_args()
@@ -214,7 +224,9 @@ def main() -> None:
     spares_n = RepairPolicy(spare_share_pct=args.spare_share).spare_target_for(args.budget_nodes)
     if "budget" in parts:
         print(f"eviction budget ({args.budget_nodes} nodes + {spares_n} spares):")
-        figures["budget"] = budget(mix, args.days, seeds, args.budget_nodes, spares_n)
+        budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else BUDGETS
+        scales = tuple(float(x) for x in args.scales.split(",")) if args.scales else (1.0, 3.0)
+        figures["budget"] = budget(mix, args.days, seeds, args.budget_nodes, spares_n, budgets, scales)
     if "breaker" in parts:
         print("circuit breaker:")
         figures["breaker"] = breaker(mix, args.days, seeds, args.spare_share)
@@ -222,8 +234,11 @@ def main() -> None:
         print("faulty nodes in the breaker's window, independent faults only:")
         figures["busiest"] = busiest(mix, args.days, seeds, args.fleet or [2048, 10000])
     params = {"days": args.days, "seeds": seeds, "parts": parts, "spare_share": args.spare_share,
-              "fleet": args.fleet, "counts": args.counts}  # fmt: skip
+              "fleet": args.fleet, "counts": args.counts, "budget_nodes": args.budget_nodes,
+              "budgets": args.budgets, "scales": args.scales}  # fmt: skip
     name = NAME + "".join(f"_{p}" for p in parts) + "".join(f"_{n}" for n in args.fleet or ())
+    if parts == ["budget"] and args.budget_nodes != 2048:  # another fleet size: its own file
+        name += f"_{args.budget_nodes}"
     if args.counts and parts == ["spares"] and len(args.counts) < 12:  # a short extra sweep: its own file
         name += "_c" + args.counts.replace(",", "-")
     print(f"written {write_result(name, params, figures)}")

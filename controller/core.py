@@ -13,7 +13,8 @@ Entry points, each the one way in for its input (docs/architecture.md):
   the job registry's per-rank samples.
 - ``events(node_id, events)``: a batch of events, stored, then to detection once.
 - ``job_progress(job, step, at_ms, phase)``: a job's own word on its progress (the
-  scheduler's or launcher's), besides the per-rank samples reports carry.
+  scheduler's or launcher's), besides the per-rank samples reports carry; a final phase
+  (``completed``, ``cancelled``, ``failed``) ends the job in the fleet ledger.
 - ``tick()``: one periodic sweep: presence, then detection's tick (expiry, fail-slow,
   grouping); ``start()``/``stop()`` run it, the grouping task and the healer as tasks.
 
@@ -116,7 +117,7 @@ class DecisionCore:
         self.conflicts = AgentConflicts(clock)
         self.jobs = JobRegistry(store.connection, clock)
         self.fleet_service = FleetServiceLedger(store.connection)  # the GPU-days of the fleet report
-        self.history = HistoryKeeper(store.connection, config.history_retention_s)
+        self.history = HistoryKeeper(store.connection, config.history_retention_s, config.aggregate_retention_s)
         self._history_due_ms = 0
         self._fleet_synced: tuple[int, int] | None = None  # (registry presence version, when)
         for job, nodes in config.jobs.items():
@@ -275,7 +276,8 @@ class DecisionCore:
         now = self.clock.time_ms()
         if now >= self._history_due_ms:
             self._history_due_ms = now + HISTORY_SWEEP_MS
-            self.history.sweep(now)
+            self.history.sweep(now)  # aggregates the days leaving the horizon first: ended jobs' too
+            self.jobs.forget_ended(self.history.cutoff(now))
 
     def fleet_size(self) -> int:
         if self.fabric is not None:
@@ -297,7 +299,8 @@ class DecisionCore:
         return self.registry.record_events(self.registry.nodes[node_id], events)
 
     def job_progress(self, job: str, step: int, at_ms: int, phase: str = "") -> None:
-        """A job's own progress (its launcher or scheduler), besides the per-rank report samples."""
+        """A job's own progress (its launcher or scheduler), besides the per-rank report samples;
+        a final phase (``completed``, ``cancelled``, ``failed``) ends the job: its figures are final."""
         self.jobs.progress(job, step, at_ms, phase)
 
     def feed(self, changes: list[ConditionChange]) -> None:

@@ -278,6 +278,16 @@ class ControllerMetrics:
             "starpulse_fleet_wrongful_evictions", "Wrongful evictions over the last 30 days.", registry=r
         )
         self.fleet_lemons = Gauge("starpulse_fleet_lemon_nodes", "Lemon nodes (the report's threshold).", registry=r)
+        self.fleet_false_validations = Gauge(
+            "starpulse_fleet_false_validations",
+            "Nodes returned 'validated' that failed again with the same cause within a day, last 30 days.",
+            registry=r,
+        )
+        self.fleet_false_validation_share = Gauge(
+            "starpulse_fleet_false_validation_ratio",
+            "Share of validated returns that were false successes, last 30 days (NaN: none judged).",
+            registry=r,
+        )
         # Periodic work runs on the event loop between reports: while a step runs, reports wait.
         self.periodic_seconds = Histogram(
             "starpulse_periodic_seconds",
@@ -370,6 +380,8 @@ class ControllerMetrics:
         self.fleet_ettr.set_function(functools.partial(cached.get, "ettr"))
         self.fleet_wrongful.set_function(functools.partial(cached.get, "wrongful"))
         self.fleet_lemons.set_function(functools.partial(cached.get, "lemons"))
+        self.fleet_false_validations.set_function(functools.partial(cached.get, "false_validations"))
+        self.fleet_false_validation_share.set_function(functools.partial(cached.get, "false_validation_share"))
 
 
 class _Cached:

@@ -51,6 +51,13 @@ class ControllerConfig:
         "(docs/reliability.md). 90 days: a quarter's review from the raw rows, and a bounded file",
         gt=0,
     )
+    aggregate_retention_s: float = setting(
+        730 * 86400.0,
+        "Seconds the daily reliability figures are kept (reliability_daily, reliability_job_daily, "
+        "reliability_node_daily: what starpulse report reads beyond the raw history); more than "
+        "history_retention_s. 2 years: this year's review against last year's, for a few rows a day",
+        gt=0,
+    )
     heartbeat_timeout_s: float = setting(
         15.0, "Seconds a node may stay silent before it is unreachable: three missed reports at 5 s", gt=0
     )

@@ -40,7 +40,7 @@ from typing import Any
 import structlog
 
 from controller.detect.model import Condition, ConditionChange
-from controller.jobs.registry import INTERRUPTED, JobRecord, RankRecord
+from controller.jobs.registry import ENDED, INTERRUPTED, JobRecord, RankRecord
 from controller.jobs.stacks import StackVerdict
 from starpulse.core import vocab
 from starpulse.core.clock import Clock
@@ -234,9 +234,9 @@ class HangDetector:
         seen: set[str] = set()
         for rec in jobs:
             seen.add(rec.job)
-            if rec.state == INTERRUPTED:
-                self._tracks.pop(rec.job, None)  # stopped by us or the scheduler: nothing to hang
-                changes += self._resolve(rec.job, now, "job interrupted")
+            if rec.state in (INTERRUPTED, ENDED):
+                self._tracks.pop(rec.job, None)  # stopped by us or the scheduler, or over: nothing to hang
+                changes += self._resolve(rec.job, now, "job interrupted" if rec.state == INTERRUPTED else "job ended")
                 continue
             live = self._observe(rec, now)
             if not rec.ranks:

@@ -55,7 +55,9 @@ CREATE TABLE IF NOT EXISTS heal_jobs (
     last_complete_ms INTEGER NOT NULL DEFAULT 0,
     state TEXT NOT NULL DEFAULT 'running',
     first_seen_ms INTEGER NOT NULL,
-    updated_ms INTEGER NOT NULL
+    updated_ms INTEGER NOT NULL,
+    ended_ms INTEGER,
+    end_reason TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS heal_job_ranks (
     job TEXT NOT NULL,
@@ -88,6 +90,11 @@ CREATE TABLE IF NOT EXISTS heal_job_restarts (
 RUNNING = "running"
 INTERRUPTED = "interrupted"  # stopped; not yet restarted
 RESUMING = "resuming"  # restarted; waiting for its first step
+ENDED = "ended"  # over: it stops accruing wall time, and its ETTR is final (``end_job``)
+# A job's own last word on itself (``DecisionCore.job_progress``'s phase, the scheduler's job state).
+END_OUTCOMES = ("completed", "cancelled", "failed")
+NODES_REMOVED = "nodes_removed"  # the scheduler's declaration of the job lists no node any more
+RANKS_LEFT = "ranks_left"  # every rank of a job known only from its ranks left its node (implicit)
 
 
 @dataclass
@@ -159,6 +166,11 @@ class JobRecord:
     history: list[RestartRecord] = field(default_factory=list)
     now_ms: int = 0  # when this snapshot was taken (open downtime counts up to it)
     progress: JobProgress | None = None  # the job-level entry's latest (DecisionCore.job_progress)
+    ended_ms: int | None = None  # when the job ended (controller clock); None: not ended
+    # rank -> (node, pid) of ranks that left while it ran (in memory only): a rank back with the
+    # same process after its job ended for its ranks leaving is a blink, not a restart
+    departed: dict[int, tuple[str, int]] = field(default_factory=dict)
+    end_reason: str = ""  # one of END_OUTCOMES, NODES_REMOVED or RANKS_LEFT
 
     @property
     def nodes(self) -> list[str]:
@@ -182,7 +194,7 @@ class JobRecord:
         """Interrupted -> first step after resume, summed; an open interruption counts up to now."""
         total = 0
         for h in self.history:
-            end = h.first_step_ms if h.first_step_ms is not None else self.now_ms
+            end = h.first_step_ms if h.first_step_ms is not None else (self.ended_ms or self.now_ms)
             total += max(end - h.interrupted_ms, 0)
         return total / 1000.0
 
@@ -222,6 +234,8 @@ class JobRecord:
             "ranks": {r.rank: r.node for r in sorted(self.ranks.values(), key=lambda r: r.rank)},
             "phase": self.phase,
             "since_step_s": self.since_step_s,
+            "ended_ms": self.ended_ms,
+            "end_reason": self.end_reason,
         }
 
     @property
@@ -254,6 +268,7 @@ class JobRegistry:
         self._clock_ms = clock.time_ms
         self.persist_interval_ms = persist_interval_ms
         self._db.executescript(_SCHEMA)
+        _upgrade(self._db)
         self._jobs: dict[str, JobRecord] = {}
         self._persisted_step_ms: dict[tuple[str, int], int] = {}
         # node -> the (job, rank) pairs its last report listed (what "no longer listed" compares to)
@@ -265,7 +280,7 @@ class JobRegistry:
     def _load(self) -> None:
         for row in self._db.execute(
             "SELECT job, checkpoint_dir, declared_nodes, world_size, last_complete_step, last_complete_path,"
-            " last_complete_ms, state, first_seen_ms, updated_ms FROM heal_jobs"
+            " last_complete_ms, state, first_seen_ms, updated_ms, ended_ms, end_reason FROM heal_jobs"
         ):
             self._jobs[row[0]] = JobRecord(
                 job=row[0],
@@ -278,6 +293,8 @@ class JobRegistry:
                 state=row[7],
                 first_seen_ms=row[8],
                 updated_ms=row[9],
+                ended_ms=row[10],
+                end_reason=row[11],
             )
         for row in self._db.execute(
             "SELECT job, rank, node, step, step_time_s, last_checkpoint_step, checkpoint_path,"
@@ -299,12 +316,13 @@ class JobRegistry:
     def _save_job(self, rec: JobRecord) -> None:
         self._db.execute(
             "INSERT INTO heal_jobs(job, checkpoint_dir, declared_nodes, world_size, last_complete_step,"
-            " last_complete_path, last_complete_ms, state, first_seen_ms, updated_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job) DO UPDATE SET"
+            " last_complete_path, last_complete_ms, state, first_seen_ms, updated_ms, ended_ms, end_reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job) DO UPDATE SET"
             " checkpoint_dir=excluded.checkpoint_dir, declared_nodes=excluded.declared_nodes,"
             " world_size=excluded.world_size, last_complete_step=excluded.last_complete_step,"
             " last_complete_path=excluded.last_complete_path, last_complete_ms=excluded.last_complete_ms,"
-            " state=excluded.state, updated_ms=excluded.updated_ms",
+            " state=excluded.state, updated_ms=excluded.updated_ms, ended_ms=excluded.ended_ms,"
+            " end_reason=excluded.end_reason",
             (
                 rec.job,
                 rec.checkpoint_dir,
@@ -316,6 +334,8 @@ class JobRegistry:
                 rec.state,
                 rec.first_seen_ms,
                 rec.updated_ms,
+                rec.ended_ms,
+                rec.end_reason,
             ),
         )
 
@@ -372,16 +392,54 @@ class JobRegistry:
         rec = self._jobs.get(job)
         if rec is None:
             rec = self._jobs[job] = JobRecord(job=job, first_seen_ms=now)
+        declared_before = bool(rec.declared_nodes)
         rec.declared_nodes = sorted(set(nodes))
         if checkpoint_dir:
             rec.checkpoint_dir = checkpoint_dir
         if world_size:
             rec.world_size = world_size
         rec.updated_ms = now
+        if rec.declared_nodes and rec.state == ENDED:
+            self._reopen(rec, "declared again")  # the same job id placed again: one job, its gap counted
+        elif declared_before and not rec.declared_nodes and rec.state != ENDED:
+            # The scheduler took the job's nodes away: it is over, whatever its ranks last said.
+            self._end(rec, now, NODES_REMOVED)
         with transaction(self._db):
             self._save_job(rec)
         log.info("job_declared", job=job, nodes=rec.declared_nodes, checkpoint_dir=rec.checkpoint_dir)
         return self._snapshot(rec)
+
+    # -- the end of a job ---------------------------------------------------------------------
+
+    def end_job(self, job: str, at_ms: int, reason: str) -> JobRecord | None:
+        """The job is over (``reason``: one of ``END_OUTCOMES`` or ``NODES_REMOVED``): its wall
+        time stops at ``at_ms`` and its figures are final. Idempotent; None: an unknown job."""
+        rec = self._jobs.get(job)
+        if rec is None:
+            log.info("job_end_unknown", job=job, reason=reason)
+            return None
+        if rec.state == ENDED and rec.end_reason != RANKS_LEFT:
+            return self._snapshot(rec)
+        # An implicit end (its ranks left) that the job's own word now confirms keeps its time:
+        # the ranks left when it finished, the word came after.
+        at = rec.ended_ms if rec.state == ENDED and rec.ended_ms is not None else at_ms
+        self._end(rec, at, reason)
+        with transaction(self._db):
+            self._save_job(rec)
+        return self._snapshot(rec)
+
+    def _end(self, rec: JobRecord, at_ms: int, reason: str) -> None:
+        rec.state = ENDED
+        rec.ended_ms = max(at_ms, rec.first_seen_ms)
+        rec.end_reason = reason
+        rec.updated_ms = max(rec.updated_ms, at_ms)
+        log.info("job_ended", job=rec.job, reason=reason, at_ms=rec.ended_ms, step=rec.step, restarts=rec.restarts)
+
+    def _reopen(self, rec: JobRecord, why: str) -> None:
+        log.info("job_reopened", job=rec.job, ended_ms=rec.ended_ms, end_reason=rec.end_reason, why=why)
+        rec.state = RUNNING
+        rec.ended_ms = None
+        rec.end_reason = ""
 
     # -- IngestListener -------------------------------------------------------------------
 
@@ -429,6 +487,13 @@ class JobRegistry:
             key = (s.job, s.rank)
             seen.add(key)
             old = rec.ranks.get(s.rank)
+            if rec.state == ENDED:
+                if rec.end_reason != RANKS_LEFT:
+                    continue  # a finished job's last samples (its ranks exit after saying so): not a new run
+                self._rank_back(rec, old, s, node.node_id, now, dirty_restarts)
+                dirty_jobs[s.job] = rec
+            elif rec.departed:
+                rec.departed.pop(s.rank, None)  # back while its job ran on: not departed any more
             new = RankRecord(
                 job=s.job,
                 rank=s.rank,
@@ -466,11 +531,7 @@ class JobRegistry:
         if not (dirty_jobs or dirty_ranks or dirty_restarts or gone):
             return
         with transaction(self._db):
-            for rec, r in gone:
-                del rec.ranks[r.rank]
-                self._persisted_step_ms.pop((r.job, r.rank), None)
-                self._db.execute("DELETE FROM heal_job_ranks WHERE job=? AND rank=?", (r.job, r.rank))
-                log.info("job_rank_left", job=r.job, rank=r.rank, node=node.node_id)
+            self._drop_gone(node.node_id, gone, now, dirty_jobs)
             for r in dirty_ranks:
                 self._save_rank(r)
             for job, h in dirty_restarts:
@@ -478,6 +539,67 @@ class JobRegistry:
             for rec in dirty_jobs.values():
                 rec.updated_ms = now
                 self._save_job(rec)
+
+    def _drop_gone(
+        self, node_id: str, gone: list[tuple[JobRecord, RankRecord]], now: int, dirty_jobs: dict[str, JobRecord]
+    ) -> None:
+        """Ranks that left ``node_id``: deleted, or the end of their job when they were its last."""
+        for rec, r in gone:
+            if rec.state == ENDED:
+                continue  # an ended job keeps its ranks' last record (their step times place its redo)
+            if self._last_ranks_leaving(rec, gone):
+                # A job known only from its ranks, running, whose every rank left: it ended
+                # (finished, or failed by itself; a rank back with a new process reopens it as
+                # a restart). Its last ranks stay on record for their step times.
+                self._end(rec, now, RANKS_LEFT)
+                dirty_jobs[rec.job] = rec
+                continue
+            del rec.ranks[r.rank]
+            if rec.state == RUNNING and not rec.declared_nodes:
+                rec.departed[r.rank] = (r.node, r.pid)
+            self._persisted_step_ms.pop((r.job, r.rank), None)
+            self._db.execute("DELETE FROM heal_job_ranks WHERE job=? AND rank=?", (r.job, r.rank))
+            log.info("job_rank_left", job=r.job, rank=r.rank, node=node_id)
+
+    @staticmethod
+    def _last_ranks_leaving(rec: JobRecord, gone: list[tuple[JobRecord, RankRecord]]) -> bool:
+        """Every remaining rank of ``rec`` is among ``gone``, and the job ends by that alone: it is
+        running and no scheduler declared it (a declared job ends by its declaration)."""
+        if rec.state != RUNNING or rec.declared_nodes:
+            return False
+        leaving = {r.rank for j, r in gone if j is rec}
+        return bool(rec.ranks) and set(rec.ranks) <= leaving
+
+    def _rank_back(
+        self,
+        rec: JobRecord,
+        old: RankRecord | None,
+        s: tpb.JobStepSample,
+        node_id: str,
+        now: int,
+        dirty_restarts: list[tuple[str, RestartRecord]],
+    ) -> None:
+        """A rank of a job that ended because its ranks left reports again. The same process (an
+        agent that restarted and lost its ranks for a moment): the job never stopped. A new one:
+        the job was restarted without the controller (its own failure, or its scheduler), counted
+        as an ``unrecorded`` restart from when its ranks left; its first step ends the downtime."""
+        before = (old.node, old.pid) if old is not None else rec.departed.get(s.rank)
+        same_process = s.pid != 0 and before == (node_id, s.pid)
+        ended = rec.ended_ms if rec.ended_ms is not None else now
+        self._reopen(rec, "its rank reports again")
+        rec.departed.clear()
+        if same_process:
+            return
+        h = RestartRecord(
+            interrupted_ms=ended,
+            reason="unrecorded",
+            interrupted_step=rec.step,
+            resumed_ms=now,
+            resumed_from_step=s.resumed_from_step or rec.last_complete_step,
+        )
+        rec.history.append(h)
+        rec.state = RESUMING
+        dirty_restarts.append((rec.job, h))
 
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None:
         return None
@@ -497,6 +619,9 @@ class JobRegistry:
                 self._save_job(rec)
         if rec.progress is None or at_ms >= rec.progress.at_ms:
             rec.progress = JobProgress(step=step, at_ms=at_ms, phase=phase, received_ms=now)
+        if phase in END_OUTCOMES:
+            # The job's last word: over, at the controller's clock (the job's clock is not ours).
+            self.end_job(job, now, phase)
         return rec.progress
 
     def _note_progress(
@@ -566,6 +691,14 @@ class JobRegistry:
         if rec.state in (INTERRUPTED, RESUMING):
             log.info("job_interrupted_again", job=job, reason=reason)
             return self._snapshot(rec)
+        if rec.state == ENDED:
+            if rec.end_reason != RANKS_LEFT:
+                log.info("job_interrupted_after_end", job=job, reason=reason, end_reason=rec.end_reason)
+                return self._snapshot(rec)
+            # Its ranks left because of this fault (a GPU fault killed them before the healer
+            # acted): the interruption began when they left.
+            at_ms = min(at_ms, rec.ended_ms if rec.ended_ms is not None else at_ms)
+            self._reopen(rec, f"interrupted: {reason}")
         h = RestartRecord(interrupted_ms=at_ms, reason=reason, interrupted_step=rec.step)
         rec.history.append(h)
         rec.state = INTERRUPTED
@@ -613,6 +746,23 @@ class JobRegistry:
         )
         return self._snapshot(rec)
 
+    def forget_ended(self, before_ms: int) -> int:
+        """Jobs that ended before ``before_ms`` (the raw history's horizon: their days are in the
+        daily aggregates by now) leave memory and their tables, ranks and restarts with them, so the
+        job ledger stays bounded however many jobs the fleet ran. Returns how many."""
+        old = [name for name, rec in self._jobs.items() if rec.ended_ms is not None and rec.ended_ms < before_ms]
+        if not old:
+            return 0
+        with transaction(self._db):
+            for name in old:
+                rec = self._jobs.pop(name)
+                for rank in rec.ranks:
+                    self._persisted_step_ms.pop((name, rank), None)
+                for table in ("heal_job_restarts", "heal_job_ranks", "heal_jobs"):
+                    self._db.execute(f"DELETE FROM {table} WHERE job = ?", (name,))
+        log.info("jobs_forgotten", jobs=len(old), ended_before_ms=before_ms)
+        return len(old)
+
     # -- queries --------------------------------------------------------------------------
 
     def _snapshot(self, rec: JobRecord) -> JobRecord:
@@ -620,6 +770,7 @@ class JobRegistry:
             rec,
             declared_nodes=list(rec.declared_nodes),
             ranks={k: replace(v) for k, v in rec.ranks.items()},
+            departed=dict(rec.departed),
             history=[replace(h) for h in rec.history],
             now_ms=self._clock_ms(),
         )
@@ -647,6 +798,8 @@ class JobRegistry:
         out: dict[str, str] = {}
         for name in sorted(self._jobs, reverse=True):  # the first name (what jobs_of sorts first) writes last
             rec = self._jobs[name]
+            if rec.state == ENDED:
+                continue  # as jobs_of: an ended job is on no node any more
             for node in rec.declared_nodes:
                 out[node] = name
             for r in rec.ranks.values():
@@ -659,5 +812,16 @@ class JobRegistry:
         return sorted(
             name
             for name, rec in self._jobs.items()
-            if node in rec.declared_nodes or any(r.node == node for r in rec.ranks.values())
+            if rec.state != ENDED and (node in rec.declared_nodes or any(r.node == node for r in rec.ranks.values()))
         )
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """A database from before jobs could end gains ``heal_jobs.ended_ms`` and ``end_reason``
+    (every job in it reads as not ended, as it did)."""
+    with transaction(conn):
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(heal_jobs)")}
+        if "ended_ms" not in columns:
+            conn.execute("ALTER TABLE heal_jobs ADD COLUMN ended_ms INTEGER")
+        if "end_reason" not in columns:
+            conn.execute("ALTER TABLE heal_jobs ADD COLUMN end_reason TEXT NOT NULL DEFAULT ''")

@@ -48,6 +48,10 @@ class ReportSettings:
     clean_s: float = 7 * 86400.0  # a returned node must run this long without an incident (wrongful eviction)
     lemon_faults: int = 3  # faults within the lemon window that make a node a lemon
     lemon_window_s: float = 28 * 86400.0  # Kokolis et al. threshold their lemon signals over 28 days
+    # A node returned 'validated' that fails again with the same cause within this long was a false
+    # success of the validation: a day covers the next training day's load (a reset or reboot hides
+    # a fault for hours, seldom for a day), and stays inside the ladder's 7-day lemon window.
+    false_success_s: float = 86400.0
 
 
 def cause_of(kind: str, evidence: Iterable[dict[str, Any]]) -> str:
@@ -118,6 +122,18 @@ class FleetReport:
     lemons: list[dict[str, Any]]
     settings: ReportSettings = field(default_factory=ReportSettings)
     wrongful_earlier: int = 0  # wrongful evictions of days kept only as daily aggregates
+    validated_returns: int = 0  # nodes the repair ladder returned after a passed validation
+    false_validations: list[dict[str, Any]] = field(default_factory=list)  # of those, failed again (same cause)
+    false_validation_pending: int = 0  # returns whose false-success window has not ended
+    validated_earlier: int = 0  # validated returns of days kept only as daily aggregates
+    false_validations_earlier: int = 0  # and their false successes
+
+    @property
+    def false_validation_share(self) -> float | None:
+        """False successes over the validated returns whose window ended; None: none yet."""
+        judged = self.validated_returns + self.validated_earlier - self.false_validation_pending
+        bad = len(self.false_validations) + self.false_validations_earlier
+        return bad / judged if judged > 0 else None
 
     # -- derived ----------------------------------------------------------------------------
     def per_1000_gpu_days(self, n: int) -> float | None:
@@ -192,6 +208,14 @@ class FleetReport:
                 "window_s": self.settings.lemon_window_s,
                 "nodes": self.lemons,
             },
+            "validation": {
+                "returns": self.validated_returns + self.validated_earlier,
+                "false_successes": len(self.false_validations) + self.false_validations_earlier,
+                "share": self.false_validation_share,
+                "pending": self.false_validation_pending,
+                "window_s": self.settings.false_success_s,
+                "false_success_returns": self.false_validations,
+            },
         }
 
 
@@ -219,9 +243,17 @@ def _incidents(conn: sqlite3.Connection, since_ms: int, until_ms: int) -> list[_
 
 
 def fleet_report(
-    conn: sqlite3.Connection, since_ms: int, until_ms: int, settings: ReportSettings | None = None
+    conn: sqlite3.Connection,
+    since_ms: int,
+    until_ms: int,
+    settings: ReportSettings | None = None,
+    as_of_ms: int | None = None,
 ) -> FleetReport:
-    """The reliability figures for [since_ms, until_ms), from ``conn``'s tables alone."""
+    """The reliability figures for [since_ms, until_ms), from ``conn``'s tables alone.
+
+    ``as_of_ms`` (default ``until_ms``): what is known by then judges what happened in the window
+    (a false success of validation is seen after its return); the aggregation of a past day passes
+    its cutoff, so a return late in the day is judged, not pending."""
     settings = settings or ReportSettings()
     intervals = service_intervals(conn, since_ms, until_ms)
     node_ms = sum(i.overlap_ms(since_ms, until_ms) for i in intervals)
@@ -235,6 +267,12 @@ def fleet_report(
     by_cause["software_job"] += software
     faults = len(incidents) + software
     mttr_pool, still_out, evictions, wrongful, pending, unknown = _pool_figures(conn, incidents, until_ms, settings)
+    returns, false_validations, false_pending = validation_figures(
+        conn, since_ms, until_ms, settings.false_success_s, until_ms if as_of_ms is None else as_of_ms
+    )
+    lemons = annotate_lemons(
+        _lemons(conn, until_ms, settings), conn, until_ms - int(settings.lemon_window_s * 1000), until_ms, settings
+    )
     return FleetReport(
         since_ms=since_ms,
         until_ms=until_ms,
@@ -254,9 +292,73 @@ def fleet_report(
         wrongful=wrongful,
         wrongful_pending=pending,
         wrongful_unknown=unknown,
-        lemons=_lemons(conn, until_ms, settings),
+        lemons=lemons,
         settings=settings,
+        validated_returns=returns,
+        false_validations=false_validations,
+        false_validation_pending=false_pending,
     )
+
+
+def validation_figures(
+    conn: sqlite3.Connection, since_ms: int, until_ms: int, window_s: float, as_of_ms: int
+) -> tuple[int, list[dict[str, Any]], int]:
+    """Validated returns in [since_ms, until_ms), those that were false successes, and those pending.
+
+    A validated return is the repair ladder's move of a node from ``validating`` back to
+    ``in_service`` or ``spare`` for an incident. It was a false success when an incident naming the
+    node with the same cause (the report's cause buckets) opened within ``window_s`` after it:
+    the validation passed a node whose fault was still there. A return with no such incident
+    whose window is not over at ``as_of_ms`` is pending (neither counted bad nor good yet).
+    """
+    window_ms = int(window_s * 1000)
+    returns = _rows(
+        conn,
+        "SELECT t.node, t.incident_id, t.at_ms, i.kind, i.evidence FROM heal_transitions t "
+        "LEFT JOIN incidents i ON i.id = t.incident_id WHERE t.from_state = 'validating' "
+        "AND t.to_state IN ('in_service', 'spare') AND t.at_ms >= ? AND t.at_ms < ? ORDER BY t.at_ms, t.id",
+        (since_ms, until_ms),
+    )
+    false: list[dict[str, Any]] = []
+    pending = 0
+    for node, incident_id, back, kind, evidence in returns:
+        cause = cause_of(kind, json.loads(evidence)) if kind is not None else None
+        again = next(
+            (
+                (inc_id, opened)
+                for inc_id, inc_kind, inc_evidence, opened in _rows(
+                    conn,
+                    "SELECT i.id, i.kind, i.evidence, i.opened_ms FROM incidents i, json_each(i.affected_nodes) AS n "
+                    "WHERE n.value = ? AND i.opened_ms > ? AND i.opened_ms <= ? AND i.merged_into IS NULL "
+                    "AND i.id != ? ORDER BY i.opened_ms",
+                    (node, back, back + window_ms, incident_id or ""),
+                )
+                # the return's own incident gone with the raw history: any recurrence of a fault
+                # in the window counts (the cause is unknown, the node failed again all the same)
+                if cause is None or cause_of(inc_kind, json.loads(inc_evidence)) == cause
+            ),
+            None,
+        )
+        if again is not None and again[1] <= as_of_ms:
+            false.append({"node": node, "incident": incident_id, "cause": cause, "back_ms": back,
+                          "again_incident": again[0], "again_ms": again[1]})  # fmt: skip
+        elif back + window_ms > as_of_ms:
+            pending += 1
+    return len(returns), false, pending
+
+
+def annotate_lemons(
+    lemons: list[dict[str, Any]], conn: sqlite3.Connection, since_ms: int, until_ms: int, settings: ReportSettings
+) -> list[dict[str, Any]]:
+    """Each lemon with its false successes of validation in the lemon window: a lemon whose
+    validations keep passing is one the ladder's checks do not see (retire it by hand)."""
+    if not lemons:
+        return lemons
+    _, false, _ = validation_figures(conn, since_ms, until_ms, settings.false_success_s, until_ms)
+    per_node: dict[str, int] = defaultdict(int)
+    for f in false:
+        per_node[f["node"]] += 1
+    return [{**n, "false_validations": per_node.get(n["node"], 0)} for n in lemons]
 
 
 def _pool_figures(
@@ -353,7 +455,11 @@ def _job_figures(
 ) -> tuple[list[JobFigures], list[float], int]:
     """Per-job ETTR, the fault -> job resumed times, and interruptions no incident explains."""
     gpus_of = {i.node: i.gpus for i in intervals}
-    jobs = _rows(conn, "SELECT job, declared_nodes, world_size, first_seen_ms, updated_ms, state FROM heal_jobs")
+    jobs = _rows(
+        conn, "SELECT job, declared_nodes, world_size, first_seen_ms, updated_ms, state, ended_ms FROM heal_jobs"
+    ) or [(*row, None) for row in _rows(
+        conn, "SELECT job, declared_nodes, world_size, first_seen_ms, updated_ms, state FROM heal_jobs"
+    )]  # fmt: skip  # a mirror of a database from before jobs could end
     ranks: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
     for job, node, step_time, updated in _rows(conn, "SELECT job, node, step_time_s, updated_ms FROM heal_job_ranks"):
         ranks[job].append((node, float(step_time), int(updated)))
@@ -367,14 +473,20 @@ def _job_figures(
     out: list[JobFigures] = []
     job_mttr: list[float] = []
     software = 0
-    for job, declared, world, first_seen, updated, state in jobs:
+    for job, declared, world, first_seen, updated, state, ended in jobs:
         job_ranks = ranks.get(job, [])
         nodes = sorted(set(json.loads(declared)) | {n for n, _, _ in job_ranks})
         gpus = int(world) or sum(gpus_of.get(n, 0) for n in nodes)
         last_heard = max([int(updated), *(u for _, _, u in job_ranks)])
-        # A job whose ranks report ends where they last did (finished or gone); one the scheduler
+        # A job that ended (its own word, the scheduler's, or its ranks all gone) stops there: its
+        # figures are final. One whose ranks report ends where they last did; one the scheduler
         # alone declared runs, as far as the controller can tell, to the end of the window.
-        end = min(until_ms, max(last_heard, since_ms)) if job_ranks and state == "running" else until_ms
+        if ended is not None:
+            end = min(until_ms, max(int(ended), since_ms))
+        elif job_ranks and state == "running":
+            end = min(until_ms, max(last_heard, since_ms))
+        else:
+            end = until_ms
         start = max(int(first_seen), since_ms)
         wall_ms = max(0, end - start)
         step_times = [t for _, t, _ in job_ranks if t > 0]
@@ -499,6 +611,8 @@ def headline(report: FleetReport) -> dict[str, float]:
         "ettr": nan if report.fleet_ettr is None else report.fleet_ettr,
         "wrongful": float(len(report.wrongful) + report.wrongful_earlier),
         "lemons": float(len(report.lemons)),
+        "false_validations": float(len(report.false_validations) + report.false_validations_earlier),
+        "false_validation_share": nan if report.false_validation_share is None else report.false_validation_share,
     }
     for cause in CAUSES:
         rate = report.per_1000_gpu_days(report.by_cause.get(cause, 0))

@@ -28,6 +28,7 @@ from controller.query.fleet import (
     FleetReport,
     JobFigures,
     ReportSettings,
+    annotate_lemons,
     fleet_report,
     lemon_list,
     node_fault_counts,
@@ -63,6 +64,9 @@ CREATE TABLE IF NOT EXISTS reliability_node_daily (
 );
 """
 
+AGGREGATE_RETENTION_S = 730 * 86400.0  # ControllerConfig.aggregate_retention_s's default: two years
+_AGGREGATES = ("reliability_daily", "reliability_job_daily", "reliability_node_daily")
+
 # (table, the time column, an extra condition: rows still in use are never deleted)
 _EXPIRING = (
     ("events", "received_ms", ""),
@@ -91,6 +95,8 @@ def day_figures(report: FleetReport) -> dict[str, float]:
         "mttr_job_n": float(len(report.mttr_job_s)),
         "evictions": float(report.evictions),
         "wrongful": float(len(report.wrongful)),
+        "validated_returns": float(report.validated_returns),
+        "false_validations": float(len(report.false_validations)),
     }
     for cause in CAUSES:
         if report.by_cause.get(cause):
@@ -101,19 +107,27 @@ def day_figures(report: FleetReport) -> dict[str, float]:
 class HistoryKeeper:
     """Aggregates days leaving the horizon, then deletes what is older (``sweep``, every hour or so)."""
 
-    def __init__(self, conn: sqlite3.Connection, retention_s: float) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, retention_s: float, aggregate_retention_s: float = AGGREGATE_RETENTION_S
+    ) -> None:
         self._db = conn
         self.retention_ms = int(retention_s * 1000)
+        self.aggregate_retention_ms = int(aggregate_retention_s * 1000)
         self._db.executescript(_SCHEMA)
 
+    def cutoff(self, now_ms: int) -> int:
+        """The raw history's horizon at ``now_ms``: a UTC day boundary; older raw rows are deleted."""
+        return (now_ms - self.retention_ms) // DAY_MS * DAY_MS
+
     def sweep(self, now_ms: int) -> dict[str, int]:
-        """Aggregate every whole day before the cutoff not yet aggregated, then delete older raw rows.
+        """Aggregate every whole day before the cutoff not yet aggregated, then delete older raw rows,
+        and the daily aggregates older than their own (longer) horizon.
 
         Returns rows deleted per table. The cutoff is a day boundary (UTC), so a day is either
         wholly in the aggregates or wholly in the raw rows.
         """
-        cutoff = (now_ms - self.retention_ms) // DAY_MS * DAY_MS
-        aggregated = self._aggregate_until(cutoff)
+        cutoff = self.cutoff(now_ms)
+        aggregated = self._aggregate_until(cutoff, now_ms)
         deleted: dict[str, int] = {}
         with transaction(self._db):
             for table, column, extra in _EXPIRING:
@@ -123,11 +137,27 @@ class HistoryKeeper:
                     continue
                 if cur.rowcount:
                     deleted[table] = cur.rowcount
+            deleted.update(self._expire_aggregates(now_ms))
         if deleted or aggregated:
             log.info("history_swept", cutoff_ms=cutoff, days_aggregated=aggregated, deleted=deleted)
         return deleted
 
-    def _aggregate_until(self, cutoff: int) -> int:
+    def _expire_aggregates(self, now_ms: int) -> dict[str, int]:
+        """Delete the daily aggregates older than their horizon. The last aggregated day always
+        stays: it marks where aggregation goes on (a horizon no longer than the raw one would
+        otherwise make the next sweep aggregate again from the fleet's first day)."""
+        last = self._db.execute("SELECT MAX(day_ms) FROM reliability_daily").fetchone()[0]
+        if last is None:
+            return {}
+        before = min((now_ms - self.aggregate_retention_ms) // DAY_MS * DAY_MS, int(last))
+        deleted = {}
+        for table in _AGGREGATES:
+            cur = self._db.execute(f'DELETE FROM "{table}" WHERE day_ms < ?', (before,))
+            if cur.rowcount:
+                deleted[table] = cur.rowcount
+        return deleted
+
+    def _aggregate_until(self, cutoff: int, now_ms: int) -> int:
         last = self._db.execute("SELECT MAX(day_ms) FROM reliability_daily").fetchone()[0]
         first = self._first_day() if last is None else last + DAY_MS
         if first is None:
@@ -135,7 +165,8 @@ class HistoryKeeper:
         days = 0
         day = first
         while day + DAY_MS <= cutoff:
-            report = fleet_report(self._db, day, day + DAY_MS, ReportSettings())
+            # judged with what is known now: a return late in the day has had its false-success window
+            report = fleet_report(self._db, day, day + DAY_MS, ReportSettings(), as_of_ms=now_ms)
             figures = day_figures(report)
             figures["aggregated"] = 1.0  # marks the day done even when nothing happened
             with transaction(self._db):
@@ -231,6 +262,11 @@ def merge_daily(report: FleetReport, sums: Mapping[str, float], first_ms: int) -
         lemons=report.lemons,
         settings=report.settings,
         wrongful_earlier=report.wrongful_earlier + int(sums.get("wrongful", 0.0)),
+        validated_returns=report.validated_returns,
+        false_validations=report.false_validations,
+        false_validation_pending=report.false_validation_pending,
+        validated_earlier=report.validated_earlier + int(sums.get("validated_returns", 0.0)),
+        false_validations_earlier=report.false_validations_earlier + int(sums.get("false_validations", 0.0)),
     )
 
 
@@ -249,7 +285,8 @@ def report_with_history(
         raw = fleet_report(conn, end, until_ms, settings)
         report = merge_daily(raw, sums, first)
         report.jobs = merge_jobs(raw.jobs, job_days(conn, first, end))
-    report.lemons = lemons_with_history(conn, until_ms, settings)
+    since = until_ms - int(settings.lemon_window_s * 1000)
+    report.lemons = annotate_lemons(lemons_with_history(conn, until_ms, settings), conn, since, until_ms, settings)
     return report
 
 

@@ -113,10 +113,40 @@ async def test_the_aggregates_beyond_the_horizon_reach_a_replica(make: Callable[
     HistoryKeeper(store.connection, 5 * 86400.0).sweep(clock.time_ms())  # days 0-6 aggregated, raw rows gone
     assert store.connection.execute("SELECT COUNT(*) FROM incidents").fetchone()[0] == 0
     before = report_with_history(store.connection, T0, clock.time_ms()).to_dict()
-    assert before["faults"]["total"] == 3 and before["lemons"]["nodes"] == [{"node": "n1", "faults": 3}]
+    assert before["faults"]["total"] == 3 and before["lemons"]["nodes"] == [
+        {"node": "n1", "faults": 3, "false_validations": 0}
+    ]
     assert before["ettr"]["jobs"][0]["interruptions"] == 1
     await mirror.flush()
     b_store, _, _, b_mirror = await make("b")
     await b_mirror.restore()
     assert report_with_history(b_store.connection, T0, clock.time_ms()).to_dict() == before
+    await elector.resign()
+
+
+async def test_a_jobs_end_and_the_aggregates_expiry_reach_a_replica(make: Callable[[str], Awaitable[Replica]]) -> None:
+    """Issue 28 leftovers: a job's end (its new columns) is mirrored, so a new leader's report stops
+    its wall time where the old leader's did; the aggregates' own expiry deletes reach the mirror."""
+    store, clock, elector, mirror = await make("a")
+    assert await elector.campaign(asyncio.Event())
+    FleetServiceLedger(store.connection).sync({"n1": (8, T0)}, set(), T0)
+    jobs = JobRegistry(store.connection, clock)
+    jobs.register_job("llm", ["n1"], world_size=8)
+    clock.set_ms(T0 + 2 * DAY_MS)
+    jobs.end_job("llm", clock.time_ms(), "completed")
+    clock.set_ms(T0 + 20 * DAY_MS)
+    keeper = HistoryKeeper(store.connection, 5 * 86400.0, aggregate_retention_s=10 * 86400.0)
+    keeper.sweep(clock.time_ms())  # days 0-14 aggregated, those before day 10 expired again
+    days = store.connection.execute("SELECT MIN(day_ms), MAX(day_ms) FROM reliability_daily").fetchone()
+    assert days == (T0 // DAY_MS * DAY_MS + 10 * DAY_MS, T0 // DAY_MS * DAY_MS + 14 * DAY_MS)
+    await mirror.flush()
+    b_store, b_clock, _, b_mirror = await make("b")
+    await b_mirror.restore()
+    restored = JobRegistry(b_store.connection, b_clock).job("llm")
+    assert restored is not None and (restored.state, restored.end_reason) == ("ended", "completed")
+    assert restored.ended_ms == T0 + 2 * DAY_MS
+    assert b_store.connection.execute("SELECT MIN(day_ms) FROM reliability_daily").fetchone() == (days[0],)
+    window = (T0, T0 + 3 * DAY_MS)
+    wall = [j.wall_s for j in fleet_report(b_store.connection, *window).jobs]
+    assert wall == [j.wall_s for j in fleet_report(store.connection, *window).jobs] == [2 * 86400.0]
     await elector.resign()

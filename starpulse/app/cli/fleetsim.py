@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ SWEEPS = {
     "checkpoint_write": "each job's checkpoint write time",
     "restart_overhead": "each job's restart overhead",
     "budget": "guards.max_evictions_per_window",
+    "budget_share": "guards.max_evictions_share (a share of the fleet per window, at least the budget)",
     "fleet_share": "guards.max_fleet_share",
     "rate_scale": "a factor on the mix's rates",
 }
@@ -69,6 +71,15 @@ def spare_count(text: str, nodes: int) -> int:
     if not text.isdigit():
         raise ValueError(f"must be a whole number >= 0 or a share like 0.8%, got {text!r}")
     return int(text)
+
+
+def fleet_fraction(text: str) -> float:
+    """A share of the fleet as written in a sweep: ``0.03%`` or ``0.0003``, in [0, 1]."""
+    text = text.strip()
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if not 0 <= value <= 1:
+        raise ValueError(f"must be a share of the fleet like 0.03% or 0.0003, got {text!r}")
+    return value
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -167,7 +178,12 @@ def _swept(settings: Any, base: Any, key: str, value: str) -> tuple[Any, Any]:
             seconds = duration(value)
             jobs = tuple(dataclasses.replace(j, **{field: seconds}) for j in settings.jobs)
             return dataclasses.replace(settings, jobs=jobs), base
-        guard = {"budget": ("max_evictions_per_window", int), "fleet_share": ("max_fleet_share", float)}[key]
+        guards_of: dict[str, tuple[str, Callable[[str], Any]]] = {
+            "budget": ("max_evictions_per_window", int),
+            "fleet_share": ("max_fleet_share", float),
+            "budget_share": ("max_evictions_share", fleet_fraction),
+        }
+        guard = guards_of[key]
         guards = dataclasses.replace(base.heal.guards, **{guard[0]: guard[1](value)})
         return settings, dataclasses.replace(base, heal=dataclasses.replace(base.heal, guards=guards))
     except (ValueError, argparse.ArgumentTypeError) as exc:

@@ -83,10 +83,20 @@ def report_lines(r: dict[str, Any]) -> list[str]:
     ev = r["evictions"]
     out.append(f"evictions: {ev['total']}, wrongful {ev['wrongful']} (clean {ev['clean_s'] / 86400:g} d after return; "
                f"{ev['pending']} pending, {ev['unknown']} unknown)")  # fmt: skip
+    val = r.get("validation")
+    if val is not None:  # a controller from before issue 28's leftovers has no such section
+        out.append(f"validation: {val['returns']} validated return(s), {val['false_successes']} false success(es) "
+                   f"(failed again, same cause, within {val['window_s'] / 3600:g} h: share {_f(val['share'], 3)}; "
+                   f"{val['pending']} pending)")  # fmt: skip
     lem = r["lemons"]
-    names = ", ".join(f"{n['node']} ({n['faults']})" for n in lem["nodes"]) or "none"
+    names = ", ".join(_lemon(n) for n in lem["nodes"]) or "none"
     out.append(f"lemons (>= {lem['threshold_faults']} faults in {lem['window_s'] / 86400:g} d): {names}")
     return out
+
+
+def _lemon(n: dict[str, Any]) -> str:
+    false = n.get("false_validations", 0)
+    return f"{n['node']} ({n['faults']}, {false} false validation(s))" if false else f"{n['node']} ({n['faults']})"
 
 
 def print_text(r: dict[str, Any]) -> None:
@@ -121,6 +131,10 @@ def write_csv(r: dict[str, Any], out: Any) -> None:
         w.writerow(["evictions", key, r["evictions"][key]])
     for n in r["lemons"]["nodes"]:
         w.writerow(["lemon", n["node"], n["faults"]])
+    val = r.get("validation")
+    if val is not None:
+        for key in ("returns", "false_successes", "share", "pending"):
+            w.writerow(["validation", key, val[key]])
 
 
 def register(sub: Any) -> None:

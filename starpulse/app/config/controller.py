@@ -51,6 +51,7 @@ class ServerSection:
     http: str = from_field(ControllerConfig, "http")
     db_path: Path = from_field(ControllerConfig, "db_path")
     history_retention_s: float = from_field(ControllerConfig, "history_retention_s")
+    aggregate_retention_s: float = from_field(ControllerConfig, "aggregate_retention_s")
     controller_id: str = from_field(ControllerConfig, "controller_id")
     grace_s: float = from_field(ControllerConfig, "grace_s")
     extra_listen: list[str] = from_field(ControllerConfig, "extra_listen")
@@ -356,6 +357,12 @@ def _build(reading: Reading, s: ControllerFile, connect: bool, env: Mapping[str,
         for i, node in enumerate(nodes):
             check_node_id(reading, f"fabric.jobs.{job}[{i}]", node)
     check_path(reading, "server.db_path", s.server.db_path, "file")
+    if s.server.aggregate_retention_s <= s.server.history_retention_s:
+        reading.err(
+            "server.aggregate_retention_s",
+            f"{s.server.aggregate_retention_s:g} s must be more than server.history_retention_s "
+            f"({s.server.history_retention_s:g} s): the daily figures hold the days the raw rows no longer do",
+        )
     # Referenced files are read later (and by `config check`): here only a path that cannot be one.
     check_path(reading, "fabric.path", s.fabric.path, "file")
     check_path(reading, "detection.rules_path", s.detection.rules_path, "file")

@@ -18,7 +18,7 @@ from controller.heal.guards import GuardConfig
 from controller.heal.scheduler.sim import SimScheduler
 from controller.settings import ControllerConfig, HealSettings
 from starpulse.app import cli
-from starpulse.app.cli.fleetsim import spare_count
+from starpulse.app.cli.fleetsim import _swept, spare_count
 from starpulse.app.fleetsim.engine import Fault, JobSpec, SimSettings, simulate
 from starpulse.app.fleetsim.mix import MixError, load_mix
 
@@ -161,6 +161,16 @@ def test_guards_from_the_settings_are_the_ones_applied(tmp_path: Path) -> None:
     acted = [(d["node"], d["outcome"]) for d in result.decisions if d["outcome"] != "already_out_of_service"]
     assert acted == [("node-001", "ok"), ("node-002", "budget")]
     assert result.refused == {"budget": 1}
+
+
+def test_a_budget_share_sweep_sets_the_guards_share(tmp_path: Path) -> None:
+    """--sweep budget_share=0.04%: the guards' max_evictions_share, written as a share or a fraction."""
+    settings = SimSettings(8, 2, 1.0, (JobSpec("llm", 8),), planned=False)
+    for text in ("0.04%", "0.0004"):
+        _, base = _swept(settings, _base(GENEROUS), "budget_share", text)
+        assert base.heal.guards.max_evictions_share == pytest.approx(0.0004)
+    with pytest.raises(ValueError, match="share of the fleet"):
+        _swept(settings, _base(GENEROUS), "budget_share", "150%")
 
 
 def test_spares_default_to_the_policys_share_and_take_a_share(capsys: pytest.CaptureFixture[str]) -> None:

@@ -86,6 +86,23 @@ def test_budget_per_window(db: Path, clock: FakeClock) -> None:
     assert g.check("node-003", EVICT, inc("node-003", 3, opened_ms=clock.time_ms()), FLEET).allowed
 
 
+@pytest.mark.parametrize(("fleet", "allowed"), [(100, 2), (2048, 2), (10_000, 3), (20_000, 6)])
+def test_budget_share_grows_with_the_fleet_above_its_floor(
+    db: Path, clock: FakeClock, fleet: int, allowed: int
+) -> None:
+    """max_evictions_share: a share of the fleet per window, rounded up, never below the count."""
+    g = make(db, clock, max_evictions_per_window=2, max_evictions_share=0.0003, window_s=600)
+    for i in range(1, allowed + 1):
+        assert g.check(f"node-{i:03d}", EVICT, inc(f"node-{i:03d}", i), fleet).allowed
+    v = g.check("node-999", EVICT, inc("node-999", 999), fleet)
+    assert not v.allowed and v.code == "budget" and f"(max {allowed})" in v.reason
+
+
+def test_budget_share_is_checked_as_a_share() -> None:
+    with pytest.raises(ValueError, match="max_evictions_share"):
+        GuardConfig(max_evictions_share=1.5)
+
+
 def test_budget_survives_restart(db: Path, clock: FakeClock) -> None:
     g = make(db, clock, max_evictions_per_window=1)
     assert g.check("node-001", EVICT, inc("node-001", 1), FLEET).allowed

@@ -189,7 +189,7 @@ def test_lemons_are_nodes_with_repeated_faults_in_the_window(history: History) -
     for day in (6, 7, 8):
         incidents.open(_incident("gpu_fault", "node-1", T0 + day * DAY_MS, ["gpu.xid.reboot"]))
     report = fleet_report(store.connection, T0, T0 + 10 * DAY_MS)
-    assert report.lemons == [{"node": "node-1", "faults": 4}]
+    assert report.lemons == [{"node": "node-1", "faults": 4, "false_validations": 0}]
     fewer = fleet_report(store.connection, T0, T0 + 10 * DAY_MS, ReportSettings(lemon_window_s=2.5 * 86400))
     assert fewer.lemons == []  # only days 8 (and 7.5+) inside a 2.5-day window: 1 fault
 

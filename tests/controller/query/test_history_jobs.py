@@ -161,9 +161,13 @@ def test_a_lemon_whose_faults_left_the_horizon_stays_one_for_its_28_days(tmp_pat
         HistoryKeeper(store.connection, retention_s=10 * 86400.0).sweep(now)  # cutoff: day 30
         assert store.connection.execute("SELECT COUNT(*) FROM incidents").fetchone()[0] == 0
         assert fleet_report(store.connection, now - DAY_MS, now).lemons == []  # the raw rows forgot
-        assert report_with_history(store.connection, now - DAY_MS, now).lemons == [{"node": "c", "faults": 3}]
+        assert report_with_history(store.connection, now - DAY_MS, now).lemons == [
+            {"node": "c", "faults": 3, "false_validations": 0}
+        ]
         # the window [day 15, day 43) still holds the day-15 fault; [day 16, day 44) does not
-        assert report_with_history(store.connection, now, T0 + 43 * DAY_MS).lemons == [{"node": "c", "faults": 3}]
+        assert report_with_history(store.connection, now, T0 + 43 * DAY_MS).lemons == [
+            {"node": "c", "faults": 3, "false_validations": 0}
+        ]
         assert report_with_history(store.connection, now, T0 + 44 * DAY_MS).lemons == []
         # the threshold and window are the report's own
         two = ReportSettings(lemon_faults=1)
