@@ -302,9 +302,9 @@ class ProbeLocaliser:
             kind = kinds[c] = self._kind(c)
             if not fabric_only or fabric_kind(kind):
                 sent[c] = through
-        spreads = self.paths.spreads
+        spread = self.paths.spread
         for pair, total in m.psent.items():
-            for c, share in spreads[pair]:
+            for c, share in spread(*pair):
                 sent[c] = sent.get(c, 0.0) + total * share
         out: dict[str, dict[str, Any]] = {}
         for c, n in sent.items():
@@ -344,10 +344,10 @@ class ProbeLocaliser:
                     sent[c] = sent.get(c, 0.0) - v
                 if where.pair is not None:
                     pairs[where.pair] = pairs.get(where.pair, 0.0) - v
-        spreads = self.paths.spreads
+        spread = self.paths.spread
         for pair, total in pairs.items():
             if total:
-                for c, share in spreads[pair]:
+                for c, share in spread(*pair):
                     sent[c] = sent.get(c, 0.0) + total * share
         return sent
 
