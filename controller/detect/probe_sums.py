@@ -180,9 +180,16 @@ class SumsSnapshot(NamedTuple):
 
 
 class KeyRecord(NamedTuple):
-    """One counted key's window summed into one result (what the vote's later rounds read)."""
+    """One counted key's window summed into one result (what the vote's later rounds read): its
+    probes sent and lost, the worst network p99 and responder time of its answered results."""
 
-    obs: ProbeObs  # restarted is always False: a restarted peer's results never enter the sums
+    local_nic: str
+    peer_nic: str
+    via: str
+    sent: int
+    lost: int
+    rtt_p99_us: float
+    responder_us: float
     slow: int  # of its answered results, those whose p99 reached the delay threshold
 
 
@@ -213,7 +220,7 @@ class _Sums:
             if o.sent > o.lost:
                 p99 = max(p99, o.rtt_p99_us)
                 responder = max(responder, o.responder_us)
-        return KeyRecord(ProbeObs(key[0], key[1], key[2], self.sent, self.lost, p99, responder, False), self.slow)
+        return KeyRecord(key[0], key[1], key[2], self.sent, self.lost, p99, responder, self.slow)
 
 
 class ProbeSums:
@@ -413,8 +420,12 @@ class ProbeSums:
         self._stale = True
 
     # -- the localiser's questions -------------------------------------------------------
-    def snapshot(self, req: SumsRequest) -> SumsSnapshot:
-        """The window at ``req``'s horizon over the counted keys, per component."""
+    def snapshot(self, req: SumsRequest, *, copy: bool = True) -> SumsSnapshot:
+        """The window at ``req``'s horizon over the counted keys, per component.
+
+        ``copy`` False (the localiser that holds this window itself, which reads the snapshot at
+        once): with no host excluded the running sums themselves, not copies of them (zero
+        entries included): a clean localisation then costs no pass over the components."""
         if req.rtt_threshold_us != self.config.rtt_threshold_us:
             self.set_rtt_threshold(req.rtt_threshold_us)
         self._expire(req.horizon_ms)
@@ -426,6 +437,18 @@ class ProbeSums:
             if keys:
                 excluded |= keys
         self._excluded = excluded
+        if not excluded and not copy:
+            return SumsSnapshot(
+                self._tsent,
+                self._tlost,
+                self._csent,
+                self._clost,
+                self._cans,
+                self._psent,
+                self._pans,
+                self._slow_votes(excluded),
+                self._worst(set()),
+            )
         csent, clost, cans = dict(self._csent), dict(self._clost), dict(self._cans)
         psent, pans = dict(self._psent), dict(self._pans)
         tsent, tlost = self._tsent, self._tlost

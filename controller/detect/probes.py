@@ -84,13 +84,9 @@ class Blame:
 class _Path(NamedTuple):
     """A counted key's window summed into one result, on its path."""
 
-    obs: ProbeObs
+    obs: KeyRecord
     where: Where
-    slow: int  # its answered results whose p99 reached the delay threshold
-
-    @property
-    def comps(self) -> tuple[str, ...]:
-        return self.where.comps
+    comps: tuple[str, ...]  # the path's (a field, not a property: the vote reads it in its loops)
 
 
 class _Merged(NamedTuple):
@@ -111,7 +107,10 @@ _EMPTY = _Merged(0, 0, {}, {}, {}, {}, {}, {}, {})
 
 
 def merge(snapshots: Iterable[SumsSnapshot]) -> _Merged:
-    """The holders' snapshots as one (each key is one holder's: sums add, maxima take the max)."""
+    """The holders' snapshots as one (each key is one holder's: sums add, maxima take the max; one
+    holder's is taken as it is)."""
+    if isinstance(snapshots, list) and len(snapshots) == 1:
+        return _Merged(*snapshots[0])
     tsent = tlost = 0
     csent: dict[str, int] = {}
     clost: dict[str, int] = {}
@@ -180,6 +179,7 @@ class ProbeLocaliser:
         self.last_blames: list[Blame] = []
         self.background_loss: float | None = None  # the last localisation's, None without traffic
         self._merged = _EMPTY
+        self._base: dict[str, dict[str, float]] = {}  # "loss"/"delay" -> denominators, nothing explained
         self._health: dict[str, dict[str, Any]] | None = None
         self._fabric_health: dict[str, dict[str, Any]] | None = None
 
@@ -240,7 +240,7 @@ class ProbeLocaliser:
             raise RuntimeError("this localiser's window is held by the detection shards")
         sums = self.sums
         self.rewired = False
-        needs = self.merge([sums.snapshot(self.request())])
+        needs = self.merge([sums.snapshot(self.request(), copy=False)])
         return self.conclude(sums.keys_through(needs) if needs else [])
 
     def request(self) -> SumsRequest:
@@ -255,6 +255,7 @@ class ProbeLocaliser:
         keys' detail the vote needs (empty: nothing can be blamed, no second question)."""
         m = self._merged = merge(snapshots)
         self._health = self._fabric_health = None
+        self._base = {}
         self._judge_background(m)
         cfg = self.config
         loss = {c for c, v in m.clost.items() if v >= cfg.min_lost}
@@ -267,7 +268,7 @@ class ProbeLocaliser:
         """Whether the vote's first round (nothing explained yet) has a suspect among ``candidates``."""
         if not candidates:
             return False
-        sent = self._denominators(what, set(), [])
+        sent = self._base[what] = self._denominators(what, set(), [])
         tested = sum(1 for v in sent.values() if v > 1e-9)
         min_rate = self.config.loss_threshold if what == "loss" else 0.5
         return any(
@@ -280,10 +281,10 @@ class ProbeLocaliser:
         """The vote over the merged sums and the keys' detail the holders sent for ``merge``'s components."""
         paths: list[_Path] = []
         for r in records:
-            where = self.paths.of((r.obs.local_nic, r.obs.peer_nic, r.obs.via))
+            where = self.paths.of((r.local_nic, r.peer_nic, r.via))
             if where is not None:
-                paths.append(_Path(r.obs, where, r.slow))
-        bad = [p for p in paths if p.obs.lost > 0 or p.slow > 0]
+                paths.append(_Path(r, where, where.comps))
+        bad = [p for p in paths if p.obs.lost > 0 or p.obs.slow > 0]
         if not bad:
             return []
         blames = self._vote(bad, paths, "loss", set())
@@ -361,7 +362,8 @@ class ProbeLocaliser:
         bad_paths = [p for p in paths if self._badness(p, what)]
         if not bad_paths:
             return blames
-        sent = self._denominators(what, explained, live)
+        base = None if explained else self._base.get(what)
+        sent = dict(base) if base is not None else self._denominators(what, explained, live)
         tested = sum(1 for v in sent.values() if v > 1e-9)  # the background test's correction
         gone_keys: set[int] = set()
         for _ in range(16):  # at most this many faults named at once
@@ -440,7 +442,7 @@ class ProbeLocaliser:
         o = p.obs
         if what == "loss":
             return o.lost
-        return 1 if o.sent > o.lost and p.slow > 0 else 0
+        return 1 if o.sent > o.lost and o.slow > 0 else 0
 
     def _kind(self, name: str) -> str:
         return self.paths.kind(name)
@@ -460,7 +462,7 @@ class ProbeLocaliser:
                 bad += o.lost
             elif o.sent > o.lost:
                 sent += 1
-                bad += 1 if p.slow else 0
+                bad += 1 if o.slow else 0
         if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
             b.kind = "path"
             return self._traced_uplink(b, live) if b.what == "loss" else b

@@ -220,7 +220,7 @@ def test_probe_results_are_summed_in_the_shard_and_asked_for_by_the_localiser() 
     assert back.probe_count == 2
     snap, keys = [answer.payload for answer in shard.probe_answers]
     assert snap.csent[a] == 200 and snap.clost[a] == 3 and snap.tsent == 200
-    assert [(r.obs.local_nic, r.obs.peer_nic, r.obs.sent, r.obs.lost) for r in keys] == [(a, b, 200, 3)]
+    assert [(r.local_nic, r.peer_nic, r.sent, r.lost) for r in keys] == [(a, b, 200, 3)]
     after = shard.probe_sums.snapshot(req) if shard.probe_sums is not None else None
     assert after is not None and after.clost[a] == 4  # released: the held report counts now
     old = SumsRequest(80_000, 39_600, frozenset(), 500.0)  # both aged out (stamped 39.0 and 39.5 s)
