@@ -214,14 +214,6 @@ class _Sums:
                 worst = o.rtt_p99_us
         return worst
 
-    def record(self, key: Key) -> KeyRecord:
-        p99 = responder = 0.0
-        for _, o in self.results:
-            if o.sent > o.lost:
-                p99 = max(p99, o.rtt_p99_us)
-                responder = max(responder, o.responder_us)
-        return KeyRecord(key[0], key[1], key[2], self.sent, self.lost, p99, responder, self.slow)
-
 
 class ProbeSums:
     """The running sums of one holder's keys (every key without shards, a shard's nodes' with them).
@@ -536,7 +528,19 @@ class ProbeSums:
 
     def keys_through(self, comps: frozenset[str]) -> list[KeyRecord]:
         """Every counted key whose path crosses one of ``comps``, summed (the last snapshot's window)."""
-        return [self._window[key].record(key) for key, where in self._live() if not comps.isdisjoint(where.comps)]
+        excluded = self._excluded
+        out: list[KeyRecord] = []
+        for key, s in self._window.items():
+            where = s.where
+            if where is None or comps.isdisjoint(where.comps) or key in excluded:
+                continue
+            p99 = responder = 0.0
+            for _, o in s.results:
+                if o.sent > o.lost:
+                    p99 = max(p99, o.rtt_p99_us)
+                    responder = max(responder, o.responder_us)
+            out.append(KeyRecord(key[0], key[1], key[2], s.sent, s.lost, p99, responder, s.slow))
+        return out
 
     def _live(self) -> Iterable[tuple[Key, Where]]:
         """Every counted key on the fabric with its path (a full scan: only where a blame needs it)."""
