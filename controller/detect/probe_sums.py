@@ -78,6 +78,7 @@ class ProbePaths:
         self._comps: dict[Key, Where | None] = {}
         self.spreads: dict[Pair, tuple[tuple[str, float], ...]] = {}  # leaf pair -> shares
         self._switch_addresses: dict[str, str] | None = None  # a traced flow's spine address -> its name
+        self._switches: frozenset[str] | None = None  # leaves and spines
 
     def forget(self, fabric: Fabric | None = None) -> None:
         """The wiring changed (or a new copy of the fabric came): paths are worked out again."""
@@ -85,11 +86,18 @@ class ProbePaths:
             self.fabric = fabric
         self._comps.clear()
         self._switch_addresses = None
+        self._switches = None
 
     def kind(self, name: str) -> str:
         if "<->" in name:
             return "link"
         return self.fabric.kind(name)
+
+    def of_fabric(self, name: str) -> bool:
+        """A leaf, a spine or a cable (a NIC's cable never carries probe sums: only leaf-spine ones)."""
+        if self._switches is None:
+            self._switches = frozenset(self.fabric.switches())
+        return name in self._switches or "<->" in name
 
     def switch_at(self, address: str) -> str:
         """The switch a traced flow's address names (its ICMP time-exceeded came from it), from

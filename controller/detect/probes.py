@@ -297,12 +297,12 @@ class ProbeLocaliser:
         """Sent and lost per component from the merged sums (the untraced keys' traffic spread
         over each leaf pair's spines and cables), and each one's worst network p99."""
         m = self._merged
-        sent: dict[str, float] = {}
-        kinds: dict[str, str] = {}
-        for c, through in m.csent.items():
-            kind = kinds[c] = self._kind(c)
-            if not fabric_only or fabric_kind(kind):
-                sent[c] = through
+        sent: dict[str, float]
+        if fabric_only:
+            of_fabric = self.paths.of_fabric
+            sent = {c: through for c, through in m.csent.items() if of_fabric(c)}
+        else:
+            sent = dict(m.csent)
         spread = self.paths.spread
         for pair, total in m.psent.items():
             for c, share in spread(*pair):
@@ -313,7 +313,7 @@ class ProbeLocaliser:
                 continue
             miss = m.clost.get(c, 0)
             out[c] = {
-                "kind": kinds.get(c) or self._kind(c),
+                "kind": self._kind(c),
                 "sent": int(n),
                 "lost": int(miss),
                 "loss": round(miss / n, 5),
