@@ -174,7 +174,7 @@ class SumsSnapshot(NamedTuple):
     through it (delay denominators); ``psent``/``pans``: the same of the untraced keys per leaf
     pair, spread over its spines by the localiser; ``slow``: keys whose p99 reached the delay
     threshold, through each component (the delay vote); ``worst``: each fabric component's
-    (leaf, spine, cable) worst network p99. Zero entries are left out."""
+    (leaf, spine, cable) worst network p99. A copy leaves zero entries out."""
 
     tsent: int
     tlost: int

@@ -16,10 +16,10 @@ A leaf blamed while its own same-leaf pairs are clean lost its probes on the way
 uplink whose spine is not known (flows not traced) is a ``path`` condition on the leaf, which
 becomes a ``path_fault`` incident, not a switch fault.
 
-Inputs are observations decoded from reports where the reports are decided (here or in a
-detection shard, controller.detect.shard_worker), carried to this one place in the verdict
-(``ReportResult.probes``), since only the controller holds the whole fabric. Observations
-involving a node that is not online, re-registered within the window, or whose responder
+Inputs are observations decoded and summed where the reports are decided (the window's
+running sums, ``controller.detect.probe_sums``: in this process, or in each detection shard
+for its own nodes), merged here per component at each localisation, since only the
+controller votes with the whole fabric. Observations involving a node that is not online, re-registered within the window, or whose responder
 restarted (``peer_restarted``) are left out: a peer's restart or drain is not a network fault.
 
 No cry wolf: a component needs ``min_lost`` lost probes and ``loss_threshold`` loss over the
