@@ -12,6 +12,8 @@ meanwhile (they share the GIL, but the loop is never stopped for the whole local
 from __future__ import annotations
 
 import asyncio
+import pickle
+from typing import Any
 
 import structlog
 
@@ -35,18 +37,17 @@ def send_fabric(shards: DetectShards, fabric: Fabric) -> None:
 
 async def localise_in_shards(loc: ProbeLocaliser, shards: DetectShards) -> list[Blame]:
     """The blames for the window the shards hold (``loc`` keeps no window of its own)."""
-    snaps: list[SumsSnapshot | None] = await shards.ask((OP_PROBE_SNAPSHOT, loc.request()))
+    blobs: list[bytes | None] = await shards.ask((OP_PROBE_SNAPSHOT, loc.request()))
     released = False
     try:
-        if any(s is None for s in snaps):
-            raise ShardWindowMissing("a detection shard answered a probe snapshot without a window")
-        needs = await asyncio.to_thread(loc.merge, [s for s in snaps if s is not None])
+        snaps: list[SumsSnapshot] = await asyncio.to_thread(_unpickled, blobs)
+        needs = await asyncio.to_thread(loc.merge, snaps)
         records: list[KeyRecord] = []
         if needs:
-            answers: list[list[KeyRecord]] = await shards.ask((OP_PROBE_KEYS, needs))
+            parts: list[list[KeyRecord]] = await asyncio.to_thread(_unpickled, await shards.ask((OP_PROBE_KEYS, needs)))
             shards.tell((OP_PROBE_RELEASE,))
             released = True
-            for part in answers:
+            for part in parts:
                 records += part
         else:
             shards.tell((OP_PROBE_RELEASE,))
@@ -55,3 +56,10 @@ async def localise_in_shards(loc: ProbeLocaliser, shards: DetectShards) -> list[
     finally:
         if not released:
             shards.tell((OP_PROBE_RELEASE,))
+
+
+def _unpickled(blobs: list[bytes | None]) -> list[Any]:
+    """The shards' answers (pickled apart by the shard: unpickled here, in a worker thread)."""
+    if any(b is None for b in blobs):
+        raise ShardWindowMissing("a detection shard had no probe window to answer from")
+    return [pickle.loads(b) for b in blobs if b is not None]

@@ -19,8 +19,9 @@ becomes a ``path_fault`` incident, not a switch fault.
 Inputs are observations decoded and summed where the reports are decided (the window's
 running sums, ``controller.detect.probe_sums``: in this process, or in each detection shard
 for its own nodes), merged here per component at each localisation, since only the
-controller votes with the whole fabric. Observations involving a node that is not online, re-registered within the window, or whose responder
-restarted (``peer_restarted``) are left out: a peer's restart or drain is not a network fault.
+controller votes with the whole fabric. Observations involving a node that is not online,
+re-registered within the window, or whose responder restarted (``peer_restarted``) are left
+out: a peer's restart or drain is not a network fault.
 
 No cry wolf: a component needs ``min_lost`` lost probes and ``loss_threshold`` loss over the
 window, and its losses must stand out from the fabric's background (the window's loss over

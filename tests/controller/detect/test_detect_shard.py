@@ -218,7 +218,7 @@ def test_probe_results_are_summed_in_the_shard_and_asked_for_by_the_localiser() 
     )
     back = ReportResult.from_wire(pickle.loads(pickle.dumps(results[0].to_wire())))
     assert back.probe_count == 2
-    snap, keys = [answer.payload for answer in shard.probe_answers]
+    snap, keys = [pickle.loads(answer.payload or b"") for answer in shard.probe_answers]
     assert snap.csent[a] == 200 and snap.clost[a] == 3 and snap.tsent == 200
     assert [(r.local_nic, r.peer_nic, r.sent, r.lost) for r in keys] == [(a, b, 200, 3)]
     after = shard.probe_sums.snapshot(req) if shard.probe_sums is not None else None
@@ -253,10 +253,10 @@ async def test_the_shards_answer_probe_questions_over_the_wire() -> None:
             shards.decide_raw(node, raw, 0.0)
             whole.add(39_000, observations(spb.AgentMessage.FromString(raw).report))
         req = SumsRequest(40_000, 10_000, frozenset(), 500.0)
-        snaps = await shards.ask((OP_PROBE_SNAPSHOT, req))
+        snaps = [pickle.loads(b) for b in await shards.ask((OP_PROBE_SNAPSHOT, req))]
         assert merge(snaps) == merge([whole.snapshot(req)])
         assert {p for s in snaps for p in s.csent} >= set(nics)
-        parts = await shards.ask((OP_PROBE_KEYS, frozenset(nics[:2])))
+        parts = [pickle.loads(b) for b in await shards.ask((OP_PROBE_KEYS, frozenset(nics[:2])))]
         shards.tell((OP_PROBE_RELEASE,))
         got = sorted(r for part in parts for r in part)
         assert got == sorted(whole.keys_through(frozenset(nics[:2])))
