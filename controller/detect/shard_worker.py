@@ -174,7 +174,9 @@ class Shard:
                 self.probe_answers.append(ProbeAnswer(None))
                 return
             try:
-                self.probe_answers.append(ProbeAnswer(pickle.dumps(sums.snapshot(req), pickle.HIGHEST_PROTOCOL)))
+                # pickled at once, so the running sums themselves go (no copies): later ops change them
+                snap = sums.snapshot(req, copy=False)
+                self.probe_answers.append(ProbeAnswer(pickle.dumps(snap, pickle.HIGHEST_PROTOCOL)))
             except Exception:
                 self.probe_answers.append(ProbeAnswer(None))  # the controller gives this localisation up
                 raise
