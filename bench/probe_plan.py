@@ -154,18 +154,19 @@ def _sharded(fabric: Any, config: ProbeConfig, plan: Any, shards: int) -> dict[s
     blobs = [pickle.dumps(h.snapshot(req), pickle.HIGHEST_PROTOCOL) for h in holders]
     snapshot_s = (time.perf_counter() - started) / shards
     started = time.perf_counter()
-    needs = loc.merge([pickle.loads(b) for b in blobs])
+    question = loc.merge([pickle.loads(b) for b in blobs])
+    needs = question.comps if question is not None else frozenset()
     merge_s = time.perf_counter() - started
     started = time.perf_counter()
     parts = [pickle.dumps(h.keys_through(needs), pickle.HIGHEST_PROTOCOL) for h in holders] if needs else []
     keys_s = (time.perf_counter() - started) / shards
     records = [r for part in parts for r in pickle.loads(part)]
     started = time.perf_counter()
-    blames = loc.conclude(records)
+    blames = loc.conclude(records, [])
     vote_s = time.perf_counter() - started
     started = time.perf_counter()  # again: the controller's paths of the asked keys are known now
     loc.merge([pickle.loads(b) for b in blobs])
-    loc.conclude(records)
+    loc.conclude(records, [])
     vote_warm_s = time.perf_counter() - started
     started = time.perf_counter()
     _view(loc)

@@ -134,6 +134,7 @@ class DecisionCore:
             metrics,
             config.detection,
             jobs_of=self.jobs.jobs_of,
+            first_jobs=self.jobs.first_job_by_node,
             fleet_size=self.fleet_size,
             clock=clock,
             listeners=[*incident_listeners, *([self.healer] if self.healer is not None else [])],

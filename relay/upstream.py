@@ -16,7 +16,7 @@ import grpc
 import structlog
 
 from starpulse.core.clock import SYSTEM_CLOCK
-from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector, send
+from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector, read, send
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 
@@ -119,7 +119,7 @@ class Upstream:
             call = sgrpc.RelayStub(channel).Connect()
             self._call = call
             await send(call, spb.RelayUp(hello=spb.RelayHello(relay_id=self.relay_id, version=self.version)))
-            first = await asyncio.wait_for(call.read(), timeout=30)
+            first = await asyncio.wait_for(read(call), timeout=30)
             if first is grpc.aio.EOF:
                 raise NotAccepted("controller closed the relay stream without accepting it")
             self.generation += 1
@@ -138,7 +138,7 @@ class Upstream:
 
     async def _read_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
-            down = await call.read()
+            down = await read(call)
             if down is grpc.aio.EOF:
                 return
             self._on_down(down)

@@ -10,6 +10,7 @@ calls (not Linux, or no glibc/musl symbols): the prober then reads datagram by d
 from __future__ import annotations
 
 import ctypes
+import errno
 import socket
 import struct
 
@@ -124,12 +125,34 @@ class Batch:
         return socket.inet_ntoa(address), int(port)
 
     def send_back(self, fd: int, lengths: list[int]) -> int:
-        """Send slots 0.. ``len(lengths)`` - 1, each its given length, to their senders: how many left."""
+        """Send slots 0.. ``len(lengths)`` - 1, each its given length, to their senders: how many left.
+
+        A send that fails stops ``sendmmsg`` there, and one reply's failure is often another's
+        doing: a reply to a port that has closed (a prober that switched plans or restarted)
+        comes back at once, on loopback within this very call, as ICMP port unreachable, which
+        the socket (``IP_RECVERR``) hands to its next send as ECONNREFUSED. So the call goes on
+        from the first unsent slot; a slot that fails twice in a row is its own failure and is
+        skipped. Without this a starved responder's big batch lost every reply after the first
+        such one: this host's loss, which the probers counted as the network's.
+        """
         view = self._send_iov_view
         for i, n in enumerate(lengths):
             _SIZE.pack_into(view, i * _IOV_STRIDE + _IOV_LEN_AT, n)
-        sent = self._sendmmsg(fd, self._send, len(lengths), _MSG_DONTWAIT)
-        return sent if sent > 0 else 0
+        total, at, failed_at = len(lengths), 0, -1
+        sent_total = 0
+        base = ctypes.addressof(self._send)
+        while at < total:
+            sent = self._sendmmsg(fd, base + at * _STRIDE, total - at, _MSG_DONTWAIT)
+            if sent > 0:
+                sent_total += sent
+                at += sent
+                continue
+            if failed_at == at or ctypes.get_errno() in (errno.EAGAIN, errno.EWOULDBLOCK):
+                at += 1  # this slot's own failure (or the queue is full): it is lost, the rest go on
+                failed_at = -1
+            else:
+                failed_at = at  # an error left by an earlier reply, taken by this call: once more
+        return sent_total
 
 
 def batch(slots: int, size: int) -> Batch | None:

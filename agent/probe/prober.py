@@ -10,7 +10,14 @@ counts become one ``ProbeResult``, which the next report carries (``take_results
 counts start again.
 
 A peer that restarted (its responder's epoch changed) marks its flows ``peer_restarted`` for
-that window: its missed replies are its restart, not the network's loss.
+that window: its missed replies are its restart, not the network's loss. So does a peer that
+has not answered yet within ``_PEER_GRACE_WINDOWS`` windows of first being planned (and the
+probes sent to it before its first answer, counted lost a timeout later): its
+responder starts when its own plan arrives, which may be seconds after ours (a mesh just
+turned on, agents reconnecting one by one to a new controller). A plan that differs from the
+running one only in its version (a new controller's or leader's first plan) is taken without
+starting over: the windows, flows and responders keep running, so a controller restart costs
+the mesh no window.
 
 A flow that loses a probe is traced, where its endpoint can (``Tracer``): one small probe of
 the same flow with TTL ``TRACE_TTL`` expires at the spine the flow's ECMP hash picks, and the
@@ -45,6 +52,7 @@ log = structlog.get_logger(__name__)
 TRACE_TTL = 2  # NIC -> leaf (1) -> spine (2) on a two-tier Clos: the probe expires at the spine
 _TRACE_RETRY_NS = 2_000_000_000
 _TRACE_REFRESH_NS = 60_000_000_000
+_PEER_GRACE_WINDOWS = 2  # windows a newly planned peer has to answer before its losses count
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,8 @@ def _arrivals_per_s(plan: spb.ProbePlan) -> float:
     return max(per_nic.values(), default=0.0)
 
 
+_DRAIN_READS = 4096  # before probes are given up on: every waiting reply (a socket holds ~200 KiB)
+_LATE_KEPT = 65536  # probes given up on whose late reply may still clear them, this window
 _SLOTS = 32  # a responder's requests read (and answered) per system call
 _EPOLLIN, _EPOLLERR = select.EPOLLIN, select.EPOLLERR
 
@@ -176,12 +186,16 @@ class Prober:
         self._due: list[tuple[int, int]] = []  # (due ns, flow index)
         # seq -> (flow, sent ns), in send order (dicts keep it): expiry reads from the front
         self._outstanding: dict[int, tuple[int, int]] = {}
+        self._late: dict[int, tuple[int, int]] = {}  # seq -> (flow, sent ns): timed out this window
         self._delayed: list[tuple[int, int, int, bytes]] = []  # (due ns, flow, seq, data): the sim's delays
         self._probe = wire.template(wire.HEADER)  # the request every send stamps in place
         self._batch: mmsg.Batch | None = None  # responders' requests, many per call (None: one by one)
         self._peer_epoch: dict[str, int] = {}
+        self._planned_at: dict[str, int] = {}  # peer NIC -> when a plan first named it (its grace starts)
+        self._first_answer: dict[str, int] = {}  # peer NIC -> its first answer, when within its grace
         self._traces: dict[int, int] = {}  # trace seq -> flow index
         self.traced_total = 0
+        self.late_replies_total = 0  # losses cleared by a reply the responder's host held past the timeout
         self._seq = 0
         self._window_end = 0
 
@@ -254,21 +268,26 @@ class Prober:
             self.wakeups_total += 1
             if stamps:
                 self._rt_offset = time.time_ns() - time.monotonic_ns()
-            # Read what arrived before anything can time out: a thread that was not scheduled
-            # for a while must not count replies waiting in its sockets as lost.
-            if events:
-                self._dispatch(events)
-            if self._pending is not None:
-                self._maybe_switch()
-            now = last = self._clock()
-            if (self._due and self._due[0][0] <= now) or self._delayed:
-                self._send_due(now)
-            if self._outstanding:
-                self._expire(now)
-            if self.plan.targets and now >= self._window_end:
-                self._close_window(now)
+            now = last = self._step(events)
             if not self._batch_ns:
                 timeout = max(0.0, (self._next_wake(now) - now) / 1e9)
+
+    def _step(self, events: list[tuple[int, int]]) -> int:
+        """One pass of the thread: what arrived, a new plan, what is due, what timed out, the window."""
+        # Read what arrived before anything can time out: a thread that was not scheduled
+        # for a while must not count replies waiting in its sockets as lost.
+        if events:
+            self._dispatch(events)
+        if self._pending is not None:
+            self._maybe_switch()
+        now = self._clock()
+        if (self._due and self._due[0][0] <= now) or self._delayed:
+            self._send_due(now)
+        if self._outstanding:
+            self._expire(now)
+        if self.plan.targets and now >= self._window_end:
+            self._close_window(now)
+        return now
 
     def _dispatch(self, events: list[tuple[int, int]]) -> None:
         """One poll's events: errors first (they fail reads until drained), then what arrived."""
@@ -321,11 +340,15 @@ class Prober:
             plan, self._pending = self._pending, None
         if plan is None:
             return
+        if self.plan.version and _same_but_version(plan, self.plan):
+            self.plan = plan  # its results say the new version; nothing starts over
+            log.info("probe_plan_version_only", version=plan.version)
+            return
         self._close_endpoints()
         self._batch_ns = 0
         self._room = _RESPONDER_RCVBUF * 2
         self.plan = plan
-        self._flows, self._due, self._outstanding, self._delayed = [], [], {}, []
+        self._flows, self._due, self._outstanding, self._delayed, self._late = [], [], {}, [], {}
         self._traces = {}
         self._probe = wire.template(max(wire.HEADER, plan.payload_bytes))
         self._batch = mmsg.batch(_SLOTS, len(self._probe)) if self._use_mmsg else None
@@ -337,6 +360,7 @@ class Prober:
         now = self._clock()
         rate: dict[tuple[str, int], float] = {}  # replies per second each sender socket expects
         for t in plan.targets:
+            self._planned_at.setdefault(t.peer_nic, now)
             ports = list(t.src_ports) or [0]
             per_flow_pps = t.packets_per_s / len(ports) if t.packets_per_s > 0 else 0.0
             if per_flow_pps <= 0:
@@ -550,27 +574,48 @@ class Prober:
 
     def _replied(self, nic: str, port: int, seq: int, processing_ns: int, epoch: int, received: int) -> None:
         entry = self._outstanding.get(seq)
-        if entry is None:
-            return  # past its grace (already counted lost) or from another plan
+        late = entry is None
+        if late:
+            entry = self._late.get(seq)
+            if entry is None:
+                return  # from another plan, or given up on in an earlier window (counted lost there)
+        assert entry is not None
         index, sent = entry
         f = self._flows[index]
         if f.src_port != port or f.local_nic != nic:
             return  # not this socket's probe
-        del self._outstanding[seq]
         network_ns = received - sent - processing_ns
-        if network_ns > self._timeout_ns:
-            # the network took longer than the timeout: lost, however soon it was read; the
-            # responder's hold (its tick) is its own time and does not count against it
-            f.sent += 1
-            f.lost += 1
-            if received >= f.trace_due and self._fate is None:
-                self._trace(index, received)
-            return
+        if late:
+            # Given up on after its timeout and grace, but the reply came: the network's part of its
+            # round trip (less the responder's own wait, which its reply carries) is within the
+            # timeout, so the responder's host held it (a host starved of CPU for longer than the
+            # grace), not the network: not a loss. Its responder time shows the host's delay.
+            del self._late[seq]
+            if network_ns > self._timeout_ns or f.lost == 0:
+                return
+            f.lost -= 1
+            f.sent -= 1  # counted again below, as answered
+            self.late_replies_total += 1
+        else:
+            del self._outstanding[seq]
+            if network_ns > self._timeout_ns:
+                # the network took longer than the timeout: lost, however soon it was read; the
+                # responder's hold (its tick) is its own time and does not count against it
+                f.sent += 1
+                f.lost += 1
+                if received >= f.trace_due and self._fate is None:
+                    self._trace(index, received)
+                return
         last = self._peer_epoch.get(f.peer_nic)
         if last != epoch:
-            if last is not None:
+            # a new epoch: the peer restarted; a first answer within its grace: what its flows
+            # lost before it may be its responder not up yet
+            first = last is None and self._in_grace(f.peer_nic, received)
+            if first:  # probes sent before it and counted lost later are its start too (_expire)
+                self._first_answer[f.peer_nic] = received
+            if last is not None or first:
                 for other in self._flows:
-                    if other.peer_nic == f.peer_nic:
+                    if other.peer_nic == f.peer_nic and (last is not None or other.lost):
                         other.restarted = True
             self._peer_epoch[f.peer_nic] = epoch
         f.sent += 1
@@ -582,18 +627,45 @@ class Prober:
         # holds a request up to its tick): a reply that arrives within the grace is judged on its
         # network time (``_replied``), so the tick can be long without counting holds as loss.
         limit = now - self._timeout_ns - self._grace_ns
+        if next(iter(self._outstanding.values()))[1] >= limit:
+            return  # in send order: the oldest is not due, nor is any other
+        # Something is about to be given up on: first read every reply waiting in this host's
+        # sockets. A thread that was not scheduled for a while wakes with replies queued, and a
+        # quiet socket is read one datagram per pass: what waits is this host's lateness, not loss.
+        self._read_replies()
         late: list[int] = []
         for seq, (_, sent) in self._outstanding.items():
             if sent >= limit:
                 break  # in send order: the rest are younger
             late.append(seq)
+        first_answer = self._first_answer
+        if len(self._late) + len(late) > _LATE_KEPT:
+            self._late.clear()  # bounded: a dead peer's probes are not kept for ever
         for seq in late:
-            index, _ = self._outstanding.pop(seq)
+            entry = self._outstanding.pop(seq)
+            self._late[seq] = entry  # a reply may still come, held by a starved responder
+            index, sent = entry
             f = self._flows[index]
             f.sent += 1
             f.lost += 1
+            if first_answer and sent < first_answer.get(f.peer_nic, 0):
+                f.restarted = True  # sent before the peer's responder was up
             if now >= f.trace_due and self._fate is None:
                 self._trace(index, now)
+
+    def _read_replies(self) -> None:
+        """Read every sender socket empty (replies only: responders answer on their own events)."""
+        for s in self._sockets.values():
+            if not s.nic:
+                continue
+            reads, s.reads = s.reads, _DRAIN_READS
+            try:
+                if s.fast:
+                    self._read_fast(s)
+                else:
+                    self._readable(s)
+            finally:
+                s.reads = reads
 
     def _trace(self, index: int, now: int) -> None:
         """Send the flow's trace probe (TTL-limited, from the flow's own socket and port)."""
@@ -624,8 +696,17 @@ class Prober:
                 f.via = offender
                 f.trace_due = self._clock() + _TRACE_REFRESH_NS
 
+    def _in_grace(self, peer_nic: str, now: int) -> bool:
+        """The peer was first planned under ``_PEER_GRACE_WINDOWS`` windows ago."""
+        planned = self._planned_at.get(peer_nic)
+        grace = _PEER_GRACE_WINDOWS * max(1, self.plan.window_s) * 1_000_000_000
+        return planned is not None and now - planned < grace
+
     def _close_window(self, now: int) -> None:
         window_ms = max(1, self.plan.window_s) * 1000
+        for f in self._flows:  # a peer that never answered yet, within its grace: not judged
+            if f.lost and f.peer_nic not in self._peer_epoch and self._in_grace(f.peer_nic, now):
+                f.restarted = True
         # A flow that lost probes is reported on its own (its source port and spine name it); the
         # clean flows of one target are summed into one result with source port 0 and no spine
         # (ECMP spreads them evenly), so a report carries tens of results per window, not one per flow.
@@ -641,6 +722,7 @@ class Prober:
                     groups[key] = [f]
             elif f.restarted:
                 f.restarted = False
+        self._late.clear()  # a late reply clears a loss of its own window only
         out: list[tpb.ProbeResult] = []
         for (local, peer, via, sport, restarted), fs in groups.items():
             rtts = sorted(fs[0].rtts_us) if len(fs) == 1 else sorted([r for f in fs for r in f.rtts_us])
@@ -672,6 +754,15 @@ class Prober:
             if len(self._results) > 20_000:  # the controller is away: keep the newest windows
                 del self._results[: len(self._results) - 20_000]
         self._window_end = now + window_ms * 1_000_000
+
+
+def _same_but_version(a: spb.ProbePlan, b: spb.ProbePlan) -> bool:
+    """The two plans differ at most in their version."""
+    x, y = spb.ProbePlan(), spb.ProbePlan()
+    x.CopyFrom(a)
+    y.CopyFrom(b)
+    x.version = y.version = 0
+    return x == y
 
 
 def _pstdev(values: list[float]) -> float:

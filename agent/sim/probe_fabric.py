@@ -36,6 +36,7 @@ class SimProbeFabric:
     loss: dict[str, float] = field(default_factory=dict)  # component -> drop probability per crossing
     delay_s: dict[str, float] = field(default_factory=dict)  # component -> added round-trip seconds
     base_rtt_us: float = 8.0
+    spread_us: float = 1.0  # each flow's round trip is base_rtt_us plus up to this, drawn per window
     _paths: dict[tuple[str, str, int], tuple[list[str], str]] = field(default_factory=dict, repr=False)
 
     def inject_loss(self, component: str, share: float) -> None:
@@ -103,7 +104,8 @@ class SimProbeFabric:
         counts: dict[tuple[str, str, str, int], list[int]] = {}
         # No fault anywhere: every flow is clean and summed with its target's (no path to work out);
         # the same draws as the long way, so the same results
-        clean = not self.loss and not self.delay_s and not (plan.slow_us > 0 and self.base_rtt_us >= plan.slow_us)
+        top = self.base_rtt_us + max(0.0, self.spread_us - 1.0)  # the slowest a clean flow reads
+        clean = not self.loss and not self.delay_s and not (plan.slow_us > 0 and top >= plan.slow_us)
         for t in plan.targets:
             ports = list(t.src_ports) or [0]
             per_flow = max(1, round(t.packets_per_s * span / len(ports)))
@@ -112,18 +114,21 @@ class SimProbeFabric:
                 c = counts.setdefault(key, [0, 0])
                 c[0] += per_flow * len(ports)
                 rtts = groups.setdefault(key, [])
-                rtts += [self.base_rtt_us + rng.random() for _ in ports]
+                rtts += [self.base_rtt_us + rng.random() * self.spread_us for _ in ports]
                 continue
             for port in ports:
                 fate = self.fate(t.local_nic, t.peer_nic, port)
                 lost = sum(1 for _ in range(per_flow) if rng.random() < fate.drop) if fate.drop else 0
-                alone = lost > 0 or (plan.slow_us > 0 and self.base_rtt_us + fate.delay_s * 1e6 >= plan.slow_us)
+                nominal = self.base_rtt_us + fate.delay_s * 1e6
+                rtt = nominal + rng.random() * self.spread_us if per_flow > lost else 0.0
+                slow = plan.slow_us > 0 and (nominal >= plan.slow_us or (self.spread_us > 1.0 and rtt >= plan.slow_us))
+                alone = lost > 0 or slow
                 key = (t.local_nic, t.peer_nic, fate.via if alone else "", port if alone else 0)
                 c = counts.setdefault(key, [0, 0])
                 c[0] += per_flow
                 c[1] += lost
                 if per_flow > lost:
-                    groups.setdefault(key, []).append(self.base_rtt_us + fate.delay_s * 1e6 + rng.random())
+                    groups.setdefault(key, []).append(rtt)
         out = []
         for key, (sent, lost) in counts.items():
             rtts = sorted(groups.get(key, []))

@@ -19,7 +19,7 @@ import structlog
 from agent.transport.buffer import EventBuffer
 from agent.transport.delta import ReportDelta
 from starpulse.core.clock import SYSTEM_CLOCK
-from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector, send
+from starpulse.core.grpc_client import CLIENT_CHANNEL_OPTIONS, Backoff, NotAccepted, Reconnector, read, send
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import service_pb2_grpc as sgrpc
 from starpulse.v1 import telemetry_pb2 as tpb
@@ -165,7 +165,7 @@ class ControllerLink:
             self._generation += 1
             hello.stream_generation = self._generation
             await send(call, spb.AgentMessage(hello=hello))
-            first = await asyncio.wait_for(call.read(), timeout=30)
+            first = await asyncio.wait_for(read(call), timeout=30)
             if first is grpc.aio.EOF or not first.HasField("welcome"):
                 raise NotAccepted("controller closed the stream without a Welcome")
             welcome = first.welcome
@@ -221,7 +221,7 @@ class ControllerLink:
 
     async def _read_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
-            msg = await call.read()
+            msg = await read(call)
             if msg is grpc.aio.EOF:
                 return
             self._unanswered_since = None  # the controller spoke: everything sent so far is answered or coming

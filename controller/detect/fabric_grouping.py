@@ -194,7 +194,13 @@ class Grouper:
             nodes = c.evidence.get("nodes") or ([c.node] if c.node else [])
             self._add(out, "job_hang", c.component, "job", [c], [str(n) for n in nodes])
         for c in by_cat.pop("path", []):  # probes' loss above a leaf, its uplink not traced
-            self._add(out, "path_fault", c.component, "network", [c], [])
+            # the leaf itself named since (its ring lost too): the path was the leaf's own fault,
+            # and its incident is absorbed by the leaf's (controller.detect.probe_persist)
+            leaf = next((g for g in out.values() if g.kind == "switch_fault" and g.root_cause == c.component), None)
+            if leaf is not None:
+                leaf.members.add(c.key)
+            else:
+                self._add(out, "path_fault", c.component, "network", [c], [])
         for c in by_cat.pop("host", []):
             node = c.node or c.component
             self._add(out, "host_fault", node, "node", [c], [node])

@@ -20,13 +20,14 @@ import math
 import statistics
 from bisect import bisect_left, insort
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
 import structlog
 
+from controller.detect.failslow_groups import PeerGroups
 from controller.detect.model import Condition, ConditionChange
 from starpulse.core.clock import Clock
 from starpulse.core.schema import setting
@@ -174,25 +175,45 @@ class _Window:
     statistics.median gives).
     """
 
-    __slots__ = ("ordered", "times", "values")
+    __slots__ = ("_latest", "ordered", "times", "values")
 
     def __init__(self) -> None:
         self.times: deque[int] = deque()
         self.values: deque[float] = deque()
         self.ordered: list[float] = []
+        self._latest: float | None = None  # latest(): kept until a sample comes or goes
 
     def append(self, sample: tuple[int, float]) -> None:
         at, value = sample
         self.times.append(at)
         self.values.append(value)
         insort(self.ordered, value)
+        self._latest = None
 
-    def prune(self, cutoff: int) -> None:
-        """Drop the samples taken before ``cutoff``."""
+    def prune(self, cutoff: int) -> bool:
+        """Drop the samples taken before ``cutoff``; True if it dropped any."""
         times, values, ordered = self.times, self.values, self.ordered
+        dropped = False
         while times and times[0] < cutoff:
             times.popleft()
             del ordered[bisect_left(ordered, values.popleft())]
+            dropped = True
+        if dropped:
+            self._latest = None
+        return dropped
+
+    def latest(self, count: int) -> float:
+        """The median of the latest ``count`` samples (all if fewer): FailSlowConfig.recent_samples.
+
+        Kept between evaluations: a node samples every sample_every_s (15 s), the comparison
+        runs every 5 s, so most windows have not changed since it was last taken.
+        """
+        cached = self._latest
+        if cached is None:
+            values = self.values
+            n = min(count, len(values))
+            cached = self._latest = _median_sorted(sorted([values[-i] for i in range(1, n + 1)]))
+        return cached
 
     def median(self) -> float:
         ordered = self.ordered
@@ -241,14 +262,32 @@ class FailSlowDetector:
         group_of: Callable[[str], str | None] = lambda node: None,
         *,
         clock: Clock,
+        group_map: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
+        """``group_of``: a node's peer group when no fresh job names one (None: not compared).
+        ``group_map``: the same for every node at once (node -> group, absent: None); given, it
+        replaces ``group_of`` and nodes are regrouped only when it changes (PeerGroups).
+        """
         self.config = config or FailSlowConfig()
-        self._group_of = group_of
         self.clock = clock
         self._clock_ms = clock.time_ms
         self._nodes: dict[str, _NodeSamples] = {}
         self._state: dict[str, _NodeState] = {}
         self._sample_ms = int(self.config.sample_every_s * 1000)
+        cfg = self.config
+        ttl_s = cfg.job_ttl_s if cfg.job_ttl_s is not None else cfg.window_s
+        self._groups = PeerGroups(group_of, group_map, int(ttl_s * 1000))
+        # A group's deviations as last compared, and its members' oldest sample then: it is
+        # compared again only when it turns dirty (PeerGroups) or that sample leaves the window.
+        self._found: dict[str, dict[str, list[Deviation]]] = {}
+        self._oldest: dict[str, int] = {}
+
+    def _node(self, node_id: str) -> _NodeSamples:
+        ns = self._nodes.get(node_id)
+        if ns is None:
+            ns = self._nodes[node_id] = _NodeSamples()
+            self._groups.added(node_id)
+        return ns
 
     # -- input ---------------------------------------------------------------------------
 
@@ -265,9 +304,7 @@ class FailSlowDetector:
         can read the report where it was decoded and send only these few numbers to the
         controller.
         """
-        ns = self._nodes.get(node_id)
-        if ns is None:
-            ns = self._nodes[node_id] = _NodeSamples()
+        ns = self._node(node_id)
         now = self._clock_ms()
         last = ns.sampled_ms
         if last is not None and now - last < self._sample_ms:
@@ -282,20 +319,22 @@ class FailSlowDetector:
         if not values and job is None:
             return  # a report not sampled (sample_every_s)
         now = self._clock_ms()
-        ns = self._nodes.get(node_id)
-        if ns is None:
-            ns = self._nodes[node_id] = _NodeSamples()
+        ns = self._node(node_id)
         if job is not None:
             ns.job, ns.job_seen_ms = job, now
+            self._groups.job_seen(node_id, job, now)
         signals = self.config.signals
         series = ns.series
+        changed = False
         for signal, value in values.items():
             if signal in signals and math.isfinite(value):
                 window = series.get(signal)
                 if window is None:
                     window = series[signal] = _Window()
                 window.append((now, value))
-        self._prune(ns, now)
+                changed = True
+        if self._prune(ns, now) or changed:
+            self._groups.changed(node_id)
 
     def _extract(self, ns: _NodeSamples, report: tpb.Report, now: int) -> tuple[dict[str, float], str | None]:
         out: dict[str, float] = {}
@@ -370,6 +409,7 @@ class FailSlowDetector:
     def forget(self, node_id: str) -> ConditionChange | None:
         """Drop a node (decommissioned, replaced); resolves its condition if it had one."""
         self._nodes.pop(node_id, None)
+        self._groups.forget(node_id)
         state = self._state.pop(node_id, None)
         if state is None or state.condition is None:
             return None
@@ -381,94 +421,172 @@ class FailSlowDetector:
     # -- evaluation ----------------------------------------------------------------------
 
     def groups(self) -> dict[str, list[str]]:
-        """Current peer groups: reported jobs first (``job:<name>``), else ``group_of``."""
-        now = self._clock_ms()
-        ttl_ms = int((self.config.job_ttl_s if self.config.job_ttl_s is not None else self.config.window_s) * 1000)
-        out: dict[str, list[str]] = {}
-        for node in sorted(self._nodes):
-            ns = self._nodes[node]
-            fresh_job = ns.job is not None and now - ns.job_seen_ms <= ttl_ms
-            group = f"job:{ns.job}" if fresh_job else self._group_of(node)
-            if group is not None:
-                out.setdefault(group, []).append(node)
-        return out
+        """Current peer groups (``job:<name>`` for a fresh reported job, else ``group_of``), members sorted."""
+        self._groups.refresh(self._nodes, self._clock_ms())
+        return {group: sorted(members) for group, members in sorted(self._groups.members.items())}
 
-    # Complexity over 15 on purpose: a generator that yields between groups: its loop state cannot be split into helpers
-    # without passing it all along.
-    def _deviation_steps(self, found: dict[str, list[Deviation]], nodes_per_step: float) -> Iterator[None]:  # noqa: C901
-        """Fill ``found`` group by group, pausing (yield) after about ``nodes_per_step`` nodes.
+    def _deviation_steps(self, found: dict[str, list[Deviation]], nodes_per_step: float) -> Iterator[None]:
+        """Fill ``found``, comparing again only the groups that changed, pausing (yield) after
+        about ``nodes_per_step`` nodes (inside a group larger than that too).
 
-        The pauses let the controller's event loop decide reports in between: at 10,000
-        nodes one whole comparison is ~150 ms of Python (bench.failslow_eval).
+        A group whose members, their windows and their windows' oldest samples are as they
+        were keeps its last deviations: comparing it again would find the same (the verdicts
+        of every group compared every time, pinned by tests/controller/detect/test_failslow_equivalence.py).
+        The pauses let the controller's event loop decide reports in between.
         """
         now = self._clock_ms()
-        cfg = self.config
-        cutoff = now - int(cfg.window_s * 1000)
-        min_samples = cfg.min_samples
-        done = 0
-        groups = self.groups()  # every node once (sorted): a step of its own at fleet size
-        if nodes_per_step < len(self._nodes):
-            yield
-        for group, members in groups.items():
-            if done >= nodes_per_step:
-                yield
-                done = 0
-            done += len(members)
-            if len(members) < cfg.min_group_size:
+        cutoff = now - int(self.config.window_s * 1000)
+        peers = self._groups
+        pace = _Pace(nodes_per_step)
+        pace.spend(peers.refresh(self._nodes, now))
+        if pace.due():
+            yield  # the whole fleet regrouped (the peer map changed): a step of its own
+        todo = peers.dirty
+        peers.dirty = set()
+        todo.update(group for group, oldest in self._oldest.items() if oldest < cutoff)
+        for group in sorted(todo):
+            members = peers.members.get(group)
+            if members is None:  # no node left in it
+                self._found.pop(group, None)
+                self._oldest.pop(group, None)
                 continue
-            # Each member's window medians, all signals in one pass (this loop runs for every
-            # node of the fleet each evaluation: it is kept to reads and one index per window).
-            medians: dict[str, dict[str, float]] = {signal: {} for signal in cfg.signals}
-            for node in members:
-                ns = self._nodes.get(node)
-                if ns is None:
-                    continue  # forgotten while an evaluation paused
-                for signal, window in ns.series.items():
-                    times = window.times
-                    if times and times[0] < cutoff:
-                        window.prune(cutoff)  # a node that went quiet: its old samples leave
-                    if len(times) >= min_samples:
-                        per_node = medians.get(signal)
-                        if per_node is not None:
-                            per_node[node] = window.median()
-            for signal in cfg.signals:
-                values = medians[signal]
-                if len(values) < cfg.min_group_size:
+            deviations, oldest = yield from self._compare(group, list(members), cutoff, pace)
+            if deviations:
+                self._found[group] = deviations
+            else:
+                self._found.pop(group, None)
+            if oldest is None:
+                self._oldest.pop(group, None)
+            else:
+                self._oldest[group] = oldest
+        for deviations in self._found.values():
+            found.update(deviations)
+
+    def _compare(
+        self, group: str, members: list[str], cutoff: int, pace: _Pace
+    ) -> Generator[None, None, tuple[dict[str, list[Deviation]], int | None]]:
+        """One group's slower nodes, and its members' oldest sample in the window (None: none).
+
+        A group larger than a step (a job over the fleet) pauses inside: during the walk of its
+        members, after each signal's comparison, and while its latest samples are read.
+        """
+        cfg = self.config
+        found: dict[str, list[Deviation]] = {}
+        if len(members) < cfg.min_group_size:
+            return found, None  # nothing to compare until its members change
+        medians, windows, oldest = yield from self._windows(members, cutoff, pace)
+        big = len(members) > pace.per_step
+        for signal in cfg.signals:
+            values = medians[signal]
+            if len(values) < cfg.min_group_size:
+                continue
+            higher_slower = signal in HIGHER_IS_SLOWER
+            slower = self._slower(signal, values, higher_slower, group)
+            if big:  # a few sorts of 10,000 values
+                pace.spend(len(values) // 2)
+                if pace.due():
+                    yield
+            if not slower:
+                continue
+            # The latest samples must agree (recent_samples): see FailSlowConfig.recent_samples.
+            latest = yield from self._latest_values(windows[signal], pace if big else None)
+            for node in self._still_slower(latest, higher_slower, slower):
+                found.setdefault(node, []).append(slower[node])
+            if big:
+                pace.spend(len(values) // 2)
+                if pace.due():
+                    yield
+        return found, oldest
+
+    def _windows(self, members: list[str], cutoff: int, pace: _Pace) -> Generator[None, None, _GroupWindows]:
+        """Per signal, the members' window medians and windows (those with min_samples, pruned
+        to ``cutoff``), and the oldest sample left."""
+        min_samples = self.config.min_samples
+        medians: dict[str, dict[str, float]] = {signal: {} for signal in self.config.signals}
+        windows: dict[str, dict[str, _Window]] = {signal: {} for signal in self.config.signals}
+        oldest: int | None = None
+        for node in members:
+            if pace.due():
+                yield  # every nodes_per_step nodes, inside a group too: the loop decides reports in between
+            pace.spend(1)
+            ns = self._nodes.get(node)
+            if ns is None:
+                continue  # forgotten while an evaluation paused
+            for signal, window in ns.series.items():
+                times = window.times
+                if times and times[0] < cutoff:
+                    window.prune(cutoff)  # a node that went quiet: its old samples leave
+                if not times:
                     continue
-                higher_slower = signal in HIGHER_IS_SLOWER
-                slower = self._slower(signal, values, higher_slower, group)
-                if not slower:
-                    continue
-                # The latest samples must agree (recent_samples): see FailSlowConfig.recent_samples.
-                latest = {node: self._latest(node, signal) for node in values}
-                now_slower = self._slower(signal, latest, higher_slower, group)
-                for node, dev in slower.items():
-                    if node in now_slower:
-                        found.setdefault(node, []).append(dev)
+                first = times[0]
+                if oldest is None or first < oldest:
+                    oldest = first
+                if len(times) >= min_samples:
+                    per_node = medians.get(signal)
+                    if per_node is not None:
+                        per_node[node] = window.median()
+                        windows[signal][node] = window
+        return medians, windows, oldest
+
+    def _latest_values(
+        self, windows: dict[str, _Window], pace: _Pace | None
+    ) -> Generator[None, None, dict[str, float]]:
+        """Each window's latest-samples median; with ``pace``, in steps' worth of nodes."""
+        recent = self.config.recent_samples
+        if pace is None:
+            return {node: w.latest(recent) for node, w in windows.items()}
+        out: dict[str, float] = {}
+        items = list(windows.items())
+        chunk = max(1, int(pace.per_step))
+        for start in range(0, len(items), chunk):
+            if pace.due():
+                yield
+            part = items[start : start + chunk]
+            out.update((node, w.latest(recent)) for node, w in part)
+            pace.spend(len(part))
+        return out
 
     def _slower(self, signal: str, values: dict[str, float], higher_slower: bool, group: str) -> dict[str, Deviation]:
         """The nodes whose value is slower than the group's median by both tests (z and relative)."""
         cfg = self.config
-        med = statistics.median(values.values())
+        med = _median_sorted(sorted(values.values()))
         if med <= 0:
             return {}  # an idle group (no traffic, no steps): nothing to be slower than
-        mad = statistics.median(abs(v - med) for v in values.values())
         out: dict[str, Deviation] = {}
+        scale = abs(med)
+        # The relative test first: when nobody passes it (most groups, most signals) the MAD is not needed.
+        candidates: list[tuple[str, float, float]] = []
         for node, value in values.items():
             gap = value - med if higher_slower else med - value
-            if gap <= 0:
-                continue
-            relative = gap / abs(med)
+            if gap > 0 and gap / scale >= cfg.min_relative_deviation:
+                candidates.append((node, value, gap))
+        if not candidates:
+            return out
+        mad = _median_sorted(sorted([abs(v - med) for v in values.values()]))
+        for node, value, gap in candidates:
             z = _MAD_SCALE * gap / mad if mad > 0 else math.inf
-            if z >= cfg.z_threshold and relative >= cfg.min_relative_deviation:
-                out[node] = Deviation(signal, value, med, mad, z, relative, group, len(values) - 1)
+            if z >= cfg.z_threshold:
+                out[node] = Deviation(signal, value, med, mad, z, gap / scale, group, len(values) - 1)
         return out
 
-    def _latest(self, node: str, signal: str) -> float:
-        """The median of the node's latest ``recent_samples`` samples of ``signal``."""
-        values = self._nodes[node].series[signal].values
-        n = min(self.config.recent_samples, len(values))
-        return statistics.median(values[-i] for i in range(1, n + 1))
+    def _still_slower(self, latest: dict[str, float], higher_slower: bool, nodes: Iterable[str]) -> list[str]:
+        """Of ``nodes``, those whose latest value is slower than the group's latest by both tests
+        (``_slower`` on ``latest``, asked only about the nodes that matter)."""
+        cfg = self.config
+        med = _median_sorted(sorted(latest.values()))
+        if med <= 0:
+            return []
+        scale = abs(med)
+        passed: list[tuple[str, float]] = []
+        for node in nodes:
+            value = latest[node]
+            gap = value - med if higher_slower else med - value
+            if gap > 0 and gap / scale >= cfg.min_relative_deviation:
+                passed.append((node, gap))
+        if not passed:
+            return []
+        mad = _median_sorted(sorted([abs(v - med) for v in latest.values()]))
+        return [node for node, gap in passed if (_MAD_SCALE * gap / mad if mad > 0 else math.inf) >= cfg.z_threshold]
 
     def evaluate(self) -> list[ConditionChange]:
         """Compare every node with its group; open, update or resolve fail-slow conditions."""
@@ -563,7 +681,41 @@ class FailSlowDetector:
         """Fail-slow conditions currently open."""
         return [s.condition for _, s in sorted(self._state.items()) if s.condition is not None]
 
-    def _prune(self, ns: _NodeSamples, now: int) -> None:
+    def _prune(self, ns: _NodeSamples, now: int) -> bool:
         cutoff = now - int(self.config.window_s * 1000)
+        dropped = False
         for window in ns.series.values():
-            window.prune(cutoff)
+            if window.prune(cutoff):
+                dropped = True
+        return dropped
+
+
+def _median_sorted(data: list[float]) -> float:
+    """statistics.median of already sorted data, the same arithmetic without its checks and copy."""
+    n = len(data)
+    mid = n // 2
+    return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
+
+
+# What a group's walk gives: per signal the members' window medians and windows, and the oldest sample left.
+_GroupWindows = tuple[dict[str, dict[str, float]], dict[str, dict[str, "_Window"]], int | None]
+
+
+class _Pace:
+    """Counts the nodes an evaluation went through; says when to pause (every ``per_step``)."""
+
+    __slots__ = ("left", "per_step")
+
+    def __init__(self, per_step: float) -> None:
+        self.per_step = per_step
+        self.left = per_step
+
+    def spend(self, nodes: int) -> None:
+        self.left -= nodes
+
+    def due(self) -> bool:
+        """True: a step's worth since the last pause, pause now (and count again)."""
+        if self.left > 0:
+            return False
+        self.left = self.per_step
+        return True

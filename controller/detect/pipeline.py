@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -113,6 +113,7 @@ class Detection:
         shard_settings: ShardSettings | None = None,
         on_shard_lost: Callable[[int], None] = lambda index: None,
         node_of: Callable[[str], NodeRecord | None] = lambda node_id: None,
+        first_jobs: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """``listeners``: who hears incident changes, in order (alerts, then healing).
 
@@ -122,7 +123,9 @@ class Detection:
         them out. ``shard_settings``: with ``config.workers`` > 0, compute nodes' reports and
         events are decided in that many shard processes (``start`` starts them);
         ``on_shard_lost`` hears one end. ``node_of``: the registry's record of a node, for a
-        shard's verdict that brings new LLDP neighbours.
+        shard's verdict that brings new LLDP neighbours. ``first_jobs``: node -> its first job
+        (``jobs_of(node)[0]`` for every node at once, JobRegistry.first_job_by_node); given, the
+        fail-slow peer groups come from one map per evaluation, not ``jobs_of`` per node.
         """
         self.config = config or DetectionConfig()
         self.clock = clock
@@ -130,7 +133,17 @@ class Detection:
         self.metrics = metrics
         self.jobs_of = jobs_of
         self.engine = ConditionEngine(rules, fabric, clock=clock)
-        self.failslow = FailSlowDetector(self.config.failslow, group_of=self._peer_group, clock=clock)
+        self._block_map: tuple[object, dict[str, str]] | None = None  # (the fabric's block index, node -> group)
+        group_map: Callable[[], Mapping[str, str]] | None = None
+        if first_jobs is not None:
+            jobs_map = first_jobs  # bound for the closure: mypy keeps the narrowing
+
+            def group_map() -> dict[str, str]:
+                return self._peer_groups(jobs_map)
+
+        self.failslow = FailSlowDetector(
+            self.config.failslow, group_of=self._peer_group, clock=clock, group_map=group_map
+        )
         self.incidents = IncidentStore(conn)
         corr = self.config.correlation
         # the fleet's measured report interval: shared conditions' window
@@ -187,11 +200,13 @@ class Detection:
         self._refresh_gauges()
 
     def _probe_node_ok(self, node_id: str, since_ms: int) -> bool:
-        """A node whose probe results count: online, connected since before ``since_ms`` (one that
-        restarted within the window lost probes to its restart, not to the network), and heard
-        within one and a half report intervals (one gone quiet may be restarting right now)."""
+        """A node whose probe results count: online and connected, its prober running since before
+        ``since_ms`` (one that restarted within the window lost probes to its restart, not to the
+        network; a mere reconnect, as after a controller restart or failover, is not a restart:
+        ``controller.ingest.registry.prober_since``), and heard within one and a half report
+        intervals (one gone quiet may be restarting right now)."""
         rec = self._node_of(node_id)
-        if rec is None or rec.state != "online" or not rec.connected or rec.connected_ms > since_ms:
+        if rec is None or rec.state != "online" or not rec.connected or rec.probes_since_ms > since_ms:
             return False
         interval = self.cadence.interval_s() or 5.0
         return self.clock.time_ms() - rec.last_seen_ms <= 1500 * interval
@@ -207,6 +222,25 @@ class Detection:
             except KeyError:
                 return None
         return None
+
+    def _peer_groups(self, first_jobs: Callable[[], Mapping[str, str]]) -> dict[str, str]:
+        """``_peer_group`` for every node at once (only nodes with a group): one pass over the
+        jobs and the fabric's blocks per fail-slow evaluation instead of two lookups per node."""
+        out = dict(self._fabric_blocks())
+        for node, job in first_jobs().items():
+            out[node] = f"job:{job}"
+        return out
+
+    def _fabric_blocks(self) -> dict[str, str]:
+        """Compute node -> ``block:<n>``, rebuilt only when the fabric's block index is another object."""
+        fabric = self.fabric
+        if fabric is None:
+            return {}
+        index = fabric.blocks_index()
+        if self._block_map is None or self._block_map[0] is not index:
+            blocks = {node: f"block:{block}" for block, nodes in index.items() for node in nodes}
+            self._block_map = (index, blocks)
+        return self._block_map[1]
 
     # -- 1. a report (ReportDecider, controller.ingest.decider) ---------------------------
     def bind(self, on_verdict: Callable[[ReportResult], None]) -> None:

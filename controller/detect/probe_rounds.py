@@ -41,18 +41,21 @@ async def localise_in_shards(loc: ProbeLocaliser, shards: DetectShards) -> list[
     released = False
     try:
         snaps: list[SumsSnapshot] = await asyncio.to_thread(_unpickled, blobs)
-        needs = await asyncio.to_thread(loc.merge, snaps)
+        question = await asyncio.to_thread(loc.merge, snaps)
         records: list[KeyRecord] = []
-        if needs:
-            parts: list[list[KeyRecord]] = await asyncio.to_thread(_unpickled, await shards.ask((OP_PROBE_KEYS, needs)))
+        sample: list[float] = []
+        if question is not None:
+            answers = await shards.ask((OP_PROBE_KEYS, question.comps, question.every))
             shards.tell((OP_PROBE_RELEASE,))
             released = True
-            for part in parts:
+            parts: list[tuple[list[KeyRecord], list[float]]] = await asyncio.to_thread(_unpickled, answers)
+            for part, some in parts:
                 records += part
+                sample += some
         else:
             shards.tell((OP_PROBE_RELEASE,))
             released = True
-        return await asyncio.to_thread(loc.conclude, records)
+        return await asyncio.to_thread(loc.conclude, records, sample)
     finally:
         if not released:
             shards.tell((OP_PROBE_RELEASE,))

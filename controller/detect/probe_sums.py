@@ -19,6 +19,7 @@ sliding maxima by max.
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import replace
@@ -185,6 +186,8 @@ class SumsSnapshot(NamedTuple):
     pans: dict[Pair, int]
     slow: dict[str, int]
     worst: dict[str, float]
+    slow_keys: int = 0  # counted keys with an answered result whose p99 reached the threshold
+    answered_keys: int = 0  # counted keys answered (the delay baseline's population)
 
 
 class KeyRecord(NamedTuple):
@@ -244,6 +247,7 @@ class ProbeSums:
         self._psent: dict[Pair, int] = {}
         self._pans: dict[Pair, int] = {}
         self._tsent = self._tlost = 0  # every key on the fabric: the background's sums
+        self._tans = 0  # answered keys on the fabric
         self._host_keys: dict[str, set[Key]] = {}
         self._stale = False  # the wiring changed: the running sums are rebuilt at the next snapshot
         self._excluded: set[Key] = set()  # the last snapshot's
@@ -339,6 +343,7 @@ class ProbeSums:
         where = s.where
         if where is None or self._stale:
             return
+        self._tans += int(s.answered) - int(was)
         self._apply(where, sent, lost, int(s.answered) - int(was))
 
     def _apply(self, where: Where, sent: int, lost: int, ans: int) -> None:
@@ -385,6 +390,7 @@ class ProbeSums:
         self._csent, self._clost, self._cans = {}, {}, {}
         self._psent, self._pans = {}, {}
         self._tsent = self._tlost = 0
+        self._tans = 0
         self._host_keys = {}
         answered: list[tuple[int, float, tuple[str, ...]]] = []
         for key, s in self._window.items():
@@ -393,6 +399,7 @@ class ProbeSums:
                 continue
             for h in where.hosts:
                 self._host_keys.setdefault(h, set()).add(key)
+            self._tans += int(s.answered)
             self._apply(where, s.sent, s.lost, int(s.answered))
             answered += [(t, o.rtt_p99_us, where.switches) for t, o in s.results if o.sent > o.lost and o.rtt_p99_us]
         self._cworst = {}
@@ -438,6 +445,7 @@ class ProbeSums:
                 excluded |= keys
         self._excluded = excluded
         if not excluded and not copy:
+            slow, slow_keys = self._slow_votes(excluded)
             return SumsSnapshot(
                 self._tsent,
                 self._tlost,
@@ -446,14 +454,16 @@ class ProbeSums:
                 self._cans,
                 self._psent,
                 self._pans,
-                self._slow_votes(excluded),
+                slow,
                 self._worst(set()),
+                slow_keys,
+                self._tans,
             )
         if 2 * len(excluded) > len(self._window):
             return self._counted(excluded)  # most hosts out (every node just connected): sum the rest
         csent, clost, cans = dict(self._csent), dict(self._clost), dict(self._cans)
         psent, pans = dict(self._psent), dict(self._pans)
-        tsent, tlost = self._tsent, self._tlost
+        tsent, tlost, tans = self._tsent, self._tlost, self._tans
         tainted: set[str] = set()
         window = self._window
         for key in excluded:
@@ -464,6 +474,7 @@ class ProbeSums:
             ans = int(s.answered)
             tsent -= s.sent
             tlost -= s.lost
+            tans -= ans
             for c in where.comps:
                 csent[c] -= s.sent
                 if s.lost:
@@ -475,6 +486,7 @@ class ProbeSums:
                 psent[where.pair] -= s.sent
                 if ans:
                     pans[where.pair] -= ans
+        slow, slow_keys = self._slow_votes(excluded)
         return SumsSnapshot(
             tsent,
             tlost,
@@ -483,8 +495,10 @@ class ProbeSums:
             _nonzero(cans),
             _nonzero(psent),
             _nonzero(pans),
-            self._slow_votes(excluded),
+            slow,
             self._worst(tainted),
+            slow_keys,
+            tans,
         )
 
     def _counted(self, excluded: set[Key]) -> SumsSnapshot:
@@ -496,12 +510,13 @@ class ProbeSums:
         psent: dict[Pair, int] = {}
         pans: dict[Pair, int] = {}
         worst: dict[str, float] = {}
-        tsent = tlost = 0
+        tsent = tlost = tans = 0
         for key, where in self._live():
             s = self._window[key]
             ans = int(s.answered)
             tsent += s.sent
             tlost += s.lost
+            tans += ans
             for c in where.comps:
                 csent[c] = csent.get(c, 0) + s.sent
                 if s.lost:
@@ -518,6 +533,7 @@ class ProbeSums:
                     if p99 > worst.get(c, 0.0):
                         worst[c] = p99
         self._worst(set())  # the sliding maxima trimmed as a snapshot always does
+        slow, slow_keys = self._slow_votes(excluded)
         return SumsSnapshot(
             tsent,
             tlost,
@@ -526,22 +542,28 @@ class ProbeSums:
             _nonzero(cans),
             _nonzero(psent),
             _nonzero(pans),
-            self._slow_votes(excluded),
+            slow,
             worst,
+            slow_keys,
+            tans,
         )
 
-    def _slow_votes(self, excluded: set[Key]) -> dict[str, int]:
-        """The delay vote's first round: counted answered keys whose p99 reached the threshold, per component."""
+    def _slow_votes(self, excluded: set[Key]) -> tuple[dict[str, int], int]:
+        """The delay vote's first round: counted answered keys whose p99 reached the threshold, per
+        component; and how many counted keys have a result that did (answered or not)."""
         slow: dict[str, int] = {}
+        slow_keys = 0
         window = self._window
         for key in self._bad:
             if key in excluded:
                 continue
             s = window[key]
-            if s.where is not None and s.answered and s.slow > 0:
-                for c in s.where.comps:
-                    slow[c] = slow.get(c, 0) + 1
-        return slow
+            if s.where is not None and s.slow > 0:
+                slow_keys += 1
+                if s.answered:
+                    for c in s.where.comps:
+                        slow[c] = slow.get(c, 0) + 1
+        return slow, slow_keys
 
     def _worst(self, tainted: set[str]) -> dict[str, float]:
         """Each fabric component's worst network p99 over the counted keys: from the sliding
@@ -579,8 +601,22 @@ class ProbeSums:
                         worst[c] = p99
         return worst
 
+    def delay_sample(self, every: int) -> list[float]:
+        """The worst p99 of the counted answered keys, of one key in ``every`` chosen by a hash of
+        the key (the same keys whoever holds them): the delay baseline's sample."""
+        if every <= 1:
+            return [self._window[key].p99() for key, _ in self._live() if self._window[key].answered]
+        out: list[float] = []
+        for key, _ in self._live():
+            s = self._window[key]
+            if s.answered and zlib.crc32(f"{key[0]}|{key[1]}|{key[2]}".encode()) % every == 0:
+                out.append(s.p99())
+        return out
+
     def keys_through(self, comps: frozenset[str]) -> list[KeyRecord]:
         """Every counted key whose path crosses one of ``comps``, summed (the last snapshot's window)."""
+        if not comps:
+            return []
         excluded = self._excluded
         out: list[KeyRecord] = []
         for key, s in self._window.items():

@@ -39,8 +39,9 @@ from typing import Any, NamedTuple
 
 import structlog
 
+from controller.detect import probe_persist
 from controller.detect.model import ComponentType, Condition, ConditionChange
-from controller.detect.probe_background import stands_out
+from controller.detect.probe_background import DELAY_SAMPLE, DelayBaseline, delay_baseline, stands_out
 from controller.detect.probe_sums import (
     KeyRecord,
     Pair,
@@ -102,9 +103,19 @@ class _Merged(NamedTuple):
     pans: dict[Pair, int]
     slow: dict[str, int]
     worst: dict[str, float]
+    slow_keys: int
+    answered_keys: int
 
 
-_EMPTY = _Merged(0, 0, {}, {}, {}, {}, {}, {}, {})
+_EMPTY = _Merged(0, 0, {}, {}, {}, {}, {}, {}, {}, 0, 0)
+
+
+class KeysQuestion(NamedTuple):
+    """The localisation's second question: the keys through ``comps``, and where the delay vote
+    needs the fabric's baseline, a sample of one answered key in ``every`` (0: none)."""
+
+    comps: frozenset[str]
+    every: int
 
 
 def merge(snapshots: Iterable[SumsSnapshot]) -> _Merged:
@@ -112,7 +123,7 @@ def merge(snapshots: Iterable[SumsSnapshot]) -> _Merged:
     holder's is taken as it is)."""
     if isinstance(snapshots, list) and len(snapshots) == 1:
         return _Merged(*snapshots[0])
-    tsent = tlost = 0
+    tsent = tlost = slow_keys = answered_keys = 0
     csent: dict[str, int] = {}
     clost: dict[str, int] = {}
     cans: dict[str, int] = {}
@@ -123,6 +134,8 @@ def merge(snapshots: Iterable[SumsSnapshot]) -> _Merged:
     for snap in snapshots:
         tsent += snap.tsent
         tlost += snap.tlost
+        slow_keys += snap.slow_keys
+        answered_keys += snap.answered_keys
         for into, part in ((csent, snap.csent), (clost, snap.clost), (cans, snap.cans), (slow, snap.slow)):
             if not into:
                 into.update(part)
@@ -135,7 +148,7 @@ def merge(snapshots: Iterable[SumsSnapshot]) -> _Merged:
         for c, w in snap.worst.items():
             if w > worst.get(c, 0.0):
                 worst[c] = w
-    return _Merged(tsent, tlost, csent, clost, cans, psent, pans, slow, worst)
+    return _Merged(tsent, tlost, csent, clost, cans, psent, pans, slow, worst, slow_keys, answered_keys)
 
 
 class ProbeLocaliser:
@@ -172,13 +185,16 @@ class ProbeLocaliser:
         self.node_ok = node_ok
         self.paths = ProbePaths(fabric)
         self.sums: ProbeSums | None = ProbeSums(fabric, config, self.paths) if local else None
-        self.rewired = False  # the wiring changed since the holders last heard (shards: send the fabric)
         self._streak: dict[tuple[str, str], int] = {}  # (rule, component) -> localisations in a row
+        self._kind_run: dict[tuple[str, str], tuple[str, int]] = {}  # -> (kind, in a row as that kind)
         self._clean: dict[tuple[str, str], int] = {}
         self._open: dict[tuple[str, str], Condition] = {}
         self._last_run = clock.monotonic()
         self.last_blames: list[Blame] = []
         self.background_loss: float | None = None  # the last localisation's, None without traffic
+        # the fabric's round-trip baseline, taken when a localisation has slow paths to vote on
+        self.delay_baseline: DelayBaseline | None = None
+        self._delay_cut = config.rtt_threshold_us  # what a path's p99 must reach to vote slow
         self._merged = _EMPTY
         self._base: dict[str, dict[str, float]] = {}  # "loss"/"delay" -> denominators, nothing explained
         self._health: dict[str, dict[str, Any]] | None = None
@@ -225,7 +241,6 @@ class ProbeLocaliser:
         self.paths.forget()
         if self.sums is not None:
             self.sums.forget_paths()
-        self.rewired = True
 
     def due(self) -> bool:
         now = self.clock.monotonic()
@@ -240,9 +255,11 @@ class ProbeLocaliser:
         if self.sums is None:
             raise RuntimeError("this localiser's window is held by the detection shards")
         sums = self.sums
-        self.rewired = False
-        needs = self.merge([sums.snapshot(self.request(), copy=False)])
-        return self.conclude(sums.keys_through(needs) if needs else [])
+        question = self.merge([sums.snapshot(self.request(), copy=False)])
+        if question is None:
+            return self.conclude([], [])
+        sample = sums.delay_sample(question.every) if question.every else []
+        return self.conclude(sums.keys_through(question.comps), sample)
 
     def request(self) -> SumsRequest:
         """The first question for every holder: the window's horizon and the hosts not counted now."""
@@ -251,9 +268,10 @@ class ProbeLocaliser:
         excluded = frozenset(h for h in self.fabric.nodes() if not self.node_ok(h, horizon))
         return SumsRequest(now, horizon, excluded, self.config.rtt_threshold_us)
 
-    def merge(self, snapshots: Iterable[SumsSnapshot]) -> frozenset[str]:
-        """The holders' answers to ``request``: the background judged, and the components whose
-        keys' detail the vote needs (empty: nothing can be blamed, no second question)."""
+    def merge(self, snapshots: Iterable[SumsSnapshot]) -> KeysQuestion | None:
+        """The holders' answers to ``request``: the background judged, and the second question:
+        the components whose keys' detail the vote needs, and whether it needs the delay
+        baseline's sample (None: nothing can be blamed and nothing is slow, no second question)."""
         m = self._merged = merge(snapshots)
         self._health = self._fabric_health = None
         self._base = {}
@@ -261,9 +279,10 @@ class ProbeLocaliser:
         cfg = self.config
         loss = {c for c, v in m.clost.items() if v >= cfg.min_lost}
         slow = {c for c, v in m.slow.items() if v >= 3}
+        every = max(1, m.answered_keys // DELAY_SAMPLE) if m.slow_keys else 0
         if not self._suspects(loss, m.clost, "loss") and not self._suspects(slow, m.slow, "delay"):
-            return frozenset()
-        return frozenset(loss | slow)
+            return KeysQuestion(frozenset(), every) if every else None
+        return KeysQuestion(frozenset(loss | slow), every)
 
     def _suspects(self, candidates: set[str], votes: dict[str, int], what: str) -> bool:
         """Whether the vote's first round (nothing explained yet) has a suspect among ``candidates``."""
@@ -278,18 +297,22 @@ class ProbeLocaliser:
             for c in candidates
         )
 
-    def conclude(self, records: Iterable[KeyRecord]) -> list[Blame]:
-        """The vote over the merged sums and the keys' detail the holders sent for ``merge``'s components."""
+    def conclude(self, records: Iterable[KeyRecord], sample: list[float]) -> list[Blame]:
+        """The vote over the merged sums and the holders' answers to ``merge``'s question: the keys'
+        detail, and the delay baseline's sample."""
         paths: list[_Path] = []
         for r in records:
             where = self.paths.of((r.local_nic, r.peer_nic, r.via))
             if where is not None:
                 paths.append(_Path(r, where, where.comps))
         bad = [p for p in paths if p.obs.lost > 0 or p.obs.slow > 0]
+        blames = self._vote(bad, paths, "loss", set()) if bad else []
+        explained = {b.component for b in blames}
+        # a key slow at the threshold outside what the loss vote explained (those through it were all sent)
+        slow_explained = sum(1 for p in paths if p.obs.slow > 0 and not explained.isdisjoint(p.comps))
+        self._judge_delay(self._merged.slow_keys > slow_explained, sample)
         if not bad:
             return []
-        blames = self._vote(bad, paths, "loss", set())
-        explained = {b.component for b in blames}
         slow = [p for p in bad if not explained.intersection(p.comps)]
         blames += self._vote(slow, paths, "delay", explained)
         return [self._uplink_or_leaf(b, paths) for b in blames]
@@ -431,6 +454,34 @@ class ProbeLocaliser:
         elif was is not None and was >= high and (now is None or now < high):
             log.info("probe_background_loss_cleared", loss=round(now or 0.0, 5))
 
+    def _judge_delay(self, slow: bool, sample: list[float]) -> None:
+        """The delay vote's cut: the threshold, or the fabric's own round-trip baseline's outlier
+        bound where the whole fabric runs slower (controller.detect.probe_background.delay_baseline).
+        Taken only when some path (``slow``) reached the threshold (a fast fabric costs nothing),
+        from ``sample``: about ``DELAY_SAMPLE`` counted answered paths, chosen by a hash of the key
+        (``ProbeSums.delay_sample``: the same paths whoever holds them), every one where there are
+        fewer; logged once as the fabric's baseline moves the cut."""
+        threshold = self.config.rtt_threshold_us
+        if not slow:
+            if self.delay_baseline is not None and self.delay_baseline.cut_us > threshold:
+                log.info("probe_background_delay_cleared", median_us=round(self.delay_baseline.median_us, 1))
+            self._delay_cut, self.delay_baseline = threshold, None
+            return
+        was = self.delay_baseline
+        now = self.delay_baseline = delay_baseline(sample, threshold)
+        self._delay_cut = now.cut_us
+        raised, raised_before = now.cut_us > threshold, was is not None and was.cut_us > threshold
+        if raised and not raised_before:
+            log.warning(
+                "probe_background_delay",
+                median_us=round(now.median_us, 1),
+                sigma_us=round(now.sigma_us, 1),
+                cut_us=round(now.cut_us, 1),
+                paths=now.paths,
+            )
+        elif raised_before and not raised:
+            log.info("probe_background_delay_cleared", median_us=round(now.median_us, 1))
+
     def _above_background(self, what: str, lost: float, sent: float, tested: int) -> bool:
         """Loss through a component stands out from the background at ``background_alpha``, split
         over the components tested; the delay vote keeps its own thresholds."""
@@ -443,7 +494,7 @@ class ProbeLocaliser:
         o = p.obs
         if what == "loss":
             return o.lost
-        return 1 if o.sent > o.lost and o.slow > 0 else 0
+        return 1 if o.sent > o.lost and o.rtt_p99_us >= self._delay_cut else 0
 
     def _kind(self, name: str) -> str:
         return self.paths.kind(name)
@@ -464,7 +515,11 @@ class ProbeLocaliser:
             elif o.sent > o.lost:
                 sent += 1
                 bad += 1 if o.slow else 0
-        if sent >= 50 and bad / sent < self.config.loss_threshold / 2:
+        if (
+            sent >= 50
+            and bad / sent < self.config.loss_threshold / 2
+            and probe_persist.ring_refutes_leaf(bad, sent, b.rate)
+        ):
             b.kind = "path"
             return self._traced_uplink(b, live) if b.what == "loss" else b
         return b
@@ -515,17 +570,27 @@ class ProbeLocaliser:
         for b in blames:
             named[(RULE_LOSS if b.what == "loss" else RULE_DELAY, b.component)] = b
         changes: list[ConditionChange] = []
+        persist = self.config.persist_windows
         for key, b in named.items():
             self._clean.pop(key, None)
             self._streak[key] = self._streak.get(key, 0) + 1
+            kind, run = self._kind_run.get(key, ("", 0))
+            run = run + 1 if kind == b.kind else 1
+            self._kind_run[key] = (b.kind, run)
             cond = self._open.get(key)
-            if cond is not None:
+            if cond is not None and probe_persist.replaces(cond.category, b.kind, run, persist):
+                cond.resolved_ms = now  # the loss above the leaf was the leaf's own
+                changes.append(ConditionChange("resolved", cond))
+                cond = self._open[key] = self._condition(key[0], b, now)
+                changes.append(ConditionChange("opened", cond))
+                log.warning("probe_fault_is_the_leaf", component=b.component, loss=round(b.rate, 4))
+            elif cond is not None:
                 cond.last_seen_ms = now
                 cond.count += 1
                 cond.evidence.update(self._evidence(b))
                 cond.message = self._message(b)
                 changes.append(ConditionChange("updated", cond))
-            elif self._streak[key] >= self.config.persist_windows:
+            elif probe_persist.opens(b.kind, self._streak[key], run, persist):
                 cond = self._condition(key[0], b, now)
                 self._open[key] = cond
                 changes.append(ConditionChange("opened", cond))
@@ -533,6 +598,7 @@ class ProbeLocaliser:
         for key in list(self._streak):
             if key not in named:
                 del self._streak[key]
+                self._kind_run.pop(key, None)
         for key, cond in list(self._open.items()):
             if key in named:
                 continue
@@ -583,7 +649,9 @@ class ProbeLocaliser:
         else:
             ctype, category, action = "switch", "switch", vocab.ACTION_INVESTIGATE
         return Condition(
-            rule=rule,
+            # a path on its own rule: the leaf's condition that may replace it is a new condition
+            # (grouped afresh into a switch fault), not an update of the path's incident
+            rule=f"{rule}{probe_persist.PATH_RULE_SUFFIX}" if b.kind == "path" else rule,
             component=b.component,
             component_type=ctype,
             category=category,

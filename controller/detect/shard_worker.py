@@ -67,7 +67,7 @@ OP_FORGET = "forget"  # (OP_FORGET, node_id)
 # The probe window's questions (controller.detect.probe_sums): each OP_PROBE_SNAPSHOT and
 # OP_PROBE_KEYS is answered by one ProbeAnswer frame; a snapshot holds the window until OP_PROBE_RELEASE.
 OP_PROBE_SNAPSHOT = "probe_snapshot"  # (OP_PROBE_SNAPSHOT, SumsRequest)
-OP_PROBE_KEYS = "probe_keys"  # (OP_PROBE_KEYS, frozenset of components)
+OP_PROBE_KEYS = "probe_keys"  # (OP_PROBE_KEYS, frozenset of components, delay sample's every)
 OP_PROBE_RELEASE = "probe_release"  # (OP_PROBE_RELEASE,)
 OP_PROBE_FABRIC = "probe_fabric"  # (OP_PROBE_FABRIC, Fabric): the wiring changed
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
@@ -106,7 +106,8 @@ class ShardSettings:
 
 @dataclass
 class ProbeAnswer:
-    """A shard's answer to one probe question: a ``SumsSnapshot`` or a list of ``KeyRecord``,
+    """A shard's answer to one probe question: a ``SumsSnapshot``, or a list of ``KeyRecord`` and
+    the delay baseline's sample,
     pickled apart (``payload``; None: no window), so that the controller unpickles a large
     answer (at 10,000 nodes a snapshot holds ~100,000 components) in a worker thread, not on its
     event loop, which reads the frame."""
@@ -184,8 +185,12 @@ class Shard:
                 sums.hold()  # the keys' detail, if asked, is of this very window
         elif kind == OP_PROBE_KEYS:
             try:
-                records = sums.keys_through(op[1]) if sums is not None else []
-                self.probe_answers.append(ProbeAnswer(pickle.dumps(records, pickle.HIGHEST_PROTOCOL)))
+                answer = (
+                    (sums.keys_through(op[1]), sums.delay_sample(op[2]) if op[2] else [])
+                    if sums is not None
+                    else ([], [])
+                )
+                self.probe_answers.append(ProbeAnswer(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)))
             except Exception:
                 self.probe_answers.append(ProbeAnswer(None))
                 raise

@@ -349,6 +349,11 @@ class Fabric:
     def blocks(self) -> list[int]:
         return sorted(self._nodes_in_block)
 
+    def blocks_index(self) -> Mapping[int, list[str]]:
+        """Block -> its compute nodes, read-only: a new object after every ``reindex`` (so a
+        reader may keep what it derived from it while it is the same object)."""
+        return self._nodes_in_block
+
     def nodes_in_block(self, block: int) -> list[str]:
         return self._nodes_in_block.get(block, [])
 

@@ -63,7 +63,10 @@ class NodeRecord:
     boot_id: str = ""  # the kernel's boot id from the last Hello ("" from an older agent)
     takeovers: int = 0  # foreign stream takeovers since the controller started (issue 32)
     clock_skew_ms: int = 0  # agent's clock minus ours, when past MAX_CLOCK_SKEW_MS (0: within it)
-    connected_ms: int = 0  # when its current stream said Hello (probe results from before are not trusted)
+    connected_ms: int = 0  # when its current stream said Hello
+    # Since when its probe results (and its peers' towards it) are trusted: when its agent process,
+    # and so its prober, last started (``prober_since``); a mere reconnect does not move it.
+    probes_since_ms: int = 0
     probe_plan: spb.ProbePlan | None = None  # its part of the probe mesh, pushed on its stream
     stream_wake: asyncio.Event | None = None  # wakes its stream's writer (a new probe plan)
     # Issue 30: the latest accelerator check (Hello, then every report); None from an older agent.
@@ -104,6 +107,28 @@ class IngestListener(Protocol):
     def on_events(self, node: NodeRecord, events: list[tpb.Event]) -> None: ...
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None: ...
+
+
+def prober_since(generation: int, heard_ms: int, now_ms: int) -> int:
+    """Since when a (re)connecting agent's prober has been running, as far as the Hello tells.
+
+    The agent's stream generation is its process's start time in ms times 1,000 plus its stream
+    tries (agent.transport.link), so the Hello names the process. A process this controller, or
+    the one before it (the node's stored last-seen time), already heard from had its plan and has
+    probed since it started: a controller restart or failover, where every agent reconnects, is
+    not a prober restart, and its results count at once. A process not heard from before (a new
+    agent, or one that started while no controller answered and so had no plan), or an agent
+    older than start-stamped generations, restarted now: its paths wait one window (its peers
+    lost probes to its restart, not to the network). ``heard_ms``: when the node was last heard
+    from before this Hello (-1: never).
+    """
+    started_ms = generation // 1000
+    if started_ms < _STAMPED_SINCE_MS or started_ms > heard_ms:
+        return now_ms
+    return started_ms
+
+
+_STAMPED_SINCE_MS = 1_000_000_000_000  # 2001: a smaller generation is a plain count (an older agent)
 
 
 class UnknownNode(LookupError):
@@ -193,6 +218,7 @@ class NodeRegistry:
             raise UnknownNode(f"node {hello.node_id!r} is not in this controller's fabric")
         now = self._clock_ms()
         node = self.nodes.get(hello.node_id)
+        heard_ms = node.last_seen_ms if node is not None else -1  # before this Hello (stored, after a restart)
         if node is None:
             node = NodeRecord(
                 node_id=hello.node_id,
@@ -227,6 +253,7 @@ class NodeRegistry:
             log.warning("node_events_lost_in_agent", node=node.node_id, lost=lost)
             self.metrics.lost_events.inc(lost)
             node.acked_event_seq = hello.oldest_buffered_event_seq - 1
+        node.probes_since_ms = prober_since(hello.stream_generation, heard_ms, now)
         node.last_seen_ms = now
         node.connected_ms = now
         node.state = ONLINE

@@ -69,6 +69,8 @@ class StreamClaim:
     boot_id: str
     peer: str
     replaced: StreamRejected | None = None  # a newer stream for the node took over: this one ends with it
+    failed: StreamRejected | None = None  # its writer failed (no acks can go out): it ends with this
+    closing: bool = False  # its task is past its read, in its clean-up: nothing may cancel it any more
 
 
 @dataclass(eq=False, slots=True)
@@ -237,6 +239,7 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             relayed.reject if relayed is not None else None,
         )
         self._streams[node.node_id] = stream
+        writer.add_done_callback(lambda _: self._writer_ended(claim, stream))
         if relayed is not None:
             relayed.reports = stream
         rejected: StreamRejected | None = None
@@ -245,11 +248,15 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
         except StreamRejected as exc:
             rejected = exc
         except asyncio.CancelledError:
-            if claim.replaced is None:
+            ending = claim.replaced or claim.failed
+            if ending is None:
                 raise  # the controller is stopping
-            me.uncancel()  # cancelled by _take_over only to wake the read: end with its status
-            rejected = claim.replaced
+            me.uncancel()  # cancelled by _take_over or _writer_ended only to wake the read: end with its status
+            rejected = ending
         finally:
+            claim.closing = True
+            if rejected is None and self._writer_failed(claim, stream) is not None:
+                rejected = claim.failed  # the read ended as the writer failed, before its callback ran
             if relayed is not None:
                 relayed.reports = None
             # Stop writing before the status goes out: a write racing the abort is a core error.
@@ -264,6 +271,41 @@ class TelemetryServicer(sgrpc.TelemetryServicer):
             log.info("agent_stream_closed", node=node.node_id)
         if rejected is not None:
             await self._reject(context, rejected.code, rejected.reason, rejected.detail)
+
+    def _writer_ended(self, claim: StreamClaim, stream: OpenStream) -> None:
+        """The stream's writer stopped by itself: an ack's write or ``before_ack`` (the HA leader's
+        flush to etcd) raised. No ack can go out any more, and the agent would only notice at its
+        silence limit (30 s) while its events wait unacked: end the stream now with UNAVAILABLE,
+        which sends the agent on to the next controller at once (the shared reconnect rule), and
+        say why. A writer cancelled as its stream ends is no failure."""
+        if claim.closing or self._writer_failed(claim, stream) is None:
+            return
+        if stream.reject is not None:  # relayed: wake its read with the status
+            stream.reject(grpc.StatusCode.UNAVAILABLE, "ack_writer_failed", claim.failed.detail)  # type: ignore[union-attr]
+        elif not claim.task.done():
+            claim.task.cancel()  # direct: its read is woken by the cancel and ends with the status
+
+    @staticmethod
+    def _writer_failed(claim: StreamClaim, stream: OpenStream) -> StreamRejected | None:
+        """The status a failed writer ends its stream with (set once in ``claim.failed``, logged
+        once), None while the writer runs or when it was cancelled or its stream was replaced."""
+        writer = stream.writer
+        if claim.failed is not None:
+            return claim.failed
+        if not writer.done() or writer.cancelled() or claim.replaced is not None:
+            return None
+        exc = writer.exception()
+        if exc is None:
+            return None
+        node, error = stream.node.node_id, f"{type(exc).__name__}: {exc}"
+        log.warning("ack_writer_failed", node=node, error=error)
+        claim.failed = StreamRejected(
+            grpc.StatusCode.UNAVAILABLE,
+            "ack_writer_failed",
+            f"node {node}: the controller could not send acks ({error}); reconnect",
+        )
+        stream.rejected = stream.rejected or claim.failed
+        return claim.failed
 
     async def _read_hello(self, context: grpc.aio.ServicerContext) -> spb.Hello | None:
         """The stream's first message, a valid Hello from the node the certificate names; else

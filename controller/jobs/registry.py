@@ -640,6 +640,19 @@ class JobRegistry:
         rec = self._jobs.get(job)
         return rec.nodes if rec is not None else []
 
+    def first_job_by_node(self) -> dict[str, str]:
+        """node -> ``jobs_of(node)[0]`` for every node at once: one pass over the jobs' declared
+        nodes and ranks, where asking ``jobs_of`` per node walks every job's ranks per node
+        (the fail-slow peer map, controller.detect.pipeline)."""
+        out: dict[str, str] = {}
+        for name in sorted(self._jobs, reverse=True):  # the first name (what jobs_of sorts first) writes last
+            rec = self._jobs[name]
+            for node in rec.declared_nodes:
+                out[node] = name
+            for r in rec.ranks.values():
+                out[r.node] = name
+        return out
+
     def jobs_of(self, node: str) -> list[str]:
         # Not ``rec.nodes`` (a sorted copy of every node of the job, per job, per call): this is
         # asked per condition and per eviction, O(nodes log nodes) each at 2,048-node jobs.

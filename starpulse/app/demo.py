@@ -14,9 +14,11 @@ install trains) on the nodes the in-memory scheduler gives it, each through its 
 (``starpulse.app.demo_training``), so it checkpoints, is stopped by a requeue and resumes
 from its last complete checkpoint. Faults come at a pace the guards let the cluster absorb
 (``DEMO_GUARDS``), every fourth one a leaf switch going down (one switch incident, no
-node evicted), and ``demo over`` ends with a summary: faults, evictions, nodes repaired
-and retired, the pool against its target, the job's time to resume per fault, steps lost
-and its ETTR.
+node evicted), the second of every four one only the probe mesh sees (the agents probe
+through a drawn rail data plane, ``agent.sim.probe_fabric``: a leaf dropping silently, a
+cable losing or slow; one fabric incident, no node evicted), and ``demo over`` ends with
+a summary: faults, evictions, nodes repaired and retired, the pool against its target, the
+job's time to resume per fault, steps lost and its ETTR.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ import yaml
 from agent.factory import build_agent
 from agent.runtime import AgentConfig
 from agent.sim.node import SimNode
+from agent.sim.probe_fabric import DrawnProber, SimProbeFabric
 from agent.sim.repairs import SimRepairs
+from controller.detect.pipeline import DetectionConfig
 from controller.fabric import Fabric, generate_fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.heal.guards import GuardConfig
 from controller.heal.healer import HealConfig, Healer, decision_line
 from controller.heal.ladder import RepairPolicy
@@ -93,6 +98,23 @@ class DemoPrinter:
 
     def on_presence(self, node: NodeRecord, old_state: str, new_state: str) -> None:
         print(f"{self.stamp()} controller: {node.node_id} {old_state} -> {new_state}", flush=True)
+
+
+DEMO_INTERVAL_S = 2.0  # the agents' report interval
+
+
+def demo_probes(interval_s: float = DEMO_INTERVAL_S) -> ProbeConfig:
+    """The demo's probe mesh: the controller's thresholds and persistence, its windows sped up to
+    the demo (as a scenario's, ``starpulse.app.scenario.runner.probe_settings``): each agent's
+    window two report intervals, localisation over ten, 50 probes/s per NIC so that window holds
+    as many probes as the default 20/s does over its 30 s."""
+    return ProbeConfig(
+        enabled=True,
+        packets_per_s_per_nic=50.0,
+        window_s=max(1, round(2 * interval_s)),
+        replan_min_s=0.0,
+        localise_window_s=max(10 * interval_s, 5.0),
+    )
 
 
 DEMO_RAILS = 8  # SimNode has 8 RoCE rails (+ a bond, not on the fabric)
@@ -280,6 +302,7 @@ async def _demo(
             heartbeat_timeout_s=6.0,
             fabric=fabric,
             jobs={"demo-train": workers},
+            detection=DetectionConfig(probes=demo_probes()),
             heal=HealSettings(
                 scheduler=scheduler,
                 policy_path=demo_policy(workdir),
@@ -321,18 +344,22 @@ async def _demo(
     sims: list[SimNode] = []
     repairs: dict[str, SimRepairs] = {}
     tasks = []
+    # The rail data plane the agents' probes cross (drawn, no sockets: agent.sim.probe_fabric):
+    # where the demo's probe faults act, seen by the probe mesh alone.
+    plane = SimProbeFabric(fabric.leaf_of, fabric.spines_of)
     for i, node_id in enumerate(fabric.nodes()):
         sim = SimNode(node_id, workdir / node_id, seed=i)
         agent = build_agent(
             AgentConfig(
                 node_id=node_id,
                 controllers=[target],
-                interval_s=2.0,
+                interval_s=DEMO_INTERVAL_S,
                 buffer_path=str(workdir / node_id / "buffer.db"),
                 allowed_commands={"diagnostic.burn_in": BAD_BURN_IN if node_id in bad_boards else BURN_IN},
                 job_socket=str(workdir / node_id / "jobs.sock"),
             ),
             "sim",
+            prober=DrawnProber(plane, seed=i),
             sim=sim,
         )
         sims.append(sim)
@@ -344,7 +371,7 @@ async def _demo(
     ranks = counted(len(workers), "rank")
     print(f"training: {ranks} of {RANK_MODULE} (in the package), one per node, each through its agent's job socket")
 
-    pacer = FaultPacer(fabric, sims, repairs, controller, scheduler, printer.stamp, script=script)
+    pacer = FaultPacer(fabric, sims, repairs, controller, scheduler, printer.stamp, script=script, plane=plane)
     shown = (0, 0, 0)  # decisions, evictions, repair outcomes printed so far
     pool_empty = False
     resumes_shown: set[tuple[str, int]] = set()
@@ -375,7 +402,13 @@ async def _demo(
             show_ladder(printer, controller.healer, ladder)  # the last steps before the end
         online = online_count(controller)
         stored = controller.store.count_events()
-        summary_lines = demo_summary(controller, pacer.injected, time.monotonic() - t0, leaf_faults=pacer.leaf_faults)
+        summary_lines = demo_summary(
+            controller,
+            pacer.injected,
+            time.monotonic() - t0,
+            leaf_faults=pacer.leaf_faults,
+            probe_faults=pacer.probe_faults,
+        )
         report = fleet_report(controller.store.connection, started_ms, controller.clock.time_ms() + 1).to_dict()
         await controller.stop()
         print(
@@ -511,7 +544,9 @@ def job_lines(job: JobRecord, now_ms: int) -> list[str]:
     return lines
 
 
-def demo_summary(controller: Controller, injected: int, ran_s: float, leaf_faults: int = 0) -> list[str]:
+def demo_summary(
+    controller: Controller, injected: int, ran_s: float, leaf_faults: int = 0, probe_faults: int = 0
+) -> list[str]:
     """What the run came to: faults, evictions, repairs, the pool, the job (printed at the end)."""
     healer = controller.healer
     if healer is None:
@@ -527,7 +562,8 @@ def demo_summary(controller: Controller, injected: int, ran_s: float, leaf_fault
     target = healer.repairs.spare_target() if healer.repairs is not None else 0
     refused = sum(1 for d in healer.decisions if d["outcome"] not in ("ok", "alert_only", "already_out_of_service"))
     lines = [
-        f"ran {ran_s:.0f}s; faults injected: {injected} ({counted(leaf_faults, 'leaf switch fault')}); "
+        f"ran {ran_s:.0f}s; faults injected: {injected} ({counted(leaf_faults, 'leaf switch fault')}, "
+        f"{counted(probe_faults, 'fault')} only probes see); "
         f"evictions: {len(healer.evictions)}; refused by the guards: {refused}",
         f"nodes repaired and returned: {len(returned)}"
         + (f" (eviction to back in the pool: median {took[len(took) // 2]:.0f}s)" if took else "")

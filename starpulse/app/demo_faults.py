@@ -2,9 +2,12 @@
 
 Drawn (the default): every entry of the fault table that has demo parameters, on a node
 that runs the job (the story is the job's), every ``LEAF_FAULT_EVERY``-th fault a leaf
-switch going down instead. Scripted (a seeded run, a test): ``ScriptedFault`` entries in
-order. Either way a fault clears by itself ``FAULT_LASTS_S`` after it began, unless a
-repair ended it first.
+switch going down instead, and, where the demo runs the probe mesh, the second of every
+``PROBE_FAULT_EVERY`` a fault only probes see (``PROBE_DEMO``: a leaf dropping silently, a
+leaf-spine cable losing or adding delay, on the data plane the agents' probes cross).
+Scripted (a seeded run, a test): ``ScriptedFault`` entries in order. Either way a fault
+clears by itself ``FAULT_LASTS_S`` after it began (a probe fault ``PROBE_FAULT_LASTS_S``),
+unless a repair ended it first.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from agent.sim.faults import FAULTS
 from agent.sim.node import SimNode
+from agent.sim.probe_fabric import DataPlaneOnly, PlacedFault, SimProbeFabric
 from agent.sim.repairs import SimRepairs
 from controller.fabric import Fabric
 from controller.heal.scheduler.sim import SimScheduler
@@ -34,6 +38,60 @@ LEAF_FAULT_EVERY = 4
 
 SWITCH_DOWN = "switch_down"
 
+PROBE_FAULT_EVERY = 4
+"""Of every four drawn faults the second acts on the data plane alone (where the mesh runs)."""
+
+PROBE_FAULT_LASTS_S = 45.0
+"""A probe fault lasts long enough to be named: the agents' 4 s windows, the localiser's 20 s
+window filling with its evidence, two localisations 5 s apart (``starpulse.app.demo.demo_probes``)."""
+
+PROBE_DEMO: dict[str, dict[str, object]] = {
+    "switch_silent_drop": {"loss": 0.03},
+    "link_loss": {"loss": 0.03},
+    "link_delay": {"delay_ms": 2.0},
+}
+"""The probe mesh's fault kinds the demo draws, with its parameters. The fabric's own: no node is
+taken out for them (a lossy NIC cable or a slow host would be evicted, and the node ladder's
+reset or reboot does not mend a cable, so the repair could not validate)."""
+
+
+def probe_menu() -> list[tuple[str, dict[str, object]]]:
+    """The fault table's probe kinds the demo draws, in the table's order, with the demo's parameters."""
+    return [(kind.name, dict(PROBE_DEMO[kind.name])) for kind in FAULTS if kind.probed and kind.name in PROBE_DEMO]
+
+
+class ProbeFault:
+    """A fault only probes see, on the demo's data plane, through the fault table's own action."""
+
+    def __init__(self, plane: SimProbeFabric, kind: str, target: str, params: dict[str, object]) -> None:
+        self.kind = kind
+        self.target = target
+        self._placed = PlacedFault(target, dict(params))
+        self._surface = DataPlaneOnly(plane)
+
+    @staticmethod
+    def place(fabric: Fabric, kind: str, node: str, index: int) -> str:
+        """Where a probe fault of ``kind`` goes for ``node``: the leaf of its NIC ``index``, or
+        that leaf's cable to spine ``index`` (modulo the spines)."""
+        nics = fabric.nics_of(node)
+        leaf = fabric.leaf_of(nics[index % len(nics)])
+        if leaf is None:
+            raise ValueError(f"{node}'s NIC {index} is on no leaf")
+        if kind == "switch_silent_drop":
+            return leaf
+        spines = sorted(fabric.spines_of(leaf))
+        return fabric.link_name(leaf, spines[index % len(spines)])
+
+    def describe(self) -> str:
+        detail = " ".join(f"{k}={v}" for k, v in self._placed.params.items())
+        return f"{self.kind} {detail} on {self.target} (no counter shows it: only the probe mesh)"
+
+    def inject(self) -> None:
+        FAULTS[self.kind].inject(self._surface, self._placed)
+
+    def clear(self) -> None:
+        FAULTS[self.kind].clear(self._surface, self._placed)
+
 
 def fault_menu() -> list[tuple[str, str, dict[str, object]]]:
     """What the demo draws from: (kind, part, parameters) for each demo entry of the fault table, in its order."""
@@ -43,7 +101,9 @@ def fault_menu() -> list[tuple[str, str, dict[str, object]]]:
 @dataclass(frozen=True)
 class ScriptedFault:
     """One fault of a seeded run: a fault table kind on ``node`` (its part ``index``), or
-    ``switch_down`` (a leaf; ``node``: one of the nodes it serves), ``after_s`` after the last."""
+    ``switch_down`` (a leaf; ``node``: one of the nodes it serves), or a probe kind of
+    ``PROBE_DEMO`` (on the leaf of ``node``'s NIC ``index``, or that leaf's cable to spine
+    ``index``; ``params`` over the demo's), ``after_s`` after the last."""
 
     kind: str
     node: str | None = None
@@ -113,8 +173,13 @@ class FaultPacer:
         script: list[ScriptedFault] | None = None,
         seed: int = 7,
         first_after_s: float = 6.0,
+        plane: SimProbeFabric | None = None,
     ) -> None:
+        """``plane``: the data plane the agents' probes cross (None: no probe mesh, no probe faults)."""
         self.fabric = fabric
+        self.plane = plane
+        self.probe_menu = probe_menu() if plane is not None else []
+        self.probe_faults = 0
         self.sims = sims
         self.by_id = {s.node_id: s for s in sims}
         self.repairs = repairs
@@ -145,6 +210,10 @@ class FaultPacer:
             return
         if self.injected % LEAF_FAULT_EVERY == LEAF_FAULT_EVERY - 1:
             self._inject(now, SWITCH_DOWN, None, 0, {})
+        elif self.probe_menu and self.injected % PROBE_FAULT_EVERY == 1:
+            kind, params = self.rng.choice(self.probe_menu)
+            sim = self.rng.choice(fault_targets(self.controller, self.scheduler, self.sims))
+            self._inject(now, kind, sim.node_id, self.rng.randrange(8), params)
         else:
             kind, _, params = self.rng.choice(self.menu)
             sim = self.rng.choice(fault_targets(self.controller, self.scheduler, self.sims))
@@ -159,6 +228,17 @@ class FaultPacer:
             leaf.inject()
             self.leaf_faults += 1
             self.active.append((now + FAULT_LASTS_S, leaf, SWITCH_DOWN, leaf.leaf, {}))
+            return
+        if kind in PROBE_DEMO:
+            if self.plane is None:
+                raise ValueError(f"{kind} needs the probe mesh's data plane")
+            node = node if node is not None else self.rng.choice(self.sims).node_id
+            params = {**PROBE_DEMO[kind], **params}
+            fault = ProbeFault(self.plane, kind, ProbeFault.place(self.fabric, kind, node, index), params)
+            print(f"{self.stamp()} inject {fault.describe()}", flush=True)
+            fault.inject()
+            self.probe_faults += 1
+            self.active.append((now + PROBE_FAULT_LASTS_S, fault, kind, fault.target, params))
             return
         part = next(p for k, p, _ in self.menu if k == kind)
         sim = self.by_id[node] if node is not None else self.rng.choice(self.sims)
@@ -176,5 +256,8 @@ class FaultPacer:
             if isinstance(what, LeafFault):
                 what.clear()
                 print(f"{self.stamp()} clear switch_down on {what.leaf}", flush=True)
+            elif isinstance(what, ProbeFault):
+                what.clear()
+                print(f"{self.stamp()} clear {kind} on {component}", flush=True)
             elif self.repairs[what.node_id].clear(kind, component, **params):
                 print(f"{self.stamp()} clear {kind} on {what.node_id}/{component}", flush=True)

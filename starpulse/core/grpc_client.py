@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import random
-from collections.abc import Awaitable, Callable, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
@@ -113,6 +115,15 @@ def after_failure(exc: BaseException) -> Move:
     return Move.SAME
 
 
+# What gRPC's Python client reports in place of the peer's status when a write loses the race
+# with the peer ending the stream: the write's failure is set as the call's status, over the
+# peer's, which is then gone from the call.
+CORE_INTERNAL_DETAILS = "Internal error from Core"
+# call -> the status it first ended with (code, details, trailing metadata), kept by ``_watch``
+_first_status: weakref.WeakKeyDictionary[Any, tuple[grpc.StatusCode, str, Any]] = weakref.WeakKeyDictionary()
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()  # calls whose done callback keeps it
+
+
 async def send(call: grpc.aio.StreamStreamCall, message: object) -> None:
     """``call.write(message)``, failing with the status the peer ended the stream with.
 
@@ -120,7 +131,14 @@ async def send(call: grpc.aio.StreamStreamCall, message: object) -> None:
     already finished"), which says nothing about how it ended; the reconnect rule needs the
     status (a standby's FAILED_PRECONDITION, a dying controller's UNAVAILABLE), so that is
     raised instead. A stream the peer ended with OK is ``ConnectionError``.
+
+    A write in flight as the peer ends the stream (a controller ending a live stream: replaced,
+    rate-limited, its writer failed) fails inside gRPC's core, and the client then overwrites
+    the peer's status with ``INTERNAL "Internal error from Core"`` (295 of 300 such endings in
+    ``bench.refusal_race``'s mid-stream case). The first status the call ended with is kept as
+    it arrives (``_watch``, from the first ``send`` on), and that one is raised instead.
     """
+    _watch(call)
     try:
         await call.write(message)
     except asyncio.InvalidStateError:
@@ -132,6 +150,61 @@ async def send(call: grpc.aio.StreamStreamCall, message: object) -> None:
         raise grpc.aio.AioRpcError(
             code, await call.initial_metadata(), await call.trailing_metadata(), details=await call.details()
         ) from None
+    except grpc.aio.AioRpcError as err:
+        raise await peer_status(call, err) from None
+
+
+async def read(call: grpc.aio.StreamStreamCall) -> Any:
+    """``call.read()``, failing with the status the peer ended the stream with (as ``send``): a read
+    after a write lost the race sees gRPC core's INTERNAL too."""
+    _watch(call)
+    try:
+        return await call.read()
+    except grpc.aio.AioRpcError as err:
+        raise await peer_status(call, err) from None
+
+
+async def peer_status(call: grpc.aio.StreamStreamCall, err: grpc.aio.AioRpcError) -> Exception:
+    """``err`` as the peer sent it: gRPC core's INTERNAL stands for the status the call first
+    ended with, where ``_watch`` kept one (a clean end, OK, is ``ConnectionError``); anything
+    else is ``err`` itself. For a stream's reader too: its read sees the overwritten status."""
+    first = _first_status.get(call)
+    if err.code() != grpc.StatusCode.INTERNAL or err.details() != CORE_INTERNAL_DETAILS or first is None:
+        return err
+    code, details, trailing = first
+    if code == grpc.StatusCode.INTERNAL and details == CORE_INTERNAL_DETAILS:
+        return err
+    if code == grpc.StatusCode.OK:
+        return ConnectionError("the controller ended the stream")
+    return grpc.aio.AioRpcError(code, await call.initial_metadata(), trailing, details=details)
+
+
+def _watch(call: grpc.aio.StreamStreamCall) -> None:
+    """Keep the status ``call`` first ends with, read in its done callback (which gRPC runs as
+    the status is set, before a failed write can overwrite it)."""
+    if call in _watched:
+        return
+    _watched.add(call)
+
+    def keep(done: Any) -> None:
+        code, details, trailing = _ready(done.code()), _ready(done.details()), _ready(done.trailing_metadata())
+        if isinstance(code, grpc.StatusCode) and done not in _first_status:
+            _first_status[done] = (code, details or "", trailing)
+
+    call.add_done_callback(keep)
+
+
+def _ready(coro: Coroutine[Any, Any, Any]) -> Any:
+    """The value of a call's accessor coroutine that has nothing to wait for (its status is set),
+    taken at once, in a callback that cannot await; None where it would have to wait."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    except Exception:  # a call in a state this does not know: keep nothing, as if it had to wait
+        return None
+    coro.close()
+    return None
 
 
 class Reconnector:

@@ -112,6 +112,7 @@ class Fleet:
         return sorted({node for action, node, _ in self.scheduler.actions if action == "drain"})
 
 
+@pytest.mark.slow  # ~155 s for the seven cases under load (CI runs slow tests too: .ci/run, the README's command)
 @pytest.mark.timeout(240)  # up to nine minutes of the fleet's time, a second at a time, on a loaded machine
 @pytest.mark.parametrize(
     ("kind", "target", "params", "expected", "evicted"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES]

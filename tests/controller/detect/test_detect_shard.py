@@ -212,13 +212,14 @@ def test_probe_results_are_summed_in_the_shard_and_asked_for_by_the_localiser() 
             (OP_REPORT, "n", 1, _probe_report(1, a, b, 3), False, 0.0, 39_000),
             (OP_PROBE_SNAPSHOT, req),
             (OP_REPORT, "n", 1, _probe_report(2, a, b, 1), False, 0.0, 39_500),  # while held
-            (OP_PROBE_KEYS, frozenset({a})),
+            (OP_PROBE_KEYS, frozenset({a}), 0),
             (OP_PROBE_RELEASE,),
         ]
     )
     back = ReportResult.from_wire(pickle.loads(pickle.dumps(results[0].to_wire())))
     assert back.probe_count == 2
-    snap, keys = [pickle.loads(answer.payload or b"") for answer in shard.probe_answers]
+    snap, (keys, sample) = [pickle.loads(answer.payload or b"") for answer in shard.probe_answers]
+    assert sample == []
     assert snap.csent[a] == 200 and snap.clost[a] == 3 and snap.tsent == 200
     assert [(r.local_nic, r.peer_nic, r.sent, r.lost) for r in keys] == [(a, b, 200, 3)]
     after = shard.probe_sums.snapshot(req) if shard.probe_sums is not None else None
@@ -256,7 +257,7 @@ async def test_the_shards_answer_probe_questions_over_the_wire() -> None:
         snaps = [pickle.loads(b) for b in await shards.ask((OP_PROBE_SNAPSHOT, req))]
         assert merge(snaps) == merge([whole.snapshot(req)])
         assert {p for s in snaps for p in s.csent} >= set(nics)
-        parts = [pickle.loads(b) for b in await shards.ask((OP_PROBE_KEYS, frozenset(nics[:2])))]
+        parts = [pickle.loads(b)[0] for b in await shards.ask((OP_PROBE_KEYS, frozenset(nics[:2]), 0))]
         shards.tell((OP_PROBE_RELEASE,))
         got = sorted(r for part in parts for r in part)
         assert got == sorted(whole.keys_through(frozenset(nics[:2])))

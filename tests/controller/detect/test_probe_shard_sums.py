@@ -54,15 +54,17 @@ class _Split:
             h.hold()
         for node, obs in meanwhile:
             self.add(node, obs)
-        needs = self.loc.merge(pickle.loads(pickle.dumps(snaps)))
+        question = self.loc.merge(pickle.loads(pickle.dumps(snaps)))
         records = []
-        if needs:
-            self.asked_keys += 1
+        sample: list[float] = []
+        if question is not None:
+            self.asked_keys += bool(question.comps)
             for h in self.holders:
-                records += pickle.loads(pickle.dumps(h.keys_through(needs)))
+                records += pickle.loads(pickle.dumps(h.keys_through(question.comps)))
+                sample += h.delay_sample(question.every) if question.every else []
         for h in self.holders:
             h.release()
-        return self.loc.conclude(records)
+        return self.loc.conclude(records, sample)
 
     def forget_paths(self, fabric: Any) -> None:
         self.loc.forget_paths()
@@ -139,6 +141,7 @@ def test_the_window_held_in_shards_localises_as_the_window_held_whole(seed: int,
         assert _blames(got) == _blames(want), step
         assert [(b.component, b.kind, b.what) for b in got] == [(b.component, b.kind, b.what) for b in reference]
         assert split.loc.background_loss == whole.background_loss
+        assert split.loc.delay_baseline == whole.delay_baseline
         assert split.loc.fabric_health == whole.fabric_health, step
         fabric_kinds = ("leaf", "spine", "link")
         assert split.loc.fabric_health == {c: h for c, h in oracle.health.items() if h["kind"] in fabric_kinds}
