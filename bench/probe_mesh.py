@@ -113,6 +113,9 @@ class Fleet:
                         await asyncio.sleep(0.001)
             opened = len(self._probe_conditions())
             self.core.tick()
+            localising = self.core.detection.probe_localising
+            if localising is not None:  # with shards it runs beside the loop: done before the clock moves on
+                await localising
             self._count(opened)
 
     def _window(self, plan: spb.ProbePlan) -> list[tpb.ProbeResult]:

@@ -5,7 +5,7 @@ The controller replans when the fleet or the fabric changes (at most every
 fabric and the building of every node's pushed ``ProbePlan`` (median of ``--repeats``), and
 reports targets, flows per target, packets per second per NIC and the largest plan message.
 
-    .venv/bin/python -m bench.probe_plan [--nodes 2048] [--per-block 32] [--spines 8] [--repeats 3]
+    .venv/bin/python -m bench.probe_plan [--nodes 2048] [--per-block 32] [--spines 8] [--repeats 3] [--shards 2]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from bench.common import quiet_logging, table, write_result
+from controller.detect.probe_sums import ProbeSums
 from controller.detect.probes import ProbeLocaliser, ProbeObs
 from controller.fabric import generate_fabric
 from controller.fabric.probeplan import ProbeConfig, plan_mesh
@@ -24,7 +25,7 @@ from starpulse.core.clock import FakeClock
 NAME = "probe_plan"
 
 
-def run(nodes: int, per_block: int, spines: int, repeats: int) -> dict[str, Any]:
+def run(nodes: int, per_block: int, spines: int, repeats: int, shards: int = 2) -> dict[str, Any]:
     fabric = generate_fabric(nodes, nodes_per_block=per_block, spines=spines)
     config = ProbeConfig(enabled=True)
     plan_s, push_s = [], []
@@ -40,6 +41,7 @@ def run(nodes: int, per_block: int, spines: int, repeats: int) -> dict[str, Any]
         largest = max(len(w.SerializeToString()) for w in wires)
     assert plan is not None
     localisation = _localise(fabric, config, plan)
+    localisation.update(_sharded(fabric, config, plan, shards))
     sent = plan.sent_pps()
     targets = [t for ts in plan.targets.values() for t in ts]
     return {
@@ -114,6 +116,76 @@ def _localise(fabric: Any, config: ProbeConfig, plan: Any) -> dict[str, Any]:
     }
 
 
+def _sharded(fabric: Any, config: ProbeConfig, plan: Any, shards: int) -> dict[str, Any]:
+    """The same full window held by ``shards`` detection shards (each its nodes' results, by the
+    shards' hash), with 1.5 % loss on one leaf: what one localisation costs each side. The shard's
+    side: its snapshot and, when the vote's first round has a suspect, the keys through the
+    components that can be blamed, each pickled as the shard sends it; the controller's side:
+    unpickling and merging the snapshots, the vote (both off its event loop, in a worker thread),
+    and the topology view's read of the merged sums."""
+    import pickle
+    import zlib
+
+    clock = FakeClock()
+    loc = ProbeLocaliser(fabric, config, clock=clock, local=False)
+    holders = [ProbeSums(fabric, config) for _ in range(shards)]
+    leaf = sorted(fabric.leaves())[len(fabric.leaves()) // 2]
+    through = {t.local_nic: fabric.leaf_of(t.local_nic) for ts in plan.targets.values() for t in ts}
+    windows = int(config.localise_window_s // config.window_s)
+    for _ in range(windows):
+        clock.advance(config.window_s)
+        for node, targets in plan.targets.items():
+            obs = [
+                ProbeObs(
+                    t.local_nic,
+                    t.peer_nic,
+                    "",
+                    200,
+                    3 if leaf in (through[t.local_nic], through.get(t.peer_nic) or fabric.leaf_of(t.peer_nic)) else 0,
+                    12.0,
+                    3.0,
+                    False,
+                )
+                for t in targets
+            ]
+            holders[zlib.crc32(node.encode()) % shards].add(clock.time_ms(), obs)
+    req = loc.request()
+    started = time.perf_counter()
+    blobs = [pickle.dumps(h.snapshot(req), pickle.HIGHEST_PROTOCOL) for h in holders]
+    snapshot_s = (time.perf_counter() - started) / shards
+    started = time.perf_counter()
+    question = loc.merge([pickle.loads(b) for b in blobs])
+    needs = question.comps if question is not None else frozenset()
+    merge_s = time.perf_counter() - started
+    started = time.perf_counter()
+    parts = [pickle.dumps(h.keys_through(needs), pickle.HIGHEST_PROTOCOL) for h in holders] if needs else []
+    keys_s = (time.perf_counter() - started) / shards
+    records = [r for part in parts for r in pickle.loads(part)]
+    started = time.perf_counter()
+    blames = loc.conclude(records, [])
+    vote_s = time.perf_counter() - started
+    started = time.perf_counter()  # again: the controller's paths of the asked keys are known now
+    loc.merge([pickle.loads(b) for b in blobs])
+    loc.conclude(records, [])
+    vote_warm_s = time.perf_counter() - started
+    started = time.perf_counter()
+    _view(loc)
+    view_s = time.perf_counter() - started
+    return {
+        "sharded_holders": shards,
+        "sharded_snapshot_per_shard_s": round(snapshot_s, 3),
+        "sharded_snapshot_bytes_per_shard": sum(len(b) for b in blobs) // shards,
+        "sharded_merge_s": round(merge_s, 3),
+        "sharded_keys_asked_components": len(needs),
+        "sharded_keys_per_shard_s": round(keys_s, 3),
+        "sharded_keys_bytes_per_shard": sum(len(p) for p in parts) // max(1, len(parts)),
+        "sharded_vote_s": round(vote_s, 3),
+        "sharded_merge_and_vote_again_s": round(vote_warm_s, 3),
+        "sharded_lossy_leaf_blamed": ",".join(b.component for b in blames) or "-",
+        "sharded_view_s": round(view_s, 3),
+    }
+
+
 def _view(loc: ProbeLocaliser) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """What the topology view reads (controller.query.live): the probe health it colours the
     cables with and the worst links, worked out once per localisation (the fabric's own
@@ -128,11 +200,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--per-block", type=int, default=32)
     ap.add_argument("--spines", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--shards", type=int, default=2, help="detection shards holding the window (the sharded figures)")
     args = ap.parse_args(argv)
     quiet_logging()
-    figures = run(args.nodes, args.per_block, args.spines, args.repeats)
+    if args.shards < 1:
+        raise SystemExit("--shards must be at least 1")
+    figures = run(args.nodes, args.per_block, args.spines, args.repeats, args.shards)
     print(table("probe mesh planning", list(figures.items())))
-    params = {"nodes": args.nodes, "per_block": args.per_block, "spines": args.spines, "repeats": args.repeats}
+    params = {
+        "nodes": args.nodes,
+        "per_block": args.per_block,
+        "spines": args.spines,
+        "repeats": args.repeats,
+        "shards": args.shards,
+    }
     print(f"wrote {write_result(NAME, params, figures)}")
     return figures
 

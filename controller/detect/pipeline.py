@@ -19,6 +19,8 @@ Everything per report is dictionary work; grouping and fail-slow run on their ow
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +37,8 @@ from controller.detect.grouping import GroupingWindows, ReportCadence
 from controller.detect.grouping_task import GroupingTask
 from controller.detect.incidents import IncidentStore
 from controller.detect.model import ConditionChange, Incident
-from controller.detect.probes import ProbeLocaliser, ProbeObs, observations
+from controller.detect.probe_rounds import localise_in_shards, send_fabric
+from controller.detect.probes import Blame, ProbeLocaliser, observations
 from controller.detect.rules import RuleSet
 from controller.detect.shard_worker import ShardSettings
 from controller.detect.shards import DetectShards
@@ -171,7 +174,10 @@ class Detection:
         # With detection shards compute nodes' reports and events are evaluated there; this
         # engine keeps presence (heartbeats) and switches.
         self.shards: DetectShards | None = None
+        probing = fabric is not None and self.config.probes.enabled
         if self.config.workers > 0 and shard_settings is not None:
+            if probing:  # each shard keeps its own nodes' probe window (controller.detect.probe_sums)
+                shard_settings = dataclasses.replace(shard_settings, probes=self.config.probes, fabric=fabric)
             self.shards = DetectShards(
                 self.config.workers,
                 shard_settings,
@@ -179,12 +185,18 @@ class Detection:
                 on_lost=on_shard_lost,
                 cpu=metrics.stage_cpu,
                 shard_cpu=metrics.shard_stage_cpu,
+                now_ms=clock.time_ms,
             )
-        # The probe mesh's localisation (controller.detect.probes): the one place that sees every
-        # node's probe results with the whole fabric, whether reports were decided here or in shards.
+        # The probe mesh's localisation (controller.detect.probes): the one place that votes with the
+        # whole fabric. Its window is held here without shards, in the shards with them (each its own
+        # nodes' results, summed where they are decoded), and merged per component when it localises.
         self.probes: ProbeLocaliser | None = None
+        self.probe_localising: asyncio.Task[None] | None = None  # with shards: the localisation under way
+        self._wiring_sent = 0  # the topology's rewirings the shards' copies of the fabric follow
         if fabric is not None and self.config.probes.enabled:
-            self.probes = ProbeLocaliser(fabric, self.config.probes, clock=clock, node_ok=self._probe_node_ok)
+            self.probes = ProbeLocaliser(
+                fabric, self.config.probes, clock=clock, node_ok=self._probe_node_ok, local=self.shards is None
+            )
         self._refresh_gauges()
 
     def _probe_node_ok(self, node_id: str, since_ms: int) -> bool:
@@ -319,9 +331,8 @@ class Detection:
                 if verdict.lldp is not None:
                     node.lldp = verdict.lldp
                 self._fold(node, verdict.signals, verdict.job, verdict.timestamp_ms, verdict.lldp)
-                if self.probes is not None and verdict.probes:
-                    self.probes.add(node.node_id, [ProbeObs(*o) for o in verdict.probes])
-                    self.metrics.probe_results.inc(len(verdict.probes))
+                if verdict.probe_count:  # summed in the shard, asked for when the localiser runs
+                    self.metrics.probe_results.inc(verdict.probe_count)
         self._verdicts(verdict)
 
     def _fold(
@@ -413,6 +424,8 @@ class Detection:
 
     async def stop(self) -> None:
         """Stop the shards: what they were handed is decided first."""
+        if self.probe_localising is not None and not self.probe_localising.done():
+            self.probe_localising.cancel()
         if self.shards is not None:
             await self.shards.stop()
 
@@ -422,17 +435,45 @@ class Detection:
         if not self.failslow_stepwise and self.failslow_due():
             changes += self.failslow.evaluate()
         if self.probes is not None and self.probes.due():
-            try:
-                changes += self.probes.run()
-                self.metrics.probe_loss.clear()
-                for b in self.probes.last_blames:
-                    self.metrics.probe_loss.labels(b.component, b.kind).set(round(b.rate, 5))
-                self.metrics.probe_background_loss.set(self.probes.background_loss or 0.0)
-            except Exception:
-                log.exception("probe_localisation_failed")
+            if self.shards is not None:
+                self._localise_in_shards(self.probes, self.shards)
+            else:
+                try:
+                    changes += self._probe_conditions(self.probes, self.probes.localise())
+                except Exception:
+                    log.exception("probe_localisation_failed")
         self._feed(changes)
         self.topology.tick()
         return self.group()
+
+    def _probe_conditions(self, probes: ProbeLocaliser, blames: list[Blame]) -> list[ConditionChange]:
+        """A localisation's blames into conditions, and its gauges."""
+        changes = probes.conditions(blames)
+        self.metrics.probe_loss.clear()
+        for b in probes.last_blames:
+            self.metrics.probe_loss.labels(b.component, b.kind).set(round(b.rate, 5))
+        self.metrics.probe_background_loss.set(probes.background_loss or 0.0)
+        return changes
+
+    def _localise_in_shards(self, probes: ProbeLocaliser, shards: DetectShards) -> None:
+        """Start a localisation of the window the shards hold (one at a time: a slow one skips a turn)."""
+        if self.probe_localising is not None and not self.probe_localising.done():
+            log.warning("probe_localisation_skipped", reason="the previous one is still running")
+            return
+        if self.fabric is not None and self.topology.rewirings != self._wiring_sent:
+            self._wiring_sent = self.topology.rewirings
+            send_fabric(shards, self.fabric)
+
+        async def localise() -> None:
+            try:
+                blames = await localise_in_shards(probes, shards)
+                self._feed(self._probe_conditions(probes, blames))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("probe_localisation_failed")
+
+        self.probe_localising = asyncio.get_running_loop().create_task(localise())
 
     def group(self) -> list[tuple[str, Incident]]:
         """Group the conditions whose windows closed and publish incident changes (tick, or the grouping task)."""

@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import gc
 import os
+import pickle
 import select
 import signal
 import sys
@@ -44,8 +45,10 @@ from controller.detect.conditions import ConditionEngine
 from controller.detect.failslow import FailSlowConfig, FailSlowDetector
 from controller.detect.gpu_jobs import job_gpu_signature
 from controller.detect.model import ConditionChange
-from controller.detect.probes import observations
+from controller.detect.probe_sums import ProbeSums, SumsRequest, observations
 from controller.detect.rules import load_rules
+from controller.fabric.model import Fabric
+from controller.fabric.probeplan import ProbeConfig
 from controller.ingest.registry import ONLINE, NodeRecord
 from controller.ingest.validate import InvalidMessage, validate_event, validate_report
 from controller.ingest.verdict import ReportResult
@@ -61,6 +64,12 @@ OP_NODE = "node"  # (OP_NODE, node_id, role, stream_token, inventory bytes)
 OP_REPORT = "report"  # (OP_REPORT, node_id, stream_token, AgentMessage bytes, validated, submitted)
 OP_EVENTS = "events"  # (OP_EVENTS, node_id, [Event bytes])
 OP_FORGET = "forget"  # (OP_FORGET, node_id)
+# The probe window's questions (controller.detect.probe_sums): each OP_PROBE_SNAPSHOT and
+# OP_PROBE_KEYS is answered by one ProbeAnswer frame; a snapshot holds the window until OP_PROBE_RELEASE.
+OP_PROBE_SNAPSHOT = "probe_snapshot"  # (OP_PROBE_SNAPSHOT, SumsRequest)
+OP_PROBE_KEYS = "probe_keys"  # (OP_PROBE_KEYS, frozenset of components, delay sample's every)
+OP_PROBE_RELEASE = "probe_release"  # (OP_PROBE_RELEASE,)
+OP_PROBE_FABRIC = "probe_fabric"  # (OP_PROBE_FABRIC, Fabric): the wiring changed
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 
 Key = tuple[str, str]
@@ -90,6 +99,20 @@ class ShardSettings:
     failslow: FailSlowConfig = field(default_factory=FailSlowConfig)
     tick_s: float = 1.0
     full_collection_s: float = 600.0  # controller.gcpolicy's schedule
+    # The probe mesh (None: off): the shard keeps its nodes' probe window (ProbeSums) on this fabric.
+    probes: ProbeConfig | None = None
+    fabric: Fabric | None = None
+
+
+@dataclass
+class ProbeAnswer:
+    """A shard's answer to one probe question: a ``SumsSnapshot``, or a list of ``KeyRecord`` and
+    the delay baseline's sample,
+    pickled apart (``payload``; None: no window), so that the controller unpickles a large
+    answer (at 10,000 nodes a snapshot holds ~100,000 components) in a worker thread, not on its
+    event loop, which reads the frame."""
+
+    payload: bytes | None
 
 
 class Shard:
@@ -101,6 +124,11 @@ class Shard:
         self.engine = ConditionEngine(load_rules(settings.rules_path), fabric=None, clock=clock)
         self.failslow = FailSlowDetector(settings.failslow, clock=clock)
         self.nodes: dict[str, NodeRecord] = {}
+        # The probe window of this shard's nodes' results: summed here, asked for by the controller.
+        self.probe_sums: ProbeSums | None = None
+        if settings.probes is not None and settings.probes.enabled and settings.fabric is not None:
+            self.probe_sums = ProbeSums(settings.fabric, settings.probes)
+        self.probe_answers: list[ProbeAnswer] = []  # serve() writes them after the batch's answer
         self._full_seen: set[str] = set()  # nodes whose current stream sent a full report
         # Wall seconds of the reports' phases (decode and validate, rules, fail-slow): serve()
         # splits the CPU of a whole batch by them (three perf_counter reads per report, ~0.2 us).
@@ -114,13 +142,16 @@ class Shard:
             kind = op[0]
             try:
                 if kind == OP_REPORT:
-                    results.append(self._report(op[1], op[2], op[3], op[4], op[5], changes))
+                    at_ms = op[6] if len(op) > 6 else 0
+                    results.append(self._report(op[1], op[2], op[3], op[4], op[5], changes, at_ms))
                 elif kind == OP_EVENTS:
                     opened += self._events(op[1], op[2], changes)
                 elif kind == OP_NODE:
                     self._node(op[1], op[2], op[3], op[4])
                 elif kind == OP_FORGET:
                     changes += self._forget(op[1])
+                elif kind.startswith("probe_"):
+                    self._probe(op)
                 else:
                     log.error("shard_unknown_op", op=kind)
             except Exception:
@@ -134,6 +165,40 @@ class Shard:
     def tick(self) -> list[ConditionChange]:
         return self.engine.tick()
 
+    def _probe(self, op: tuple[Any, ...]) -> None:
+        """One of the localiser's questions about this shard's probe window (a question always
+        gets its one answer, an empty one without a window, so the controller never waits forever)."""
+        kind, sums = op[0], self.probe_sums
+        if kind == OP_PROBE_SNAPSHOT:
+            req: SumsRequest = op[1]
+            if sums is None:
+                self.probe_answers.append(ProbeAnswer(None))
+                return
+            try:
+                # pickled at once, so the running sums themselves go (no copies): later ops change them
+                snap = sums.snapshot(req, copy=False)
+                self.probe_answers.append(ProbeAnswer(pickle.dumps(snap, pickle.HIGHEST_PROTOCOL)))
+            except Exception:
+                self.probe_answers.append(ProbeAnswer(None))  # the controller gives this localisation up
+                raise
+            finally:
+                sums.hold()  # the keys' detail, if asked, is of this very window
+        elif kind == OP_PROBE_KEYS:
+            try:
+                answer = (
+                    (sums.keys_through(op[1]), sums.delay_sample(op[2]) if op[2] else [])
+                    if sums is not None
+                    else ([], [])
+                )
+                self.probe_answers.append(ProbeAnswer(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)))
+            except Exception:
+                self.probe_answers.append(ProbeAnswer(None))
+                raise
+        elif kind == OP_PROBE_RELEASE and sums is not None:
+            sums.release()
+        elif kind == OP_PROBE_FABRIC and sums is not None:
+            sums.forget_paths(op[1])
+
     def _node(self, node_id: str, role: int, token: int, inventory: bytes) -> None:
         node = self.nodes.get(node_id)
         if node is None:
@@ -146,8 +211,17 @@ class Shard:
         self._full_seen.discard(node_id)
 
     def _report(
-        self, node_id: str, token: int, raw: bytes, validated: bool, submitted: float, changes: list[ConditionChange]
+        self,
+        node_id: str,
+        token: int,
+        raw: bytes,
+        validated: bool,
+        submitted: float,
+        changes: list[ConditionChange],
+        now_ms: int = 0,
     ) -> ReportResult:
+        """One report. ``now_ms``: the controller's clock when it handed the report over (the probe
+        window's arrival time, on the clock the controller's localiser keeps)."""
         result = ReportResult(node_id, token, submitted)
         node = self.nodes.get(node_id)
         if node is None:
@@ -194,8 +268,10 @@ class Shard:
         if report.job_steps:
             result.job_steps = list(report.job_steps)
         result.job_gpus = job_gpu_signature(report)
-        if report.probe_results:
-            result.probes = list(observations(report))  # decoded here, localised in the controller
+        if report.probe_results and self.probe_sums is not None:
+            # decoded and summed here; the controller asks for the sums when it localises
+            self.probe_sums.add(now_ms, observations(report))
+            result.probe_count = len(report.probe_results)
         return result
 
     def _events(self, node_id: str, raw: list[bytes], changes: list[ConditionChange]) -> list[EventsOpened]:
@@ -270,6 +346,11 @@ def serve(fd_in: int, fd_out: int, *, clock: Clock) -> None:
         if results or changes or opened or totals:
             write_frame_fd(fd_out, ([r.to_wire() for r in results], changes, opened, totals))
             cpu.since("frame_write", at)
+        if shard.probe_answers:  # after the batch's verdicts: the reports before a question came first
+            answers, shard.probe_answers = shard.probe_answers, []
+            for answer in answers:
+                write_frame_fd(fd_out, answer)
+            cpu.since("probe_answers", at)
 
 
 PHASES = ("decode_validate", "rules", "failslow")

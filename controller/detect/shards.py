@@ -22,6 +22,7 @@ import asyncio
 import sys
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ from controller.detect.shard_worker import (
     OP_NODE,
     OP_REPORT,
     EventsOpened,
+    ProbeAnswer,
     ShardSettings,
 )
 from controller.detect.shardwire import encode_frame, frame_parts, read_frame
@@ -67,6 +69,7 @@ class _Shard:
     tokens: dict[str, int] = field(default_factory=dict)  # node -> stream token the shard knows
     reader: asyncio.Task[None] | None = None
     in_flight: int = 0
+    asked: deque[asyncio.Future[Any]] = field(default_factory=deque)  # probe questions, in order
 
 
 def _unbound(verdict: ReportResult) -> None:
@@ -85,9 +88,11 @@ class DetectShards:
         max_in_flight: int = 4096,
         cpu: StageCpu | None = None,
         shard_cpu: dict[int, dict[str, float]] | None = None,
+        now_ms: Callable[[], int] = lambda: 0,
     ) -> None:
         """``cpu``: where the event loop's share of the hand-over is charged (ControllerMetrics.stage_cpu);
-        ``shard_cpu``: each shard's CPU by stage, as it last said (ControllerMetrics.shard_stage_cpu)."""
+        ``shard_cpu``: each shard's CPU by stage, as it last said (ControllerMetrics.shard_stage_cpu);
+        ``now_ms``: the controller's clock, handed over with each report (its probe results' arrival)."""
         if workers < 1:
             raise ValueError("detection shards need at least one worker")
         self.workers = workers
@@ -104,6 +109,7 @@ class DetectShards:
         self._stopping = False
         self._cpu = cpu if cpu is not None else StageCpu()
         self._shard_cpu = shard_cpu if shard_cpu is not None else {}
+        self._now_ms = now_ms
 
     # -- life ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -188,7 +194,9 @@ class DetectShards:
     def _submit(self, node: NodeRecord, agent_message: bytes, validated: bool, started: float) -> None:
         """One AgentMessage (a report) to its shard; its ``ReportResult`` comes back to the verdict sink."""
         shard = self._for(node)
-        shard.ops.append((OP_REPORT, node.node_id, node.stream_token, agent_message, validated, started))
+        shard.ops.append(
+            (OP_REPORT, node.node_id, node.stream_token, agent_message, validated, started, self._now_ms())
+        )
         shard.in_flight += 1
         self._in_flight += 1
         if self._in_flight >= self.max_in_flight:
@@ -204,6 +212,25 @@ class DetectShards:
         shard = self._shards[self.shard_of(node_id)]
         shard.tokens.pop(node_id, None)
         shard.ops.append((OP_FORGET, node_id))
+        self._schedule_flush(0.0)
+
+    # -- the probe window (controller.detect.probe_sums), held in the shards ----------------
+    def ask(self, op: tuple[Any, ...]) -> asyncio.Future[list[Any]]:
+        """One probe question to every shard, after what was submitted before it: their answers, in shard order."""
+        loop = asyncio.get_running_loop()
+        waits: list[asyncio.Future[Any]] = []
+        for shard in self._shards:
+            fut: asyncio.Future[Any] = loop.create_future()
+            shard.asked.append(fut)
+            shard.ops.append(op)
+            waits.append(fut)
+        self._schedule_flush(0.0)
+        return asyncio.gather(*waits)
+
+    def tell(self, op: tuple[Any, ...]) -> None:
+        """A probe operation that has no answer (release the window, a new fabric) to every shard."""
+        for shard in self._shards:
+            shard.ops.append(op)
         self._schedule_flush(0.0)
 
     def _for(self, node: NodeRecord) -> _Shard:
@@ -246,6 +273,9 @@ class DetectShards:
                 frame = await read_frame(shard.proc.stdout)
                 if frame is None:
                     break
+                if isinstance(frame, ProbeAnswer):
+                    self._answered(shard, frame)
+                    continue
                 at = time.thread_time()
                 wire, changes, opened, totals = frame
                 shard.in_flight -= len(wire)
@@ -271,6 +301,23 @@ class DetectShards:
             raise
         except Exception as exc:
             reason = repr(exc)
+        self._unanswered(shard, reason)
         if not self._stopping:
             log.critical("detect_shard_lost", shard=shard.index, pid=shard.proc.pid, reason=reason)
             self._on_lost(shard.index)
+
+    @staticmethod
+    def _answered(shard: _Shard, answer: ProbeAnswer) -> None:
+        """A probe answer to the oldest question the shard has not answered yet (they answer in order)."""
+        if shard.asked:
+            asked = shard.asked.popleft()
+            if not asked.done():
+                asked.set_result(answer.payload)
+
+    @staticmethod
+    def _unanswered(shard: _Shard, reason: str) -> None:
+        """The shard ended: the questions it will never answer fail (the localisation gives up)."""
+        while shard.asked:
+            asked = shard.asked.popleft()
+            if not asked.done():
+                asked.set_exception(ShardLost(f"detection shard {shard.index} ended ({reason})"))

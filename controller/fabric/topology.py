@@ -35,6 +35,7 @@ class TopologyTracker:
         self._last_run = 0.0
         self._reported: set[str] = set()
         self.report = ReconcileReport()
+        self.rewirings = 0  # how many reconciliations changed the fabric's wiring (copies of it follow this)
 
     def update(self, node: NodeRecord) -> None:
         """Record a node's current LLDP neighbours (call when they change)."""
@@ -75,6 +76,7 @@ class TopologyTracker:
             log.info("topology_mismatch_cleared", detail=message)
         self._reported = messages
         if changes:
+            self.rewirings += 1
             log.info("fabric_rewired_from_lldp", changes=len(changes))
         self.report = report
         return report

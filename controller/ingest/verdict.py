@@ -42,9 +42,9 @@ class ReportResult:
     # The report itself where it was decided in this process (the node's latest_report);
     # None from a shard, where the report stays.
     report: tpb.Report | None = None
-    # The report's probe results decoded where it was decided (controller.detect.probes.ProbeObs
-    # tuples), for the one place that holds the whole fabric: the probe localiser.
-    probes: list[tuple[str, str, str, int, int, float, float, bool]] = field(default_factory=list)
+    # A shard keeps its nodes' probe window itself (controller.detect.probe_sums): how many
+    # results the report carried, for the controller's counter.
+    probe_count: int = 0
 
     def to_wire(self) -> tuple[Any, ...]:
         """The verdict as a plain tuple of its fields, in order, for the shard wire.

@@ -90,7 +90,11 @@ async def test_agents_probe_each_other_and_a_lossy_leaf_is_blamed(tmp_path: Path
         plan = agents[0].agent.prober.plan
         assert plan.listen["node-000/nic-1"] == f"127.{_OCTET}.101.10" and plan.dscp == 26
         await wait_for(
-            lambda: ctl.core.detection.probes is not None and len(ctl.core.detection.probes._window) > 30,
+            lambda: (
+                ctl.core.detection.probes is not None
+                and ctl.core.detection.probes.sums is not None
+                and len(ctl.core.detection.probes.sums) > 30
+            ),
             timeout=30,
             what="probe results reaching the controller",
         )

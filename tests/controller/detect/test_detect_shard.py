@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -179,21 +180,91 @@ def test_frames_round_trip_and_a_torn_frame_is_an_error() -> None:
             os.close(w)
 
 
-def test_probe_results_are_decoded_in_the_shard_and_carried_in_the_verdict() -> None:
-    """Issue 29: the shard decodes a report's probe results; the verdict carries them, pickled, to the
-    controller's one localiser (which alone holds the whole fabric)."""
-    import pickle
+def _probe_shard() -> tuple[Shard, list[str]]:
+    from controller.fabric import generate_fabric
+    from controller.fabric.probeplan import ProbeConfig
 
-    from controller.detect.probes import ProbeObs
+    fabric = generate_fabric(16, gpus_per_node=2, rails=2, nodes_per_block=8, spines=4)
+    shard = Shard(ShardSettings(probes=ProbeConfig(enabled=True), fabric=fabric), FakeClock())
+    return shard, sorted(fabric.nics())
 
-    shard = Shard(ShardSettings(), FakeClock())
-    report = tpb.Report(seq=1)
-    report.probe_results.add(local_nic="n/nic-0", peer_nic="m/nic-0", via="spine-1", sent=200, lost=3, rtt_p99_us=9.0)
-    report.probe_results.add(local_nic="n/nic-0", peer_nic="k/nic-0", sent=0)  # nothing sent: nothing to say
-    raw = spb.AgentMessage(report=report).SerializeToString()
-    results, *_ = shard.handle([(OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""), (OP_REPORT, "n", 1, raw, False, 0.0)])
+
+def _probe_report(seq: int, local: str, peer: str, lost: int) -> bytes:
+    report = tpb.Report(seq=seq)
+    report.probe_results.add(local_nic=local, peer_nic=peer, sent=200, lost=lost, rtt_p99_us=9.0)
+    report.probe_results.add(local_nic=local, peer_nic="m/nic-0", sent=0)  # nothing sent: nothing to say
+    return spb.AgentMessage(report=report).SerializeToString()
+
+
+def test_probe_results_are_summed_in_the_shard_and_asked_for_by_the_localiser() -> None:
+    """Issue 29: the shard decodes a report's probe results into its own window, stamped with the
+    controller's clock (the op's last field); the verdict carries only their count. A snapshot
+    answers per component and holds the window: results that come before the release wait."""
+    from controller.detect.probe_sums import SumsRequest
+    from controller.detect.shard_worker import OP_PROBE_KEYS, OP_PROBE_RELEASE, OP_PROBE_SNAPSHOT
+
+    shard, nics = _probe_shard()
+    a, b = nics[0], nics[1]
+    req = SumsRequest(40_000, 10_000, frozenset(), 500.0)
+    results, *_ = shard.handle(
+        [
+            (OP_NODE, "n", ipb.NODE_ROLE_COMPUTE, 1, b""),
+            (OP_REPORT, "n", 1, _probe_report(1, a, b, 3), False, 0.0, 39_000),
+            (OP_PROBE_SNAPSHOT, req),
+            (OP_REPORT, "n", 1, _probe_report(2, a, b, 1), False, 0.0, 39_500),  # while held
+            (OP_PROBE_KEYS, frozenset({a}), 0),
+            (OP_PROBE_RELEASE,),
+        ]
+    )
     back = ReportResult.from_wire(pickle.loads(pickle.dumps(results[0].to_wire())))
-    assert [ProbeObs(*o) for o in back.probes] == [ProbeObs("n/nic-0", "m/nic-0", "spine-1", 200, 3, 9.0, 0.0, False)]
+    assert back.probe_count == 2
+    snap, (keys, sample) = [pickle.loads(answer.payload or b"") for answer in shard.probe_answers]
+    assert sample == []
+    assert snap.csent[a] == 200 and snap.clost[a] == 3 and snap.tsent == 200
+    assert [(r.local_nic, r.peer_nic, r.sent, r.lost) for r in keys] == [(a, b, 200, 3)]
+    after = shard.probe_sums.snapshot(req) if shard.probe_sums is not None else None
+    assert after is not None and after.clost[a] == 4  # released: the held report counts now
+    old = SumsRequest(80_000, 39_600, frozenset(), 500.0)  # both aged out (stamped 39.0 and 39.5 s)
+    assert shard.probe_sums is not None and shard.probe_sums.snapshot(old).tsent == 0
+
+
+async def test_the_shards_answer_probe_questions_over_the_wire() -> None:
+    """Real shard processes: each node's results go to its shard, and the snapshots the shards
+    send merge into what one window holding every result gives."""
+    from controller.detect.probe_sums import ProbeSums, SumsRequest, observations
+    from controller.detect.probes import merge
+    from controller.detect.shard_worker import OP_PROBE_KEYS, OP_PROBE_RELEASE, OP_PROBE_SNAPSHOT
+    from controller.detect.shards import DetectShards
+
+    probe_shard, nics = _probe_shard()
+    settings = ShardSettings(probes=probe_shard.probe_sums.config, fabric=probe_shard.probe_sums.paths.fabric)  # type: ignore[union-attr]
+    whole = ProbeSums(settings.fabric, settings.probes)  # type: ignore[arg-type]
+    verdicts: list[ReportResult] = []
+    shards = DetectShards(
+        2, settings, on_changes=lambda changes, opened: None, on_lost=lambda index: None, now_ms=lambda: 39_000
+    )
+    shards.bind(verdicts.append)
+    await shards.start()
+    try:
+        for i, nic in enumerate(nics):
+            node = NodeRecord(
+                node_id=f"node-{i}", role=ipb.NODE_ROLE_COMPUTE, state=ONLINE, first_seen_ms=0, last_seen_ms=0
+            )
+            raw = _probe_report(1, nic, nics[(i + 3) % len(nics)], i % 3)
+            shards.decide_raw(node, raw, 0.0)
+            whole.add(39_000, observations(spb.AgentMessage.FromString(raw).report))
+        req = SumsRequest(40_000, 10_000, frozenset(), 500.0)
+        snaps = [pickle.loads(b) for b in await shards.ask((OP_PROBE_SNAPSHOT, req))]
+        assert merge(snaps) == merge([whole.snapshot(req)])
+        assert {p for s in snaps for p in s.csent} >= set(nics)
+        parts = [pickle.loads(b)[0] for b in await shards.ask((OP_PROBE_KEYS, frozenset(nics[:2]), 0))]
+        shards.tell((OP_PROBE_RELEASE,))
+        got = sorted(r for part in parts for r in part)
+        assert got == sorted(whole.keys_through(frozenset(nics[:2])))
+        assert len(got) == 4
+        assert sum(v.probe_count for v in verdicts) == 2 * len(nics)
+    finally:
+        await shards.stop()
 
 
 async def test_events_go_to_their_shard_without_the_reports_linger() -> None:

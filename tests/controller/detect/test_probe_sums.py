@@ -101,4 +101,4 @@ def test_a_clean_window_has_no_bad_paths_and_health_for_every_component() -> Non
     clock.advance(config.localise_window_s + 1)
     assert loc.localise() == []
     assert loc.health == {}  # aged out: nothing left in any running sum
-    assert not loc._window and not loc._arrivals and not loc._bad
+    assert loc.sums is not None and loc.sums.empty()
