@@ -163,7 +163,7 @@ class DecisionCore:
                 fabric,
                 config.detection.probes,
                 self.registry,
-                busy=lambda node: bool(self.jobs.jobs_of(node)),
+                busy_nodes=lambda: self.jobs.first_job_by_node().keys(),  # one pass, not jobs_of per node
                 clock=clock,
                 on_planned=lambda plan: metrics.probe_mesh_targets.set(sum(len(t) for t in plan.targets.values())),
             )
