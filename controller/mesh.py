@@ -161,9 +161,7 @@ class ProbeMesh:
         if self.on_planned is not None:
             self.on_planned(done.plan)
         self.plan, self._inputs = done.plan, done.inputs
-        log.info(
-            "probe_mesh_pushed", version=done.plan.version, nodes=len(done.wires), seconds=round(done.seconds, 3)
-        )
+        log.info("probe_mesh_pushed", version=done.plan.version, nodes=len(done.wires), seconds=round(done.seconds, 3))
         return True
 
     def _drop(self, done: _Computed, why: str) -> bool:
