@@ -453,6 +453,8 @@ class DecisionCore:
 
     async def _sweep_loop(self) -> None:
         watchdog = sdnotify.Watchdog()  # WATCHDOG=1 every half WatchdogSec= while sweeps keep running
+        if self.mesh is not None:
+            self.mesh.offload = True  # the loop's own sweep: the mesh plans beside it (controller/mesh.py)
         while True:
             await self.clock.sleep(self.config.sweep_interval_s)
             self._sweep_steps()

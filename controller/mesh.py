@@ -5,9 +5,9 @@ fabric, or when a job's nodes change and the operator pauses or thins probing on
 most once per ``replan_min_s``, since a fleet coming up changes on every Hello. Versions are
 the controller's clock in milliseconds, so a new leader's plan supersedes its predecessor's.
 
-A plan at 2,000 nodes takes ~1 s of Python (``plan_mesh`` and every node's message), so on
-a running event loop it is computed in a worker thread from a snapshot of its inputs and
-applied on the loop when it lands (bench.scale's ``probe_mesh`` periodic step held the loop
+A plan at 2,000 nodes takes ~1 s of Python (``plan_mesh`` and every node's message), so in
+the controller's sweep loop it is computed in a worker thread from a snapshot of its inputs
+and applied on the loop when it lands (bench.scale's ``probe_mesh`` periodic step held the loop
 60-480 ms mean, 2.5 s at most, at 2,000-4,000 nodes). Between plans a tick costs O(1): the
 fleet and the fabric say when they change (``changed``); jobs have no such hook, so with
 ``where`` other than ``always`` their nodes are read again at most once per ``replan_min_s``.
@@ -57,11 +57,13 @@ class ProbeMesh:
         busy_nodes: Callable[[], Collection[str]],
         clock: Clock,
         on_planned: Callable[[MeshPlan], None] | None = None,
-        offload: bool = True,
+        offload: bool = False,
     ) -> None:
         """``busy_nodes``: the nodes a job runs on, read in one pass (not a question per node).
         ``on_planned``: hears each new plan (the metrics' target count). ``offload``: plan in a
-        worker thread when an event loop runs (off: in the caller, as without a loop)."""
+        worker thread when an event loop runs; the controller's own sweep loop turns it on
+        (controller.core), a harness stepping ``DecisionCore.tick`` on a fake clock plans in
+        the caller, so its plans are there before its clock moves on."""
         self.fabric = fabric
         self.config = config
         self.registry = registry

@@ -37,6 +37,7 @@ class _Fleet:
     """A 32-node fabric, every node online in a real registry, and a mesh over them."""
 
     def __init__(self, tmp_path: Path, where: str = "always", offload: bool = True) -> None:
+        """``offload``: as the controller's sweep loop sets it (a harness stepping ticks leaves it off)."""
         self.clock = FakeClock(1_000_000)
         self.fabric: Fabric = generate_fabric(32, nodes_per_block=16, spines=2)
         self.store = Store(tmp_path / "c.db")
@@ -170,4 +171,14 @@ async def test_a_newer_plan_supersedes_the_one_in_flight(tmp_path: Path) -> None
     await asyncio.sleep(0)
     assert fleet.mesh.plan is newer and fleet.mesh.dropped == 1
     assert fleet.pushed_versions() == {newer.version}
+    fleet.store.close()
+
+
+async def test_a_harness_stepping_ticks_gets_its_plan_before_the_clock_moves(tmp_path: Path) -> None:
+    """Off-loop planning is the sweep loop's: a fake-clock harness (bench.probe_mesh) reads plans right after."""
+    fleet = _Fleet(tmp_path, offload=False)
+    assert fleet.mesh.tick()
+    plan = fleet.mesh.plan
+    assert fleet.mesh.in_flight is None and plan is not None
+    assert fleet.pushed_versions() == {plan.version}
     fleet.store.close()
