@@ -163,7 +163,7 @@ class DecisionCore:
                 fabric,
                 config.detection.probes,
                 self.registry,
-                busy=lambda node: bool(self.jobs.jobs_of(node)),
+                busy_nodes=lambda: self.jobs.first_job_by_node().keys(),  # one pass, not jobs_of per node
                 clock=clock,
                 on_planned=lambda plan: metrics.probe_mesh_targets.set(sum(len(t) for t in plan.targets.values())),
             )
@@ -453,6 +453,8 @@ class DecisionCore:
 
     async def _sweep_loop(self) -> None:
         watchdog = sdnotify.Watchdog()  # WATCHDOG=1 every half WatchdogSec= while sweeps keep running
+        if self.mesh is not None:
+            self.mesh.offload = True  # the loop's own sweep: the mesh plans beside it (controller/mesh.py)
         while True:
             await self.clock.sleep(self.config.sweep_interval_s)
             self._sweep_steps()

@@ -118,6 +118,9 @@ class Fabric:
     def __init__(self, graph: nx.Graph, params: Mapping[str, Any] | None = None) -> None:
         self.graph = graph
         self.params: dict[str, Any] = dict(params or {})
+        # Bumped on every change of the wiring: a probe-mesh plan computed in a worker thread
+        # (controller.mesh) is dropped when the fabric moved under it.
+        self.generation = 0
         self.reindex()
 
     # -- index -------------------------------------------------------------------------
@@ -155,6 +158,7 @@ class Fabric:
         self._peer_at: dict[tuple[str, str], str] = {}
         self._nodes_in_block: dict[int, list[str]] = {}
         self._behind_cache: dict[str, list[str]] = {}
+        self.generation += 1
 
         for node in by_kind["node"]:
             self._nodes_in_block.setdefault(int(g.nodes[node]["block"]), []).append(node)
@@ -414,7 +418,7 @@ class Fabric:
                 self._drop_ports_of(leaf, occupant)
         self.graph.add_edge(nic, leaf, kind="nic-leaf", port=port, learned=True)
         self._index_nic_leaf(nic, leaf, {"port": port})
-        self._behind_cache.clear()
+        self._moved()
         return WiringChange(nic, old_leaf, leaf, port)
 
     def rewire_uplink(self, leaf: str, leaf_port: str, spine: str, spine_port: str | None) -> WiringChange | None:
@@ -447,7 +451,7 @@ class Fabric:
         self._peer_at[(leaf, leaf_port)] = spine
         if spine_port:
             self._peer_at[(spine, spine_port)] = leaf
-        self._behind_cache.clear()
+        self._moved()
         return WiringChange(leaf, old, spine, leaf_port)
 
     def apply_learned(self, learned: _LearnedCables | Iterable[LearnedEdge]) -> list[WiringChange]:
@@ -478,6 +482,10 @@ class Fabric:
                 )
         return changes
 
+    def _moved(self) -> None:
+        self._behind_cache.clear()
+        self.generation += 1
+
     def _unlink_nic(self, nic: str) -> None:
         leaf = self._leaf_of.pop(nic)
         port = self._nic_port.pop(nic)
@@ -485,7 +493,7 @@ class Fabric:
         self._nics_on_leaf[leaf].remove(nic)
         if self._peer_at.get((leaf, port)) == nic:
             del self._peer_at[(leaf, port)]
-        self._behind_cache.clear()
+        self._moved()
 
     def _drop_ports_of(self, a: str, b: str) -> None:
         for key in [k for k, v in self._peer_at.items() if (k[0] == a and v == b) or (k[0] == b and v == a)]:
