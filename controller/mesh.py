@@ -79,6 +79,7 @@ class ProbeMesh:
         self._last = float("-inf")  # when the last plan was started (monotonic)
         self._checked = float("-inf")  # when the jobs' nodes were last read without a change
         self._inputs: Inputs = (frozenset(), frozenset())
+        self._presence_seen = -1  # the registry's presence version the inputs were last read at
 
     def changed(self) -> None:
         self._stale = True
@@ -91,9 +92,14 @@ class ProbeMesh:
         if self.plan is not None and now - self._last < self.config.replan_min_s:
             return False
         if not self._stale:
-            if self.config.where == "always" or now - self._checked < self.config.replan_min_s:
+            # A node seen for the first time is registered online, so no presence change says so:
+            # the registry's presence version does (it moves on every Hello).
+            moved = self.registry.presence_version != self._presence_seen
+            jobs_due = self.config.where != "always" and now - self._checked >= self.config.replan_min_s
+            if not moved and not jobs_due:
                 return False
-            self._checked = now
+            if jobs_due:
+                self._checked = now
             inputs = self._current_inputs()
             if inputs == self._inputs:
                 return False
@@ -103,6 +109,7 @@ class ProbeMesh:
         return True
 
     def _current_inputs(self) -> Inputs:
+        self._presence_seen = self.registry.presence_version
         online = frozenset(
             n
             for n, rec in self.registry.nodes.items()

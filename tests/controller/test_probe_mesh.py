@@ -61,6 +61,24 @@ class _Fleet:
         return {rec.probe_plan.version if rec.probe_plan is not None else None for rec in self.registry.nodes.values()}
 
 
+def test_a_node_seen_for_the_first_time_gets_a_plan_without_a_presence_change(tmp_path: Path) -> None:
+    """A first Hello registers the node online: no presence change is told, and it must still be planned."""
+    fleet = _Fleet(tmp_path)
+    late = sorted(fleet.fabric.nodes())[-1]
+    del fleet.nodes[late]  # not connected yet when the first plan is made
+    assert fleet.mesh.tick()
+    first = fleet.mesh.plan
+    assert first is not None and late not in first.targets
+    fleet.registry.register(spb.Hello(node_id=late, role=ipb.NODE_ROLE_COMPUTE, buffer_epoch="e"))
+    assert not fleet.mesh.tick()  # within replan_min_s of the last plan: not yet
+    fleet.clock.advance(REPLAN_S)
+    assert fleet.mesh.tick()
+    plan = fleet.mesh.plan
+    assert plan is not None and plan.version > first.version and late in plan.targets
+    assert fleet.registry.nodes[late].probe_plan is not None
+    fleet.store.close()
+
+
 def test_unchanged_inputs_neither_walk_the_fleet_nor_replan(tmp_path: Path) -> None:
     fleet = _Fleet(tmp_path)
     assert fleet.mesh.tick()  # no loop running: planned in the caller
