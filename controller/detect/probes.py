@@ -91,23 +91,7 @@ class _Path(NamedTuple):
     comps: tuple[str, ...]  # the path's (a field, not a property: the vote reads it in its loops)
 
 
-class _Merged(NamedTuple):
-    """Every holder's snapshot added up: the whole window over the counted keys, per component."""
-
-    tsent: int
-    tlost: int
-    csent: dict[str, int]
-    clost: dict[str, int]
-    cans: dict[str, int]
-    psent: dict[Pair, int]
-    pans: dict[Pair, int]
-    slow: dict[str, int]
-    worst: dict[str, float]
-    slow_keys: int
-    answered_keys: int
-
-
-_EMPTY = _Merged(0, 0, {}, {}, {}, {}, {}, {}, {}, 0, 0)
+_EMPTY = SumsSnapshot(0, 0, {}, {}, {}, {}, {}, {}, {}, 0, 0)
 
 
 class KeysQuestion(NamedTuple):
@@ -118,11 +102,11 @@ class KeysQuestion(NamedTuple):
     every: int
 
 
-def merge(snapshots: Iterable[SumsSnapshot]) -> _Merged:
-    """The holders' snapshots as one (each key is one holder's: sums add, maxima take the max; one
-    holder's is taken as it is)."""
+def merge(snapshots: Iterable[SumsSnapshot]) -> SumsSnapshot:
+    """The holders' snapshots as one, the whole window over the counted keys (each key is one
+    holder's: sums add, maxima take the max; one holder's is taken as it is)."""
     if isinstance(snapshots, list) and len(snapshots) == 1:
-        return _Merged(*snapshots[0])
+        return snapshots[0]
     tsent = tlost = slow_keys = answered_keys = 0
     csent: dict[str, int] = {}
     clost: dict[str, int] = {}
@@ -148,7 +132,7 @@ def merge(snapshots: Iterable[SumsSnapshot]) -> _Merged:
         for c, w in snap.worst.items():
             if w > worst.get(c, 0.0):
                 worst[c] = w
-    return _Merged(tsent, tlost, csent, clost, cans, psent, pans, slow, worst, slow_keys, answered_keys)
+    return SumsSnapshot(tsent, tlost, csent, clost, cans, psent, pans, slow, worst, slow_keys, answered_keys)
 
 
 class ProbeLocaliser:
@@ -441,7 +425,7 @@ class ProbeLocaliser:
             bad_paths = [p for p in bad_paths if best not in p.comps]
         return blames
 
-    def _judge_background(self, m: _Merged) -> None:
+    def _judge_background(self, m: SumsSnapshot) -> None:
         """The window's loss over every counted probe: what a component's loss is judged against.
         Logged once as it rises past a fifth of ``loss_threshold`` (and once as it falls back)."""
         sent, lost = m.tsent, m.tlost

@@ -20,19 +20,12 @@ from pathlib import Path
 import pytest
 
 from agent.sim.probe_fabric import SimProbeFabric
-from controller.core import DecisionCore
-from controller.detect.correlate import CorrelationConfig
-from controller.detect.pipeline import DetectionConfig
 from controller.detect.probe_persist import ring_refutes_leaf
 from controller.fabric import generate_fabric
-from controller.fabric.probeplan import ProbeConfig
-from controller.metrics import ControllerMetrics
-from controller.settings import ControllerConfig
-from controller.store import Store
 from starpulse.core.clock import FakeClock
-from starpulse.v1 import inventory_pb2 as ipb
 from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.support.probe_core import hello, probe_core
 
 LEAF = "leaf-b1-r0"
 
@@ -41,17 +34,9 @@ class Fleet:
     def __init__(self, tmp_path: Path, *, traced: bool = True, per_block: int = 8, seed: int = 5) -> None:
         self.fabric = generate_fabric(32, gpus_per_node=2, rails=2, nodes_per_block=per_block, spines=4)
         self.clock = FakeClock()
-        probes = ProbeConfig(enabled=True, window_s=5, replan_min_s=0)
-        config = ControllerConfig(
-            db_path=tmp_path / "c.db",
-            fabric=self.fabric,
-            heartbeat_timeout_s=3600.0,
-            detection=DetectionConfig(correlation=CorrelationConfig(settle_s=2.0), probes=probes),
-        )
-        self.core = DecisionCore(config, self.clock, Store(config.db_path), ControllerMetrics(), fabric=self.fabric)
-        nics = [ipb.NicInfo(rdma_device=f"mlx5_{r}", port=1, netdev=f"rail{r}", paired_gpu_index=r) for r in range(2)]
+        self.core = probe_core(tmp_path, self.fabric, self.clock)
         for node in self.fabric.nodes():
-            self.core.hello(spb.Hello(node_id=node, role=ipb.NODE_ROLE_COMPUTE, inventory=ipb.Inventory(nics=nics)))
+            hello(self.core, node)
         self.sim = SimProbeFabric(self.fabric.leaf_of, self.fabric.spines_of, traced=traced)
         self.clean = SimProbeFabric(self.fabric.leaf_of, self.fabric.spines_of, traced=traced)
         self.quiet_ring = ""  # a leaf whose own ring draws from the clean data plane (its early silence)

@@ -11,23 +11,15 @@ from pathlib import Path
 import pytest
 
 from agent.sim.probe_fabric import SimProbeFabric
-from controller.core import DecisionCore
-from controller.detect.correlate import CorrelationConfig
 from controller.detect.model import Incident
-from controller.detect.pipeline import DetectionConfig
 from controller.fabric import generate_fabric
 from controller.fabric.model import Fabric
-from controller.fabric.probeplan import ProbeConfig
-from controller.metrics import ControllerMetrics
 from controller.outputs.query import topology_response
 from controller.outputs.web.api import probe_links_json
 from controller.query.live import LiveQueries
-from controller.settings import ControllerConfig
-from controller.store import Store
 from starpulse.core.clock import FakeClock
-from starpulse.v1 import inventory_pb2 as ipb
-from starpulse.v1 import service_pb2 as spb
 from starpulse.v1 import telemetry_pb2 as tpb
+from tests.support.probe_core import hello, probe_core
 
 
 class Mesh:
@@ -36,14 +28,7 @@ class Mesh:
     def __init__(self, tmp_path: Path, *, traced: bool = True, nodes: int = 32, per_block: int = 8) -> None:
         self.fabric: Fabric = generate_fabric(nodes, gpus_per_node=2, rails=2, nodes_per_block=per_block, spines=4)
         self.clock = FakeClock()
-        probes = ProbeConfig(enabled=True, window_s=5, replan_min_s=0)
-        config = ControllerConfig(
-            db_path=tmp_path / "c.db",
-            fabric=self.fabric,
-            heartbeat_timeout_s=3600.0,
-            detection=DetectionConfig(correlation=CorrelationConfig(settle_s=2.0), probes=probes),
-        )
-        self.core = DecisionCore(config, self.clock, Store(config.db_path), ControllerMetrics(), fabric=self.fabric)
+        self.core = probe_core(tmp_path, self.fabric, self.clock)
         for node in self.fabric.nodes():
             self.hello(node)
         self.sim = SimProbeFabric(self.fabric.leaf_of, self.fabric.spines_of, traced=traced)
@@ -52,9 +37,7 @@ class Mesh:
         self.silent: set[str] = set()
 
     def hello(self, node: str) -> None:
-        nics = [ipb.NicInfo(rdma_device=f"mlx5_{r}", port=1, netdev=f"rail{r}", paired_gpu_index=r) for r in range(2)]
-        inventory = ipb.Inventory(nics=nics)
-        self.core.hello(spb.Hello(node_id=node, role=ipb.NODE_ROLE_COMPUTE, inventory=inventory))
+        hello(self.core, node)
 
     def run(self, seconds: float) -> None:
         """Every 5 s each node reports one window of its plan; the core ticks every second."""
