@@ -117,12 +117,18 @@ def _last_seq(net: MultiHostCluster, node: str) -> int:
 class TestMultiHost:
     def test_lldp_neighbours_come_from_real_frames(self, net: MultiHostCluster) -> None:
         """Each node's lldpd hears its two leaves on the ports the fabric declares; the controller agrees."""
-        for node in net.node_ids:
+
+        def node_hears(node: str) -> bool:
             expected = sorted((c.netdev, c.leaf, c.port) for c in net.cables if c.node == node)
-            assert sorted(net.lldp_neighbours(node)) == expected
-        for leaf in net.fabric.leaves():  # and the leaves hear the nodes, by their host names
+            return sorted(net.lldp_neighbours(node)) == expected
+
+        def leaf_hears(leaf: str) -> bool:
             heard = {name for _, name, _ in net.lldp_neighbours(leaf)}
-            assert heard == {c.node for c in net.cables if c.leaf == leaf}
+            return heard == {c.node for c in net.cables if c.leaf == leaf}
+
+        # a cable an earlier test took down and restored is heard again at lldpd's next frame
+        wait_until(lambda: all(node_hears(n) for n in net.node_ids), 40, "each node's two leaves over LLDP")
+        wait_until(lambda: all(leaf_hears(leaf) for leaf in net.fabric.leaves()), 40, "each leaf's nodes over LLDP")
         topo = net.topology()
         assert topo.nodes_reporting_lldp == len(net.node_ids)
         assert list(topo.missing_links) == [] and list(topo.miswired) == [] and list(topo.unknown_devices) == []
